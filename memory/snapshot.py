@@ -1,0 +1,49 @@
+"""Memory snapshots: device and host figures at a moment, and the status line the log shows per stage."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+GB = 1024 ** 3
+
+
+def host_rss_bytes() -> int:
+    import psutil
+
+    return psutil.Process(os.getpid()).memory_info().rss
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    label: str
+    time: float                  # time.monotonic()
+    device: str
+    allocated: int               # bytes held by live tensors (PyTorch's allocator)
+    reserved: int                # bytes cached by the allocator
+    peak_allocated: int
+    peak_reserved: int
+    free: int | None             # free device memory as the driver sees it (None on CPU)
+    cap: int | None              # the VRAM cap in bytes (None on CPU)
+    host_rss: int
+
+    def status_line(self) -> str:
+        if self.free is None:
+            return (f"[{self.label}] CPU run: no GPU memory in use | host RSS {self.host_rss / GB:.2f} GB")
+        pct = f" ({100 * self.allocated / self.cap:.0f}% of cap)" if self.cap else ""
+        return (f"[{self.label}] free {self.free / GB:.2f} GB | allocated {self.allocated / GB:.2f} GB{pct} | "
+                f"reserved {self.reserved / GB:.2f} GB | host RSS {self.host_rss / GB:.2f} GB")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def take_snapshot(label: str, device: torch.device, cap_bytes: int | None) -> MemorySnapshot:
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return MemorySnapshot(label, time.monotonic(), str(device), torch.cuda.memory_allocated(device),
+                              torch.cuda.memory_reserved(device), torch.cuda.max_memory_allocated(device),
+                              torch.cuda.max_memory_reserved(device), free, cap_bytes, host_rss_bytes())
+    return MemorySnapshot(label, time.monotonic(), str(device), 0, 0, 0, 0, None, None, host_rss_bytes())

@@ -1,0 +1,147 @@
+"""The models of a job: loaded from the Hugging Face hub / a local folder (real weights), or built (tiny preset).
+
+Real weights are stored in the standard Hugging Face cache (HF_HOME / HF_HUB_CACHE) unless `model_dir` points at a
+folder laid out like the repos: `<model_dir>/<owner>/<repo>/<subfolder>/...` (e.g.
+`<model_dir>/hunyuanvideo-community/HunyuanVideo/vae/config.json`). Only safetensors weights are loaded (no pickle).
+Everything is loaded on the CPU; memory/ moves one stage's models to the GPU at a time.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from configs.presets import ComponentSource, ModelPreset, get_preset
+from pipeline.errors import WeightsNotFound
+from pipeline.text import template_crop_start
+
+log = logging.getLogger(__name__)
+
+MODEL_ROLES = ("text_encoder", "text_encoder_2", "vae", "image_encoder", "transformer")
+
+
+@dataclass
+class Components:
+    preset: ModelPreset
+    mode: str
+    tokenizer: object
+    text_encoder: torch.nn.Module
+    tokenizer_2: object
+    text_encoder_2: torch.nn.Module
+    vae: torch.nn.Module
+    feature_extractor: object
+    image_encoder: torch.nn.Module
+    transformer: torch.nn.Module
+    crop_start: int
+    revisions: dict = field(default_factory=dict)     # role -> commit hash, "local:<path>" or "tiny:seed=N"
+
+    def models(self) -> dict[str, torch.nn.Module]:
+        return {role: getattr(self, role) for role in MODEL_ROLES}
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+
+
+def hf_cache_dir() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def _not_found(preset: ModelPreset, mode: str, role: str, src: ComponentSource, where: str, reason: str):
+    sub = f"/{src.subfolder}" if src.subfolder else ""
+    return WeightsNotFound(
+        f"{role}: the weights of {src.repo}{sub} ({src.size_gb:g} GB; the '{preset.name}' preset needs "
+        f"{preset.download_gb(mode):g} GB in all) are not in {where} and could not be downloaded ({reason}). "
+        f"Download them once with network access (they are kept in {hf_cache_dir()}), or point --model-dir at a "
+        f"folder laid out like the repos, or try the app without any download: --preset tiny."
+    )
+
+
+def _local_folder(model_dir: Path, src: ComponentSource) -> Path | None:
+    base = model_dir / src.repo
+    folder = base / src.subfolder if src.subfolder else base
+    return folder if folder.is_dir() else None
+
+
+def _snapshot_folder(src: ComponentSource) -> tuple[Path, str]:
+    """Download (or find in the cache) the files of one component; returns (folder, commit hash)."""
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]
+    if src.subfolder:
+        patterns = [f"{src.subfolder}/{p}" for p in patterns]
+    root = Path(snapshot_download(src.repo, revision=src.revision, allow_patterns=patterns))
+    folder = root / src.subfolder if src.subfolder else root
+    if not folder.is_dir() or not any(folder.iterdir()):
+        raise FileNotFoundError(f"{folder} is empty")
+    return folder, root.name
+
+
+def resolve(preset: ModelPreset, mode: str, role: str, src: ComponentSource, model_dir: Path | None
+            ) -> tuple[Path, str]:
+    if model_dir is not None:
+        folder = _local_folder(model_dir, src)
+        if folder is None:
+            raise _not_found(preset, mode, role, src, str(model_dir), "--model-dir has no such folder; "
+                             "nothing is downloaded when --model-dir is given")
+        return folder, f"local:{folder}"
+    try:
+        return _snapshot_folder(src)
+    except Exception as e:  # huggingface_hub raises many kinds (offline, 404, connection, disk)
+        where = f"the Hugging Face cache ({hf_cache_dir()})"
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        reason = "HF_HUB_OFFLINE is set" if offline else f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        raise _not_found(preset, mode, role, src, where, reason) from e
+
+
+def _load_role(role: str, folder: Path, src: ComponentSource):
+    from diffusers import AutoencoderKLHunyuanVideo, HunyuanVideoFramepackTransformer3DModel
+    from transformers import AutoTokenizer, CLIPTextModel, CLIPTokenizer, LlamaModel, SiglipImageProcessor, \
+        SiglipVisionModel
+
+    dt = _dtype(src.dtype)
+    if role == "tokenizer":
+        return AutoTokenizer.from_pretrained(folder)
+    if role == "tokenizer_2":
+        return CLIPTokenizer.from_pretrained(folder)
+    if role == "feature_extractor":
+        return SiglipImageProcessor.from_pretrained(folder)
+    if role == "text_encoder":
+        return LlamaModel.from_pretrained(folder, dtype=dt, use_safetensors=True)
+    if role == "text_encoder_2":
+        return CLIPTextModel.from_pretrained(folder, dtype=dt, use_safetensors=True)
+    if role == "image_encoder":
+        return SiglipVisionModel.from_pretrained(folder, dtype=dt, use_safetensors=True)
+    if role == "vae":
+        return AutoencoderKLHunyuanVideo.from_pretrained(folder, torch_dtype=dt, use_safetensors=True)
+    if role == "transformer":
+        return HunyuanVideoFramepackTransformer3DModel.from_pretrained(folder, torch_dtype=dt, use_safetensors=True)
+    raise KeyError(role)
+
+
+def load_components(preset: ModelPreset | str, mode: str = "original", model_dir: str | Path | None = None
+                    ) -> Components:
+    """Load (or build) every component of `preset` for `mode` on the CPU, in eval mode without gradients."""
+    preset = get_preset(preset) if isinstance(preset, str) else preset
+    if preset.tiny:
+        from pipeline.tiny import build_tiny_models
+
+        parts = build_tiny_models(preset, mode)
+        revisions = {role: f"tiny:seed={preset.tiny_seed}" for role in parts}
+    else:
+        model_dir = Path(model_dir).expanduser() if model_dir else None
+        parts, revisions = {}, {}
+        for role, src in preset.sources(mode).items():
+            folder, revision = resolve(preset, mode, role, src, model_dir)
+            log.info("loading %s from %s", role, folder)
+            part = _load_role(role, folder, src)
+            if isinstance(part, torch.nn.Module):
+                part = part.eval().requires_grad_(False)
+            parts[role], revisions[role] = part, revision
+    crop_start = template_crop_start(parts["tokenizer"])
+    return Components(preset=preset, mode=mode, crop_start=crop_start, revisions=revisions, **parts)

@@ -1,0 +1,113 @@
+"""One denoising step of the FramePack transformer, with per-section constants computed once and TeaCache.
+
+The transformer's own forward recomputes the clean-latent embeddings and all rotary embeddings at every step; here
+they are computed when a section begins (they depend only on the section's context), and each step runs only what
+changes: the noisy window's patch embedding, the time/guidance embedding, the text refiner and the block stack.
+The arithmetic is the same as diffusers' `HunyuanVideoFramepackTransformer3DModel.forward` (the parity test checks).
+The blocks run through their modules' `__call__`, so memory/ hooks (streaming, offload) apply unchanged.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.sections import SectionContext, SectionIndices
+from pipeline.teacache import TeaCache
+from pipeline.text import TextEmbeddings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _SectionConstants:
+    context_tokens: torch.Tensor          # packed 4x | 2x | clean tokens, (1, N_ctx, D)
+    rope: tuple[torch.Tensor, torch.Tensor]
+    image_tokens: torch.Tensor            # projected SigLIP tokens, (1, 729, D)
+    latent_shape: tuple[int, int, int]    # (T, H, W) of the noisy window
+
+
+class FramepackDenoiser:
+    """Callable `(latents, timestep, branch) -> velocity` for one section at a time."""
+
+    def __init__(self, transformer, teacache_threshold: float = 0.0, steps: int = 0):
+        self.transformer = transformer
+        self.dtype = transformer.dtype
+        self.teacache = {b: TeaCache(teacache_threshold, steps) for b in ("cond", "uncond")} \
+            if teacache_threshold > 0 else None
+        self._const: _SectionConstants | None = None
+        self._text: dict[str, TextEmbeddings] = {}
+        self._guidance: torch.Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.transformer.x_embedder.proj.weight.device
+
+    @torch.no_grad()
+    def begin_section(self, ctx: SectionContext, indices: SectionIndices, latent_shape: tuple[int, int, int],
+                      image_embeds: torch.Tensor, texts: dict[str, TextEmbeddings], guidance: float) -> None:
+        tr, dev, dt = self.transformer, self.device, self.dtype
+        t, h, w = latent_shape
+        p = tr.config.patch_size
+        idx = {k: torch.tensor(v, dtype=torch.long) for k, v in vars(indices).items()}
+        rope_latents = tr.rope(frame_indices=idx["latents"], height=h, width=w, device=dev)
+        clean, two, four = tr.clean_x_embedder(ctx.clean.to(dev, dt), ctx.history_2x.to(dev, dt),
+                                               ctx.history_4x.to(dev, dt))
+        rope_clean = tr.rope(frame_indices=idx["clean"], height=h, width=w, device=dev)
+        rope_2x = tr.rope(frame_indices=idx["history_2x"], height=h, width=w, device=dev)
+        rope_4x = tr.rope(frame_indices=idx["history_4x"], height=h, width=w, device=dev)
+        empty = clean[:, :0]
+        context_tokens, rope = tr._pack_history_states(empty, clean, two, four, rope_latents, rope_clean, rope_2x,
+                                                       rope_4x, h // p, w // p)
+        image_tokens = tr.image_projection(image_embeds.to(dev, dt))
+        self._const = _SectionConstants(context_tokens, rope, image_tokens, latent_shape)
+        self._text = {k: v.to(dev, dt) for k, v in texts.items()}
+        self._guidance = torch.tensor([guidance * 1000.0], dtype=dt, device=dev)
+        if self.teacache:
+            for cache in self.teacache.values():
+                cache.reset()
+
+    def end_section(self) -> None:
+        self._const = None
+        self._text = {}
+
+    @torch.no_grad()
+    def __call__(self, latents: torch.Tensor, timestep: torch.Tensor, branch: str = "cond") -> torch.Tensor:
+        tr, c = self.transformer, self._const
+        if c is None:
+            raise RuntimeError("begin_section() must be called before denoising")
+        text = self._text[branch]
+        b, _, t, h, w = latents.shape
+        p, p_t = tr.config.patch_size, tr.config.patch_size_t
+        pt, ph, pw = t // p_t, h // p, w // p
+        timestep = timestep.expand(b).to(self.device)
+
+        hidden = tr.x_embedder(latents.to(self.device, self.dtype))
+        hidden = torch.cat([c.context_tokens, hidden], dim=1)
+        temb, _ = tr.time_text_embed(timestep, text.pooled, self._guidance)
+        encoder = tr.context_embedder(text.llama, timestep, text.mask)
+        # Image tokens go before the text tokens (the text mask cuts padding off the end).
+        encoder = torch.cat([c.image_tokens, encoder], dim=1)
+        mask = torch.cat([text.mask.new_ones((b, c.image_tokens.shape[1])), text.mask], dim=1)
+        effective = int(mask.sum(dim=1, dtype=torch.int)[0])
+        encoder = encoder[:, :effective]
+
+        cache = self.teacache[branch] if self.teacache else None
+        if cache is not None and cache.should_skip(tr.transformer_blocks[0].norm1(hidden, emb=temb)[0]):
+            hidden = cache.apply(hidden)
+        else:
+            before = hidden
+            for block in tr.transformer_blocks:
+                hidden, encoder = block(hidden, encoder, temb, None, c.rope)
+            for block in tr.single_transformer_blocks:
+                hidden, encoder = block(hidden, encoder, temb, None, c.rope)
+            if cache is not None:
+                cache.store(hidden - before)
+
+        hidden = hidden[:, -(pt * ph * pw):]
+        hidden = tr.norm_out(hidden, temb)
+        hidden = tr.proj_out(hidden)
+        hidden = hidden.reshape(b, pt, ph, pw, -1, p_t, p, p)
+        hidden = hidden.permute(0, 4, 1, 5, 2, 6, 3, 7)
+        return hidden.flatten(6, 7).flatten(4, 5).flatten(2, 3)

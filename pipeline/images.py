@@ -1,0 +1,148 @@
+"""Input images: safe loading, mode conversion, bucketing, resize + center crop, tensors.
+
+Every problem a user can cause raises InputError naming the field, before any model is loaded.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from configs.generation import BUCKETS_640, LIMITS
+from pipeline.errors import InputError
+
+log = logging.getLogger(__name__)
+
+ImageInput = "str | os.PathLike | Image.Image | np.ndarray"
+
+
+def buckets_for(resolution: int) -> list[tuple[int, int]]:
+    """The bucket table for a base resolution: FramePack's 640 table, scaled and rounded to multiples of 16."""
+    if resolution == 640:
+        return list(BUCKETS_640)
+    scale = resolution / 640
+    out = []
+    for h, w in BUCKETS_640:
+        b = (max(16, int(round(h * scale / 16)) * 16), max(16, int(round(w * scale / 16)) * 16))
+        if b not in out:
+            out.append(b)
+    return out
+
+
+def nearest_bucket(height: int, width: int, resolution: int = 640) -> tuple[int, int]:
+    """The bucket whose aspect ratio is closest: minimal |h·bw − w·bh|."""
+    return min(buckets_for(resolution), key=lambda b: abs(height * b[1] - width * b[0]))
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """RGB 8-bit from any PIL mode: alpha composited on white, 16/32-bit and float scaled, CMYK/palette converted."""
+    if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        a = np.asarray(img, dtype=np.float64)
+        hi = 65535.0 if img.mode.startswith("I;16") or a.max() > 255 else 255.0
+        if img.mode == "F" and a.max() <= 1.0:
+            hi = 1.0
+        a = np.clip(a / hi * 255.0 + 0.5, 0, 255).astype(np.uint8)
+        img = Image.fromarray(a, mode="L")
+    if img.mode == "P":
+        img = img.convert("RGBA")
+    if img.mode in ("LA", "La", "PA"):
+        img = img.convert("RGBA")
+    if img.mode in ("RGBA", "RGBa"):
+        background = Image.new("RGBA", img.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, img.convert("RGBA")).convert("RGB")
+    return img.convert("RGB")
+
+
+def _open(source, field: str) -> Image.Image:
+    if isinstance(source, Image.Image):
+        return source
+    if isinstance(source, np.ndarray):
+        a = source
+        if a.dtype != np.uint8:
+            if not np.isfinite(a).all():
+                raise InputError(field, "the image array contains NaN or infinite values")
+            a = np.clip(a * (255.0 if a.max() <= 1.0 else 1.0), 0, 255).astype(np.uint8)
+        if a.ndim == 2 or (a.ndim == 3 and a.shape[2] in (1, 3, 4)):
+            return Image.fromarray(a.squeeze(-1) if a.ndim == 3 and a.shape[2] == 1 else a)
+        raise InputError(field, f"an image array must be H×W, H×W×3 or H×W×4, not {a.shape}")
+    if isinstance(source, (bytes, bytearray)):
+        data = io.BytesIO(source)
+        name = "<upload>"
+    else:
+        path = Path(os.fspath(source))
+        if not path.exists():
+            raise InputError(field, f"file not found: {path.name}. Upload or choose an existing image file.")
+        if not path.is_file():
+            raise InputError(field, f"{path.name} is not a file")
+        size = path.stat().st_size
+        if size == 0:
+            raise InputError(field, f"{path.name} is empty (0 bytes). Upload a PNG, JPEG or WebP image.")
+        if size > LIMITS.upload_bytes_max:
+            raise InputError(field, f"{path.name} is {size / 2**20:.0f} MB; the limit is "
+                                    f"{LIMITS.upload_bytes_max // 2**20} MB")
+        data = path
+        name = path.name
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(data)
+            w, h = img.size
+            if w * h > LIMITS.image_pixels_max:
+                raise InputError(field, f"{name} is {w}×{h} pixels; the limit is "
+                                        f"{LIMITS.image_side[1]}×{LIMITS.image_side[1]}")
+            img.load()
+    except InputError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise InputError(field, f"{name} is too large to decode safely (decompression bomb guard)") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise InputError(field, f"{name} is not a readable image ({type(e).__name__}). "
+                                f"Upload a PNG, JPEG or WebP image.") from None
+    return img
+
+
+def load_image(source, field: str = "image") -> Image.Image:
+    """Open and check an image; returns an RGB 8-bit PIL image with EXIF orientation applied."""
+    if source is None:
+        raise InputError(field, "no image given. Upload a start image.")
+    img = _open(source, field)
+    if getattr(img, "n_frames", 1) > 1:
+        img.seek(0)
+    try:
+        img = ImageOps.exif_transpose(img)
+    except (OSError, ValueError, TypeError):
+        log.debug("%s: could not read EXIF orientation", field)
+    w, h = img.size
+    lo, hi = LIMITS.image_side
+    if min(w, h) < lo:
+        raise InputError(field, f"the image is {w}×{h}; each side needs at least {lo} pixels")
+    if max(w, h) > hi:
+        raise InputError(field, f"the image is {w}×{h}; each side may have at most {hi} pixels")
+    return _to_rgb(img)
+
+
+def resize_center_crop(img: Image.Image, height: int, width: int) -> Image.Image:
+    """Scale to cover (height, width) and cut the middle out."""
+    scale = max(width / img.width, height / img.height)
+    size = (max(width, round(img.width * scale)), max(height, round(img.height * scale)))
+    img = img.resize(size, Image.LANCZOS) if size != img.size else img
+    left, top = (img.width - width) // 2, (img.height - height) // 2
+    return img.crop((left, top, left + width, top + height))
+
+
+def to_uint8_array(img: Image.Image) -> np.ndarray:
+    return np.asarray(img, dtype=np.uint8)
+
+
+def to_model_tensor(img: Image.Image):
+    """(1, 3, H, W) float32 in [-1, 1]."""
+    import torch
+
+    a = np.asarray(img, dtype=np.float32) / 255.0
+    t = torch.from_numpy(a).permute(2, 0, 1).unsqueeze(0)
+    return t * 2.0 - 1.0

@@ -1,0 +1,122 @@
+"""One folder per job under outputs/: input images, a video per section, final.mp4 and job.json.
+
+Job ids are generated (time + random), never taken from user text. Every file is written atomically (temp file +
+rename), so a crash never leaves a half-written file under a real name. job.json says what state the job is in:
+running, done, stopped or failed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import secrets
+import shutil
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+PACKAGES = ("torch", "diffusers", "transformers", "accelerate", "huggingface_hub", "safetensors", "av", "gradio",
+            "pillow", "numpy")
+
+
+def package_versions() -> dict[str, str | None]:
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    try:
+        import torch
+
+        out["torch_cuda"] = torch.version.cuda
+        out["torch_hip"] = torch.version.hip
+    except ImportError:
+        pass
+    return out
+
+
+def new_job_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def atomic_write_json(path: Path, obj) -> None:
+    atomic_write_bytes(path, json.dumps(obj, indent=2, default=str).encode("utf-8"))
+
+
+@dataclass
+class Job:
+    dir: Path
+    info: dict = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.dir.name
+
+    @classmethod
+    def create(cls, outputs: Path, settings: dict, models: dict) -> "Job":
+        outputs = Path(outputs)
+        outputs.mkdir(parents=True, exist_ok=True)
+        for _ in range(10):
+            d = outputs / new_job_id()
+            try:
+                d.mkdir()
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise RuntimeError(f"could not create a job folder in {outputs}")
+        job = cls(d, {"id": d.name, "status": "running", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                      "settings": settings, "models": models, "versions": package_versions(),
+                      "sections": [], "timings": {}, "memory": {}, "videos": [], "final": None, "error": None})
+        job.save()
+        return job
+
+    def path(self, name: str) -> Path:
+        return self.dir / name
+
+    def save(self) -> None:
+        atomic_write_json(self.dir / "job.json", self.info)
+
+    def update(self, **fields) -> None:
+        self.info.update(fields)
+        self.save()
+
+    def save_image(self, name: str, image) -> Path:
+        import io
+
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        path = self.path(name)
+        atomic_write_bytes(path, buf.getvalue())
+        return path
+
+    def finish(self, status: str, final: Path | None, *, error: str | None = None, timings: dict | None = None,
+               memory: dict | None = None) -> None:
+        if final is not None and final.name != "final.mp4":
+            target = self.path("final.mp4")
+            tmp = self.path(".final.mp4.tmp")
+            shutil.copyfile(final, tmp)
+            os.replace(tmp, target)
+            final = target
+        self.update(status=status, final=final.name if final else None, error=error,
+                    finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), timings=timings or self.info["timings"],
+                    memory=memory or self.info["memory"])
+
+
+def load_job(job_dir: Path) -> dict:
+    return json.loads((Path(job_dir) / "job.json").read_text("utf-8"))

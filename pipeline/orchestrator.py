@@ -1,0 +1,298 @@
+"""The orchestrator: runs one job's stages in order and yields events a UI can stream.
+
+    1. check the request (before any model loads)          5. per section: transformer (sampling)
+    2. text encoders                                        6.              VAE decode → blend → section video
+    3. VAE encode (start image, end image)                  7. final video, job.json
+    4. image encoder (SigLIP)
+
+Each model stage runs inside `memory.stage(...)`: exactly one stage's models are on the GPU at a time. Random
+numbers come from one CPU generator seeded with the request's seed and drawn in a fixed order (VAE posterior of
+the start image, of the end image, then each section's noise), so the same seed gives the same video on any device.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from memory import MemoryManager
+from pipeline import sections as sec
+from pipeline.checkpoint import save_checkpoint
+from pipeline.components import Components
+from pipeline.denoiser import FramepackDenoiser
+from pipeline.errors import InputError, JobStopped
+from pipeline.events import Done, Event, Failed, LogLine, Preview, Progress, SectionVideo
+from pipeline.images import to_model_tensor
+from pipeline.jobs import Job
+from pipeline.logcapture import capture_logs
+from pipeline.preview import preview_image
+from pipeline.request import PreparedRequest, Request, prepare
+from pipeline.sampling import sample_section
+from pipeline.text import encode_prompt
+from pipeline.video import write_mp4
+from pipeline.video_buffer import VideoBuffer
+
+log = logging.getLogger(__name__)
+
+
+class CancelToken:
+    """Set from any thread; the job stops at its next step and keeps what it made."""
+
+    def __init__(self):
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def check(self) -> None:
+        if self._event.is_set():
+            raise JobStopped()
+
+
+def generate(request: Request, components: Components, memory: MemoryManager | None = None, *,
+             cancel: CancelToken | None = None, outputs: str | Path = "outputs") -> Iterator[Event]:
+    """Run one job. Always ends with exactly one Done or Failed event."""
+    try:
+        prepared = prepare(request, components.preset.default_resolution)
+    except InputError as e:
+        yield Failed(str(e), "", None, None)
+        return
+    if request.mode != components.mode:
+        yield Failed(f"mode: the loaded models are for mode '{components.mode}', not '{request.mode}'", "", None,
+                     None)
+        return
+    run = JobRun(prepared, components, memory or MemoryManager(), cancel or CancelToken(), Path(outputs))
+    yield from run.events()
+
+
+class JobRun:
+    """State of one running job; `events()` drives the stages."""
+
+    def __init__(self, prepared: PreparedRequest, components: Components, memory: MemoryManager,
+                 cancel: CancelToken, outputs: Path):
+        self.p, self.c, self.memory, self.cancel, self.outputs = prepared, components, memory, cancel, outputs
+        self.r = prepared.request
+        self.plan = sec.make_plan(self.r.mode, self.r.seconds, self.r.latent_window, self.r.fps)
+        self.device = memory.device
+        self.generator = torch.Generator("cpu").manual_seed(self.r.seed)
+        self.timings: dict[str, float] = {}
+        self.t0 = time.monotonic()
+        self.step_times: list[float] = []
+        self.job: Job | None = None
+        self.video = VideoBuffer(self.r.mode, sec.overlap_frames(self.r.latent_window))
+        self.last_video: Path | None = None
+
+    # ---- events -------------------------------------------------------------------------------------------------
+    def progress(self, stage: str, section: int = 0, step: int = 0, message: str = "") -> Progress:
+        return Progress(stage, section, self.plan.count, step, self.r.steps, time.monotonic() - self.t0,
+                        self.eta(section, step), message or stage)
+
+    def eta(self, section: int, step: int) -> float | None:
+        if not self.step_times:
+            return None
+        per_step = sum(self.step_times[-self.r.steps:]) / len(self.step_times[-self.r.steps:])
+        remaining = (self.plan.count - max(section, 1)) * self.r.steps + (self.r.steps - step)
+        decode = self.timings.get("VAE decode", 0.0) / max(section - 1, 1)
+        return remaining * per_step + (self.plan.count - section + 1) * decode
+
+    def _timed(self, name: str, seconds: float) -> None:
+        self.timings[name] = self.timings.get(name, 0.0) + seconds
+
+    def events(self) -> Iterator[Event]:
+        with capture_logs() as logs:
+            def drain():
+                while logs:
+                    yield logs.pop(0)
+
+            try:
+                self.job = Job.create(self.outputs, self.r.settings(), self._model_info())
+                self.job.save_image("input.png", self.p.image)
+                if self.p.end_image is not None:
+                    self.job.save_image("end.png", self.p.end_image)
+                for w in self.p.warnings:
+                    yield LogLine("warning", w)
+                log.info("job %s: %d section(s) of %d latent frames at %dx%d, %s mode, %s sampler, seed %d",
+                         self.job.id, self.plan.count, self.plan.window, self.p.width, self.p.height, self.r.mode,
+                         self.r.sampler, self.r.seed)
+                yield from drain()
+                yield from self._run(drain)
+            except JobStopped:
+                yield from drain()
+                yield self._finish("stopped")
+            except Exception as e:  # the job fails; the process (and the server around it) keeps going
+                log.error("job failed: %s", e, exc_info=True)
+                yield from drain()
+                yield self._fail(e)
+
+    def _run(self, drain) -> Iterator[Event]:
+        c, r = self.c, self.r
+        yield self.progress("text encoders")
+        texts = self._encode_text()
+        yield from drain()
+        self.cancel.check()
+        yield self.progress("VAE encode")
+        start_latent, end_latent = self._encode_latents()
+        yield from drain()
+        self.cancel.check()
+        yield self.progress("image encoder")
+        image_embeds = self._encode_image()
+        yield from drain()
+
+        history = sec.empty_history(self.plan, start_latent)
+        denoiser = FramepackDenoiser(c.transformer, r.teacache, r.steps)
+        _, _, _, lh, lw = start_latent.shape
+        for section in self.plan.sections:
+            n = section.index + 1
+            self.cancel.check()
+            noise = torch.randn((1, c.transformer.config.in_channels, self.plan.window, lh, lw),
+                                generator=self.generator, dtype=torch.float32)
+            ctx = sec.section_context(self.plan, section, history, start_latent, end_latent)
+            yield self.progress("sampling", n, 0, f"section {n}/{self.plan.count}: loading the transformer")
+            t_stage = time.monotonic()
+            with self.memory.stage("transformer", transformer=c.transformer):
+                yield from drain()
+                denoiser.begin_section(ctx, self.plan.indices(section), (self.plan.window, lh, lw),
+                                       image_embeds, texts, r.gs)
+                sampler = sample_section(denoiser, noise.to(self.device), sampler=r.sampler, steps=r.steps,
+                                         cfg=r.cfg, rescale=r.rescale, check_stop=self.cancel.check)
+                generated = yield from self._stream_steps(sampler, n)
+                denoiser.end_section()
+            self._timed("transformer", time.monotonic() - t_stage)
+            if denoiser.teacache:
+                log.info("TeaCache skipped %d of %d steps", denoiser.teacache["cond"].skipped, r.steps)
+            history, real = sec.append_section(self.plan, section, history, generated.cpu(), start_latent)
+            save_checkpoint(self.job, section, history, real, start_latent, end_latent, self.generator)
+            yield from drain()
+            yield self.progress("VAE decode", n, r.steps, f"section {n}/{self.plan.count}: decoding")
+            self._decode(sec.latents_to_decode(self.plan, section, real))
+            yield from drain()
+            yield self._write_section(section)
+
+        yield self._finish("done")
+
+    def _stream_steps(self, sampler, section: int) -> Iterator[Event]:
+        """Drive the sampling generator, turning each step into progress and preview events."""
+        last = time.monotonic()
+        try:
+            while True:
+                step, steps, estimate = next(sampler)
+                now = time.monotonic()
+                self.step_times.append(now - last)
+                last = now
+                yield self.progress("sampling", section, step, f"Sampling {step}/{steps}")
+                yield Preview(preview_image(estimate), section, step)
+        except StopIteration as done:
+            return done.value
+
+    # ---- stages -------------------------------------------------------------------------------------------------
+    def _encode_text(self):
+        c, r = self.c, self.r
+        t = time.monotonic()
+        with self.memory.stage("text encoders", text_encoder=c.text_encoder, text_encoder_2=c.text_encoder_2):
+            pos = encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2, r.prompt,
+                                c.crop_start, self.device)
+            neg = (encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2, r.negative_prompt,
+                                 c.crop_start, self.device) if r.cfg > 1.0 else pos.zeros_like())
+        self._timed("text encoders", time.monotonic() - t)
+        return {"cond": pos.to("cpu", torch.float32), "uncond": neg.to("cpu", torch.float32)}
+
+    @torch.no_grad()
+    def _encode_latents(self):
+        vae = self.c.vae
+        t = time.monotonic()
+        with self.memory.stage("VAE encode", vae=vae):
+            def encode(img):
+                x = to_model_tensor(img).unsqueeze(2).to(self.device, vae.dtype)
+                dist = vae.encode(x).latent_dist
+                return (dist.sample(generator=self.generator) * vae.config.scaling_factor).float().cpu()
+
+            start = encode(self.p.image)
+            end = encode(self.p.end_image) if self.p.end_image is not None else None
+        self._timed("VAE encode", time.monotonic() - t)
+        return start, end
+
+    @torch.no_grad()
+    def _encode_image(self) -> torch.Tensor:
+        """SigLIP embedding of the start image. With an end image, the conditioning is the blend
+        (1 − a)·start + a·end with a = request.end_embed_weight (default 0.5, FramePack's end-frame PR #167 idea).
+        diffusers' pipeline computes that blend and then ignores it (a = 0); a = 0 reproduces it exactly."""
+        c = self.c
+        t = time.monotonic()
+        with self.memory.stage("image encoder", image_encoder=c.image_encoder):
+            def embed(img):
+                pixels = (to_model_tensor(img) + 1.0) / 2.0
+                inputs = c.feature_extractor(images=pixels, return_tensors="pt", do_rescale=False)
+                inputs = inputs.to(device=self.device, dtype=c.image_encoder.dtype)
+                return c.image_encoder(**inputs).last_hidden_state.float().cpu()
+
+            embeds = embed(self.p.image)
+            a = self.r.end_embed_weight
+            if self.p.end_image is not None and a > 0:
+                embeds = (1.0 - a) * embeds + a * embed(self.p.end_image)
+        self._timed("image encoder", time.monotonic() - t)
+        return embeds
+
+    @torch.no_grad()
+    def _decode(self, latents: torch.Tensor) -> None:
+        import rocm
+
+        vae = self.c.vae
+        t = time.monotonic()
+        with self.memory.stage("VAE decode", vae=vae):
+            z = latents.to(self.device, vae.dtype) / vae.config.scaling_factor
+            with rocm.vae_decode_log(vae, z, memory_status=lambda: self.memory.snapshot("VAE decode").status_line()):
+                pixels = vae.decode(z).sample
+            self.video.add(pixels.float().cpu())
+        self._timed("VAE decode", time.monotonic() - t)
+
+    def _write_section(self, section: sec.Section) -> SectionVideo:
+        n = section.index + 1
+        frames = self.video.frames()
+        meta = {"comment": f"prompt: {self.r.prompt} | seed: {self.r.seed}", "title": self.r.prompt[:200],
+                "description": self.r.prompt}
+        t = time.monotonic()
+        path = write_mp4(frames, self.job.path(f"section_{n:02d}.mp4"), fps=self.r.fps, crf=self.r.crf,
+                         metadata=meta)
+        self._timed("video writing", time.monotonic() - t)
+        self.last_video = path
+        self.job.info["videos"].append(path.name)
+        self.job.info["sections"].append({"section": n, "frames": len(frames),
+                                          "elapsed_s": round(time.monotonic() - self.t0, 3)})
+        self.job.update(timings=self._timings(), memory=self.memory.summary())
+        return SectionVideo(path, len(frames), len(frames) / self.r.fps, n, self.plan.count)
+
+    # ---- endings ------------------------------------------------------------------------------------------------
+    def _timings(self) -> dict:
+        out = {k: round(v, 4) for k, v in self.timings.items()}
+        out["total"] = round(time.monotonic() - self.t0, 4)
+        return out
+
+    def _model_info(self) -> dict:
+        c = self.c
+        return {"preset": c.preset.name, "mode": c.mode,
+                "repos": {role: src.repo + (f"/{src.subfolder}" if src.subfolder else "")
+                          for role, src in c.preset.sources(c.mode).items()},
+                "revisions": c.revisions}
+
+    def _finish(self, status: str) -> Done:
+        self.job.finish(status, self.last_video, timings=self._timings(), memory=self.memory.summary())
+        final = self.job.path("final.mp4") if self.last_video else None
+        frames = len(self.video) if self.last_video else 0
+        log.info("job %s %s: %d frames in %.1f s", self.job.id, status, frames, time.monotonic() - self.t0)
+        return Done(self.job.dir, final, frames, status == "stopped", self._timings())
+
+    def _fail(self, error: Exception) -> Failed:
+        message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+        detail = traceback.format_exc()
+        if self.job is not None:
+            self.job.finish("failed", None, error=message, timings=self._timings(), memory=self.memory.summary())
+        return Failed(message, detail, self.job.dir if self.job else None, self.last_video)

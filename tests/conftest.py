@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny real models (built in code, seeded), test images, a job runner that collects events."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# Nothing at test time touches the network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+
+def make_image(width: int = 96, height: int = 80, seed: int = 0, mode: str = "RGB"):
+    from PIL import Image
+
+    rng = np.random.RandomState(seed)
+    # Smooth content (gradients + blobs) rather than pure noise, so the VAE sees image-like input.
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x / width, y / height, (x + y) / (width + height)], axis=-1)
+    base += 0.15 * rng.rand(1, 1, 3) + 0.05 * rng.rand(height, width, 3)
+    arr = (np.clip(base, 0, 1) * 255).astype(np.uint8)
+    img = Image.fromarray(arr, "RGB")
+    return img.convert(mode) if mode != "RGB" else img
+
+
+@pytest.fixture(scope="session")
+def tiny_original():
+    from pipeline.components import load_components
+
+    return load_components("tiny", "original")
+
+
+@pytest.fixture(scope="session")
+def tiny_f1():
+    from pipeline.components import load_components
+
+    return load_components("tiny", "f1")
+
+
+def run_job(request, components, outputs, memory=None, cancel=None):
+    """Run a job to its end; returns (events, final event)."""
+    from pipeline.orchestrator import generate
+
+    events = list(generate(request, components, memory, cancel=cancel, outputs=outputs))
+    return events, events[-1]
