@@ -120,6 +120,10 @@ class MemoryManager:
             self.records.append(record)
             log.info(record.after.status_line())
 
+    def decode_vae(self, vae, latents: torch.Tensor) -> torch.Tensor:
+        """Decode (B, C, T, H, W) latents (already divided by the scaling factor) to pixels in [-1, 1]."""
+        return vae.decode(latents).sample
+
     def load_order(self) -> list[str]:
         return [r.name for r in self.records]
 

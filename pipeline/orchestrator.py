@@ -250,7 +250,7 @@ class JobRun:
         with self.memory.stage("VAE decode", vae=vae):
             z = latents.to(self.device, vae.dtype) / vae.config.scaling_factor
             with rocm.vae_decode_log(vae, z, memory_status=lambda: self.memory.snapshot("VAE decode").status_line()):
-                pixels = vae.decode(z).sample
+                pixels = self.memory.decode_vae(vae, z)
             self.video.add(pixels.float().cpu())
         self._timed("VAE decode", time.monotonic() - t)
 
