@@ -47,6 +47,11 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache, read at call time (HF_HUB_CACHE, else HF_HOME/hub, else the library default)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
     from huggingface_hub import constants
 
     return Path(constants.HF_HUB_CACHE)
@@ -75,7 +80,8 @@ def _snapshot_folder(src: ComponentSource) -> tuple[Path, str]:
     patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]
     if src.subfolder:
         patterns = [f"{src.subfolder}/{p}" for p in patterns]
-    root = Path(snapshot_download(src.repo, revision=src.revision, allow_patterns=patterns))
+    root = Path(snapshot_download(src.repo, revision=src.revision, allow_patterns=patterns,
+                                  cache_dir=hf_cache_dir()))
     folder = root / src.subfolder if src.subfolder else root
     if not folder.is_dir() or not any(folder.iterdir()):
         raise FileNotFoundError(f"{folder} is empty")

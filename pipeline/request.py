@@ -61,18 +61,15 @@ def _number(name: str, value, kind, lo, hi, *, low_open: bool = False):
     if isinstance(value, bool) or value is None:
         raise InputError(name, f"a number is required, got {value!r}")
     try:
-        v = kind(value) if kind is float else value
-        if kind is int:
-            if isinstance(value, float):
-                if not math.isfinite(value):
-                    raise InputError(name, f"{value} is not a finite number")
-                if value != int(value):
-                    raise InputError(name, f"{value} must be a whole number")
-            v = int(value)
+        v = float(value)
     except (TypeError, ValueError, OverflowError):
         raise InputError(name, f"{value!r} is not a number") from None
-    if kind is float and not math.isfinite(v):
+    if not math.isfinite(v):
         raise InputError(name, f"{value} is not a finite number")
+    if kind is int:
+        if v != int(v):
+            raise InputError(name, f"{value} must be a whole number")
+        v = int(value) if isinstance(value, int) else int(v)
     too_low = v <= lo if low_open else v < lo
     if too_low or v > hi:
         rng = f"more than {lo} and at most {hi}" if low_open else f"between {lo} and {hi}"

@@ -1,0 +1,10 @@
+"""`python -m pipeline ...`: the ROCm environment profile is applied before torch is imported."""
+import sys
+
+import rocm
+
+rocm.apply_env_profile()
+
+from pipeline.cli import main  # noqa: E402  (after the environment profile, on purpose)
+
+sys.exit(main())

@@ -1,0 +1,232 @@
+"""Command line: `python -m pipeline generate|batch|resume ...` (see --help)."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from configs import DEFAULTS, MEMORY, PRESETS
+from configs.generation import MODES, SAMPLERS
+
+log = logging.getLogger("pipeline.cli")
+
+EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_STOPPED = 0, 1, 2, 130
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="hunyuan", choices=list(PRESETS),
+                   help="hunyuan = real weights (~42 GB, downloaded once); tiny = random tiny models, no download")
+    p.add_argument("--model-dir", type=Path, help="folder laid out like the repos (<dir>/<owner>/<repo>/...); "
+                                                  "nothing is downloaded when given")
+    p.add_argument("--out", type=Path, default=Path("outputs"), help="folder for job folders (default: outputs)")
+    p.add_argument("--vram-cap-gb", type=float, default=MEMORY.vram_cap_gb, help="hard VRAM cap (default 20)")
+    p.add_argument("--no-pin", action="store_true", help="do not page-lock host copies (when host RAM is short)")
+    p.add_argument("--device", help="cuda, cuda:1 or cpu (default: the GPU if there is one)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, warnings only")
+    p.add_argument("-v", "--verbose", action="store_true", help="stage messages (memory status, timings)")
+
+
+def _add_settings(p: argparse.ArgumentParser) -> None:
+    d = DEFAULTS
+    p.add_argument("--image", required=True, help="start image (PNG, JPEG, WebP ...)")
+    p.add_argument("--prompt", default=d.prompt)
+    p.add_argument("--end-image", help="optional end frame (original mode)")
+    p.add_argument("--negative-prompt", default=d.negative_prompt, help="used when --cfg > 1")
+    p.add_argument("--seconds", type=float, default=d.seconds, help="total video length (default 5)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--mode", choices=MODES, default=d.mode, help="original (anti-drifting) or f1 (forward)")
+    p.add_argument("--sampler", choices=SAMPLERS, default=d.sampler)
+    p.add_argument("--gs", type=float, default=d.gs, help="distilled CFG (default 10)")
+    p.add_argument("--cfg", type=float, default=d.cfg, help="real CFG; > 1 uses the negative prompt (2× slower)")
+    p.add_argument("--rescale", type=float, default=d.rescale, help="CFG rescale (0–1)")
+    p.add_argument("--window", type=int, default=d.latent_window, help="latent window (default 9)")
+    p.add_argument("--teacache", type=float, default=d.teacache, help="TeaCache threshold, 0 = off")
+    p.add_argument("--resolution", type=int, help="bucket base (default: 640, tiny preset 64)")
+    p.add_argument("--crf", type=int, default=d.crf, help="MP4 quality 0–51 (lower is better, default 16)")
+    p.add_argument("--preserved-gb", type=float, default=MEMORY.preserved_gb,
+                   help="GPU memory kept free of resident weights (larger = less VRAM, slower)")
+    p.add_argument("--end-embed-weight", type=float, default=0.5,
+                   help="share of the end image in the image conditioning (0–1)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pipeline", description="FramePack image-to-video, headless.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="make one video")
+    _add_settings(g)
+    _add_common(g)
+    b = sub.add_parser("batch", help="run the jobs of a JSON-lines file, one job per line")
+    b.add_argument("jobs", type=Path, help="each line: a JSON object with generate's settings, e.g. "
+                                           '{"image": "a.png", "prompt": "...", "seconds": 3}')
+    _add_common(b)
+    return parser
+
+
+def request_from_args(a: argparse.Namespace):
+    from pipeline.request import Request
+
+    return Request(image=a.image, prompt=a.prompt, end_image=a.end_image, negative_prompt=a.negative_prompt,
+                   seconds=a.seconds, seed=a.seed, steps=a.steps, mode=a.mode, sampler=a.sampler, gs=a.gs,
+                   cfg=a.cfg, rescale=a.rescale, latent_window=a.window, teacache=a.teacache,
+                   resolution=a.resolution, crf=a.crf, preserved_gb=a.preserved_gb,
+                   end_embed_weight=a.end_embed_weight)
+
+
+def request_from_json(obj: dict, base: Path):
+    """A batch line -> Request; relative image paths are relative to the jobs file."""
+    import dataclasses
+
+    from pipeline.errors import InputError
+    from pipeline.request import Request
+
+    if not isinstance(obj, dict):
+        raise InputError("job", "each line must be a JSON object")
+    names = {f.name for f in dataclasses.fields(Request)}
+    aliases = {"window": "latent_window"}
+    fields = {aliases.get(k, k): v for k, v in obj.items()}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise InputError(unknown[0], f"unknown setting; known: {', '.join(sorted(names))}")
+    if "image" not in fields:
+        raise InputError("image", "missing; give the start image's path")
+    for key in ("image", "end_image"):
+        if isinstance(fields.get(key), str):
+            path = Path(fields[key]).expanduser()
+            fields[key] = path if path.is_absolute() else base / path
+    return Request(**fields)
+
+
+class Runner:
+    """Loads components once per mode and runs jobs, printing progress."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self._components = {}
+
+    def components(self, mode: str):
+        from pipeline.components import load_components
+
+        if mode not in self._components:
+            self._components.clear()            # one set in host memory at a time
+            self._components[mode] = load_components(self.args.preset, mode, self.args.model_dir)
+        return self._components[mode]
+
+    def memory(self, request):
+        from memory import MemoryManager, default_device
+
+        device = self.args.device or default_device()
+        return MemoryManager(device=device, cap_gb=self.args.vram_cap_gb, preserved_gb=request.preserved_gb,
+                             pin_host_memory=not self.args.no_pin)
+
+    def run(self, request) -> tuple[int, object]:
+        from pipeline.errors import InputError
+        from pipeline.events import Done, Failed, LogLine, Progress, SectionVideo
+        from pipeline.orchestrator import CancelToken, generate
+        from pipeline.request import prepare
+
+        try:
+            prepare(request, PRESETS[self.args.preset].default_resolution)   # bad input: before models load
+        except InputError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_INPUT, Failed(str(e), "", None, None)
+        cancel = CancelToken()
+        previous = signal.signal(signal.SIGINT, lambda *_: self._interrupt(cancel))
+        bar = None
+        last = None
+        try:
+            components = self.components(request.mode)
+            for ev in generate(request, components, self.memory(request), cancel=cancel, outputs=self.args.out):
+                last = ev
+                if self.args.quiet:
+                    continue
+                if isinstance(ev, Progress) and ev.step > 0:
+                    bar = bar or _progress_bar(ev.sections * ev.steps)
+                    bar.n = (ev.section - 1) * ev.steps + ev.step
+                    bar.set_description(f"section {ev.section}/{ev.sections}")
+                    bar.refresh()
+                elif isinstance(ev, SectionVideo):
+                    _write(bar, f"section {ev.section}/{ev.sections}: {ev.frames} frames -> {ev.path}")
+                elif isinstance(ev, LogLine) and ev.level != "info":
+                    _write(bar, f"{ev.level}: {ev.message}")
+        except Exception as e:  # loading failed (e.g. weights missing): a clear line, no traceback wall
+            log.debug("run failed", exc_info=True)
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_FAILED, Failed(str(e), "", None, None)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            if bar is not None:
+                bar.close()
+        if isinstance(last, Done):
+            what = "stopped; kept" if last.stopped else "done:"
+            print(f"{what} {last.video} ({last.frames} frames) in {last.job_dir}")
+            return (EXIT_STOPPED if last.stopped else EXIT_OK), last
+        print(f"error: {last.message}", file=sys.stderr)
+        return (EXIT_INPUT if last.job_dir is None else EXIT_FAILED), last
+
+    @staticmethod
+    def _interrupt(cancel) -> None:
+        if cancel.cancelled:
+            raise KeyboardInterrupt
+        print("\nstopping after this step (Ctrl-C again to abort)...", file=sys.stderr)
+        cancel.cancel()
+
+
+def _progress_bar(total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="step", dynamic_ncols=True)
+
+
+def _write(bar, text: str) -> None:
+    if bar is not None:
+        bar.write(text)
+    else:
+        print(text)
+
+
+def run_batch(runner: Runner, path: Path) -> int:
+    from pipeline.errors import InputError
+
+    try:
+        lines = path.read_text("utf-8").splitlines()
+    except OSError as e:
+        print(f"error: jobs: cannot read {path}: {e}", file=sys.stderr)
+        return EXIT_INPUT
+    results = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            request = request_from_json(json.loads(line), path.parent)
+        except (json.JSONDecodeError, InputError, TypeError) as e:
+            results.append((number, "invalid", str(e)))
+            print(f"line {number}: invalid: {e}", file=sys.stderr)
+            continue
+        print(f"line {number}: {request.prompt[:60]!r}")
+        code, last = runner.run(request)
+        status = {EXIT_OK: "done", EXIT_STOPPED: "stopped"}.get(code, "failed")
+        where = str(getattr(last, "video", None) or getattr(last, "message", ""))
+        results.append((number, status, where))
+    print("\nbatch summary")
+    for number, status, where in results:
+        print(f"  line {number:>3}: {status:<8} {where}")
+    done = sum(1 for r in results if r[1] == "done")
+    print(f"{done}/{len(results)} jobs done")
+    return EXIT_OK if results and done == len(results) else EXIT_FAILED
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if not args.verbose:
+        for handler in logging.getLogger().handlers:
+            handler.setLevel(logging.WARNING)       # the progress bar tells the story; -v shows stage messages
+    runner = Runner(args)
+    if args.command == "generate":
+        return runner.run(request_from_args(args))[0]
+    return run_batch(runner, args.jobs)

@@ -1,0 +1,85 @@
+"""The command line, run as a user would: `python -m pipeline generate|batch` on the tiny preset."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.sections import make_plan
+from pipeline.video import read_frames
+from tests.conftest import ROOT, make_image
+
+
+def cli(*args, cwd=ROOT, timeout=300):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_generate_writes_a_playable_mp4_with_the_planned_frames(tmp_path):
+    image = tmp_path / "in.png"
+    make_image(160, 120).save(image)
+    out = tmp_path / "outputs"
+    r = cli("generate", "--preset", "tiny", "--image", image, "--prompt", "waves roll in", "--seconds", 2.4,
+            "--steps", 3, "--seed", 5, "--out", out)
+    assert r.returncode == 0, r.stderr
+    (job,) = list(out.iterdir())
+    final = job / "final.mp4"
+    assert f"done: {final}" in r.stdout
+    expected = make_plan("original", 2.4, 9).frame_counts()
+    assert read_frames(final).shape[0] == expected[-1] == 73
+    assert [read_frames(job / f"section_{i:02d}.mp4").shape[0] for i in (1, 2)] == expected
+    info = json.loads((job / "job.json").read_text())
+    assert info["status"] == "done" and info["settings"]["seed"] == 5
+
+
+def test_generate_bad_input_exits_2_names_the_field_and_writes_nothing(tmp_path):
+    out = tmp_path / "outputs"
+    r = cli("generate", "--preset", "tiny", "--image", tmp_path / "missing.png", "--out", out)
+    assert r.returncode == 2 and "image: file not found" in r.stderr
+    image = tmp_path / "in.png"
+    make_image(100, 100).save(image)
+    r = cli("generate", "--preset", "tiny", "--image", image, "--steps", 500, "--out", out)
+    assert r.returncode == 2 and "steps:" in r.stderr and "between 1 and 100" in r.stderr
+    r = cli("generate", "--preset", "tiny", "--image", image, "--crf", 99, "--out", out)
+    assert r.returncode == 2 and "crf:" in r.stderr
+    assert not out.exists()
+
+
+def test_missing_real_weights_explain_the_tiny_preset(tmp_path):
+    image = tmp_path / "in.png"
+    make_image(100, 100).save(image)
+    r = cli("generate", "--image", image, "--model-dir", tmp_path / "no-models", "--out", tmp_path / "o")
+    assert r.returncode == 1
+    assert "--preset tiny" in r.stderr and "no-models" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_batch_runs_every_line_and_summarises(tmp_path):
+    make_image(100, 80).save(tmp_path / "a.png")
+    lines = [
+        json.dumps({"image": "a.png", "prompt": "first", "seconds": 1.2, "steps": 2}),
+        json.dumps({"image": "missing.png", "prompt": "second"}),
+        "{not json",
+        json.dumps({"image": "a.png", "prompt": "third", "seconds": 1.2, "steps": 2, "mode": "f1", "seed": 9}),
+        json.dumps({"image": "a.png", "colour": "blue"}),
+    ]
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("\n".join(lines) + "\n")
+    r = cli("batch", jobs, "--preset", "tiny", "--out", tmp_path / "outputs", timeout=400)
+    assert r.returncode == 1, r.stderr                       # not all jobs succeeded
+    summary = r.stdout[r.stdout.index("batch summary"):]
+    assert "line   1: done" in summary and "line   4: done" in summary
+    assert "line   2: failed" in summary and "line   3: invalid" in summary and "line   5: invalid" in summary
+    assert "2/5 jobs done" in summary
+    done_jobs = [json.loads((d / "job.json").read_text()) for d in (tmp_path / "outputs").iterdir()]
+    assert sorted(j["settings"]["prompt"] for j in done_jobs) == ["first", "third"]
+    assert all(j["status"] == "done" for j in done_jobs)
+
+
+def test_help_lists_the_commands():
+    r = cli("--help")
+    assert r.returncode == 0 and "generate" in r.stdout and "batch" in r.stdout
+    r = cli("generate", "--help")
+    assert "--end-image" in r.stdout and "--model-dir" in r.stdout and "--preset" in r.stdout

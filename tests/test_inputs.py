@@ -1,0 +1,152 @@
+"""Bad input gets a clear error naming the field, before any model loads; odd image modes are converted."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipeline.errors import InputError
+from pipeline.images import buckets_for, load_image, nearest_bucket
+from pipeline.request import Request, prepare
+from tests.conftest import make_image
+
+
+@pytest.fixture
+def good_png(tmp_path):
+    path = tmp_path / "good.png"
+    make_image(120, 90).save(path)
+    return path
+
+
+def _error(request: Request) -> InputError:
+    with pytest.raises(InputError) as info:
+        prepare(request, 64)
+    return info.value
+
+
+def test_buckets_640_table_and_nearest():
+    assert (608, 640) in buckets_for(640) and len(buckets_for(640)) == 14
+    assert nearest_bucket(1080, 1920) == (480, 832)       # 16:9 wide
+    assert nearest_bucket(1920, 1080) == (832, 480)       # 9:16 tall
+    assert nearest_bucket(400, 1000) == (416, 960)        # widest
+    assert nearest_bucket(1000, 1000) in ((608, 640), (640, 608))
+    for h, w in buckets_for(320) + buckets_for(64):
+        assert h % 16 == 0 and w % 16 == 0
+
+
+@pytest.mark.parametrize("field,kwargs,needle", [
+    ("seconds", dict(seconds=0), "out of range"),
+    ("seconds", dict(seconds=-3), "out of range"),
+    ("seconds", dict(seconds=121), "out of range"),
+    ("seconds", dict(seconds=math.nan), "finite"),
+    ("seconds", dict(seconds=math.inf), "finite"),
+    ("seconds", dict(seconds="five"), "not a number"),
+    ("steps", dict(steps=0), "out of range"),
+    ("steps", dict(steps=101), "out of range"),
+    ("steps", dict(steps=2.5), "whole number"),
+    ("steps", dict(steps=math.nan), "finite"),
+    ("crf", dict(crf=-1), "out of range"),
+    ("crf", dict(crf=52), "out of range"),
+    ("distilled CFG (gs)", dict(gs=math.nan), "finite"),
+    ("CFG", dict(cfg=math.inf), "finite"),
+    ("CFG rescale", dict(rescale=1.5), "out of range"),
+    ("latent window", dict(latent_window=0), "out of range"),
+    ("TeaCache threshold", dict(teacache=-0.1), "out of range"),
+    ("seed", dict(seed=-1), "out of range"),
+    ("seed", dict(seed=None), "number is required"),
+    ("mode", dict(mode="backwards"), "not one of"),
+    ("sampler", dict(sampler="ddim"), "not one of"),
+    ("resolution", dict(resolution=100), "multiple of 16"),
+    ("resolution", dict(resolution=16), "out of range"),
+    ("preserved memory (GB)", dict(preserved_gb=math.nan), "finite"),
+])
+def test_out_of_range_numbers_name_the_field(good_png, field, kwargs, needle):
+    err = _error(Request(image=good_png, prompt="x", **kwargs))
+    assert err.field == field
+    assert needle in err.message
+
+
+def test_missing_unreadable_and_non_image_files(tmp_path):
+    assert "not found" in _error(Request(image=tmp_path / "nope.png")).message
+    assert _error(Request(image=None)).field == "image"
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    assert "empty" in _error(Request(image=empty)).message
+    text = tmp_path / "notes.png"
+    text.write_text("this is not an image")
+    err = _error(Request(image=text))
+    assert err.field == "image" and "not a readable image" in err.message
+    truncated = tmp_path / "cut.png"
+    good = tmp_path / "full.png"
+    make_image(200, 200).save(good)
+    truncated.write_bytes(good.read_bytes()[:300])
+    assert "not a readable image" in _error(Request(image=truncated)).message
+    assert _error(Request(image=tmp_path)).field == "image"                 # a folder
+
+
+def test_image_size_limits(tmp_path):
+    small = tmp_path / "small.png"
+    Image.new("RGB", (63, 200)).save(small)
+    assert "at least 64" in _error(Request(image=small)).message
+    huge = tmp_path / "huge.png"
+    Image.new("L", (8193, 64)).save(huge)
+    assert "at most 8192" in _error(Request(image=huge)).message
+
+
+def test_end_image_errors_name_the_end_image(good_png, tmp_path):
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"\xff\xd8\xff garbage")
+    assert _error(Request(image=good_png, end_image=bad)).field == "end image"
+    err = _error(Request(image=good_png, end_image=good_png, mode="f1"))
+    assert err.field == "end image" and "original" in err.message
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P", "L", "1", "CMYK", "I;16", "I", "F"])
+def test_odd_image_modes_are_converted(tmp_path, mode):
+    img = make_image(100, 80).convert("L") if mode in ("I;16", "I", "F") else make_image(100, 80).convert(mode)
+    if mode == "I;16":
+        img = Image.fromarray((np.asarray(img, dtype=np.uint16) * 257).astype(np.uint16)).convert("I;16")
+    elif mode in ("I", "F"):
+        img = img.convert(mode)
+    ext = "tiff" if mode in ("CMYK", "I", "F") else "png"
+    path = tmp_path / f"img.{ext}"
+    img.save(path)
+    out = load_image(path)
+    assert out.mode == "RGB" and out.size == (100, 80)
+    a = np.asarray(out)
+    assert a.std() > 5                                    # content survived the conversion (not all black/white)
+
+
+def test_transparent_pixels_become_white():
+    img = Image.new("RGBA", (64, 64), (255, 0, 0, 0))
+    assert np.asarray(load_image(img))[0, 0].tolist() == [255, 255, 255]
+
+
+def test_nan_array_rejected():
+    arr = np.full((64, 64, 3), np.nan, dtype=np.float32)
+    with pytest.raises(InputError, match="NaN"):
+        load_image(arr)
+
+
+def test_long_prompt_truncated_with_warning(good_png, caplog):
+    prepared = prepare(Request(image=good_png, prompt="word " * 5000), 64)
+    assert len(prepared.prompt) == 4000
+    assert prepared.warnings and "prompt" in prepared.warnings[0]
+
+
+def test_unicode_prompt_kept(good_png):
+    prompt = "猫が踊る 🐱 — naïve café"
+    assert prepare(Request(image=good_png, prompt=prompt), 64).prompt == prompt
+
+
+def test_bad_input_through_generate_creates_no_job_folder(tiny_original, tmp_path):
+    from pipeline.events import Failed
+    from tests.conftest import run_job
+
+    out = tmp_path / "outputs"
+    events, last = run_job(Request(image=tmp_path / "missing.png", prompt="x"), tiny_original, out)
+    assert isinstance(last, Failed) and len(events) == 1
+    assert last.message.startswith("image:") and last.job_dir is None
+    assert not out.exists() or not any(out.iterdir())
