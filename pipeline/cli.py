@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("jobs", type=Path, help="each line: a JSON object with generate's settings, e.g. "
                                            '{"image": "a.png", "prompt": "...", "seconds": 3}')
     _add_common(b)
+    r = sub.add_parser("resume", help="continue an interrupted job from its folder")
+    r.add_argument("job_dir", type=Path, help="the job's folder under outputs/")
+    _add_common(r)
+    r.set_defaults(preset=None)
     return parser
 
 
@@ -124,8 +128,8 @@ class Runner:
 
     def run(self, request) -> tuple[int, object]:
         from pipeline.errors import InputError
-        from pipeline.events import Done, Failed, LogLine, Progress, SectionVideo
-        from pipeline.orchestrator import CancelToken, generate
+        from pipeline.events import Failed
+        from pipeline.orchestrator import generate
         from pipeline.request import prepare
 
         try:
@@ -133,13 +137,34 @@ class Runner:
         except InputError as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_INPUT, Failed(str(e), "", None, None)
+        return self._drive(lambda cancel: generate(request, self.components(request.mode), self.memory(request),
+                                                   cancel=cancel, outputs=self.args.out))
+
+    def resume(self, job_dir: Path) -> tuple[int, object]:
+        from pipeline.errors import InputError
+        from pipeline.events import Failed
+        from pipeline.resume import resume, resume_request
+
+        try:
+            request, info = resume_request(job_dir)
+        except InputError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_INPUT, Failed(str(e), "", None, None)
+        self.args.preset = self.args.preset or info["models"]["preset"]
+        return self._drive(lambda cancel: resume(job_dir, self.components(request.mode), self.memory(request),
+                                                 cancel=cancel))
+
+    def _drive(self, start) -> tuple[int, object]:
+        """Run a job's event stream with a progress bar; Ctrl-C stops after the current step."""
+        from pipeline.events import Done, Failed, LogLine, Progress, SectionVideo
+        from pipeline.orchestrator import CancelToken
+
         cancel = CancelToken()
         previous = signal.signal(signal.SIGINT, lambda *_: self._interrupt(cancel))
         bar = None
         last = None
         try:
-            components = self.components(request.mode)
-            for ev in generate(request, components, self.memory(request), cancel=cancel, outputs=self.args.out):
+            for ev in start(cancel):
                 last = ev
                 if self.args.quiet:
                     continue
@@ -229,4 +254,6 @@ def main(argv: list[str] | None = None) -> int:
     runner = Runner(args)
     if args.command == "generate":
         return runner.run(request_from_args(args))[0]
+    if args.command == "resume":
+        return runner.resume(args.job_dir)[0]
     return run_batch(runner, args.jobs)

@@ -106,7 +106,7 @@ def _open(source, field: str) -> Image.Image:
     return img
 
 
-def load_image(source, field: str = "image") -> Image.Image:
+def load_image(source, field: str = "image", check_size: bool = True) -> Image.Image:
     """Open and check an image; returns an RGB 8-bit PIL image with EXIF orientation applied."""
     if source is None:
         raise InputError(field, "no image given. Upload a start image.")
@@ -118,7 +118,7 @@ def load_image(source, field: str = "image") -> Image.Image:
     except (OSError, ValueError, TypeError):
         log.debug("%s: could not read EXIF orientation", field)
     w, h = img.size
-    lo, hi = LIMITS.image_side
+    lo, hi = LIMITS.image_side if check_size else (1, LIMITS.image_side[1])
     if min(w, h) < lo:
         raise InputError(field, f"the image is {w}×{h}; each side needs at least {lo} pixels")
     if max(w, h) > hi:

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -74,12 +75,25 @@ def generate(request: Request, components: Components, memory: MemoryManager | N
     yield from run.events()
 
 
+@dataclass
+class ResumeState:
+    """Where an interrupted job stands (from its folder): see pipeline/resume.py."""
+    job: Job
+    history: torch.Tensor
+    real: torch.Tensor
+    start_latent: torch.Tensor
+    end_latent: torch.Tensor | None
+    rng_state: torch.Tensor
+    sections_done: int
+
+
 class JobRun:
     """State of one running job; `events()` drives the stages."""
 
     def __init__(self, prepared: PreparedRequest, components: Components, memory: MemoryManager,
-                 cancel: CancelToken, outputs: Path):
+                 cancel: CancelToken, outputs: Path, resume: ResumeState | None = None):
         self.p, self.c, self.memory, self.cancel, self.outputs = prepared, components, memory, cancel, outputs
+        self.resume = resume
         self.r = prepared.request
         self.plan = sec.make_plan(self.r.mode, self.r.seconds, self.r.latent_window, self.r.fps)
         self.device = memory.device
@@ -114,10 +128,15 @@ class JobRun:
                     yield logs.pop(0)
 
             try:
-                self.job = Job.create(self.outputs, self.r.settings(), self._model_info())
-                self.job.save_image("input.png", self.p.image)
-                if self.p.end_image is not None:
-                    self.job.save_image("end.png", self.p.end_image)
+                if self.resume:
+                    self.job = self.resume.job
+                    self.job.update(status="running", resumed=self.job.info.get("resumed", 0) + 1)
+                    log.info("resuming after section %d", self.resume.sections_done)
+                else:
+                    self.job = Job.create(self.outputs, self.r.settings(), self._model_info())
+                    self.job.save_image("input.png", self.p.image)
+                    if self.p.end_image is not None:
+                        self.job.save_image("end.png", self.p.end_image)
                 for w in self.p.warnings:
                     yield LogLine("warning", w)
                 log.info("job %s: %d section(s) of %d latent frames at %dx%d, %s mode, %s sampler, seed %d",
@@ -139,18 +158,25 @@ class JobRun:
         texts = self._encode_text()
         yield from drain()
         self.cancel.check()
-        yield self.progress("VAE encode")
-        start_latent, end_latent = self._encode_latents()
-        yield from drain()
+        if self.resume:
+            start_latent, end_latent = self.resume.start_latent, self.resume.end_latent
+            history, done = self.resume.history, self.resume.sections_done
+            self.generator.set_state(self.resume.rng_state)
+        else:
+            yield self.progress("VAE encode")
+            start_latent, end_latent = self._encode_latents()
+            history, done = sec.empty_history(self.plan, start_latent), 0
+            yield from drain()
         self.cancel.check()
         yield self.progress("image encoder")
         image_embeds = self._encode_image()
         yield from drain()
+        if done:
+            yield from self._rebuild_video(done, drain)
 
-        history = sec.empty_history(self.plan, start_latent)
         denoiser = FramepackDenoiser(c.transformer, r.teacache, r.steps)
         _, _, _, lh, lw = start_latent.shape
-        for section in self.plan.sections:
+        for section in self.plan.sections[done:]:
             n = section.index + 1
             self.cancel.check()
             noise = torch.randn((1, c.transformer.config.in_channels, self.plan.window, lh, lw),
@@ -178,6 +204,16 @@ class JobRun:
             yield self._write_section(section)
 
         yield self._finish("done")
+
+    def _rebuild_video(self, done: int, drain) -> Iterator[Event]:
+        """Decode the finished sections again (resume), so the blends match an uninterrupted run exactly."""
+        for section in self.plan.sections[:done]:
+            yield self.progress("VAE decode", section.index + 1, self.r.steps,
+                                f"resuming: decoding section {section.index + 1}/{done} again")
+            real = sec.real_latents_after(self.plan, section, self.resume.real, done)
+            self._decode(sec.latents_to_decode(self.plan, section, real))
+            yield from drain()
+        self.last_video = self.job.path(self.job.info["videos"][-1]) if self.job.info["videos"] else None
 
     def _stream_steps(self, sampler, section: int) -> Iterator[Event]:
         """Drive the sampling generator, turning each step into progress and preview events."""

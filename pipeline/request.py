@@ -96,8 +96,11 @@ def _text(name: str, value) -> tuple[str, list[str]]:
     return value, warnings
 
 
-def prepare(request: Request, default_resolution: int = 640) -> PreparedRequest:
-    """Check every field and load the images. Raises InputError naming the first bad field."""
+def prepare(request: Request, default_resolution: int = 640, *, images_prepared: bool = False) -> PreparedRequest:
+    """Check every field and load the images. Raises InputError naming the first bad field.
+
+    `images_prepared`: the images were prepared (bucketed) before, e.g. those a job folder keeps for resuming;
+    they are used as they are."""
     r = request
     _number("seconds", r.seconds, float, *LIMITS.seconds, low_open=True)
     _number("steps", r.steps, int, *LIMITS.steps)
@@ -123,12 +126,13 @@ def prepare(request: Request, default_resolution: int = 640) -> PreparedRequest:
     if r.end_image is not None and r.mode != "original":
         raise InputError("end image", "only the original mode supports an end frame; choose mode 'original' or "
                                       "remove the end image")
-    start = load_image(r.image, "image")
-    height, width = nearest_bucket(start.height, start.width, resolution)
+    start = load_image(r.image, "image", check_size=not images_prepared)
+    height, width = start.size[::-1] if images_prepared else nearest_bucket(start.height, start.width, resolution)
     image = resize_center_crop(start, height, width)
     end = None
     if r.end_image is not None:
-        end = resize_center_crop(load_image(r.end_image, "end image"), height, width)
+        end = resize_center_crop(load_image(r.end_image, "end image", check_size=not images_prepared), height,
+                                 width)
     r = dataclasses.replace(r, prompt=prompt, negative_prompt=negative, resolution=resolution,
                             seconds=float(r.seconds), steps=int(r.steps), crf=int(r.crf), seed=int(r.seed),
                             latent_window=int(r.latent_window))

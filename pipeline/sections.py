@@ -180,6 +180,15 @@ def append_section(plan: SectionPlan, section: Section, history: torch.Tensor, g
     return history, history[:, :, -real_count:]
 
 
+def real_latents_after(plan: SectionPlan, section: Section, real_now: torch.Tensor, sections_done: int
+                       ) -> torch.Tensor:
+    """The real latents as they were right after an earlier `section`, cut from those after `sections_done`
+    sections (before the original mode's last section, which adds the start latent)."""
+    if plan.mode == "original":
+        return real_now[:, :, (sections_done - 1 - section.index) * plan.window:]
+    return real_now[:, :, : plan.real_latent_frames(section)]
+
+
 def latents_to_decode(plan: SectionPlan, section: Section, real: torch.Tensor) -> torch.Tensor:
     n = plan.decode_frames(section)
     return real[:, :, :n] if plan.mode == "original" else real[:, :, -n:]

@@ -1,0 +1,125 @@
+"""Nothing lost: a job killed at any moment resumes to the same final latents and video as an uninterrupted run."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.checkpoint import CHECKPOINT, load_checkpoint
+from pipeline.video import read_frames
+from tests.conftest import ROOT, make_image
+from tests.test_cli import cli
+
+SETTINGS = ["--preset", "tiny", "--prompt", "a lighthouse in a storm", "--seconds", "4.8", "--steps", "4",
+            "--seed", "11", "--teacache", "0.1"]
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    path = tmp_path_factory.mktemp("img") / "in.png"
+    make_image(128, 96, seed=5).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(image, tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    r = cli("generate", "--image", image, *SETTINGS, "--out", out)
+    assert r.returncode == 0, r.stderr
+    (job,) = out.iterdir()
+    return load_checkpoint(job)[0]["real"], read_frames(job / "final.mp4")
+
+
+def _sections_done(job_dir) -> int:
+    try:
+        return load_checkpoint(job_dir)[1]["sections_done"]
+    except (FileNotFoundError, OSError, ValueError):
+        return 0
+
+
+def _assert_same_result(job, uninterrupted):
+    real, frames = uninterrupted
+    info = json.loads((job / "job.json").read_text())
+    assert info["status"] == "done" and info["resumed"] >= 1
+    torch.testing.assert_close(load_checkpoint(job)[0]["real"], real, atol=0, rtol=0)
+    np.testing.assert_array_equal(read_frames(job / "final.mp4"), frames)
+    assert not list(job.glob(".*tmp"))
+
+
+@pytest.mark.parametrize("kill_after", [1, 2])
+def test_sigkill_after_a_section_then_resume_equals_uninterrupted(image, uninterrupted, tmp_path, kill_after):
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "generate", "--image", str(image), *SETTINGS,
+                             "--out", str(out), "-q"], cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    job = None
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        jobs = list(out.iterdir()) if out.exists() else []
+        if jobs and _sections_done(jobs[0]) >= kill_after:
+            job = jobs[0]
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    proc.wait(timeout=30)
+    assert job is not None, f"the job never reached section {kill_after}: {proc.stderr.read()[-2000:]}"
+    assert proc.returncode == -signal.SIGKILL
+    done_at_kill = _sections_done(job)
+    assert kill_after <= done_at_kill < 4
+    assert json.loads((job / "job.json").read_text())["status"] == "running"      # died mid-job
+    assert not (job / "final.mp4").exists()
+
+    r = cli("resume", job, "-q")
+    assert r.returncode == 0, r.stderr
+    _assert_same_result(job, uninterrupted)
+
+
+def test_kill_during_a_checkpoint_write_keeps_the_previous_one(image, uninterrupted, tmp_path):
+    """The child dies (SIGKILL) halfway through writing the second checkpoint's temp file."""
+    out = tmp_path / "out"
+    child = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.argv = ["pipeline", "generate", "--image", {str(image)!r}, *{SETTINGS!r}, "--out", {str(out)!r}, "-q"]
+        import pipeline.checkpoint as ckpt
+        real_write, calls = ckpt.atomic_write_bytes, []
+        def dying_write(path, data):
+            calls.append(path)
+            if len(calls) == 2:
+                with open(path.with_name("." + path.name + ".dead.tmp"), "wb") as f:
+                    f.write(data[: len(data) // 2])
+                    f.flush()
+                    os.kill(os.getpid(), signal.SIGKILL)
+            real_write(path, data)
+        ckpt.atomic_write_bytes = dying_write
+        from pipeline.cli import main
+        main(sys.argv[1:])
+    """)
+    r = subprocess.run([sys.executable, "-c", child], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    (job,) = out.iterdir()
+    assert list(job.glob(".*.dead.tmp"))                          # the half-written file is there...
+    tensors, meta = load_checkpoint(job)                         # ...and the previous checkpoint still loads
+    assert meta["sections_done"] == 1 and torch.isfinite(tensors["real"]).all()
+    assert (job / CHECKPOINT).stat().st_size > 0
+
+    r = cli("resume", job, "-q")
+    assert r.returncode == 0, r.stderr
+    _assert_same_result(job, uninterrupted)
+
+
+def test_resume_refuses_foreign_folders(tmp_path):
+    r = cli("resume", tmp_path)
+    assert r.returncode == 2 and "no job.json" in r.stderr
