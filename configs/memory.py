@@ -15,6 +15,8 @@ class MemoryConfig:
     preserved_max_gb: float = 128.0
     # Keep host copies of streamed weights in page-locked memory (fast copies); turn off when host RAM is short.
     pin_host_memory: bool = True
+    # Streamed transformer blocks copied ahead of the one computing. Measured on an H100: 2 gained nothing over 1.
+    prefetch_depth: int = 1
 
 
 MEMORY = MemoryConfig()

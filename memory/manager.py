@@ -1,8 +1,11 @@
 """The memory manager: an explicit budget and the single model slot (never a global).
 
-Exactly one stage's models are on the GPU at a time. `stage()` loads them, yields, then unloads them completely,
-trims the allocator (rocm.trim) and records a snapshot with a status line, so the load order and the memory at
-every stage boundary can be read back (tests assert it; job.json keeps it).
+Exactly one stage's models are on the GPU at a time. `stage()` loads them (whole, or resident part + streamed
+blocks per the budget's plan), runs the body with attention guarded against the math kernel, then unloads them
+completely (asserting that no tensor of theirs is left on the device), trims the allocator (rocm.trim) and records
+a snapshot with a status line, so the load order and the memory at every stage boundary can be read back (tests
+assert it; job.json keeps it). Weights live in one host pack per model (memory/hostpack.py): loading is one
+pinned copy per chunk, unloading copies nothing back.
 """
 from __future__ import annotations
 
@@ -15,7 +18,12 @@ from typing import Iterator
 import torch
 
 from configs.memory import MEMORY
-from memory.snapshot import GB, MemorySnapshot, take_snapshot
+from memory.attention import AttentionGuard
+from memory.budget import DEFAULT_PREFETCH_DEPTH, MemoryBudget, Placement, Workload
+from memory.hostpack import HostPack, load_chunks, unload_chunks
+from memory.snapshot import GB, MemorySnapshot, host_rss_bytes, take_snapshot
+from memory.streaming import BlockStreamer
+from memory.vae import MIOPEN_SCRATCH_LIMIT, VaeDecodePolicy
 
 log = logging.getLogger(__name__)
 
@@ -31,17 +39,28 @@ class StageRecord:
     models: tuple[str, ...]
     started: float
     ended: float = 0.0
+    pin_s: float = 0.0                 # one-time packing/pinning of models seen for the first time
     load_s: float = 0.0
     unload_s: float = 0.0
     before: MemorySnapshot | None = None
     after: MemorySnapshot | None = None
     peak_allocated: int = 0
     peak_reserved: int = 0
+    placement: dict[str, str] = field(default_factory=dict)
+    streamed_bytes_per_pass: int = 0
+    stream_misses: int = 0
+    attention: dict[str, str] = field(default_factory=dict)
+    vae_attempts: list[dict] = field(default_factory=list)
+    leftover_bytes: int = 0            # allocated after − before (tensors the caller still holds, e.g. outputs)
 
     def as_dict(self) -> dict:
         return {"name": self.name, "models": list(self.models), "seconds": round(self.ended - self.started, 4),
-                "load_s": round(self.load_s, 4), "unload_s": round(self.unload_s, 4),
+                "pin_s": round(self.pin_s, 4), "load_s": round(self.load_s, 4), "unload_s": round(self.unload_s, 4),
                 "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
+                "placement": self.placement, "streamed_bytes_per_pass": self.streamed_bytes_per_pass,
+                "stream_misses": self.stream_misses, "attention": self.attention, "vae_attempts": self.vae_attempts,
+                "leftover_bytes": self.leftover_bytes,
+                "host_rss_before": self.before.host_rss if self.before else None,
                 "host_rss_after": self.after.host_rss if self.after else None}
 
 
@@ -53,18 +72,34 @@ class MemoryManager:
     pin_host_memory: bool = MEMORY.pin_host_memory
     records: list[StageRecord] = field(default_factory=list)
     timeline: list[MemorySnapshot] = field(default_factory=list)
+    prefetch_depth: int = DEFAULT_PREFETCH_DEPTH
+    workload: Workload = field(default_factory=Workload)
+    plan_on_cpu: bool = False          # apply the cap's plan on a CPU run too (tests: streaming without a GPU)
+    vae_policy: VaeDecodePolicy = field(default_factory=VaeDecodePolicy)
     _loaded: dict[str, torch.nn.Module] = field(default_factory=dict)
+    _current: StageRecord | None = None
 
     def __post_init__(self):
         self.device = torch.device(self.device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        if self.device.type == "cuda" and torch.version.hip is not None and self.vae_policy.scratch_limit is None:
+            self.vae_policy.scratch_limit = MIOPEN_SCRATCH_LIMIT
         self.apply_cap()
 
     # ---- budget -------------------------------------------------------------------------------------------------
     @property
     def cap_bytes(self) -> int | None:
         return int(self.cap_gb * GB) if self.device.type == "cuda" else None
+
+    @property
+    def budget(self) -> MemoryBudget:
+        cap = self.cap_bytes if self.cap_bytes is not None or not self.plan_on_cpu else int(self.cap_gb * GB)
+        return MemoryBudget(cap, int(self.preserved_gb * GB), self.prefetch_depth, self.workload)
+
+    def set_workload(self, height: int, width: int, window: int) -> None:
+        """The bucket and latent window of the job (the plan's activation estimate uses them)."""
+        self.workload = Workload(height, width, window)
 
     def apply_cap(self) -> None:
         """Enforce the cap: past it, an allocation raises out-of-memory instead of growing (CUDA and ROCm)."""
@@ -75,22 +110,62 @@ class MemoryManager:
         torch.cuda.set_per_process_memory_fraction(fraction, self.device)
         log.info("VRAM cap %.1f GB (%.0f%% of %.1f GB)", self.cap_gb, 100 * fraction, total / GB)
 
+    # ---- host side ----------------------------------------------------------------------------------------------
+    def prepare(self, **models: torch.nn.Module) -> float:
+        """Pack (and pin, if enabled) models ahead of the first job; returns the seconds it took."""
+        t0 = time.perf_counter()
+        for model in models.values():
+            self._pack(model)
+        return time.perf_counter() - t0
+
+    def _pack(self, model: torch.nn.Module) -> HostPack:
+        pack = HostPack.of(model)
+        pin = self.pin_host_memory and self.device.type == "cuda"
+        if pack.pinned != pin:
+            if not pin and self.device.type == "cuda":
+                log.info("host memory pinning is off: host→device copies are pageable (several times slower)")
+            pack.set_pinned(pin)
+        return pack
+
     # ---- the slot -----------------------------------------------------------------------------------------------
     def snapshot(self, label: str) -> MemorySnapshot:
-        snap = take_snapshot(label, self.device, self.cap_bytes)
+        snap = take_snapshot(label, self.device, self.cap_bytes, tuple(self._loaded))
         self.timeline.append(snap)
         return snap
 
     def loaded(self) -> list[str]:
         return list(self._loaded)
 
-    def _move(self, modules: dict[str, torch.nn.Module], device: torch.device) -> float:
-        t0 = time.perf_counter()
-        for module in modules.values():
-            module.to(device)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - t0
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _load(self, placements: dict[str, Placement], held: list) -> None:
+        """Resident chunks to device buffers, streamers attached; `held` collects both as it goes (so a failure
+        halfway is unloaded completely)."""
+        buffers, streamers = held
+        for p in placements.values():
+            buffers += load_chunks(p.resident_chunks(), self.device, non_blocking=p.pack.pinned)
+            if p.streamed:
+                modules, chunks = p.streamed_modules()
+                streamer = BlockStreamer(modules, chunks, self.device, self.prefetch_depth)
+                streamers.append(streamer)
+                streamer.attach()
+        self._sync()
+
+    def _unload(self, placements: dict[str, Placement], held: list, record: StageRecord) -> list[str]:
+        buffers, streamers = held
+        self._sync()
+        for s in streamers:
+            record.stream_misses += s.misses
+            s.detach()
+        for p in placements.values():
+            unload_chunks(p.pack.chunks)
+        buffers.clear()
+        streamers.clear()
+        if self.device.type == "cpu":
+            return []
+        return [f"{name}/{t}" for name, p in placements.items() for t in p.pack.device_tensors()]
 
     @contextmanager
     def stage(self, name: str, **models: torch.nn.Module) -> Iterator[StageRecord]:
@@ -104,25 +179,62 @@ class MemoryManager:
         log.info(record.before.status_line())
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        self._loaded = dict(models)
+        t0 = time.perf_counter()
+        packs = {k: self._pack(m) for k, m in models.items()}
+        record.pin_s = time.perf_counter() - t0
+        placements = self.budget.place(models, packs)
+        record.placement = {k: p.describe() for k, p in placements.items()}
+        record.streamed_bytes_per_pass = sum(c.nbytes for p in placements.values() for c in p.streamed_modules()[1])
+        self._loaded, self._current = dict(models), record
+        held: list = [[], []]
+        leftovers: list[str] = []
         try:
-            record.load_s = self._move(self._loaded, self.device)
-            yield record
+            t0 = time.perf_counter()
+            self._load(placements, held)
+            record.load_s = time.perf_counter() - t0
+            log.info(self.snapshot(f"in {name}").status_line())
+            with AttentionGuard(self.device, self._attention_budget(), label=name) as guard:
+                yield record
+            record.attention = dict(guard.choices)
         finally:
             if self.device.type == "cuda":
                 record.peak_allocated = torch.cuda.max_memory_allocated(self.device)
                 record.peak_reserved = torch.cuda.max_memory_reserved(self.device)
-            record.unload_s = self._move(self._loaded, torch.device("cpu"))
-            self._loaded = {}
+            t0 = time.perf_counter()
+            leftovers = self._unload(placements, held, record)
+            record.unload_s = time.perf_counter() - t0
+            self._loaded, self._current = {}, None
             rocm.trim(f"after {name}")
             record.after = self.snapshot(f"after {name}")
+            record.leftover_bytes = record.after.allocated - record.before.allocated
             record.ended = time.monotonic()
             self.records.append(record)
             log.info(record.after.status_line())
+        if leftovers:
+            raise RuntimeError(f"stage {name!r}: tensors left on {self.device} after unloading: "
+                               f"{', '.join(leftovers[:5])}")
+
+    def _attention_budget(self) -> int:
+        """Bytes one chunk of the math attention fallback may use: a quarter of what the cap leaves, ≤ 1 GiB."""
+        if self.device.type != "cuda":
+            return 1 << 30
+        free = self.cap_bytes - torch.cuda.memory_allocated(self.device)
+        return int(min(1 << 30, max(64 << 20, free // 4)))
 
     def decode_vae(self, vae, latents: torch.Tensor) -> torch.Tensor:
-        """Decode (B, C, T, H, W) latents (already divided by the scaling factor) to pixels in [-1, 1]."""
-        return vae.decode(latents).sample
+        """Decode (B, C, T, H, W) latents (already divided by the scaling factor) to pixels in [-1, 1], in tiles
+        chosen from what the cap leaves; smaller tiles on out-of-memory, then the rocm conv fallback."""
+        if self.device.type == "cuda":
+            available = self.cap_bytes - torch.cuda.memory_allocated(self.device) - (512 << 20)
+        else:
+            import psutil
+
+            available = psutil.virtual_memory().available // 2
+        try:
+            return self.vae_policy.decode(vae, latents, max(0, available))
+        finally:
+            if self._current is not None:
+                self._current.vae_attempts.extend(self.vae_policy.attempts)
 
     def load_order(self) -> list[str]:
         return [r.name for r in self.records]
@@ -130,6 +242,9 @@ class MemoryManager:
     def summary(self) -> dict:
         peaks = [r.peak_reserved for r in self.records] or [0]
         return {"device": str(self.device), "cap_gb": self.cap_gb if self.device.type == "cuda" else None,
-                "preserved_gb": self.preserved_gb, "peak_reserved": max(peaks),
+                "preserved_gb": self.preserved_gb, "pin_host_memory": self.pin_host_memory,
+                "prefetch_depth": self.prefetch_depth, "peak_reserved": max(peaks),
                 "peak_allocated": max([r.peak_allocated for r in self.records] or [0]),
+                "host_rss": host_rss_bytes(),
+                "switch_s": round(sum(r.load_s + r.unload_s for r in self.records), 4),
                 "stages": [r.as_dict() for r in self.records]}

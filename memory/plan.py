@@ -1,10 +1,12 @@
 """The residency plan: from the VRAM cap and the preserved memory to which transformer blocks stay on the GPU.
 
 Pure arithmetic over block sizes, so it is tested without a GPU. "Preserved memory" (FramePack's slider) is the
-part of the cap kept free of resident transformer weights: activations, the streaming buffers and other programs
+part of the cap kept free of resident transformer weights: activations, the streaming slots and other programs
 live there. Resident weights may use at most cap − preserved; the non-block parts (embedders, output layers) are
-always resident; blocks are made resident in execution order until the budget is used; the rest are streamed from
-host memory every step.
+always resident; blocks are made resident in execution order until the budget is used (at least `min_resident`:
+TeaCache reads block 0's norm outside the block's forward); the rest are streamed from host memory every step.
+The activation estimate says whether the preserved memory can hold one block's working set at the chosen
+resolution and window.
 """
 from __future__ import annotations
 
@@ -12,6 +14,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 GB = 1024 ** 3
+
+# Live tensors at the peak of a step, in units of tokens × hidden × dtype bytes (single block: input, norm, attention
+# output, MLP hidden 4×, the 5× concatenation, GELU temporaries; plus the section's constants). Measured on the H100
+# at 18,485 tokens (bf16, fused attention): 2.05 GiB above weights and slots in every configuration = a factor of
+# 19.4 (BENCHMARKS.md).
+ACTIVATION_FACTOR = 20
 
 
 @dataclass(frozen=True)
@@ -22,6 +30,8 @@ class ResidencyPlan:
     block_bytes: tuple[int, ...]         # per block, in execution order (dual blocks, then single blocks)
     resident: tuple[int, ...]            # indices into block_bytes
     streamed: tuple[int, ...]
+    activation_bytes: int = 0            # estimate for the workload (0: unknown)
+    slot_count: int = 2                  # device slots the streamer holds (prefetch depth + 1)
 
     @property
     def resident_bytes(self) -> int:
@@ -39,25 +49,75 @@ class ResidencyPlan:
     def fully_resident(self) -> bool:
         return not self.streamed
 
-    def describe(self) -> str:
+    @property
+    def slot_bytes(self) -> int:
+        """Device memory of the streaming slots (one per block in flight, each the size of the largest)."""
+        if not self.streamed:
+            return 0
+        return min(self.slot_count, len(self.streamed)) * max(self.block_bytes[i] for i in self.streamed)
+
+    @property
+    def working_bytes(self) -> int:
+        """What must fit in the preserved memory: activations plus the streaming slots."""
+        return self.activation_bytes + self.slot_bytes
+
+    @property
+    def peak_estimate(self) -> int:
+        return self.resident_bytes + self.working_bytes
+
+    def warnings(self) -> list[str]:
+        out = []
+        if self.activation_bytes and self.cap_bytes - self.resident_bytes < self.working_bytes:
+            out.append(f"preserved memory {self.preserved_bytes / GB:.1f} GB is below the estimated working set "
+                       f"{self.working_bytes / GB:.1f} GB (activations {self.activation_bytes / GB:.1f} GB + "
+                       f"streaming slots {self.slot_bytes / GB:.1f} GB): expect out-of-memory; raise it")
+        if self.resident_bytes > self.cap_bytes:
+            out.append(f"the always-resident part alone ({self.resident_bytes / GB:.1f} GB) exceeds the cap")
+        return out
+
+    def describe(self, label: str = "transformer") -> str:
         n = len(self.block_bytes)
+        act = (f"; activations ≈ {self.activation_bytes / GB:.1f} GB + slots {self.slot_bytes / GB:.1f} GB"
+               if self.activation_bytes else "")
         return (f"cap {self.cap_bytes / GB:.1f} GB, preserved {self.preserved_bytes / GB:.1f} GB → "
-                f"{self.resident_bytes / GB:.1f} GB of the {self.total_bytes / GB:.1f} GB transformer resident "
+                f"{self.resident_bytes / GB:.1f} GB of the {self.total_bytes / GB:.1f} GB {label} resident "
                 f"({len(self.resident)}/{n} blocks), {self.streamed_bytes / GB:.1f} GB streamed per step "
-                f"({len(self.streamed)} blocks)")
+                f"({len(self.streamed)} blocks){act}")
 
 
 def plan_residency(block_bytes: list[int] | tuple[int, ...], other_bytes: int, cap_bytes: int,
-                   preserved_bytes: int) -> ResidencyPlan:
+                   preserved_bytes: int, *, min_resident: int = 0, activation_bytes: int = 0,
+                   slot_count: int = 2) -> ResidencyPlan:
     budget = cap_bytes - preserved_bytes - other_bytes
     resident, used = [], 0
     for i, size in enumerate(block_bytes):
-        if used + size > budget:
+        if used + size > budget and len(resident) >= min_resident:
             break
         resident.append(i)
         used += size
-    streamed = tuple(i for i in range(len(block_bytes)) if i not in set(resident))
-    return ResidencyPlan(cap_bytes, preserved_bytes, other_bytes, tuple(block_bytes), tuple(resident), streamed)
+    chosen = set(resident)
+    streamed = tuple(i for i in range(len(block_bytes)) if i not in chosen)
+    return ResidencyPlan(cap_bytes, preserved_bytes, other_bytes, tuple(block_bytes), tuple(resident), streamed,
+                         activation_bytes, slot_count)
+
+
+def framepack_tokens(height: int, width: int, window: int, image_tokens: int = 729, text_tokens: int = 256) -> int:
+    """Tokens one transformer step sees: the noisy window (patch 1×2×2), the clean 1x context (start + post
+    latent), 2x (2 frames, kernel 2×4×4) and 4x history (16 frames, kernel 4×8×8), SigLIP and text tokens."""
+    lh, lw = height // 8, width // 8
+
+    def ceil(a, b):
+        return -(-a // b)
+
+    per_frame = ceil(lh, 2) * ceil(lw, 2)
+    return (window * per_frame + 2 * per_frame + ceil(lh, 4) * ceil(lw, 4) + 4 * ceil(lh, 8) * ceil(lw, 8)
+            + image_tokens + text_tokens)
+
+
+def activation_bytes(tokens: int, hidden: int = 3072, dtype_bytes: int = 2,
+                     factor: float = ACTIVATION_FACTOR) -> int:
+    """Peak activation memory of one transformer block (fused attention: no score matrix)."""
+    return int(tokens * hidden * dtype_bytes * factor)
 
 
 @lru_cache(maxsize=8)
@@ -84,10 +144,14 @@ def describe_preserved(preset, cap_gb: float, preserved_gb: float, device_type: 
         return (f"CPU run: no GPU, so nothing is capped or streamed (the slider only matters on a GPU; "
                 f"a {cap_gb:g} GB cap with {preserved_gb:g} GB preserved would apply there).")
     if preset.tiny:
-        items = tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v)
-                             for k, v in preset.tiny_configs["transformer"].items()))
+        cfg = preset.tiny_configs["transformer"]
+        items = tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in cfg.items()))
         sizes, other = transformer_sizes(items, 4)
+        act = 0
     else:
         sizes, other = transformer_sizes(REAL_TRANSFORMER_CONFIG, 2)
-    plan = plan_residency(sizes, other, int(cap_gb * GB), int(preserved_gb * GB))
-    return plan.describe()
+        act = activation_bytes(framepack_tokens(608, 640, 9))
+    plan = plan_residency(sizes, other, int(cap_gb * GB), int(preserved_gb * GB), min_resident=1,
+                          activation_bytes=act)
+    warn = plan.warnings()
+    return plan.describe() + (f". Warning: {warn[0]}" if warn else "")

@@ -25,9 +25,10 @@ class MemorySnapshot:
     reserved: int                # bytes cached by the allocator
     peak_allocated: int
     peak_reserved: int
-    free: int | None             # free device memory as the driver sees it (None on CPU)
+    free: int | None             # device memory not yet reserved, within the cap (None on CPU)
     cap: int | None              # the VRAM cap in bytes (None on CPU)
     host_rss: int
+    loaded: tuple[str, ...] = ()     # the models in the slot at this moment
 
     def status_line(self) -> str:
         if self.free is None:
@@ -40,10 +41,14 @@ class MemorySnapshot:
         return asdict(self)
 
 
-def take_snapshot(label: str, device: torch.device, cap_bytes: int | None) -> MemorySnapshot:
+def take_snapshot(label: str, device: torch.device, cap_bytes: int | None,
+                  loaded: tuple[str, ...] = ()) -> MemorySnapshot:
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-        return MemorySnapshot(label, time.monotonic(), str(device), torch.cuda.memory_allocated(device),
-                              torch.cuda.memory_reserved(device), torch.cuda.max_memory_allocated(device),
-                              torch.cuda.max_memory_reserved(device), free, cap_bytes, host_rss_bytes())
-    return MemorySnapshot(label, time.monotonic(), str(device), 0, 0, 0, 0, None, None, host_rss_bytes())
+        reserved = torch.cuda.memory_reserved(device)
+        if cap_bytes is not None:          # what this process may still take: the driver's free, within the cap
+            free = max(0, min(free, cap_bytes - reserved))
+        return MemorySnapshot(label, time.monotonic(), str(device), torch.cuda.memory_allocated(device), reserved,
+                              torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device), free,
+                              cap_bytes, host_rss_bytes(), loaded)
+    return MemorySnapshot(label, time.monotonic(), str(device), 0, 0, 0, 0, None, None, host_rss_bytes(), loaded)

@@ -11,6 +11,7 @@ the start image, of the end image, then each section's noise), so the same seed 
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -97,6 +98,7 @@ class JobRun:
         self.r = prepared.request
         self.plan = sec.make_plan(self.r.mode, self.r.seconds, self.r.latent_window, self.r.fps)
         self.device = memory.device
+        memory.set_workload(prepared.height, prepared.width, self.r.latent_window)
         self.generator = torch.Generator("cpu").manual_seed(self.r.seed)
         self.timings: dict[str, float] = {}
         self.t0 = time.monotonic()
@@ -301,7 +303,9 @@ class JobRun:
         self._timed("video writing", time.monotonic() - t)
         self.last_video = path
         self.job.info["videos"].append(path.name)
+        # The hash of the raw frames (before encoding) lets a resumed job be compared with an uninterrupted one.
         self.job.info["sections"].append({"section": n, "frames": len(frames),
+                                          "frames_sha256": hashlib.sha256(frames.tobytes()).hexdigest(),
                                           "elapsed_s": round(time.monotonic() - self.t0, 3)})
         self.job.update(timings=self._timings(), memory=self.memory.summary())
         return SectionVideo(path, len(frames), len(frames) / self.r.fps, n, self.plan.count)

@@ -39,9 +39,12 @@ def write_mp4(frames: np.ndarray, path: Path, *, fps: int = 30, crf: int = 16, m
             stream = container.add_stream("libx264", rate=fps)
             stream.width, stream.height = w - w % 2, h - h % 2
             stream.pix_fmt = "yuv420p"
-            stream.options = {"crf": str(int(crf)), "preset": "medium"}
+            # One encoder thread: the same frames always give the same file (a resumed job's video equals an
+            # uninterrupted one's); multi-threaded runs were seen to differ now and then.
+            stream.options = {"crf": str(int(crf)), "preset": "medium", "threads": "1"}
             for frame in frames:
                 vf = av.VideoFrame.from_ndarray(frame[: stream.height, : stream.width], format="rgb24")
+                vf = vf.reformat(format="yuv420p")   # explicit: the encoder's implicit conversion varies run to run
                 for packet in stream.encode(vf):
                     container.mux(packet)
             for packet in stream.encode():

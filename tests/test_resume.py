@@ -39,7 +39,8 @@ def uninterrupted(image, tmp_path_factory):
     r = cli("generate", "--image", image, *SETTINGS, "--out", out)
     assert r.returncode == 0, r.stderr
     (job,) = out.iterdir()
-    return load_checkpoint(job)[0]["real"], read_frames(job / "final.mp4")
+    raw_hash = json.loads((job / "job.json").read_text())["sections"][-1]["frames_sha256"]
+    return load_checkpoint(job)[0]["real"], read_frames(job / "final.mp4"), raw_hash
 
 
 def _sections_done(job_dir) -> int:
@@ -50,10 +51,11 @@ def _sections_done(job_dir) -> int:
 
 
 def _assert_same_result(job, uninterrupted):
-    real, frames = uninterrupted
+    real, frames, raw_hash = uninterrupted
     info = json.loads((job / "job.json").read_text())
     assert info["status"] == "done" and info["resumed"] >= 1
     torch.testing.assert_close(load_checkpoint(job)[0]["real"], real, atol=0, rtol=0)
+    assert info["sections"][-1]["frames_sha256"] == raw_hash           # the frames handed to the encoder
     np.testing.assert_array_equal(read_frames(job / "final.mp4"), frames)
     assert not list(job.glob(".*tmp"))
 

@@ -1,0 +1,179 @@
+"""A whole job under the 20 GB cap with all five full-size models (random weights), through the real orchestrator.
+
+`pipeline.orchestrator.generate` runs text encoders → VAE encode → image encoder → (transformer → VAE decode)
+per section with `MemoryManager(cap_gb=20, preserved_gb=6)`. Reported per stage: seconds, load and unload time,
+peaks; per VAE decode: frames, tiles, time and peak; end to end: total time and the share spent switching models
+(load + unload). Packing and pinning the host copies happens once per process (`MemoryManager.prepare`, as the
+app does after loading the models) and is reported apart. 3.6 s at window 9 = 3 sections: the decodes are 33, 69
+and 73 frames.
+
+    python3 benchmarks/section.py --out section.json                  # full size (GPU)
+    python3 benchmarks/section.py --tiny --out section.json           # tiny preset (CPU or GPU)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+log = logging.getLogger("benchmarks.section")
+GB = 1024 ** 3
+
+
+def _image(height: int, width: int):
+    from PIL import Image
+
+    y, x = np.mgrid[0:height, 0:width]
+    arr = np.stack([x / width, y / height, (x + y) / (width + height)], axis=-1)
+    return Image.fromarray((arr * 255).astype(np.uint8), "RGB")
+
+
+def _ensure_video_writer() -> bool:
+    try:
+        import av
+
+        return av is not None
+    except ImportError:
+        import pipeline.orchestrator as orch
+
+        def write_nothing(frames, path, **_):
+            Path(path).write_bytes(b"")
+            return Path(path)
+
+        orch.write_mp4 = write_nothing
+        log.warning("PyAV is not installed: section videos are not written (timings exclude video encoding)")
+        return False
+
+
+def calibrate_vae(tiny: bool, out: Path) -> None:
+    """Measured peak vs `memory.vae.memory_estimate` for a few tilings (no cap), to check ACT_FACTOR."""
+    from benchmarks.fullsize import build_models
+    from memory.vae import VaeTiling, memory_estimate, work
+
+    device = torch.device("cuda")
+    if tiny:
+        from pipeline.components import load_components
+
+        vae, shape = load_components("tiny", "original").vae, (9, 8, 8)
+    else:
+        vae, shape = build_models(roles=("vae",))["vae"], (9, 76, 80)
+    vae.to(device)
+    z = torch.randn(1, 16, *shape, device=device, dtype=vae.dtype)
+    rows = []
+    for tiling in (VaeTiling(256, 16), VaeTiling(0, 16), VaeTiling(384, 0)):
+        tiling.apply(vae)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            pixels = vae.decode(z).sample
+        torch.cuda.synchronize()
+        rows.append({"tiling": tiling.describe(), "seconds": time.perf_counter() - t0, "work": work(tiling, shape),
+                     "peak": torch.cuda.max_memory_allocated() - base,
+                     "estimate": memory_estimate(tiling, shape, vae.config.block_out_channels[0])})
+        del pixels
+        print(rows[-1], flush=True)
+    out.write_text(json.dumps(rows, indent=1))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=3.6)
+    ap.add_argument("--cap-gb", type=float, default=20.0)
+    ap.add_argument("--preserved-gb", type=float, default=6.0)
+    ap.add_argument("--depth", type=int, default=1)
+    ap.add_argument("--log", type=Path, default=None, help="also write the full log here")
+    ap.add_argument("--calibrate-vae", action="store_true", help="only measure VAE decode peaks vs the estimate")
+    args = ap.parse_args(argv)
+    if args.calibrate_vae:
+        logging.basicConfig(level=logging.INFO)
+        return calibrate_vae(args.tiny, args.out)
+    handlers = [logging.StreamHandler()] + ([logging.FileHandler(args.log)] if args.log else [])
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", handlers=handlers)
+    from benchmarks.fullsize import build_components
+    from memory import MemoryManager
+    from pipeline import sections as sec
+    from pipeline.events import Done, Failed
+    from pipeline.orchestrator import generate
+    from pipeline.request import Request
+
+    video = _ensure_video_writer()
+    t0 = time.perf_counter()
+    comps = build_components(args.tiny)
+    build_s = time.perf_counter() - t0
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    memory = MemoryManager(device=device, cap_gb=args.cap_gb, preserved_gb=args.preserved_gb,
+                           prefetch_depth=args.depth)
+    height, width = (64, 64) if args.tiny else (608, 640)
+    memory.set_workload(height, width, 9)
+    prepare_s = memory.prepare(**comps.models())
+    request = Request(image=_image(height, width), prompt="a red fox runs through fresh snow", seconds=args.seconds,
+                      steps=args.steps, teacache=0.0, seed=31337)
+    with tempfile.TemporaryDirectory() as outputs:
+        t0 = time.perf_counter()
+        events = list(generate(request, comps, memory, outputs=outputs))
+        total_s = time.perf_counter() - t0
+    end = events[-1]
+    if isinstance(end, Failed):
+        raise SystemExit(f"job failed: {end.message}\n{end.detail}")
+    assert isinstance(end, Done)
+    plan = sec.make_plan("original", args.seconds, 9)
+    decoded = [sec.pixel_frames(plan.decode_frames(s)) for s in plan.sections]
+    stages, section, dec_i = [], 0, 0
+    for r in memory.records:
+        row = r.as_dict()
+        if r.name == "transformer":
+            section += 1
+        row["section"] = max(section, 1)       # the encoders belong to the first section's time
+        if r.name == "VAE decode":
+            row["frames"] = decoded[dec_i]
+            dec_i += 1
+        stages.append(row)
+    switch_s = sum(r.load_s + r.unload_s for r in memory.records)
+    cap = memory.cap_bytes
+    summary = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "tiny": args.tiny, "steps": args.steps,
+               "sections": plan.count, "cap_gb": args.cap_gb, "preserved_gb": args.preserved_gb,
+               "build_s": build_s, "prepare_s": prepare_s, "total_s": total_s, "switch_s": switch_s,
+               "switch_share": switch_s / total_s, "video_written": video, "timings": end.timings,
+               "peak_reserved": max(r.peak_reserved for r in memory.records),
+               "peak_allocated": max(r.peak_allocated for r in memory.records),
+               "peak_reserved_below_cap": cap is None or max(r.peak_reserved for r in memory.records) <= cap,
+               "frames": end.frames, "stages": stages}
+    args.out.write_text(json.dumps(summary, indent=1, default=str))
+    print(f"\n{summary['device']}, torch {summary['torch']}, cap {args.cap_gb:g} GB, preserved "
+          f"{args.preserved_gb:g} GB, {plan.count} sections × {args.steps} steps, {end.frames} frames")
+    print("| stage | section | s | load s | unload s | peak alloc GB | peak reserved GB | host RSS after GB | "
+          "notes |\n|---|---|---|---|---|---|---|---|---|")
+    for s in stages:
+        notes = s.get("frames", "")
+        if s["vae_attempts"]:
+            notes = f"{s['frames']} frames, {s['vae_attempts'][-1]['tiling']}"
+        elif s["streamed_bytes_per_pass"]:
+            notes = f"{s['streamed_bytes_per_pass'] / GB:.1f} GB streamed per pass"
+        print(f"| {s['name']} | {s['section']} | {s['seconds']:.2f} | {s['load_s']:.3f} | {s['unload_s']:.3f} | "
+              f"{s['peak_allocated'] / GB:.2f} | {s['peak_reserved'] / GB:.2f} | "
+              f"{(s['host_rss_after'] or 0) / GB:.1f} | {notes} |")
+    print(f"\nend to end {total_s:.1f} s; switching models {switch_s:.2f} s = {100 * switch_s / total_s:.1f}%; "
+          f"peak reserved {summary['peak_reserved'] / GB:.2f} GB (cap {args.cap_gb:g}); one-time pack+pin "
+          f"{prepare_s:.1f} s; build {build_s:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

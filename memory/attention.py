@@ -1,0 +1,139 @@
+"""Attention that never falls back to PyTorch's math kernel at full size.
+
+At FramePack's ~18k tokens the math SDPA kernel materialises the score matrix: 24 heads × 18k² × 4 B ≈ 29 GB.
+Inside a stage, `AttentionGuard` replaces `torch.nn.functional.scaled_dot_product_attention` (which diffusers'
+native attention backend and transformers' sdpa attention call) with a checked version: on a GPU it asks PyTorch
+which fused kernel (flash, memory-efficient, cuDNN) takes this call and runs it restricted to that kernel; when
+none applies (dtype, head size, mask kind on this device), it splits the queries into chunks whose score matrix
+fits the chunk budget. Each choice is logged once per kind of call and kept in `choices` (for job.json).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+log = logging.getLogger(__name__)
+
+FUSED = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION)
+_NAMES = {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "memory-efficient",
+          SDPBackend.CUDNN_ATTENTION: "cudnn", SDPBackend.MATH: "math"}
+MATH_BYTES_PER_SCORE = 12        # fp32 scores, their softmax and a cast, per (query, key) pair and head
+
+
+def chunk_rows(query: torch.Tensor, key: torch.Tensor, budget_bytes: int) -> int:
+    """Query rows per chunk so that the math kernel's score matrices stay within `budget_bytes`."""
+    heads = query.shape[:-2].numel()
+    per_row = heads * key.shape[-2] * MATH_BYTES_PER_SCORE
+    return max(1, min(query.shape[-2], budget_bytes // max(per_row, 1)))
+
+
+def chunked_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                 enable_gqa=False, *, rows: int, sdpa=None) -> torch.Tensor:
+    """SDPA computed `rows` queries at a time (same result up to rounding; masks and causality handled)."""
+    sdpa = sdpa or F.scaled_dot_product_attention
+    lq, lk = query.shape[-2], key.shape[-2]
+    if is_causal and attn_mask is not None:
+        raise ValueError("attn_mask and is_causal cannot both be set")
+    out = query.new_empty((*query.shape[:-1], value.shape[-1]))
+    for s in range(0, lq, rows):
+        e = min(s + rows, lq)
+        mask = attn_mask
+        if mask is not None and mask.dim() >= 2 and mask.shape[-2] > 1:
+            mask = mask[..., s:e, :]
+        if is_causal:   # PyTorch's is_causal is top-left aligned: query i sees keys 0..i
+            mask = torch.ones(e - s, lk, dtype=torch.bool, device=query.device).tril(diagonal=s)
+        out[..., s:e, :] = sdpa(query[..., s:e, :], key, value, attn_mask=mask, dropout_p=dropout_p,
+                                is_causal=False, scale=scale, enable_gqa=enable_gqa)
+    return out
+
+
+def _fused_choice(args) -> SDPBackend | None:
+    """The fused kernel PyTorch would pick for this call with math excluded, or None if none applies."""
+    q, k, v, mask, dropout_p, is_causal, scale, enable_gqa = args
+    with sdpa_kernel(list(FUSED)):
+        try:
+            choice = torch._fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, scale=scale,
+                                             enable_gqa=enable_gqa)
+        except RuntimeError:
+            return None
+    try:
+        backend = SDPBackend(choice)
+    except ValueError:
+        return None
+    return backend if backend in FUSED else None
+
+
+class AttentionGuard:
+    """Context manager for one stage; `force_chunked` (tests) chunks every call, also on the CPU."""
+
+    def __init__(self, device: torch.device, chunk_budget_bytes: int = 1 << 30, *, force_chunked: bool = False,
+                 label: str = ""):
+        self.device = torch.device(device)
+        self.chunk_budget_bytes = int(chunk_budget_bytes)
+        self.force_chunked = force_chunked
+        self.label = label
+        self.choices: dict[str, str] = {}
+        self._decided: dict[tuple, SDPBackend | None] = {}
+        self._original = None
+        self._installed = None
+
+    def __enter__(self) -> "AttentionGuard":
+        if self.device.type == "cuda" or self.force_chunked:
+            self._original = F.scaled_dot_product_attention
+            self._installed = self._sdpa          # one bound-method object, so the check on exit can use `is`
+            F.scaled_dot_product_attention = self._installed
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._original is not None:
+            if F.scaled_dot_product_attention is not self._installed:
+                log.warning("scaled_dot_product_attention was replaced during the stage; restoring it anyway")
+            F.scaled_dot_product_attention = self._original
+            self._original = self._installed = None
+
+    @staticmethod
+    def _signature(q, k, v, mask, dropout_p, is_causal, enable_gqa) -> tuple:
+        return (q.device.type, q.dtype, q.shape[-1], v.shape[-1], None if mask is None else mask.dtype,
+                bool(is_causal), dropout_p > 0, bool(enable_gqa), q.requires_grad)
+
+    def _sdpa(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+              enable_gqa=False):
+        original = self._original
+        sig = self._signature(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+        if sig not in self._decided:
+            args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+            choice = None if (self.force_chunked or query.device.type != "cuda") else _fused_choice(args)
+            self._decided[sig] = choice
+            self._log(sig, choice, query, key)
+        choice = self._decided[sig]
+        if choice is not None:
+            try:
+                with sdpa_kernel([choice]):
+                    return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                    is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+            except RuntimeError as e:   # the kernel refused this particular shape: chunk this call
+                if "No available kernel" not in str(e):
+                    raise
+                log.debug("attention: %s refused shape %s; chunking this call", _NAMES[choice], tuple(query.shape))
+        rows = chunk_rows(query, key, self.chunk_budget_bytes)
+        if rows >= query.shape[-2] and not self.force_chunked:
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                            scale=scale, enable_gqa=enable_gqa)
+        return chunked_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, rows=rows,
+                            sdpa=original)
+
+    def _log(self, sig: tuple, choice: SDPBackend | None, query, key) -> None:
+        dtype = str(sig[1]).replace("torch.", "")
+        what = f"{dtype}, head dim {sig[2]}, {'masked' if sig[4] is not None else 'no mask'}"
+        if choice is not None:
+            text = f"{_NAMES[choice]} kernel"
+        else:
+            full = query.shape[:-2].numel() * query.shape[-2] * key.shape[-2] * MATH_BYTES_PER_SCORE
+            rows = chunk_rows(query, key, self.chunk_budget_bytes)
+            text = (f"no fused kernel: math in chunks of {rows} query rows (≤ {self.chunk_budget_bytes / 2**30:.2f}"
+                    f" GiB each; unchunked would need {full / 2**30:.1f} GiB at this size)")
+        self.choices[what] = text
+        log.info("attention%s (%s): %s", f" in {self.label}" if self.label else "", what, text)

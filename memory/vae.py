@@ -1,0 +1,197 @@
+"""VAE decode inside the cap: tile sizes chosen from the budget, smaller tiles on out-of-memory, then rocm's conv
+fallback.
+
+diffusers' HunyuanVideo VAE decodes in overlapping tiles (spatial `tile_sample_min_height/width` with a 3/4 stride,
+temporal `tile_sample_min_num_frames`). Overlap is recomputed work: 256-pixel tiles on a 608×640 frame decode 2.7×
+the pixels of one full-frame tile, and 16-frame temporal tiles decode 5 latent frames per 3. So the policy takes
+the least total work whose memory estimate fits the free part of the cap, and on out-of-memory retries with the
+least work among clearly smaller tiles; when no smaller tile is left, the smallest runs once more with the rocm
+conv fallback active (tiered convolution down to the CPU). On ROCm the tile also keeps MIOpen's GEMM scratch under
+the size where MIOpen drops to its naive solver (ROCM_FACTS.md).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SPATIAL_TILES = (0, 512, 384, 320, 256, 192, 128, 96, 64, 32)     # pixels; 0 = the whole frame
+TEMPORAL_TILES = (0, 32, 16, 8)                                   # pixel frames; 0 = all frames at once
+# Live full-resolution activations at the decoder's peak, in units of C0 × pixels × dtype bytes. Measured on the
+# H100 with the full-size VAE (fp16): 13.2 (256px/16-frame tiles), 13.2 (whole frames/16), 12.9 (384px/all).
+ACT_FACTOR = 13.5
+MIOPEN_SCRATCH_LIMIT = int(7.29e9)
+
+
+@dataclass(frozen=True)
+class VaeTiling:
+    size: int         # spatial tile in pixels (0: none)
+    frames: int       # temporal tile in pixel frames (0: none)
+
+    @property
+    def stride(self) -> int:
+        return self.size * 3 // 4 // 8 * 8
+
+    @property
+    def frame_stride(self) -> int:
+        return max(4, self.frames * 3 // 4 // 4 * 4)
+
+    def describe(self) -> str:
+        s = f"{self.size}px tiles" if self.size else "whole frames"
+        return s + (f", {self.frames}-frame temporal tiles" if self.frames else ", all frames at once")
+
+    def spans(self, lat_frames: int, lat_h: int, lat_w: int) -> tuple[list[int], list[int], list[int]]:
+        """Latent extents of the tiles diffusers' loops make (temporal, rows, columns)."""
+        def cut(n, tile, stride, extra=0):
+            return [min(tile + extra, n - i) for i in range(0, n, stride)]
+
+        t_tile = self.frames // 4
+        t = cut(lat_frames, t_tile, self.frame_stride // 4, 1) if self.frames and lat_frames > t_tile \
+            else [lat_frames]
+        lt = self.size // 8
+        if self.size and (lat_h > lt or lat_w > lt):
+            return t, cut(lat_h, lt, self.stride // 8), cut(lat_w, lt, self.stride // 8)
+        return t, [lat_h], [lat_w]
+
+    def apply(self, vae) -> None:
+        vae.use_tiling = bool(self.size)
+        if self.size:
+            vae.tile_sample_min_height = vae.tile_sample_min_width = self.size
+            vae.tile_sample_stride_height = vae.tile_sample_stride_width = self.stride
+        vae.use_framewise_decoding = bool(self.frames)
+        if self.frames:
+            vae.tile_sample_min_num_frames = self.frames
+            vae.tile_sample_stride_num_frames = self.frame_stride
+
+
+_VAE_ATTRS = ("use_tiling", "use_framewise_decoding", "tile_sample_min_height", "tile_sample_min_width",
+              "tile_sample_stride_height", "tile_sample_stride_width", "tile_sample_min_num_frames",
+              "tile_sample_stride_num_frames")
+
+
+def work(tiling: VaeTiling, shape: tuple[int, int, int]) -> int:
+    """Latent voxels decoded, overlap included (proportional to the decode's compute)."""
+    t, rows, cols = tiling.spans(*shape)
+    return sum(t) * sum(rows) * sum(cols)
+
+
+def memory_estimate(tiling: VaeTiling, shape: tuple[int, int, int], channels: int = 128, dtype_bytes: int = 2,
+                    factor: float = ACT_FACTOR) -> int:
+    """Peak bytes of one tile's decode, plus the decoded output kept for blending."""
+    t, rows, cols = tiling.spans(*shape)
+    f, h, w = max(t), max(rows), max(cols)
+    pixels = ((f - 1) * 4 + 1) * h * 8 * w * 8
+    # The mid-block builds a dense causal mask over the tile's latent tokens: bool + fp32 + final dtype per pair,
+    # transient and at latent resolution, so it competes with (does not add to) the full-resolution peak.
+    mask = 7 * (f * h * w) ** 2
+    frames, lh, lw = shape
+    output = 2 * 3 * ((frames - 1) * 4 + 1) * lh * 8 * lw * 8 * dtype_bytes
+    return max(int(factor * channels * pixels * dtype_bytes), mask) + output
+
+
+def scratch_estimate(tiling: VaeTiling, shape: tuple[int, int, int], channels: int = 256,
+                     dtype_bytes: int = 2) -> int:
+    """MIOpen's im2col scratch for the widest 3×3×3 convolution at full resolution."""
+    t, rows, cols = tiling.spans(*shape)
+    pixels = ((max(t) - 1) * 4 + 1) * max(rows) * 8 * max(cols) * 8
+    return channels * 27 * pixels * dtype_bytes
+
+
+def candidates(shape: tuple[int, int, int]) -> list[VaeTiling]:
+    _, lh, lw = shape
+    sizes = [s for s in SPATIAL_TILES if s == 0 or s // 8 < max(lh, lw)]
+    frames = [f for f in TEMPORAL_TILES if f == 0 or f // 4 < shape[0]]
+    return [VaeTiling(s, f) for s in sizes for f in frames]
+
+
+def is_oom(exc: BaseException) -> bool:
+    import rocm
+
+    return rocm.classify_error(exc) == "oom"
+
+
+def _default_fallback():
+    import rocm
+
+    return rocm.get_default_fallback().active()
+
+
+@dataclass
+class VaeDecodePolicy:
+    """Chooses tiles, retries smaller on OOM, hands the last try to the rocm conv fallback."""
+    act_factor: float = ACT_FACTOR
+    scratch_limit: int | None = None                       # MIOpen's GEMM scratch limit (set on ROCm)
+    fault: Callable[[VaeTiling], None] | None = None       # test seam: may raise OOM for a tiling
+    fallback: Callable[[], contextlib.AbstractContextManager] = _default_fallback
+    attempts: list[dict] = field(default_factory=list)     # of the last decode, for the record
+
+    def plan(self, vae, shape: tuple[int, int, int], available: int | None) -> list[VaeTiling]:
+        """Tilings to try, in order: least work that fits first, each next one clearly smaller in memory."""
+        channels = vae.config.block_out_channels[0]
+        up = vae.config.block_out_channels[1] if len(vae.config.block_out_channels) > 1 else channels
+        size = torch.finfo(vae.dtype).bits // 8
+
+        def mem(t):
+            return memory_estimate(t, shape, channels, size, self.act_factor)
+
+        pool = candidates(shape)
+        if self.scratch_limit is not None:
+            ok = [t for t in pool if scratch_estimate(t, shape, up, size) <= self.scratch_limit]
+            pool = ok or [min(pool, key=lambda t: scratch_estimate(t, shape, up, size))]
+        pool.sort(key=lambda t: (work(t, shape), mem(t)))
+        fits = [t for t in pool if available is None or mem(t) <= available]
+        order = [fits[0] if fits else min(pool, key=mem)]
+        while True:
+            smaller = [t for t in pool if mem(t) < 0.7 * mem(order[-1])]
+            if not smaller:
+                return order
+            order.append(smaller[0])
+
+    def decode(self, vae, z: torch.Tensor, available: int | None) -> torch.Tensor:
+        shape = tuple(z.shape[2:])
+        order = self.plan(vae, shape, available)
+        saved = {a: getattr(vae, a) for a in _VAE_ATTRS if hasattr(vae, a)}
+        self.attempts = []
+        try:
+            for i, tiling in enumerate(order):
+                last = i == len(order) - 1
+                try:
+                    return self._attempt(vae, z, tiling, shape, available, fallback=False)
+                except Exception as e:
+                    if not is_oom(e):
+                        raise
+                    self._failed(tiling, e)
+                    if last:
+                        log.warning("VAE decode: out of memory at the smallest tiles (%s); handing over to the "
+                                    "rocm conv fallback", tiling.describe())
+                        return self._attempt(vae, z, tiling, shape, available, fallback=True)
+        finally:
+            for a, v in saved.items():
+                setattr(vae, a, v)
+
+    def _attempt(self, vae, z, tiling: VaeTiling, shape, available, fallback: bool) -> torch.Tensor:
+        channels = vae.config.block_out_channels[0]
+        est = memory_estimate(tiling, shape, channels, torch.finfo(vae.dtype).bits // 8, self.act_factor)
+        self.attempts.append({"tiling": tiling.describe(), "estimate": est, "available": available,
+                              "work": work(tiling, shape), "fallback": fallback, "ok": False})
+        log.info("VAE decode of %s latents: %s (estimate %.2f GB of %s free)%s", shape, tiling.describe(),
+                 est / 1e9, f"{available / 1e9:.2f} GB" if available is not None else "unlimited",
+                 " with the rocm conv fallback" if fallback else "")
+        tiling.apply(vae)
+        scope = self.fallback() if fallback else contextlib.nullcontext()
+        with scope:
+            if self.fault is not None:
+                self.fault(tiling)
+            pixels = vae.decode(z).sample
+        self.attempts[-1]["ok"] = True
+        return pixels
+
+    def _failed(self, tiling: VaeTiling, exc: BaseException) -> None:
+        log.warning("VAE decode: out of memory with %s: %s", tiling.describe(), str(exc).splitlines()[0][:200])
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()

@@ -1,0 +1,110 @@
+"""The single model slot: the load order of a real (tiny) job, recorded and asserted at every stage boundary."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from memory import MemoryManager, MemorySnapshot
+from pipeline.events import Done
+from pipeline.request import Request
+from tests.conftest import make_image, run_job
+
+STAGE_MODELS = {"text encoders": ("text_encoder", "text_encoder_2"), "VAE encode": ("vae",),
+                "image encoder": ("image_encoder",), "transformer": ("transformer",), "VAE decode": ("vae",)}
+
+
+@pytest.fixture
+def trims(monkeypatch):
+    import rocm
+
+    seen = []
+    real = rocm.trim
+    monkeypatch.setattr(rocm, "trim", lambda label="", device=None: (seen.append(label), real(label, device))[1])
+    return seen
+
+
+def test_job_load_order_and_every_boundary(tiny_original, tmp_path, trims):
+    mm = MemoryManager(device="cpu")
+    req = Request(image=make_image(96, 80), prompt="a boat", seconds=2.4, steps=2, teacache=0.0, resolution=64)
+    _, last = run_job(req, tiny_original, tmp_path, memory=mm)
+    assert isinstance(last, Done)
+    order = ["text encoders", "VAE encode", "image encoder", "transformer", "VAE decode", "transformer",
+             "VAE decode"]
+    assert mm.load_order() == order
+    assert trims == [f"after {name}" for name in order]
+    boundaries = [s for s in mm.timeline if s.label.split(" ", 1)[0] in ("before", "in", "after")]
+    assert [s.label for s in boundaries] == [f"{w} {n}" for n in order for w in ("before", "in", "after")]
+    for snap in boundaries:
+        kind, name = snap.label.split(" ", 1)
+        # exactly one stage's models in the slot, nothing before or after it
+        assert snap.loaded == (STAGE_MODELS[name] if kind == "in" else ())
+    for record in mm.records:
+        assert record.models == STAGE_MODELS[record.name]
+        assert record.before.host_rss > 0 and record.after.host_rss > 0
+        assert record.ended >= record.started
+    assert mm.loaded() == []
+    info = json.loads((last.job_dir / "job.json").read_text())
+    assert [s["name"] for s in info["memory"]["stages"]] == order
+    assert {"switch_s", "host_rss", "peak_reserved", "pin_host_memory"} <= set(info["memory"])
+    assert {"load_s", "unload_s", "pin_s", "placement", "host_rss_before", "host_rss_after"} \
+        <= set(info["memory"]["stages"][0])
+
+
+def test_a_failing_stage_still_unloads_and_the_next_one_starts(tiny_original, trims):
+    mm = MemoryManager(device="cpu")
+    with pytest.raises(ValueError, match="boom"):
+        with mm.stage("VAE decode", vae=tiny_original.vae):
+            raise ValueError("boom")
+    assert mm.loaded() == [] and mm.load_order() == ["VAE decode"] and trims == ["after VAE decode"]
+    with mm.stage("image encoder", image_encoder=tiny_original.image_encoder):
+        pass
+    assert mm.load_order() == ["VAE decode", "image encoder"]
+
+
+def test_only_one_stage_at_a_time(tiny_original):
+    mm = MemoryManager(device="cpu")
+    with mm.stage("VAE encode", vae=tiny_original.vae):
+        with pytest.raises(RuntimeError, match="still holds vae"):
+            with mm.stage("image encoder", image_encoder=tiny_original.image_encoder):
+                pass
+    assert mm.load_order() == ["VAE encode"]
+
+
+def test_status_line_format():
+    snap = MemorySnapshot("before VAE decode", 0.0, "cuda:0", allocated=5 * 2**30, reserved=6 * 2**30,
+                          peak_allocated=0, peak_reserved=0, free=10 * 2**30, cap=20 * 2**30, host_rss=2**30)
+    assert snap.status_line() == ("[before VAE decode] free 10.00 GB | allocated 5.00 GB (25% of cap) | "
+                                  "reserved 6.00 GB | host RSS 1.00 GB")
+    cpu = MemorySnapshot("after transformer", 0.0, "cpu", 0, 0, 0, 0, None, None, 3 * 2**30)
+    assert cpu.status_line().startswith("[after transformer] CPU run") and "3.00 GB" in cpu.status_line()
+
+
+def test_budget_and_workload_are_explicit(tiny_original):
+    a = MemoryManager(device="cpu", cap_gb=20, preserved_gb=6)
+    b = MemoryManager(device="cpu", cap_gb=12, preserved_gb=8, prefetch_depth=2, plan_on_cpu=True)
+    assert a.budget.cap_bytes is None                  # a CPU run has no cap unless asked to plan as if it had
+    assert b.budget.cap_bytes == 12 * 2**30 and b.budget.preserved_bytes == 8 * 2**30
+    assert b.budget.slot_count == 3
+    b.set_workload(608, 640, 18)
+    assert b.budget.workload.tokens > a.budget.workload.tokens
+
+
+def test_pinning_off_keeps_pageable_copies(tiny_original):
+    mm = MemoryManager(device="cpu", pin_host_memory=False)
+    with mm.stage("VAE encode", vae=tiny_original.vae) as rec:
+        pass
+    assert rec.pin_s >= 0 and not any(p.is_pinned() for p in tiny_original.vae.parameters())
+    assert mm.summary()["pin_host_memory"] is False
+
+
+def test_prepare_packs_ahead(tiny_original):
+    from memory import HostPack
+
+    mm = MemoryManager(device="cpu")
+    seconds = mm.prepare(**tiny_original.models())
+    assert seconds >= 0
+    assert all(HostPack.of(m).intact() for m in tiny_original.models().values())
+    with torch.no_grad():
+        pass

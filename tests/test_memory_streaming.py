@@ -1,0 +1,157 @@
+"""Host packs and block streaming on the CPU: the real code path (plain copies instead of a side stream)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers import HunyuanVideoFramepackTransformer3DModel
+
+from memory import HostPack, MemoryManager
+from memory.hostpack import block_list
+from memory.plan import GB
+from memory.streaming import BlockStreamer
+from pipeline.denoiser import FramepackDenoiser
+from pipeline.text import encode_prompt
+
+
+def _inputs(tr, seed=0):
+    from benchmarks.transformer_step import section_inputs
+
+    return section_inputs(tr, 64, 64, 9, 16, seed)
+
+
+def _step(tr, inputs, teacache=0.0, steps=2):
+    """Two denoiser steps (the second sees the first's output), as the sampler would run them."""
+    ctx, idx, shape, image, texts, noise = inputs
+    den = FramepackDenoiser(tr, teacache, steps)
+    den.begin_section(ctx, idx, shape, image, texts, 10.0)
+    x, outs = noise, []
+    for t in (900.0, 500.0)[:steps]:
+        out = den(x, torch.tensor([t]))
+        outs.append(out)
+        x = x - 0.1 * out
+    den.end_section()
+    return outs
+
+
+@pytest.fixture(scope="module")
+def deep_transformer(tiny_original):
+    """The tiny preset's transformer config with 3 dual + 4 single blocks (so the ring of slots wraps)."""
+    cfg = dict(tiny_original.transformer.config)
+    cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
+    cfg.update(num_layers=3, num_single_layers=4)
+    torch.manual_seed(1)
+    return HunyuanVideoFramepackTransformer3DModel(**cfg).eval().requires_grad_(False)
+
+
+def _cap_gb(pack, n_resident):
+    return (pack.rest.nbytes + sum(c.nbytes for c in pack.blocks[:n_resident])) / GB
+
+
+def test_pack_is_the_only_host_copy(deep_transformer):
+    params = {id(p): p for p in deep_transformer.parameters()}
+    pack = HostPack.of(deep_transformer)
+    assert HostPack.of(deep_transformer) is pack                        # built once, kept on the model
+    assert len(pack.blocks) == 7 and pack.intact()
+    hosts = [(c.host.data_ptr(), c.host.data_ptr() + c.nbytes) for c in pack.chunks]
+    for p in deep_transformer.parameters():
+        assert any(lo <= p.data_ptr() < hi for lo, hi in hosts)        # every weight lives in a chunk buffer
+    assert {id(p) for p in deep_transformer.parameters()} == set(params)  # same Parameter objects
+    weights = sum(p.numel() * p.element_size() for p in deep_transformer.parameters())
+    assert weights <= pack.nbytes <= weights + 256 * len(params) + 256 * 64  # no second copy, only alignment
+    assert block_list(deep_transformer)[3] is deep_transformer.single_transformer_blocks[0]
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_streamed_transformer_gives_exactly_the_resident_output(deep_transformer, depth):
+    inputs = _inputs(deep_transformer)
+    reference = _step(deep_transformer, inputs)
+    pack = HostPack.of(deep_transformer)
+    mm = MemoryManager(device="cpu", cap_gb=_cap_gb(pack, 2), preserved_gb=0, prefetch_depth=depth,
+                       plan_on_cpu=True)
+    seen = []
+    probe = deep_transformer.single_transformer_blocks[2].register_forward_pre_hook(
+        lambda m, a: seen.append(m.proj_out.weight.data_ptr()))
+    try:
+        with mm.stage("transformer", transformer=deep_transformer) as rec:
+            streamed = _step(deep_transformer, inputs)
+    finally:
+        probe.remove()
+    assert all(torch.equal(a, b) for a, b in zip(streamed, reference))
+    assert "2/7 blocks" in rec.placement["transformer"] and rec.stream_misses == 0
+    assert rec.streamed_bytes_per_pass == sum(c.nbytes for c in pack.blocks[2:])
+    host = pack.blocks[5].host.data_ptr()
+    assert seen and all(ptr != host for ptr in seen)         # the block ran from a slot copy, not the host pack
+    assert pack.intact()                                      # and everything points back at the host afterwards
+
+
+def test_streaming_the_tiny_preset_through_the_manager(tiny_original):
+    tr = tiny_original.transformer
+    inputs = _inputs(tr, seed=3)
+    reference = _step(tr, inputs)
+    pack = HostPack.of(tr)
+    mm = MemoryManager(device="cpu", cap_gb=_cap_gb(pack, 1), preserved_gb=0, plan_on_cpu=True)
+    for _ in range(2):                                        # two sections: the stage is entered twice
+        with mm.stage("transformer", transformer=tr) as rec:
+            assert all(torch.equal(a, b) for a, b in zip(_step(tr, inputs), reference))
+        assert rec.stream_misses == 0 and "1/2 blocks" in rec.placement["transformer"]
+    assert pack.intact()
+
+
+def test_teacache_still_works_with_streaming(deep_transformer):
+    inputs = _inputs(deep_transformer, seed=5)
+    reference = _step(deep_transformer, inputs, teacache=0.15)
+    pack = HostPack.of(deep_transformer)
+    mm = MemoryManager(device="cpu", cap_gb=_cap_gb(pack, 0), preserved_gb=0, plan_on_cpu=True)
+    with mm.stage("transformer", transformer=deep_transformer) as rec:
+        streamed = _step(deep_transformer, inputs, teacache=0.15)
+    assert "1/7 blocks" in rec.placement["transformer"]      # block 0 stays resident even with no budget
+    assert all(torch.equal(a, b) for a, b in zip(streamed, reference))
+
+
+def test_out_of_order_call_is_a_counted_miss_and_still_exact(deep_transformer):
+    pack = HostPack.of(deep_transformer)
+    blocks = pack.block_modules
+    streamer = BlockStreamer(blocks[1:], pack.blocks[1:], torch.device("cpu"), depth=2)
+    hidden = torch.randn(1, 8, 32)
+    enc = torch.randn(1, 4, 32)
+    temb = torch.randn(1, 32)
+    ref = blocks[4](hidden, enc, temb)
+    streamer.attach()
+    try:
+        out = blocks[4](hidden, enc, temb)                   # block 4 first: not what was prefetched
+        again = blocks[4](hidden, enc, temb)
+    finally:
+        streamer.detach()
+    assert streamer.misses == 2
+    assert all(torch.equal(a, b) for a, b in zip(out, ref)) and all(torch.equal(a, b) for a, b in zip(again, ref))
+    assert pack.intact()
+
+
+def test_text_encoder_streams_when_it_does_not_fit(tiny_original):
+    c = tiny_original
+    ref = encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2, "a cat", c.crop_start, "cpu")
+    llama, clip = HostPack.of(c.text_encoder), HostPack.of(c.text_encoder_2)
+    cap_gb = (llama.rest.nbytes + llama.blocks[0].nbytes + clip.nbytes) / GB + 2.0   # 2 GB text reserve
+    mm = MemoryManager(device="cpu", cap_gb=cap_gb, plan_on_cpu=True)
+    with mm.stage("text encoders", text_encoder=c.text_encoder, text_encoder_2=c.text_encoder_2) as rec:
+        out = encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2, "a cat", c.crop_start,
+                            "cpu")
+    assert "1/3 blocks" in rec.placement["text_encoder"]
+    assert "resident" in rec.placement["text_encoder_2"]
+    assert torch.equal(out.llama, ref.llama) and torch.equal(out.pooled, ref.pooled)
+    roomy = MemoryManager(device="cpu", cap_gb=20, plan_on_cpu=True)
+    with roomy.stage("text encoders", text_encoder=c.text_encoder, text_encoder_2=c.text_encoder_2) as rec:
+        pass
+    assert rec.streamed_bytes_per_pass == 0                   # fits: loaded whole
+
+
+def test_weights_moved_behind_the_managers_back_are_repacked(tiny_original):
+    vae = tiny_original.vae
+    pack = HostPack.of(vae)
+    vae.to(torch.float32)                                       # a no-op move keeps the pack
+    assert HostPack.of(vae) is pack
+    for p in vae.parameters():
+        p.data = p.data.clone()                                 # as `.to(device)` and back would do
+    assert not pack.intact()
+    fresh = HostPack.of(vae)
+    assert fresh is not pack and fresh.intact()
