@@ -22,6 +22,7 @@ from typing import Iterator
 
 import torch
 
+import rocm
 from memory import MemoryManager
 from pipeline import sections as sec
 from pipeline.checkpoint import save_checkpoint
@@ -106,6 +107,9 @@ class JobRun:
         self.job: Job | None = None
         self.video = VideoBuffer(self.r.mode, sec.overlap_frames(self.r.latent_window))
         self.last_video: Path | None = None
+        rocm.apply_torch_settings()                     # cudnn.benchmark off on ROCm (no-op elsewhere)
+        self.fallback = rocm.get_default_fallback()     # tiered convolutions for the VAE (rocm/)
+        self.fallback.reset_stats()
 
     # ---- events -------------------------------------------------------------------------------------------------
     def progress(self, stage: str, section: int = 0, step: int = 0, message: str = "") -> Progress:
@@ -146,13 +150,14 @@ class JobRun:
                          self.r.sampler, self.r.seed)
                 yield from drain()
                 yield from self._run(drain)
+                ending = self._finish("done")
             except JobStopped:
-                yield from drain()
-                yield self._finish("stopped")
+                ending = self._finish("stopped")
             except Exception as e:  # the job fails; the process (and the server around it) keeps going
                 log.error("job failed: %s", e, exc_info=True)
-                yield from drain()
-                yield self._fail(e)
+                ending = self._fail(e)
+            yield from drain()
+            yield ending
 
     def _run(self, drain) -> Iterator[Event]:
         c, r = self.c, self.r
@@ -205,8 +210,6 @@ class JobRun:
             yield from drain()
             yield self._write_section(section)
 
-        yield self._finish("done")
-
     def _rebuild_video(self, done: int, drain) -> Iterator[Event]:
         """Decode the finished sections again (resume), so the blends match an uninterrupted run exactly."""
         for section in self.plan.sections[:done]:
@@ -247,7 +250,7 @@ class JobRun:
     def _encode_latents(self):
         vae = self.c.vae
         t = time.monotonic()
-        with self.memory.stage("VAE encode", vae=vae):
+        with self.memory.stage("VAE encode", vae=vae), self.fallback.active():
             def encode(img):
                 x = to_model_tensor(img).unsqueeze(2).to(self.device, vae.dtype)
                 dist = vae.encode(x).latent_dist
@@ -281,13 +284,12 @@ class JobRun:
 
     @torch.no_grad()
     def _decode(self, latents: torch.Tensor) -> None:
-        import rocm
-
         vae = self.c.vae
         t = time.monotonic()
         with self.memory.stage("VAE decode", vae=vae):
             z = latents.to(self.device, vae.dtype) / vae.config.scaling_factor
-            with rocm.vae_decode_log(vae, z, memory_status=lambda: self.memory.snapshot("VAE decode").status_line()):
+            with rocm.vae_decode_log(vae, z, fallback=self.fallback,
+                                     memory_status=lambda: self.memory.snapshot("VAE decode").status_line()):
                 pixels = self.memory.decode_vae(vae, z)
             self.video.add(pixels.float().cpu())
         self._timed("VAE decode", time.monotonic() - t)
@@ -324,6 +326,7 @@ class JobRun:
                 "revisions": c.revisions}
 
     def _finish(self, status: str) -> Done:
+        log.info("convolution fallback this job: %s", self.fallback.report())
         self.job.finish(status, self.last_video, timings=self._timings(), memory=self.memory.summary())
         final = self.job.path("final.mp4") if self.last_video else None
         frames = len(self.video) if self.last_video else 0
@@ -331,6 +334,7 @@ class JobRun:
         return Done(self.job.dir, final, frames, status == "stopped", self._timings())
 
     def _fail(self, error: Exception) -> Failed:
+        log.info("convolution fallback this job: %s", self.fallback.report())
         message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
         detail = traceback.format_exc()
         if self.job is not None:

@@ -1,0 +1,101 @@
+"""ROCm environment profiles per AMD architecture family, as frozen data.
+
+Read by ``rocm.env.apply_env_profile`` *before* ``import torch``; keep this file free of torch and of anything
+heavy. Every variable named here must be a real, working switch according to ``shared/ROCM_FACTS.md``
+(tests/test_rocm_env.py checks that against an allow-list written from that page).
+
+What each profile does and why:
+
+* ``MIOPEN_FIND_MODE=2`` (FAST) on every family: use the find database on a hit, else MIOpen's immediate-mode
+  fallback with no benchmarking. This is what fixed "first VAE decode takes minutes" in the field (84.5 s -> 7.2 s
+  in one report) and what SD.Next and InvokeAI ship. Note that 1 is NORMAL, not FAST.
+* MIOpen user database and kernel cache in SteadyFrame's cache folder (persistent across runs, one per
+  torch/ROCm build), created by ``rocm.env``; their paths are computed at run time, so they are not listed here.
+* Allocator: ``garbage_collection_threshold:0.8,max_split_size_mb:512`` (SD.Next's setting; both keys are read by
+  ROCm builds of PyTorch). ``expandable_segments`` is left out: a no-op on ROCm before PyTorch 2.11 + ROCm 7.
+* ``conv_tiers`` / ``conv3d_first_tier`` select where ``rocm.ConvFallback`` starts (1 MIOpen, 2 PyTorch's own GPU
+  kernels with MIOpen off, 3 exact decomposition on the GPU, 4 CPU fp32).
+  - RDNA1 (gfx101x): no official wheel ships kernels for it and the usual HSA_OVERRIDE_GFX_VERSION=10.3.0 crashes
+    (memory aperture violations), so convolutions stay off MIOpen: conv2d at tier 2, conv3d at tier 3 (2D convs
+    over time, also without MIOpen: far smaller column buffers than tier 2's vol2col).
+  - RDNA3 (gfx11xx): MIOpen has no 3D heuristics (Hunyuan-shaped Conv3d measured at 44-71 s per call on a
+    7900 XTX); the exact rewrite of the causal 3D conv as 2D convs over time was reported 1.66x faster on gfx1100,
+    so conv3d starts at tier 3 (its 2D convs still use MIOpen, which has 2D heuristics).
+  - RDNA2, CDNA, unknown: MIOpen first (FAST find mode), with the fallback behind it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+# The one allocator variable we set. Users may have set any of ALLOC_CONF_VARS; if so we set none (which of them
+# wins differs between PyTorch versions, so adding ours could silently override theirs).
+ALLOC_CONF_VAR = "PYTORCH_HIP_ALLOC_CONF"
+ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+ALLOC_CONF_VALUE = "garbage_collection_threshold:0.8,max_split_size_mb:512"
+
+# MIOpen folders that rocm.env points into SteadyFrame's cache folder.
+MIOPEN_DB_VAR = "MIOPEN_USER_DB_PATH"
+MIOPEN_KERNEL_CACHE_VAR = "MIOPEN_CUSTOM_CACHE_DIR"
+
+
+@dataclass(frozen=True)
+class RocmProfile:
+    """Environment and convolution defaults for one AMD architecture family."""
+
+    family: str
+    description: str
+    env: Mapping[str, str]
+    alloc_conf: str
+    conv_tiers: tuple[int, ...]
+    conv3d_first_tier: int
+    vendor_convs_in_decomposition: bool
+    notes: tuple[str, ...] = ()
+
+
+def _profile(family: str, description: str, env: dict[str, str], *, conv_tiers=(1, 2, 3, 4),
+             conv3d_first_tier: int = 1, vendor_in_decomposition: bool = True, notes=()) -> RocmProfile:
+    return RocmProfile(family=family, description=description, env=MappingProxyType(dict(env)),
+                       alloc_conf=ALLOC_CONF_VALUE, conv_tiers=tuple(conv_tiers),
+                       conv3d_first_tier=conv3d_first_tier,
+                       vendor_convs_in_decomposition=vendor_in_decomposition, notes=tuple(notes))
+
+
+_FAST = {"MIOPEN_FIND_MODE": "2"}  # 2 = FAST
+
+PROFILES: Mapping[str, RocmProfile] = MappingProxyType({
+    "rdna1": _profile(
+        "rdna1", "RDNA1 (gfx1010/gfx1011/gfx1012, RX 5000 series)", _FAST,
+        conv_tiers=(2, 3, 4), conv3d_first_tier=3, vendor_in_decomposition=False,
+        notes=("No official PyTorch wheel ships gfx101x kernels; HSA_OVERRIDE_GFX_VERSION=10.3.0 is widely "
+               "reported to crash with memory aperture violations.",
+               "Convolutions run without MIOpen: tier 2 (PyTorch's GPU kernels) for conv2d, tier 3 (2D convs "
+               "over time, MIOpen off) for conv3d, CPU as the last resort.")),
+    "rdna2": _profile("rdna2", "RDNA2 (gfx103x, RX 6000 series)", _FAST),
+    "rdna3": _profile(
+        "rdna3", "RDNA3 (gfx11xx, RX 7000 series, Radeon 780M/890M)", _FAST, conv3d_first_tier=3,
+        notes=("MIOpen has no 3D heuristics; 3D convs start at tier 3 (exact 2D decomposition, reported 1.66x "
+               "faster decode on gfx1100).",)),
+    "cdna": _profile("cdna", "CDNA (gfx908/gfx90a/gfx94x/gfx950, Instinct MI100-MI300)", _FAST),
+    "unknown": _profile("unknown", "other AMD GPU (architecture not classified)", _FAST,
+                        notes=("Unclassified architecture: conservative defaults.",)),
+})
+
+
+@dataclass(frozen=True)
+class RocmDefaults:
+    """Run-time defaults of the rocm package (timeouts, folders, the bypass threshold)."""
+
+    probe_timeout_s: float = 60.0            # one conv in the hang-probe child
+    probe_startup_timeout_s: float = 180.0   # child start: import torch, GPU init (not counted in the above)
+    stall_timeout_s: float = 300.0           # VAE decode stall watchdog (stack dump, no kill)
+    cache_env_var: str = "STEADYFRAME_CACHE_DIR"   # SteadyFrame's cache root; rocm uses <root>/rocm
+    cache_subdir: str = "rocm"
+    profile_switch_env_var: str = "STEADYFRAME_ROCM_PROFILE"  # "off" disables apply_env_profile
+    faults_env_var: str = "STEADYFRAME_CONV_FAULTS"            # test seam read by the probe child
+    bypass_size_threshold_mib: float = 42.0
+
+
+DEFAULTS = RocmDefaults()

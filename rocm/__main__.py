@@ -1,0 +1,50 @@
+"""``python -m rocm doctor [--json] [--probe | --no-probe] [--probe-timeout S] [--probe-tiers 1,2,3] [--small]``.
+
+Applies the environment profile first (before torch is imported), as app.py and the CLI do, so the probe children
+run with the settings SteadyFrame uses; the report shows your own environment and what the profile adds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m rocm", description="SteadyFrame ROCm/GPU tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    doc = sub.add_parser("doctor", help="report backend, versions, environment warnings, conv tier probes")
+    doc.add_argument("--json", action="store_true", help="print the report as JSON")
+    group = doc.add_mutually_exclusive_group()
+    group.add_argument("--probe", dest="probe", action="store_true", default=None,
+                       help="run the probe table even on CPU (small shapes)")
+    group.add_argument("--no-probe", dest="probe", action="store_false", help="skip the probe table")
+    doc.add_argument("--probe-timeout", type=float, default=30.0, help="seconds per conv in the probe child")
+    doc.add_argument("--probe-tiers", default="1,2,3", help="tiers to probe, e.g. 1,2,3,4 (4 = CPU, slow)")
+    doc.add_argument("--small", action="store_true", default=None, help="probe small shapes (quick check)")
+    doc.add_argument("-v", "--verbose", action="store_true", help="log what is being done")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from rocm.env import apply_env_profile
+
+    user_env = dict(os.environ)
+    apply_env_profile()            # before torch, exactly like app.py / the CLI
+    from rocm.doctor import collect, render_text
+
+    tiers = tuple(int(t) for t in args.probe_tiers.split(",") if t.strip())
+    report = collect(probe=args.probe, probe_timeout_s=args.probe_timeout, probe_tiers=tiers, small=args.small,
+                     environ=user_env)
+    sys.stdout.write((json.dumps(report, indent=2, default=str) if args.json else render_text(report)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Releasing cached GPU memory between stages, and a one-line memory status.
+
+``trim()`` runs the garbage collector and ``torch.cuda.empty_cache()`` (frees PyTorch's cached, unused blocks;
+never memory held by live tensors). PyTorch's default (native) allocator uses plain hipMalloc/hipFree, so trimming
+a stream-ordered pool would not release anything there; only with ``backend:hipMallocAsync`` is the pool used, and
+its ``empty_cache`` already trims it (ROCM_FACTS.md) - ``pool_trimmed`` says whether that was the case.
+On CPU it only runs the garbage collector.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+import time
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class TrimReport:
+    label: str
+    device: str | None              # None: no GPU
+    backend: str | None             # allocator backend: 'native' | 'cudaMallocAsync' (hipMallocAsync on ROCm)
+    allocated_before: int | None
+    reserved_before: int | None
+    allocated_after: int | None
+    reserved_after: int | None
+    gc_objects: int
+    pool_trimmed: bool
+    elapsed_s: float
+
+    @property
+    def freed_bytes(self) -> int:
+        """Bytes of reserved (cached) GPU memory released; 0 on CPU."""
+        if self.reserved_before is None or self.reserved_after is None:
+            return 0
+        return max(0, self.reserved_before - self.reserved_after)
+
+    def __str__(self) -> str:
+        name = f"trim {self.label}".strip()
+        if self.device is None:
+            return f"{name}: no GPU; gc collected {self.gc_objects} objects"
+        return (f"{name} on {self.device}: allocated {self.allocated_before / GIB:.2f} -> "
+                f"{self.allocated_after / GIB:.2f} GiB, reserved {self.reserved_before / GIB:.2f} -> "
+                f"{self.reserved_after / GIB:.2f} GiB, freed {self.freed_bytes / GIB:.2f} GiB "
+                f"({self.backend}{', pool trimmed' if self.pool_trimmed else ''}, {self.elapsed_s * 1000:.0f} ms)")
+
+
+def _gpu_available(initialized_only: bool = True) -> bool:
+    if "torch" not in sys.modules:   # nothing of torch's to release, and no reason to import it
+        return False
+    import torch
+
+    return torch.cuda.is_available() and (torch.cuda.is_initialized() or not initialized_only)
+
+
+def trim(label: str = "", device=None) -> TrimReport:
+    """Garbage-collect and empty PyTorch's GPU cache; returns before/after figures (see module docstring)."""
+    started = time.perf_counter()
+    collected = gc.collect()
+    if not _gpu_available():
+        report = TrimReport(label, None, None, None, None, None, None, collected, False,
+                            time.perf_counter() - started)
+        logger.debug("%s", report)
+        return report
+    import torch
+
+    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.synchronize(dev)
+    alloc_before, reserved_before = torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev)
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize(dev)
+    try:
+        backend = torch.cuda.get_allocator_backend()
+    except (AttributeError, RuntimeError):
+        backend = "native"
+    report = TrimReport(label, str(dev), backend, alloc_before, reserved_before, torch.cuda.memory_allocated(dev),
+                        torch.cuda.memory_reserved(dev), collected, backend != "native",
+                        time.perf_counter() - started)
+    logger.info("%s", report)
+    return report
+
+
+def memory_status(device=None) -> str:
+    """'allocated 1.20 GiB, reserved 2.00 GiB, free 10.31 / 23.98 GiB' for a GPU; a short note on CPU."""
+    if not _gpu_available(initialized_only=False):
+        return "no GPU (CPU only)"
+    import torch
+
+    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    if dev.type != "cuda":
+        return f"{dev.type} device (no GPU memory figures)"
+    free, total = torch.cuda.mem_get_info(dev)
+    return (f"allocated {torch.cuda.memory_allocated(dev) / GIB:.2f} GiB, reserved "
+            f"{torch.cuda.memory_reserved(dev) / GIB:.2f} GiB, free {free / GIB:.2f} / {total / GIB:.2f} GiB")

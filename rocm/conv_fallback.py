@@ -1,0 +1,331 @@
+"""``ConvFallback``: conv2d/conv3d, forward and backward, tried tier by tier until one works.
+
+Tiers (``rocm.tiers``): 1 native (MIOpen/cuDNN), 2 PyTorch's GPU kernels with MIOpen/cuDNN off for that call,
+3 exact decomposition on the GPU, 4 CPU fp32. An error of the MIOpen/HIP kind or out-of-memory moves to the next
+tier (any other error propagates unchanged). Verdicts are cached per (op, shapes, dtype, arch) in memory and in a
+file per arch + torch + HIP build, so a bad shape goes straight to its working tier next time. Inside
+``probing()`` (on ROCm by default) the first use of a signature runs in a child process with a timeout first.
+
+It is an object, not a global: ``install()`` patches ``torch.nn.functional.conv2d/conv3d`` (which ``nn.Conv2d``
+/ ``nn.Conv3d`` call) and ``uninstall()`` restores them; ``active()`` does both around a block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from configs.rocm_profiles import PROFILES
+from rocm import tiers as tier_ops
+from rocm.arch import Runtime, detect_runtime
+from rocm.errors import ConvFallbackExhausted, classify_error
+from rocm.faults import FaultPlan
+from rocm.paths import cache_dir as default_cache_dir
+from rocm.policy import BypassConfig
+from rocm.probe import HangProbe, ProbeJob
+from rocm.signature import ConvSignature, ConvSpec, normalize_call
+from rocm.stats import FallbackStats, StatsCollector
+from rocm.verdicts import VerdictStore, verdict_file_name
+
+logger = logging.getLogger(__name__)
+_NATIVE = {"conv2d": torch.conv2d, "conv3d": torch.conv3d}
+
+
+@dataclass
+class _DeviceContext:
+    runtime: Runtime
+    store: VerdictStore
+    tiers: tuple[int, ...]
+    conv3d_first_tier: int
+    vendor_in_decomposition: bool
+
+
+class _TieredConv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, fallback, spec):
+        ctx.fallback, ctx.spec = fallback, spec
+        ctx.save_for_backward(x, weight, bias)
+        return fallback._run("forward", spec, x, weight, bias)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        x, weight, bias = ctx.saved_tensors
+        mask = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[2])
+        gx, gw, gb = ctx.fallback._run("backward", ctx.spec, x, weight, bias, grad_out=grad_out.contiguous(),
+                                       mask=mask)
+        return gx, gw, gb, None, None
+
+
+class ConvFallback:
+    """Tiered convolution with verdict cache, statistics and an optional hang probe.
+
+    Arguments (all optional; defaults come from the arch profile in ``configs/rocm_profiles.py``):
+    ``tiers`` the allowed tiers in order (e.g. ``(3,)`` forces tier 3); ``conv3d_first_tier``;
+    ``vendor_in_decomposition`` (whether tier 3's inner conv2d may use MIOpen/cuDNN); ``bypass`` a
+    ``BypassConfig``; ``cache_dir`` for the verdict file; ``persist=False`` keeps verdicts in memory;
+    ``fault_plan`` the test seam; ``probe``: a ``HangProbe``, ``"auto"`` (a default one) or None.
+    """
+
+    def __init__(self, *, tiers=None, conv3d_first_tier: int | None = None,
+                 vendor_in_decomposition: bool | None = None, bypass: BypassConfig | None = None,
+                 cache_dir: Path | str | None = None, persist: bool = True, fault_plan: FaultPlan | None = None,
+                 probe: HangProbe | str | None = "auto"):
+        self.tiers = tuple(tiers) if tiers is not None else None
+        if self.tiers is not None and (not self.tiers or any(t not in tier_ops.TIERS for t in self.tiers)):
+            raise ValueError(f"tiers must be a non-empty subset of {tier_ops.TIERS}, got {tiers!r}")
+        self.conv3d_first_tier = conv3d_first_tier
+        self.vendor_in_decomposition = vendor_in_decomposition
+        self.bypass = bypass or BypassConfig()
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.persist = persist
+        self.fault_plan = fault_plan
+        self.probe = HangProbe() if probe == "auto" else probe
+        self._contexts: dict[str, _DeviceContext] = {}
+        self._stats = StatsCollector()
+        self._lock = threading.RLock()
+        self._local = threading.local()
+        self._probe_depth = 0
+        self._probe_forced = False
+        self._saved: tuple | None = None
+        self.current: ConvSignature | None = None   # the conv running now (read by the stall watchdog)
+        self._entries = {"conv2d": self._make_entry("conv2d"), "conv3d": self._make_entry("conv3d")}
+
+    # ----- public API -------------------------------------------------------------------------------------
+    def conv2d(self, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        return self.conv("conv2d", input, weight, bias, stride, padding, dilation, groups)
+
+    def conv3d(self, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        return self.conv("conv3d", input, weight, bias, stride, padding, dilation, groups)
+
+    def conv(self, op, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        """``torch.nn.functional.<op>`` with the tiered fallback. Sets ``last_tier`` for this thread."""
+        native = _NATIVE[op]
+        self._local.last_tier = None
+        if (not isinstance(input, torch.Tensor) or input.device.type not in ("cuda", "cpu")
+                or not input.is_floating_point() or torch.compiler.is_compiling()):
+            return native(input, weight, bias, stride, padding, dilation, groups)
+        norm = normalize_call(op, input, weight, stride, padding, dilation, groups)
+        if norm is None:   # malformed call: let PyTorch raise its own message
+            return native(input, weight, bias, stride, padding, dilation, groups)
+        x, spec, unbatched = norm
+        needs_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, weight, bias))
+        if needs_grad:
+            out = _TieredConv.apply(x, weight, bias, self, spec)
+        else:
+            out = self._run("forward", spec, x, weight, bias)
+        return out.squeeze(0) if unbatched else out
+
+    @property
+    def last_tier(self) -> int | None:
+        """The tier that answered this thread's last forward call."""
+        return getattr(self._local, "last_tier", None)
+
+    def install(self) -> "ConvFallback":
+        import torch.nn.functional as F
+
+        with self._lock:
+            if self._saved is None:
+                self._saved = (F.conv2d, F.conv3d)
+                F.conv2d, F.conv3d = self._entries["conv2d"], self._entries["conv3d"]
+                from rocm.env import apply_torch_settings
+
+                apply_torch_settings()
+                logger.debug("conv fallback installed")
+        return self
+
+    def uninstall(self) -> None:
+        import torch.nn.functional as F
+
+        with self._lock:
+            if self._saved is None:
+                return
+            if F.conv2d is not self._entries["conv2d"] or F.conv3d is not self._entries["conv3d"]:
+                logger.warning("F.conv2d/conv3d were replaced after the conv fallback was installed; "
+                               "restoring the functions it found")
+            F.conv2d, F.conv3d = self._saved
+            self._saved = None
+        self.flush()
+
+    @property
+    def installed(self) -> bool:
+        return self._saved is not None
+
+    @contextlib.contextmanager
+    def active(self):
+        """Install for the block (if not installed already) and restore afterwards."""
+        was = self.installed
+        self.install()
+        try:
+            yield self
+        finally:
+            if not was:
+                self.uninstall()
+
+    @contextlib.contextmanager
+    def probing(self, enabled: bool | None = None):
+        """Within the block, the first use of a conv signature with no verdict is probed in a child process.
+        ``enabled=None``: only on ROCm; True: also on CUDA/CPU (tests); False: no-op."""
+        if enabled is False or self.probe is None:
+            yield self
+            return
+        with self._lock:
+            self._probe_depth += 1
+            previous, self._probe_forced = self._probe_forced, bool(enabled) or self._probe_forced
+        try:
+            with self.probe.session():      # one warm child for the whole block
+                yield self
+        finally:
+            with self._lock:
+                self._probe_depth -= 1
+                self._probe_forced = previous
+
+    def stats(self) -> FallbackStats:
+        return self._stats.snapshot()
+
+    def reset_stats(self) -> None:
+        self._stats.reset()
+
+    def report(self) -> str:
+        return self.stats().report()
+
+    def flush(self) -> None:
+        """Write pending verdicts to disk."""
+        for ctx in list(self._contexts.values()):
+            ctx.store.flush()
+
+    def verdict(self, sig: ConvSignature):
+        """The cached verdict for ``sig`` (None if none), from the device context of its arch."""
+        for ctx in list(self._contexts.values()):
+            if ctx.runtime.arch == sig.arch:
+                return ctx.store.get(sig.key)
+        return None
+
+    def signature(self, op: str, x, weight, spec: ConvSpec, bias=None) -> ConvSignature:
+        ctx = self._context(x.device)
+        return ConvSignature(op, tuple(x.shape), tuple(weight.shape), spec.stride, spec.padding, spec.dilation,
+                             spec.groups, str(x.dtype).replace("torch.", ""), x.device.type, ctx.runtime.arch,
+                             bias is not None)
+
+    # ----- internals --------------------------------------------------------------------------------------
+    def _make_entry(self, op: str):
+        def entry(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+            return self.conv(op, input, weight, bias, stride, padding, dilation, groups)
+
+        entry.__name__ = op
+        entry.__qualname__ = f"ConvFallback.{op}"
+        entry.__doc__ = f"torch.nn.functional.{op} routed through rocm.ConvFallback."
+        entry.__steadyframe_fallback__ = self
+        return entry
+
+    def _context(self, device) -> _DeviceContext:
+        key = str(device) if device.type != "cuda" or device.index is not None else "cuda"
+        ctx = self._contexts.get(key)
+        if ctx is not None:
+            return ctx
+        with self._lock:
+            runtime = detect_runtime(device)
+            profile = PROFILES.get(runtime.family) if runtime.backend == "rocm" else None
+            path = None
+            if self.persist:
+                base = self.cache_dir or default_cache_dir()
+                path = base / verdict_file_name(runtime.arch, runtime.torch_version, runtime.hip_version,
+                                                runtime.cuda_version)
+            ctx = _DeviceContext(
+                runtime=runtime, store=VerdictStore(path),
+                tiers=self.tiers or (profile.conv_tiers if profile else tier_ops.TIERS),
+                conv3d_first_tier=(self.conv3d_first_tier if self.conv3d_first_tier is not None
+                                   else (profile.conv3d_first_tier if profile else 1)),
+                vendor_in_decomposition=(self.vendor_in_decomposition if self.vendor_in_decomposition is not None
+                                         else (profile.vendor_convs_in_decomposition if profile else True)))
+            self._contexts[key] = ctx
+            logger.debug("conv fallback on %s (%s %s): tiers %s, conv3d from tier %d, verdicts %s", key,
+                         runtime.backend, runtime.arch, ctx.tiers, ctx.conv3d_first_tier, path)
+            return ctx
+
+    def _plan(self, ctx: _DeviceContext, sig: ConvSignature, itemsize: int) -> list[int]:
+        start = self.bypass.start_tier(sig, itemsize)
+        if sig.base_op == "conv3d":
+            start = max(start, ctx.conv3d_first_tier)
+        tiers = [t for t in ctx.tiers if t >= start] or [ctx.tiers[-1]]
+        verdict = ctx.store.get(sig.key)
+        if verdict is not None:
+            tiers = [t for t in tiers if t not in verdict.failed] or [tiers[-1]]
+        return tiers
+
+    def _should_probe(self, ctx: _DeviceContext, sig: ConvSignature, tiers: list[int]) -> bool:
+        if self._probe_depth <= 0 or self.probe is None or sig.direction != "forward":
+            return False
+        if not (self._probe_forced or ctx.runtime.backend == "rocm"):
+            return False
+        verdict = ctx.store.get(sig.key)
+        return verdict is None or verdict.ok_tier not in tiers
+
+    def _probe_tiers(self, ctx: _DeviceContext, sig: ConvSignature, tiers: list[int], device) -> list[int]:
+        for i, tier in enumerate(tiers):
+            job = ProbeJob(sig, tier, ctx.vendor_in_decomposition)
+            result = self.probe.run([job], device=str(device))[0]
+            self._stats.record_probe(result.to_dict())
+            if result.outcome == "ok":
+                ctx.store.record_success(sig.key, tier, persist=self.persist)
+                ctx.store.flush()      # a probe is expensive: keep its result even if we crash later
+                return tiers[i:]
+            if not result.is_verdict:   # oom / inconclusive: try in-process from here
+                return tiers[i:]
+            ctx.store.record_failure(sig.key, tier, f"probe {result.outcome}: {result.message}",
+                                     persist=self.persist)
+        return tiers[-1:]
+
+    def _run(self, direction, spec: ConvSpec, x, weight, bias, *, grad_out=None, mask=None):
+        op = spec.op if direction == "forward" else f"{spec.op}_backward"
+        ctx = self._context(x.device)
+        sig = self.signature(op, x, weight, spec, bias)
+        self.current = sig
+        tiers = self._plan(ctx, sig, x.element_size())
+        if self._should_probe(ctx, sig, tiers):
+            tiers = self._probe_tiers(ctx, sig, tiers, x.device)
+        known = ctx.store.get(sig.key)
+        failed = dict(known.failed) if known else {}
+        last_exc = None
+        for tier in tiers:
+            try:
+                if self.fault_plan:
+                    self.fault_plan.check(tier, spec.op, direction, tuple(x.shape))
+                if direction == "forward":
+                    out = tier_ops.forward(tier, spec, x, weight, bias,
+                                           vendor_in_decomposition=ctx.vendor_in_decomposition)
+                else:
+                    out = tier_ops.backward(tier, spec, x, weight, bias, grad_out, mask,
+                                            vendor_in_decomposition=ctx.vendor_in_decomposition)
+            except Exception as exc:  # classified: anything that is not the GPU's fault is re-raised
+                kind = classify_error(exc)
+                if kind is None:
+                    raise
+                message = f"{kind}: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+                failed[tier] = message
+                ctx.store.record_failure(sig.key, tier, message, persist=self.persist and kind != "oom")
+                logger.warning("conv tier %d failed for %s (%s); trying the next tier", tier, sig.short(), message)
+                if exc.__traceback__ is not None:
+                    traceback.clear_frames(exc.__traceback__)   # drop references to big intermediates
+                last_exc = exc
+                if kind == "oom" and x.is_cuda:
+                    torch.cuda.empty_cache()
+                continue
+            ctx.store.record_success(sig.key, tier, persist=self.persist)
+            skipped = {t: r for t, r in failed.items() if t < tier}
+            self._stats.record(sig, tier, skipped)
+            if direction == "forward":
+                self._local.last_tier = tier
+            self.current = None
+            return out
+        self._stats.record(sig, None, failed)
+        self.current = None
+        raise ConvFallbackExhausted(f"every tier {tiers} failed for {sig.short()}: {failed}") from last_exc

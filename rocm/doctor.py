@@ -1,0 +1,232 @@
+"""``python -m rocm doctor``: what this machine is, what SteadyFrame will do on it, and what to fix.
+
+Collects backend, versions, GPU/arch/VRAM, whether the wheel has kernels for the arch, the effective environment
+with warnings, attention backends, the conv plan, and (on a GPU) a probe table: every tier on VAE-decoder-shaped
+convolutions, each in a child process with a timeout. ``collect`` returns plain data (for ``--json``);
+``render_text`` formats it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import platform
+import sys
+
+from configs.rocm_profiles import PROFILES
+from rocm.arch import detect_arch, detect_runtime, visible_devices_note
+from rocm.env import apply_env_profile, check_environment
+from rocm.tiers import TIER_NAMES
+
+logger = logging.getLogger(__name__)
+GIB = 2**30
+
+# Decoder convs of HunyuanVideo's VAE at diffusers' default tile (256 px, 16 frames => 5 latent frames), causal
+# padding included: (name, input shape, weight shape).
+VAE_PROBE_SHAPES = (
+    ("mid block 512ch @ 32x32, 5 frames", (1, 512, 7, 34, 34), (512, 512, 3, 3, 3)),
+    ("up block 1 512ch @ 64x64", (1, 512, 7, 66, 66), (512, 512, 3, 3, 3)),
+    ("up block 2 512->256ch @ 128x128, 9 frames", (1, 512, 11, 130, 130), (256, 512, 3, 3, 3)),
+    ("up block 3 128ch @ 256x256, 17 frames", (1, 128, 19, 258, 258), (128, 128, 3, 3, 3)),
+)
+SMALL_PROBE_SHAPES = (
+    ("small 8ch @ 16x16, 3 frames", (1, 8, 5, 18, 18), (8, 8, 3, 3, 3)),
+    ("small 8->4ch @ 32x32, 5 frames", (1, 8, 7, 34, 34), (4, 8, 3, 3, 3)),
+)
+
+
+def probe_signatures(runtime, *, small: bool, dtype: str):
+    from rocm.signature import ConvSignature
+
+    shapes = SMALL_PROBE_SHAPES if small else VAE_PROBE_SHAPES
+    device_type = "cpu" if runtime.backend == "cpu" else "cuda"
+    return [(name, ConvSignature("conv3d", x, w, (1, 1, 1), (0, 0, 0), (1, 1, 1), 1, dtype, device_type,
+                                 runtime.arch)) for name, x, w in shapes]
+
+
+def _verdict_path(rt):
+    from rocm.paths import cache_dir
+    from rocm.verdicts import verdict_file_name
+
+    return cache_dir() / verdict_file_name(rt.arch, rt.torch_version, rt.hip_version, rt.cuda_version)
+
+
+def _attention() -> dict:
+    import torch
+
+    out = {"sdpa_flash_enabled": torch.backends.cuda.flash_sdp_enabled(),
+           "sdpa_mem_efficient_enabled": torch.backends.cuda.mem_efficient_sdp_enabled(),
+           "sdpa_math_enabled": torch.backends.cuda.math_sdp_enabled()}
+    if torch.cuda.is_available():
+        for name in ("is_flash_attention_available",):
+            fn = getattr(torch.backends.cuda, name, None)
+            if fn is not None:
+                out["flash_attention_built"] = bool(fn())
+    for pkg in ("flash_attn", "xformers", "sageattention"):
+        out[f"package_{pkg}"] = importlib.util.find_spec(pkg) is not None
+    return out
+
+
+def _probe_table(runtime, *, tiers, small, timeout_s, dtype) -> list[dict]:
+    from rocm.probe import HangProbe, ProbeJob
+
+    profile = PROFILES.get(runtime.family) if runtime.backend == "rocm" else None
+    vendor = profile.vendor_convs_in_decomposition if profile else True
+    named = probe_signatures(runtime, small=small, dtype=dtype)
+    jobs = [ProbeJob(sig, tier, vendor) for _, sig in named for tier in tiers]
+    device = "cpu" if runtime.backend == "cpu" else "cuda"
+    results = HangProbe(timeout_s=timeout_s).run(jobs, device=device)
+    names = {sig.key: name for name, sig in named}
+    return [{"shape": names[r.key], "signature": r.signature, "tier": r.tier, "outcome": r.outcome,
+             "elapsed_s": round(r.elapsed_s, 3), "message": r.message[:200]} for r in results]
+
+
+def _recommendations(rep: dict) -> list[str]:
+    rec = []
+    gpu, env = rep["gpu"], rep["environment"]
+    if rep["backend"] == "cpu":
+        rec.append("No GPU visible to PyTorch: SteadyFrame runs on the CPU (very slow). On AMD install a ROCm "
+                   "build of PyTorch; on NVIDIA a CUDA build.")
+        if rep["kfd_arch"]:
+            rec.append(f"The KFD topology lists an AMD GPU ({rep['kfd_arch']}) but this PyTorch has no ROCm "
+                       "support (CPU or CUDA wheel).")
+    family = gpu.get("family")
+    if family == "rdna1":
+        rec.append("RDNA1 (gfx101x): convolutions default to tiers 2-3 (PyTorch's GPU kernels / 2D "
+                   "decomposition, MIOpen off) because no official wheel ships gfx101x kernels and the usual "
+                   "HSA_OVERRIDE_GFX_VERSION=10.3.0 crashes with memory aperture violations.")
+    if family == "rdna3":
+        rec.append("RDNA3: 3D convs start at tier 3 (exact 2D decomposition; MIOpen has no 3D heuristics).")
+    if gpu.get("wheel_has_arch") is False and rep["backend"] == "rocm":
+        rec.append(f"This PyTorch wheel has no kernels for {gpu['arch']} (built for {', '.join(gpu['wheel_arches'])})"
+                   ": GPU kernels will fail; install a ROCm wheel built for your card.")
+    if rep["backend"] == "rocm" and rep["torch_settings"].get("cudnn_benchmark"):
+        rec.append("torch.backends.cudnn.benchmark is on: MIOpen searches exhaustively on every new shape. "
+                   "SteadyFrame turns it off (rocm.apply_torch_settings).")
+    if any(w["severity"] == "warning" for w in env["warnings"]):
+        rec.append("Fix or unset the environment variables flagged above.")
+    if gpu.get("total_memory_gib") and gpu["total_memory_gib"] < 25:
+        rec.append("Under 25 GB of VRAM: keep VAE decode tiled (memory/ does) and the transformer unloaded "
+                   "before decoding.")
+    att = rep["attention"]
+    if rep["backend"] != "cpu" and not (att.get("flash_attention_built") or att.get("package_flash_attn")
+                                        or att.get("package_xformers") or att.get("sdpa_mem_efficient_enabled")):
+        rec.append("No memory-efficient attention kernel: the math SDPA fallback needs 15-30 GB at FramePack's "
+                   "~18k tokens. Install a wheel with flash/mem-efficient attention, or chunk queries.")
+    for row in rep.get("probe", {}).get("rows", []):
+        if row["outcome"] in ("error", "timeout", "crash"):
+            rec.append(f"Probe: tier {row['tier']} {row['outcome']} on {row['shape']}: the fallback skips that "
+                       "tier for that shape.")
+        elif row["outcome"] != "ok":
+            rec.append(f"Probe: tier {row['tier']} could not be judged on {row['shape']} ({row['outcome']}: "
+                       f"{row['message'][:100]}).")
+    if not rec:
+        rec.append("Nothing to fix.")
+    return rec
+
+
+def collect(*, probe: bool | None = None, probe_timeout_s: float = 30.0, probe_tiers=(1, 2, 3),
+            small: bool | None = None, topology_nodes=None, environ=None) -> dict:
+    """Gather the doctor report as plain data. ``probe=None``: probe on a GPU, skip on CPU."""
+    env = dict(os.environ if environ is None else environ)
+    kfd = detect_arch(topology_nodes)
+    import torch
+
+    rt = detect_runtime()
+    rep: dict = {
+        "python": sys.version.split()[0], "platform": platform.platform(), "backend": rt.backend,
+        "torch": rt.torch_version, "hip": rt.hip_version, "cuda": rt.cuda_version,
+        "miopen" if rt.backend == "rocm" else "cudnn": (torch.backends.cudnn.version()
+                                                       if torch.backends.cudnn.is_available() else None),
+        "kfd_arch": kfd.gfx if kfd else None,
+        "gpu": {"name": rt.device_name, "arch": rt.arch, "family": rt.family,
+                "total_memory_gib": round(rt.total_memory / GIB, 2) if rt.total_memory else None,
+                "wheel_arches": list(rt.wheel_arches), "wheel_has_arch": rt.wheel_has_arch,
+                "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                "visible_devices": visible_devices_note(env)},
+        "torch_settings": {"cudnn_enabled": torch.backends.cudnn.enabled,
+                           "cudnn_benchmark": torch.backends.cudnn.benchmark},
+    }
+    miopen = getattr(torch.backends, "miopen", None)
+    if miopen is not None and hasattr(miopen, "immediate"):
+        rep["torch_settings"]["miopen_immediate"] = miopen.immediate
+    gfx = rt.arch if rt.backend == "rocm" else (kfd.gfx if kfd else None)
+    profile_preview = apply_env_profile(dict(env), topology_nodes=topology_nodes)
+    rep["environment"] = {
+        "profile": profile_preview.family, "profile_would_set": profile_preview.set,
+        "user_kept": {k: v[0] for k, v in profile_preview.kept.items()},
+        "relevant": {k: v for k, v in sorted(env.items())
+                     if k.startswith(("MIOPEN_", "HSA_", "PYTORCH_", "HIP_", "ROCR_", "CUDA_VISIBLE", "STEADYFRAME_"))},
+        "warnings": [{"variable": w.variable, "value": w.value, "message": w.message, "severity": w.severity}
+                     for w in check_environment(env, gfx=gfx)],
+    }
+    profile = PROFILES.get(rt.family) if rt.backend == "rocm" else None
+    rep["conv_plan"] = {
+        "tiers": list(profile.conv_tiers) if profile else [1, 2, 3, 4],
+        "conv3d_first_tier": profile.conv3d_first_tier if profile else 1,
+        "vendor_in_decomposition": profile.vendor_convs_in_decomposition if profile else True,
+        "tier_names": {str(k): v for k, v in TIER_NAMES.items()},
+        "notes": list(profile.notes) if profile else [],
+        "verdict_file": str(_verdict_path(rt)),
+    }
+    rep["attention"] = _attention()
+    do_probe = (rt.backend != "cpu") if probe is None else probe
+    small = (rt.backend == "cpu") if small is None else small
+    if do_probe:
+        dtype = "float32" if rt.backend == "cpu" else "float16"
+        rows = _probe_table(rt, tiers=probe_tiers, small=small, timeout_s=probe_timeout_s, dtype=dtype)
+        rep["probe"] = {"ran": True, "device": rt.backend, "timeout_s": probe_timeout_s, "small_shapes": small,
+                        "rows": rows}
+    else:
+        rep["probe"] = {"ran": False, "reason": "no GPU: probe table skipped (--probe runs it on the CPU with "
+                                                "small shapes)" if rt.backend == "cpu" else "disabled (--no-probe)"}
+    rep["recommendations"] = _recommendations(rep)
+    return rep
+
+
+def render_text(rep: dict) -> str:
+    gpu, env = rep["gpu"], rep["environment"]
+    mem = f"{gpu['total_memory_gib']} GiB" if gpu["total_memory_gib"] else "-"
+    lines = ["SteadyFrame rocm doctor", "",
+             f"backend      {rep['backend']}" + ("  (no GPU)" if rep["backend"] == "cpu" else ""),
+             f"torch        {rep['torch']}   HIP {rep['hip'] or '-'}   CUDA {rep['cuda'] or '-'}   "
+             + (f"MIOpen {rep.get('miopen')}" if rep["backend"] == "rocm" else f"cuDNN {rep.get('cudnn')}"),
+             f"python       {rep['python']} on {rep['platform']}",
+             f"GPU          {gpu['name']}   arch {gpu['arch']}   family {gpu['family'] or '-'}   VRAM {mem}",
+             f"KFD arch     {rep['kfd_arch'] or '-'} (read before torch, from /sys/class/kfd)",
+             f"wheel arches {', '.join(gpu['wheel_arches']) or '-'}   has kernels for this arch: "
+             f"{'-' if gpu['wheel_has_arch'] is None else gpu['wheel_has_arch']}",
+             f"torch        cudnn/MIOpen enabled {rep['torch_settings']['cudnn_enabled']}, benchmark "
+             f"{rep['torch_settings']['cudnn_benchmark']}", "",
+             f"environment profile: {env['profile'] or 'none (not ROCm)'}"]
+    lines += [f"  would set  {k}={v}" for k, v in env["profile_would_set"].items()]
+    lines += [f"  yours      {k}={v}" for k, v in env["user_kept"].items()]
+    lines += [f"  env        {k}={v}" for k, v in env["relevant"].items()]
+    lines += [f"  {w['severity']:<7}    {w['variable']}={w['value']}: {w['message']}" for w in env["warnings"]]
+    if not env["warnings"]:
+        lines.append("  no warnings")
+    plan = rep["conv_plan"]
+    lines += ["", f"conv tiers   {plan['tiers']} (conv3d from tier {plan['conv3d_first_tier']}; "
+                  f"MIOpen/cuDNN inside tier 3: {plan['vendor_in_decomposition']})"]
+    lines += [f"  {t}: {n}" for t, n in plan["tier_names"].items()] + [f"  note: {n}" for n in plan["notes"]]
+    lines.append(f"  verdicts: {plan['verdict_file']}")
+    att = rep["attention"]
+    lines += ["", "attention    " + ", ".join(f"{k}={v}" for k, v in att.items())]
+    probe = rep["probe"]
+    lines.append("")
+    if not probe["ran"]:
+        lines.append(f"probe table  skipped: {probe['reason']}")
+    else:
+        lines.append(f"probe table  ({probe['device']}, timeout {probe['timeout_s']:g} s per conv"
+                     f"{', small shapes' if probe['small_shapes'] else ''})")
+        for row in probe["rows"]:
+            lines.append(f"  tier {row['tier']}  {row['outcome']:<12} {row['elapsed_s']:>8.3f} s  {row['shape']}"
+                         + (f"  [{row['message'][:80]}]" if row["outcome"] != "ok" else ""))
+    lines += ["", "recommendations"] + [f"  - {r}" for r in rep["recommendations"]]
+    return "\n".join(lines)
+
+
+def run_doctor(**kwargs) -> dict:
+    return collect(**kwargs)
+

@@ -1,0 +1,257 @@
+"""The ROCm environment profile: verified MIOpen/allocator variables, applied before ``import torch``.
+
+MIOpen reads each of its variables once per process, at first use, and PyTorch reads the allocator settings at the
+first GPU allocation: so app.py and the CLI call ``apply_env_profile()`` before importing torch. The user's own
+settings always win; variables that do not exist or do nothing produce warnings (``check_environment``).
+On CUDA and CPU (no AMD GPU in the KFD topology) nothing is changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import MutableMapping, Mapping
+
+from configs.rocm_profiles import (ALLOC_CONF_VAR, ALLOC_CONF_VARS, DEFAULTS, MIOPEN_DB_VAR,
+                                   MIOPEN_KERNEL_CACHE_VAR, PROFILES, RocmProfile)
+from rocm import env_facts as facts
+from rocm.arch import arch_family, detect_arch
+from rocm.paths import build_tag, cache_dir, installed_torch_version
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EnvWarning:
+    variable: str
+    value: str | None
+    message: str
+    severity: str = "warning"   # 'warning' (wrong or useless) | 'info'
+
+    def __str__(self) -> str:
+        shown = self.variable if self.value is None else f"{self.variable}={self.value}"
+        return f"{shown}: {self.message}"
+
+
+@dataclass
+class EnvReport:
+    """What ``apply_env_profile`` did."""
+
+    gfx: str | None = None
+    family: str | None = None
+    profile: RocmProfile | None = None
+    set: dict[str, str] = field(default_factory=dict)
+    kept: dict[str, tuple[str, str]] = field(default_factory=dict)   # var -> (user's value, ours)
+    warnings: list[EnvWarning] = field(default_factory=list)
+    skipped_reason: str | None = None
+
+    @property
+    def applied(self) -> bool:
+        return self.profile is not None
+
+    def lines(self) -> list[str]:
+        if not self.applied:
+            out = [f"ROCm environment profile not applied: {self.skipped_reason}"]
+        else:
+            out = [f"ROCm environment profile '{self.family}' for {self.gfx}"]
+            out += [f"  set  {k}={v}" for k, v in self.set.items()]
+            out += [f"  kept {k}={user} (yours; profile would set {ours})" for k, (user, ours) in self.kept.items()]
+        out += [f"  {w.severity}: {w}" for w in self.warnings]
+        return out
+
+
+def _find_mode_warnings(value: str) -> list[EnvWarning]:
+    v = value.strip().upper()
+    if v in ("1", "NORMAL"):
+        return [EnvWarning("MIOPEN_FIND_MODE", value, "1 is NORMAL (full Find on every new shape), not FAST; "
+                           "FAST is 2 (or the name FAST).")]
+    if v in facts.FIND_MODE_VALUES or v in {str(n) for n in facts.FIND_MODE_VALUES.values()}:
+        return []
+    names = ", ".join(f"{k}={n}" for k, n in facts.FIND_MODE_VALUES.items())
+    return [EnvWarning("MIOPEN_FIND_MODE", value, f"not a find mode; real values: {names}.")]
+
+
+def _find_enforce_warnings(value: str) -> list[EnvWarning]:
+    v = value.strip().upper()
+    numbers = {str(n): k for k, n in facts.FIND_ENFORCE_VALUES.items()}
+    name = numbers.get(v, v)
+    if name not in facts.FIND_ENFORCE_VALUES:
+        extra = " There is no DB_ONLY." if "DB_ONLY" in v else ""
+        real = ", ".join(f"{k}={n}" for k, n in facts.FIND_ENFORCE_VALUES.items())
+        return [EnvWarning("MIOPEN_FIND_ENFORCE", value, f"not a value MIOpen knows ({real}).{extra}")]
+    if name in ("SEARCH", "SEARCH_DB_UPDATE"):
+        return [EnvWarning("MIOPEN_FIND_ENFORCE", value, "forces auto-tuning of every new shape: the first VAE "
+                           "decode can run for many minutes.")]
+    return []
+
+
+def _bool_warnings(var: str, value: str, family: str | None) -> list[EnvWarning]:
+    v = value.strip()
+    if v not in ("0", "1"):
+        return [EnvWarning(var, value, "boolean MIOpen switch: use 0 or 1. An unrecognised value makes MIOpen "
+                           "fail with miopenStatusInvalidValue.")]
+    if var in facts.XDLOPS_VARS and family in ("rdna1", "rdna2", "rdna3"):
+        return [EnvWarning(var, value, "applies only to gfx908/gfx90a/gfx94x (XDLOPS): no effect on RDNA cards.",
+                           "info")]
+    if var in facts.NAIVE_VARS and v == "1":
+        return [EnvWarning(var, value, "the naive solvers are on by default: =1 adds nothing (only 0 changes "
+                           "anything).", "info")]
+    if var == "MIOPEN_DEBUG_CONV_IMMED_FALLBACK" and v == "1":
+        return [EnvWarning(var, value, "the immediate-mode fallback is on by default: =1 does nothing.", "info")]
+    return []
+
+
+def _alloc_warnings(var: str, value: str, family: str | None) -> list[EnvWarning]:
+    entries, bad = facts.parse_alloc_conf(value)
+    out = [EnvWarning(var, value, f"malformed entry '{b}' (expected key:value).") for b in bad]
+    for key, val in entries.items():
+        problem = None
+        if key == "max_split_size_mb":
+            problem = None if val.isdigit() and int(val) >= 20 else "max_split_size_mb must be an integer >= 20."
+        elif key == "garbage_collection_threshold":
+            try:
+                ok = 0.0 < float(val) < 1.0
+            except ValueError:
+                ok = False
+            problem = None if ok else "garbage_collection_threshold must be between 0 and 1 (exclusive)."
+        elif key == "backend" and val not in facts.ALLOC_BACKENDS:
+            problem = f"backend must be one of {', '.join(facts.ALLOC_BACKENDS)}."
+        elif key == "expandable_segments" and family is not None:
+            out.append(EnvWarning(var, value, "expandable_segments is a no-op on ROCm before PyTorch 2.11 + "
+                                  "ROCm 7.", "info"))
+        if problem:
+            out.append(EnvWarning(var, value, problem))
+    return out
+
+
+def _hsa_override_warnings(value: str, gfx: str | None, family: str | None) -> list[EnvWarning]:
+    parts = value.strip().split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return [EnvWarning("HSA_OVERRIDE_GFX_VERSION", value, "expected major.minor.step, e.g. 10.3.0.")]
+    if family == "rdna1":
+        return [EnvWarning("HSA_OVERRIDE_GFX_VERSION", value, "overriding an RDNA1 card (gfx101x) is widely "
+                           "reported to crash (HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION). Unset it; SteadyFrame "
+                           "keeps convolutions off MIOpen on RDNA1 instead.")]
+    if gfx == "gfx1100":
+        return [EnvWarning("HSA_OVERRIDE_GFX_VERSION", value, "gfx1100 needs no override (AMD calls it a debug "
+                           "aid).", "info")]
+    return []
+
+
+def check_environment(environ: Mapping[str, str] | None = None, *, gfx: str | None = None) -> list[EnvWarning]:
+    """Warnings for variables that do not exist, do nothing, or have values MIOpen/PyTorch reject.
+
+    ``gfx`` (e.g. 'gfx1010') enables the arch-specific checks; pure function of its arguments.
+    """
+    env = os.environ if environ is None else environ
+    family = arch_family(gfx)
+    out: list[EnvWarning] = []
+    for var in sorted(env):
+        value = env[var]
+        if var in facts.NONEXISTENT:
+            out.append(EnvWarning(var, value, facts.NONEXISTENT[var]))
+        elif var == "MIOPEN_FIND_MODE":
+            out += _find_mode_warnings(value)
+        elif var == "MIOPEN_FIND_ENFORCE":
+            out += _find_enforce_warnings(value)
+        elif var in facts.BOOL_VARS:
+            out += _bool_warnings(var, value, family)
+        elif var == "MIOPEN_LOG_LEVEL":
+            if not (value.strip().isdigit() and int(value) <= 7):
+                out.append(EnvWarning(var, value, "log level must be 0..7."))
+        elif var in ALLOC_CONF_VARS:
+            out += _alloc_warnings(var, value, family)
+        elif var == "HSA_OVERRIDE_GFX_VERSION":
+            out += _hsa_override_warnings(value, gfx, family)
+        elif var.startswith("MIOPEN_") and var not in facts.KNOWN_VARS:
+            out.append(EnvWarning(var, value, "not in ROCM_FACTS.md: unchecked (it may do nothing).", "info"))
+    alloc_set = [v for v in ALLOC_CONF_VARS if v in env]
+    if len({env[v] for v in alloc_set}) > 1:
+        out.append(EnvWarning(", ".join(alloc_set), None, "several allocator variables with different values: "
+                              "which one PyTorch reads depends on its version.", "info"))
+    return out
+
+
+def miopen_dirs(environ: Mapping[str, str]) -> dict[str, Path]:
+    """The persistent MIOpen folders the profile uses: one pair per installed torch build."""
+    base = cache_dir(environ) / "miopen" / build_tag(installed_torch_version())
+    return {MIOPEN_DB_VAR: base / "user-db", MIOPEN_KERNEL_CACHE_VAR: base / "kernel-cache"}
+
+
+def _desired(profile: RocmProfile, environ: Mapping[str, str], report: EnvReport) -> dict[str, str]:
+    desired = dict(profile.env)
+    user_alloc = [v for v in ALLOC_CONF_VARS if v in environ]
+    if user_alloc:
+        report.kept[user_alloc[0]] = (environ[user_alloc[0]], profile.alloc_conf)
+    else:
+        desired[ALLOC_CONF_VAR] = profile.alloc_conf
+    for var, path in miopen_dirs(environ).items():
+        if var in environ:
+            desired[var] = str(path)   # recorded as kept below
+            continue
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            report.warnings.append(EnvWarning(var, str(path), f"cannot create the folder ({exc}); MIOpen keeps "
+                                              "its default location.", "info"))
+            continue
+        desired[var] = str(path)
+    return desired
+
+
+def apply_env_profile(environ: MutableMapping[str, str] | None = None, *,
+                      topology_nodes: Path | str | None = None) -> EnvReport:
+    """Apply the profile of the detected AMD architecture family to ``environ`` (default ``os.environ``).
+
+    Call before ``import torch``. Sets only variables listed in ROCM_FACTS.md, never one the user already set.
+    ``STEADYFRAME_ROCM_PROFILE=off`` skips it. ``topology_nodes`` points at a fake KFD topology (tests).
+    """
+    env = os.environ if environ is None else environ
+    report = EnvReport()
+    if env.get(DEFAULTS.profile_switch_env_var, "").strip().lower() in ("off", "0", "false", "no"):
+        report.skipped_reason = f"disabled by {DEFAULTS.profile_switch_env_var}"
+        report.warnings = check_environment(env)
+        return report
+    arch = detect_arch(topology_nodes)
+    if arch is None:
+        report.skipped_reason = "no AMD GPU in the KFD topology (CUDA or CPU): environment unchanged"
+        report.warnings = check_environment(env)
+        logger.debug(report.skipped_reason)
+        return report
+    report.gfx, report.family = arch.gfx, arch.family
+    report.profile = profile = PROFILES[arch.family]
+    for var, value in _desired(profile, env, report).items():
+        if var in env:
+            if env[var] != value:
+                report.kept[var] = (env[var], value)
+        else:
+            env[var] = value
+            report.set[var] = value
+    report.warnings += check_environment(env, gfx=arch.gfx)
+    if arch.mixed:
+        report.warnings.append(EnvWarning("GPU", None, f"several AMD architecture families present; profile "
+                                          f"'{arch.family}' follows the first GPU ({arch.gfx}).", "info"))
+    if env is os.environ and "torch" in sys.modules:   # only the real process environment matters here
+        report.warnings.append(EnvWarning("import order", None, "torch was imported before the profile: MIOpen "
+                                          "reads its variables at first use and PyTorch its allocator settings "
+                                          "at the first allocation, so some settings may come too late."))
+    for line in report.lines():
+        logger.info(line)
+    return report
+
+
+def apply_torch_settings() -> list[str]:
+    """After ``import torch``: on ROCm turn ``cudnn.benchmark`` off (it makes MIOpen search exhaustively on
+    every new shape, the usual "hung" first VAE decode). Changes nothing on CUDA/CPU. Returns what it changed."""
+    import torch
+
+    changed = []
+    if getattr(torch.version, "hip", None) and torch.backends.cudnn.benchmark:
+        torch.backends.cudnn.benchmark = False
+        changed.append("torch.backends.cudnn.benchmark=False")
+    for item in changed:
+        logger.info("ROCm: %s", item)
+    return changed

@@ -1,0 +1,43 @@
+"""Where the rocm package keeps its files (verdicts, MIOpen databases). Pure functions, no torch."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Mapping
+
+from configs.rocm_profiles import DEFAULTS
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """SteadyFrame's rocm cache folder: ``$STEADYFRAME_CACHE_DIR/rocm``, else ``$XDG_CACHE_HOME/steadyframe/rocm``,
+    else ``~/.cache/steadyframe/rocm``. Not created here."""
+    env = os.environ if environ is None else environ
+    root = env.get(DEFAULTS.cache_env_var)
+    if root:
+        return Path(root).expanduser() / DEFAULTS.cache_subdir
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "steadyframe" / DEFAULTS.cache_subdir
+
+
+def safe_name(text: str) -> str:
+    """A string usable in a file name: letters, digits, '.', '_' and '-' only."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "none"
+
+
+def installed_torch_version() -> str | None:
+    """The installed torch distribution's version (e.g. '2.5.1+rocm6.2') without importing torch."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def build_tag(torch_version: str | None) -> str:
+    """A folder tag for one torch build: its local version label ('rocm6.2', 'cu128', 'cpu') plus the version."""
+    if not torch_version:
+        return "torch-unknown"
+    return safe_name("torch" + torch_version)

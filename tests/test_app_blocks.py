@@ -1,0 +1,103 @@
+"""build_app(): the event wiring (one GPU job at a time, End outside the queue) and launching with --auth."""
+from __future__ import annotations
+
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+
+import app as app_module
+from ui.cli import launch_options, parse_args
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    args = parse_args(["--preset", "tiny", "--outputs", str(tmp_path_factory.mktemp("outputs"))])
+    return args, app_module.build_app(args)
+
+
+def _fn(blocks, name):
+    matches = [f for f in blocks.fns.values() if getattr(f, "name", None) == name]
+    assert len(matches) == 1, name
+    return matches[0]
+
+
+def test_generate_runs_one_at_a_time_and_end_skips_the_queue(built):
+    _, blocks = built
+    run = _fn(blocks, "run")
+    assert run.concurrency_limit == 1 and run.concurrency_id == "gpu" and run.queue
+    assert _fn(blocks, "stop").queue is False
+    assert _fn(blocks, "submit").preprocess is False          # uploads reach the pipeline's safe loader
+    assert blocks._queue.max_size == app_module.QUEUE_MAX
+
+
+def _get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=20) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+@pytest.mark.parametrize("auth", [None, "user:pw"])
+def test_launch_binds_localhost_and_auth_protects_the_app(built, tmp_path, auth):
+    argv = ["--preset", "tiny", "--outputs", str(tmp_path), "--port", str(_free_port())]
+    args = parse_args(argv + (["--auth", auth] if auth else []))
+    blocks = app_module.build_app(args)
+    kwargs = launch_options(args).kwargs()
+    assert kwargs["server_name"] == "127.0.0.1"
+    blocks.launch(**kwargs, prevent_thread_lock=True, quiet=True)
+    try:
+        base = f"http://127.0.0.1:{args.port}"
+        assert _get(base + "/") == 200                         # the page itself (a login form with --auth)
+        assert _get(base + "/config") == (401 if auth else 200)
+    finally:
+        blocks.close()
+
+
+def test_handlers_turn_a_job_into_updates(tmp_path, tiny_original):
+    """submit -> run -> finish and stop, called as Gradio would (no browser): a broken image is refused with the
+    pipeline's message, a good job streams updates ending on final.mp4, End with nothing running says so."""
+    from types import SimpleNamespace
+
+    import gradio as gr
+    import torch
+
+    from tests.conftest import make_image
+    from ui import settings as st
+    from ui.models import ComponentCache
+    from ui.runner import JobRunner
+
+    runner = JobRunner(ComponentCache("tiny", loader=lambda *a: tiny_original), tmp_path / "out", 20,
+                       torch.device("cpu"))
+    blocks = app_module.build_app(parse_args(["--preset", "tiny", "--outputs", str(tmp_path / "out")]), runner)
+    submit, run, finish, stop = (_fn(blocks, n).fn for n in ("submit", "run", "finish", "stop"))
+    session = SimpleNamespace(session_hash="tab-1")
+    values = dict(st.default_values(64), seconds=1.2, steps=2, end_image=None)
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not an image")
+    values["image"] = {"path": str(broken), "orig_name": "broken.png"}
+    with pytest.raises(gr.Error) as e:
+        submit(session, *[values[n] for n in st.CONTROLS])
+    assert e.value.message.startswith("image:") and runner.last_error("tab-1") == e.value.message
+
+    make_image().save(tmp_path / "start.png")
+    values["image"] = {"path": str(tmp_path / "start.png")}
+    ticket_id, start_btn, end_btn, status, _ = submit(session, *[values[n] for n in st.CONTROLS])
+    assert start_btn["interactive"] is False and end_btn["interactive"] is True and status == "Starting…"
+    updates = list(run(ticket_id))
+    values_seen = [v for u in updates for v in u.values() if isinstance(v, str)]
+    assert any(v.endswith("section_01.mp4") for v in values_seen)
+    assert any(v.endswith("final.mp4") for v in values_seen)
+    assert any("Done" in v for v in values_seen)
+    start_btn, end_btn, gallery, job_dirs = finish(ticket_id, session)
+    assert start_btn["interactive"] is True and len(gallery) == 1 and len(job_dirs) == 1
+    assert stop(session)[0] == "■ Nothing to stop."
+    assert list(run("no-such-ticket")) == [{}]

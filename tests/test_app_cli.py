@@ -1,0 +1,70 @@
+"""app.py's command line: safe defaults, warnings, --auth parsing, launch options."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from configs import MEMORY
+from ui.cli import is_local_host, launch_options, parse_args, parse_auth, security_warnings
+
+
+def test_defaults_bind_localhost_only():
+    args = parse_args([])
+    assert args.host == "127.0.0.1"
+    assert args.preset == "hunyuan"
+    assert args.share is False and args.auth is None and args.port is None
+    assert args.vram_cap_gb == MEMORY.vram_cap_gb
+    assert args.outputs == Path("outputs")
+    assert security_warnings(args) == []
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
+def test_local_hosts_give_no_warning(host):
+    assert is_local_host(host)
+    assert security_warnings(parse_args(["--host", host])) == []
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20", "::", "myserver.lan"])
+def test_non_local_host_warns(host):
+    warnings = security_warnings(parse_args(["--host", host]))
+    assert len(warnings) == 1 and host in warnings[0] and "--auth" in warnings[0]
+
+
+def test_share_warns_and_mentions_auth_only_without_it():
+    w = security_warnings(parse_args(["--share"]))
+    assert len(w) == 1 and "public" in w[0] and "--auth" in w[0]
+    w = security_warnings(parse_args(["--share", "--auth", "a:b"]))
+    assert len(w) == 1 and "--auth" not in w[0]
+
+
+def test_server_alias_of_the_original_app():
+    assert parse_args(["--server", "0.0.0.0"]).host == "0.0.0.0"
+
+
+def test_auth_parsing():
+    assert parse_auth(None) is None
+    assert parse_auth("alice:s3cret") == ("alice", "s3cret")
+    assert parse_auth("alice:pa:ss") == ("alice", "pa:ss")
+    for bad in ("alice", ":pw", "alice:", ""):
+        with pytest.raises(ValueError):
+            parse_auth(bad)
+    assert parse_args(["--auth", "u:p"]).auth_pair == ("u", "p")
+
+
+@pytest.mark.parametrize("argv", [["--auth", "nopassword"], ["--vram-cap-gb", "0"], ["--port", "70000"],
+                                  ["--preset", "nope"]])
+def test_bad_arguments_exit_with_usage(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert e.value.code == 2
+
+
+def test_launch_options(tmp_path):
+    args = parse_args(["--preset", "tiny", "--port", "7999", "--outputs", str(tmp_path / "out"), "--auth", "u:p",
+                       "--inbrowser"])
+    kw = launch_options(args).kwargs()
+    assert kw["server_name"] == "127.0.0.1" and kw["server_port"] == 7999
+    assert kw["auth"] == ("u", "p") and kw["inbrowser"] is True and kw["share"] is False
+    assert kw["allowed_paths"] == [str((tmp_path / "out").resolve())]
+    assert kw["max_file_size"]

@@ -1,0 +1,35 @@
+"""benchmarks/conv_tiers.py runs end to end on CPU with the tiny VAE (its logic; the numbers come from a GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from rocm_helpers import REPO
+
+pytest.importorskip("diffusers")
+
+
+def test_conv_tiers_small_cpu(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("conv_tiers", REPO / "benchmarks" / "conv_tiers.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "bench.json"
+    assert bench.main(["--device", "cpu", "--small", "--out", str(out), "--tiers", "1,3", "--tier4",
+                       "--reps", "1", "--warmup", "0", "--budget-s", "2", "--e2e"]) == 0
+    result = json.loads(out.read_text())
+    assert result["tiers"] == [1, 3, 4] and result["distinct_shapes"] == len(result["shapes"]) > 10
+    assert result["conv_calls"] == sum(r["count"] for r in result["shapes"])
+    timed = [r for r in result["shapes"] if r["ms"]]
+    assert timed and all(set(r["ms"]) == {"1", "3", "4"} for r in timed)
+    assert all(err < 1e-4 for r in timed for err in r["max_rel_err"].values())
+    skipped = [r for r in result["shapes"] if not r["ms"]]
+    assert all(r["errors"]["all"] == "skipped: time budget" for r in skipped)
+    assert result["totals"]["shapes_timed"] == len(timed) and set(result["totals"]["relative"]) == {"1", "3", "4"}
+    e2e = result["e2e"]
+    assert e2e["tier1_max_abs_diff"] == 0 and e2e["tier3_max_abs_diff"] < 1e-3 and "tier4_s" not in e2e
+    table = capsys.readouterr().out
+    assert "| conv input -> weight | calls | tier 1 ms | tier 3 x | tier 4 x |" in table
+    assert "whole tiled decode" in table

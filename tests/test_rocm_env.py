@@ -1,0 +1,191 @@
+"""The environment profile: verified variables only, user settings win, warnings, nothing on CUDA/CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from rocm_helpers import make_topology, run_python
+
+# Allow-list written from shared/ROCM_FACTS.md ("Variables" table and "PyTorch on ROCm"): the variables that
+# exist, and the values they accept. HSA_OVERRIDE_GFX_VERSION exists but is a debug aid the profile must never set.
+FIND_MODES = {"1", "2", "3", "5", "6", "7", "NORMAL", "FAST", "HYBRID", "DYNAMIC_HYBRID", "TRUST_VERIFY",
+              "TRUST_VERIFY_FULL"}
+BOOL = {"0", "1"}
+ALLOWED = {
+    "MIOPEN_FIND_MODE": FIND_MODES,
+    "MIOPEN_FIND_ENFORCE": {"1", "2", "3", "4", "5", "NONE", "DB_UPDATE", "SEARCH", "SEARCH_DB_UPDATE", "DB_CLEAN"},
+    **{f"MIOPEN_DEBUG_3D_CONV_IMPLICIT_GEMM_HIP_{d}_XDLOPS": BOOL for d in ("FWD", "BWD", "WRW")},
+    **{f"MIOPEN_DEBUG_CONV_DIRECT_NAIVE_CONV_{d}": BOOL for d in ("FWD", "BWD", "WRW")},
+    "MIOPEN_DEBUG_CONV_IMMED_FALLBACK": BOOL, "MIOPEN_DEBUG_FORCE_IMMED_MODE_FALLBACK": BOOL,
+    "MIOPEN_DEBUG_CONV_IMPLICIT_GEMM": BOOL, "MIOPEN_DEBUG_CONV_GEMM": BOOL, "MIOPEN_DISABLE_CACHE": BOOL,
+    "MIOPEN_DEBUG_DISABLE_FIND_DB": BOOL, "MIOPEN_ENABLE_LOGGING_CMD": BOOL,
+    "MIOPEN_LOG_LEVEL": {str(i) for i in range(8)},
+    "MIOPEN_USER_DB_PATH": "path", "MIOPEN_CUSTOM_CACHE_DIR": "path",
+    "PYTORCH_HIP_ALLOC_CONF": "alloc", "PYTORCH_ALLOC_CONF": "alloc", "PYTORCH_CUDA_ALLOC_CONF": "alloc",
+}
+NEVER_SET = {"HSA_OVERRIDE_GFX_VERSION", "MIOPEN_FIND_TIME_LIMIT", "MIOPEN_DEBUG_AMD_ROCM_PRECOMPILED_BINARIES"}
+
+
+def _valid_alloc_conf(text: str) -> bool:
+    for item in text.split(","):
+        key, _, value = item.partition(":")
+        if key == "max_split_size_mb" and not (value.isdigit() and int(value) >= 20):
+            return False
+        if key == "garbage_collection_threshold" and not 0 < float(value) < 1:
+            return False
+        if key == "backend" and value not in ("native", "hipMallocAsync"):
+            return False
+        if key not in ("max_split_size_mb", "garbage_collection_threshold", "expandable_segments", "backend"):
+            return False
+    return True
+
+
+def _check_allowed(var: str, value: str):
+    assert var not in NEVER_SET, var
+    assert var in ALLOWED, f"profile sets {var}, which ROCM_FACTS.md does not list"
+    allowed = ALLOWED[var]
+    if allowed == "alloc":
+        assert _valid_alloc_conf(value), value
+    elif allowed != "path":
+        assert value.strip().upper() in allowed, (var, value)
+
+
+FAMILIES = [("gfx1010", "rdna1"), ("gfx1030", "rdna2"), ("gfx1100", "rdna3"), ("gfx90a", "cdna"),
+            ("gfx942", "cdna"), ("gfx906", "unknown"), ("gfx1201", "unknown")]
+
+
+@pytest.mark.parametrize("gfx,family", FAMILIES)
+def test_profile_sets_only_verified_variables(tmp_path, gfx, family):
+    nodes = make_topology(tmp_path / "kfd", gfx)
+    env = {"STEADYFRAME_CACHE_DIR": str(tmp_path / "cache")}
+    report = rocm_apply(env, nodes)
+    assert report.applied and report.gfx == gfx and report.family == family
+    assert report.set, "a ROCm profile sets something"
+    for var, value in report.set.items():
+        _check_allowed(var, value)
+        assert env[var] == value
+    assert env["MIOPEN_FIND_MODE"] == "2"      # FAST, never 1 (= NORMAL)
+    for folder in ("MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR"):
+        assert env[folder].startswith(str(tmp_path / "cache")) and (tmp_path / env[folder]).is_dir()
+    assert not [w for w in report.warnings if w.severity == "warning"], report.warnings
+
+
+def test_profile_data_only_verified_variables():
+    from configs.rocm_profiles import ALLOC_CONF_VAR, PROFILES
+
+    assert set(PROFILES) == {"rdna1", "rdna2", "rdna3", "cdna", "unknown"}
+    for profile in PROFILES.values():
+        for var, value in profile.env.items():
+            _check_allowed(var, value)
+        _check_allowed(ALLOC_CONF_VAR, profile.alloc_conf)
+        assert set(profile.conv_tiers) <= {1, 2, 3, 4}
+    assert 1 not in PROFILES["rdna1"].conv_tiers and not PROFILES["rdna1"].vendor_convs_in_decomposition
+
+
+def rocm_apply(env, nodes):
+    from rocm.env import apply_env_profile
+
+    return apply_env_profile(env, topology_nodes=nodes)
+
+
+def test_user_settings_win(tmp_path):
+    nodes = make_topology(tmp_path / "kfd", "gfx1100")
+    env = {"MIOPEN_FIND_MODE": "3", "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:256",
+           "MIOPEN_USER_DB_PATH": str(tmp_path / "mydb"), "STEADYFRAME_CACHE_DIR": str(tmp_path / "c")}
+    before = dict(env)
+    report = rocm_apply(env, nodes)
+    for var, value in before.items():
+        assert env[var] == value
+    assert "PYTORCH_HIP_ALLOC_CONF" not in env and "PYTORCH_ALLOC_CONF" not in env
+    assert report.kept["MIOPEN_FIND_MODE"] == ("3", "2")
+    assert "PYTORCH_CUDA_ALLOC_CONF" in report.kept and "MIOPEN_USER_DB_PATH" in report.kept
+    assert "MIOPEN_FIND_MODE" not in report.set
+
+
+@pytest.mark.parametrize("topology", ["missing", "cpu_only"])
+def test_no_amd_gpu_changes_nothing(tmp_path, topology):
+    nodes = tmp_path / "nowhere" if topology == "missing" else make_topology(tmp_path / "kfd")
+    env = {"PATH": "/bin", "STEADYFRAME_CACHE_DIR": str(tmp_path / "c")}
+    before = dict(env)
+    report = rocm_apply(env, nodes)
+    assert env == before and not report.applied and report.set == {}
+    assert "CUDA or CPU" in report.skipped_reason
+    assert not (tmp_path / "c").exists()
+
+
+def test_switch_off(tmp_path):
+    env = {"STEADYFRAME_ROCM_PROFILE": "off", "STEADYFRAME_CACHE_DIR": str(tmp_path)}
+    before = dict(env)
+    report = rocm_apply(env, make_topology(tmp_path / "kfd", "gfx1100"))
+    assert env == before and not report.applied
+
+
+def _warned(warnings, var, severity="warning"):
+    return [w for w in warnings if w.variable == var and w.severity == severity]
+
+
+@pytest.mark.parametrize("var,value,needle", [
+    ("MIOPEN_FIND_TIME_LIMIT", "30", "does not exist"),
+    ("MIOPEN_FIND_MODE", "1", "NORMAL"),
+    ("MIOPEN_FIND_MODE", "DYNAMIC", "not a find mode"),
+    ("MIOPEN_DEBUG_AMD_ROCM_PRECOMPILED_BINARIES", "1", "removed"),
+    ("MIOPEN_FIND_ENFORCE", "DB_ONLY", "no DB_ONLY"),
+    ("MIOPEN_FIND_ENFORCE", "SEARCH", "auto-tuning"),
+    ("MIOPEN_DEBUG_CONV_GEMM", "true", "miopenStatusInvalidValue"),
+    ("MIOPEN_DEBUG_CONV_IMPLICIT_GEMM", "off", "0 or 1"),
+    ("MIOPEN_LOG_LEVEL", "9", "0..7"),
+    ("PYTORCH_HIP_ALLOC_CONF", "max_split_size_mb:10", ">= 20"),
+    ("PYTORCH_HIP_ALLOC_CONF", "garbage_collection_threshold:1.5", "between 0 and 1"),
+])
+def test_warnings(var, value, needle):
+    from rocm.env import check_environment
+
+    found = _warned(check_environment({var: value}), var)
+    assert found and needle in found[0].message, check_environment({var: value})
+
+
+def test_hsa_override_on_rdna1_warns_through_the_profile(tmp_path):
+    env = {"HSA_OVERRIDE_GFX_VERSION": "10.3.0", "STEADYFRAME_CACHE_DIR": str(tmp_path / "c")}
+    report = rocm_apply(env, make_topology(tmp_path / "kfd", "gfx1010"))
+    found = _warned(report.warnings, "HSA_OVERRIDE_GFX_VERSION")
+    assert found and "crash" in found[0].message
+    assert env["HSA_OVERRIDE_GFX_VERSION"] == "10.3.0"   # the user's, kept; we only warn
+
+
+def test_no_false_alarms_and_infos():
+    from rocm.env import check_environment
+
+    clean = {"MIOPEN_FIND_MODE": "FAST", "MIOPEN_FIND_ENFORCE": "NONE", "MIOPEN_DEBUG_CONV_GEMM": "0",
+             "PYTORCH_HIP_ALLOC_CONF": "garbage_collection_threshold:0.8,max_split_size_mb:512",
+             "HSA_OVERRIDE_GFX_VERSION": "10.3.0", "PATH": "/bin"}
+    assert check_environment(clean, gfx="gfx1030") == []
+    infos = check_environment({"MIOPEN_DEBUG_3D_CONV_IMPLICIT_GEMM_HIP_FWD_XDLOPS": "0",
+                               "MIOPEN_DEBUG_CONV_DIRECT_NAIVE_CONV_FWD": "1",
+                               "MIOPEN_DEBUG_CONV_IMMED_FALLBACK": "1"}, gfx="gfx1100")
+    assert len(infos) == 3 and all(w.severity == "info" for w in infos)
+    assert "no effect on RDNA" in infos[0].message
+
+
+def test_arch_parsing():
+    from rocm.arch import arch_family, gfx_from_target_version
+
+    assert [gfx_from_target_version(v) for v in (110000, 90010, 100100, 90402, 110501, 0)] == [
+        "gfx1100", "gfx90a", "gfx1010", "gfx942", "gfx1151", None]
+    assert arch_family("gfx1100:sramecc-:xnack-") == "rdna3" and arch_family("sm_90") is None
+
+
+def test_import_rocm_does_not_import_torch():
+    code = ("import sys, rocm; r = rocm.apply_env_profile({}); import configs.rocm_profiles, rocm.env; "
+            "assert 'torch' not in sys.modules, 'torch imported'; print(r.applied)")
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_torch_settings_change_nothing_on_cpu():
+    import torch
+
+    from rocm.env import apply_torch_settings
+
+    before = torch.backends.cudnn.benchmark
+    assert apply_torch_settings() == [] and torch.backends.cudnn.benchmark == before

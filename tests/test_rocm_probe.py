@@ -1,0 +1,98 @@
+"""Hang probe: child processes with timeouts; hangs are cut, crashes survived, verdicts recorded."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from rocm_helpers import live_group_members
+from rocm.conv_fallback import ConvFallback
+from rocm.faults import Fault, FaultPlan
+from rocm.probe import HangProbe, ProbeJob
+from rocm.signature import ConvSignature
+
+SHAPE = (1, 4, 5, 8, 8)
+
+
+def _sig(shape=SHAPE, arch="cpu"):
+    return ConvSignature("conv3d", shape, (4, 4, 3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), 1, "float32", "cpu",
+                         arch)
+
+
+def test_ok_and_miopen_error_in_one_child():
+    plan = FaultPlan([Fault(tier=1, kind="miopen_unknown")])
+    probe = HangProbe(timeout_s=20, fault_plan=plan)
+    results = probe.run([ProbeJob(_sig(), 1), ProbeJob(_sig(), 2), ProbeJob(_sig(), 3)])
+    assert [r.outcome for r in results] == ["error", "ok", "ok"]
+    assert "miopenStatusUnknownError" in results[0].message
+    assert len(probe.last_pids) == 1
+
+
+@pytest.mark.parametrize("timeout_s", [1.5])
+def test_hang_is_cut_within_timeout_and_leaves_no_process(timeout_s):
+    plan = FaultPlan([Fault(tier=1, kind="hang", seconds=600, grandchild=True)])
+    probe = HangProbe(timeout_s=timeout_s, fault_plan=plan)
+    started = time.monotonic()
+    results = probe.run([ProbeJob(_sig(), 1), ProbeJob(_sig(), 2)])
+    wall = time.monotonic() - started
+    assert [r.outcome for r in results] == ["timeout", "ok"]     # the next job ran in a fresh child
+    assert timeout_s <= results[0].elapsed_s <= timeout_s + 1.0
+    assert wall < 30
+    assert len(probe.last_pids) == 2
+    for pgid in probe.last_pids:                                  # child and grandchild are gone
+        assert live_group_members(pgid) == []
+
+
+def test_crash_is_a_verdict_and_the_rest_continues():
+    plan = FaultPlan([Fault(tier=1, kind="crash")])
+    results = HangProbe(timeout_s=20, fault_plan=plan).run([ProbeJob(_sig(), 1), ProbeJob(_sig(), 2)])
+    assert [r.outcome for r in results] == ["crash", "ok"]
+    assert "code" in results[0].message
+    assert results[0].is_verdict
+
+
+def test_fallback_probes_first_use_and_persists(tmp_path):
+    probe = HangProbe(timeout_s=1.5, fault_plan=FaultPlan([Fault(tier=1, kind="hang", seconds=600)]))
+    # in-process tier 1 is a tripwire: if the fallback tried it after the probe's timeout, this would raise
+    tripwire = FaultPlan([Fault(tier=1, kind="error")])
+    fb = ConvFallback(cache_dir=tmp_path, probe=probe, fault_plan=tripwire)
+    x, w = torch.randn(SHAPE), torch.randn(4, 4, 3, 3, 3)
+    with torch.no_grad(), fb.probing(True):
+        out = fb.conv3d(x, w, padding=1)
+        fb.conv3d(x, w, padding=1)            # second use: verdict known, no new probe
+    assert fb.last_tier == 2 and torch.equal(out, torch.nn.functional.conv3d(x, w, padding=1))
+    probes = fb.stats().probes
+    assert [(p["tier"], p["outcome"]) for p in probes] == [(1, "timeout"), (2, "ok")]
+
+    fresh = ConvFallback(cache_dir=tmp_path, probe=HangProbe(timeout_s=1.5), fault_plan=tripwire)
+    with torch.no_grad(), fresh.probing(True):
+        fresh.conv3d(x, w, padding=1)
+    assert fresh.last_tier == 2 and fresh.stats().probes == []   # straight to tier 2, no probe, no tier 1
+
+
+def test_one_warm_child_per_probing_block(tmp_path):
+    probe = HangProbe(timeout_s=20)
+    fb = ConvFallback(cache_dir=tmp_path, probe=probe)
+    with torch.no_grad(), fb.probing(True):
+        for frames in (3, 4, 5):
+            fb.conv3d(torch.randn(1, 4, frames, 8, 8), torch.randn(4, 4, 3, 3, 3), padding=1)
+    assert [p["outcome"] for p in fb.stats().probes] == ["ok"] * 3
+    assert len(probe.last_pids) == 1 and live_group_members(probe.last_pids[0]) == []
+
+
+def test_probing_is_off_outside_rocm_by_default(tmp_path):
+    fb = ConvFallback(cache_dir=tmp_path, probe=HangProbe(timeout_s=1))
+    with torch.no_grad(), fb.probing():                 # enabled=None: ROCm only; this is CPU
+        fb.conv3d(torch.randn(SHAPE), torch.randn(4, 4, 3, 3, 3), padding=1)
+    assert fb.stats().probes == [] and fb.last_tier == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
+def test_probe_on_gpu():
+    sig = ConvSignature("conv3d", (1, 64, 7, 34, 34), (64, 64, 3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1), 1,
+                        "float16", "cuda", "gpu")
+    plan = FaultPlan([Fault(tier=1, kind="hang", seconds=600)])
+    results = HangProbe(timeout_s=3, fault_plan=plan).run([ProbeJob(sig, t) for t in (1, 2, 3, 4)], device="cuda")
+    assert [r.outcome for r in results] == ["timeout", "ok", "ok", "ok"]

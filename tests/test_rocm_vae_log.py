@@ -1,0 +1,101 @@
+"""vae_decode_log records and logs a decode; the stall watchdog dumps stacks and names the stage/shape;
+trim() is safe on CPU."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import rocm_helpers  # noqa: F401  (puts the repo on sys.path)
+from rocm import memory_status, trim, vae_decode_log
+from rocm.conv_fallback import ConvFallback
+from rocm.faults import Fault, FaultPlan
+
+
+class TinyVae(nn.Module):
+    def __init__(self, fail=False):
+        super().__init__()
+        self.conv = nn.Conv3d(4, 3, 3, padding=1)
+        self.fail = fail
+
+    def decode(self, z):
+        if self.fail:
+            raise RuntimeError("decoder exploded")
+        return self.conv(z)
+
+
+def test_record_and_log(caplog):
+    fb = ConvFallback(persist=False, probe=None,
+                      fault_plan=FaultPlan([Fault(tier=1, kind="miopen_unknown", times=1)]))
+    vae, z = TinyVae(), torch.randn(1, 4, 3, 8, 8)
+    caplog.set_level(logging.INFO, logger="rocm.vae_log")
+    with torch.no_grad(), vae_decode_log(vae, z, stage="VAE decode s1", fallback=fb,
+                                         memory_status=lambda: "MEM-LINE") as rec:
+        out = vae.decode(z)
+        vae.decode(z)
+    assert out.shape == (1, 3, 3, 8, 8)
+    assert rec.success is True and rec.elapsed_s > 0 and not rec.stalled
+    assert rec.tiers == {2: 2} and len(rec.fell_back) == 1
+    assert rec.latents_shape == (1, 4, 3, 8, 8) and rec.latents_dtype == "float32"
+    assert rec.vae_device == "cpu" and rec.vae_dtype == "float32"
+    assert rec.memory_before == rec.memory_after == "MEM-LINE"
+    text = caplog.text
+    assert "VAE decode s1: start; latents (1, 4, 3, 8, 8) on cpu (float32); VAE on cpu (float32)" in text
+    assert "ok in" in text and "MEM-LINE" in text and "{2: 2}" in text
+    assert not fb.installed                                # active only inside the block
+
+
+def test_failure_is_recorded_and_raised(caplog):
+    vae, z = TinyVae(fail=True), torch.randn(1, 4, 1, 4, 4)
+    caplog.set_level(logging.INFO, logger="rocm.vae_log")
+    with pytest.raises(RuntimeError, match="exploded"):
+        with vae_decode_log(vae, z, stall_timeout_s=None) as rec:
+            vae.decode(z)
+    assert rec.success is False and "exploded" in rec.error and rec.elapsed_s is not None
+    assert "VAE decode failed after" in caplog.text and "FAILED" in caplog.text
+
+
+def test_stall_watchdog_names_stage_shape_and_conv(tmp_path, caplog):
+    # an in-process 'hang' fault sleeps 1.2 s inside tier 1 of the conv; the watchdog fires at 0.3 s
+    fb = ConvFallback(persist=False, probe=None, fault_plan=FaultPlan([Fault(tier=1, kind="hang", seconds=1.2)]))
+    dump = open(tmp_path / "stacks.txt", "w+")
+    caplog.set_level(logging.WARNING, logger="rocm.vae_log")
+    vae, z = TinyVae(), torch.randn(1, 4, 2, 6, 6)
+    with torch.no_grad(), vae_decode_log(vae, z, stage="VAE decode s3", stall_timeout_s=0.3, fallback=fb,
+                                         dump_file=dump) as rec:
+        vae.decode(z)
+    dump.flush()
+    dump.seek(0)
+    stacks = dump.read()
+    dump.close()
+    assert rec.stalled and rec.success
+    assert "STALL" in caplog.text and "VAE decode s3, latents (1, 4, 2, 6, 6)" in caplog.text
+    assert "conv conv3d in (1, 4, 2, 6, 6)" in caplog.text
+    assert "most recent call first" in stacks and "faults.py" in stacks   # where the main thread was stuck
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU behaviour; the GPU test below covers GPUs")
+def test_trim_and_memory_status_on_cpu():
+    report = trim("after VAE")
+    assert report.device is None and report.freed_bytes == 0 and report.allocated_before is None
+    assert "no GPU" in str(report) and report.label == "after VAE"
+    assert "CPU" in memory_status()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
+def test_trim_and_decode_log_on_gpu(caplog):
+    big = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    del big
+    report = trim("gpu")
+    assert report.device.startswith("cuda") and report.freed_bytes >= 256 * 2**20
+    assert report.reserved_after <= report.reserved_before
+    vae = TinyVae().cuda().half()
+    z = torch.randn(1, 4, 3, 8, 8, device="cuda", dtype=torch.float16)
+    caplog.set_level(logging.INFO, logger="rocm.vae_log")
+    fb = ConvFallback(persist=False, probe=None)
+    with torch.no_grad(), vae_decode_log(vae, z, fallback=fb) as rec:
+        vae.decode(z)
+    assert rec.success and rec.tiers == {1: 1} and rec.vae_dtype == "float16" and "GiB" in rec.memory_before

@@ -1,0 +1,104 @@
+"""Command line of `python app.py`, the launch options derived from it, and the security warnings."""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from configs import LIMITS, MEMORY, PRESETS
+
+log = logging.getLogger(__name__)
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+MAX_UPLOAD = LIMITS.upload_bytes_max     # bytes; Gradio refuses larger uploads
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="app.py", description="SteadyFrame: FramePack-style image-to-video in your browser.")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="hunyuan",
+                   help="hunyuan: the real models (about 42 GB, downloaded once); tiny: tiny random models built in "
+                        "code, no download (to try the app)")
+    p.add_argument("--model-dir", type=Path, default=None,
+                   help="a folder laid out like the Hugging Face repos (nothing is downloaded when given)")
+    p.add_argument("--host", "--server", dest="host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: only this computer can connect)")
+    p.add_argument("--port", type=int, default=None, help="port (default: the first free one from 7860)")
+    p.add_argument("--share", action="store_true", help="make a public gradio.live link (anyone with it can use "
+                                                        "your GPU; combine with --auth)")
+    p.add_argument("--inbrowser", action="store_true", help="open the app in the default browser")
+    p.add_argument("--auth", default=None, metavar="USER:PASS", help="protect the whole app with a login")
+    p.add_argument("--outputs", type=Path, default=Path("outputs"), help="where jobs are written (default outputs/)")
+    p.add_argument("--vram-cap-gb", type=float, default=MEMORY.vram_cap_gb,
+                   help=f"hard cap on GPU memory this app may use (default {MEMORY.vram_cap_gb:g} GB)")
+    return p
+
+
+def parse_auth(value: str | None) -> tuple[str, str] | None:
+    """'user:pass' -> ('user', 'pass'). The password may contain ':'; both parts must be non-empty."""
+    if value is None:
+        return None
+    user, sep, password = value.partition(":")
+    if not sep or not user or not password:
+        raise ValueError("--auth: expected USER:PASS, e.g. --auth alice:s3cret")
+    return user, password
+
+
+def is_local_host(host: str) -> bool:
+    if host in LOCAL_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def security_warnings(args: argparse.Namespace) -> list[str]:
+    """What the user should know about who can reach the app."""
+    out = []
+    if args.share:
+        out.append("--share: the app gets a public gradio.live address; anyone who has the link can upload files "
+                   "and use your GPU" + ("" if args.auth else ". Add --auth USER:PASS to require a login."))
+    if not is_local_host(args.host):
+        out.append(f"--host {args.host}: the app accepts connections from other computers on your network"
+                   + ("" if args.auth else "; there is no login. Add --auth USER:PASS to require one."))
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.auth_pair = parse_auth(args.auth)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.vram_cap_gb <= 0:
+        parser.error("--vram-cap-gb: must be more than 0")
+    if args.port is not None and not 0 < args.port < 65536:
+        parser.error("--port: must be between 1 and 65535")
+    return args
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    server_name: str
+    server_port: int | None
+    share: bool
+    inbrowser: bool
+    auth: tuple[str, str] | None
+    allowed_paths: list[str]
+    max_file_size: int = MAX_UPLOAD
+
+    def kwargs(self) -> dict:
+        return {"server_name": self.server_name, "server_port": self.server_port, "share": self.share,
+                "inbrowser": self.inbrowser, "auth": self.auth, "allowed_paths": self.allowed_paths,
+                "max_file_size": self.max_file_size, "show_error": True}
+
+
+def launch_options(args: argparse.Namespace) -> LaunchOptions:
+    outputs = Path(args.outputs).expanduser().resolve()
+    return LaunchOptions(server_name=args.host, server_port=args.port, share=bool(args.share),
+                         inbrowser=bool(args.inbrowser), auth=getattr(args, "auth_pair", parse_auth(args.auth)),
+                         allowed_paths=[str(outputs)])

@@ -1,0 +1,56 @@
+"""The loaded models, cached per (preset, mode).
+
+The transformer differs per mode (original vs F1), so a mode switch needs other components. For the tiny preset
+both sets stay cached (a few MB). For real weights only one set is kept: each is ~42 GB of host RAM.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+from pathlib import Path
+from typing import Callable
+
+from configs import get_preset
+
+log = logging.getLogger(__name__)
+
+
+def _default_loader(preset, mode, model_dir):
+    from pipeline.components import load_components
+
+    return load_components(preset, mode, model_dir=model_dir)
+
+
+class ComponentCache:
+    def __init__(self, preset: str, model_dir: Path | None = None, loader: Callable | None = None):
+        self.preset = get_preset(preset)
+        self.model_dir = model_dir
+        self._loader = loader or _default_loader
+        self._cache: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def keep_all(self) -> bool:
+        return self.preset.tiny
+
+    def is_loaded(self, mode: str) -> bool:
+        return mode in self._cache
+
+    def loaded_modes(self) -> list[str]:
+        return list(self._cache)
+
+    def get(self, mode: str):
+        """The components for `mode`, loading them (and dropping the other mode's, for real weights) if needed.
+        Raises pipeline.errors.WeightsNotFound when real weights are missing and cannot be downloaded."""
+        with self._lock:
+            if mode in self._cache:
+                return self._cache[mode]
+            if not self.keep_all and self._cache:
+                log.info("dropping the %s models to make room for mode %s", ", ".join(self._cache), mode)
+                self._cache.clear()
+                gc.collect()
+            log.info("loading the %s models for mode %s", self.preset.name, mode)
+            components = self._loader(self.preset, mode, self.model_dir)
+            self._cache[mode] = components
+            return components

@@ -1,0 +1,171 @@
+"""What the UI shows while a job runs: pipeline events in, component values out.
+
+`JobView.apply(event)` folds one event into the view; `take_changes()` returns only the values that changed
+since the last call (by component name), so each streamed update carries as little as possible.
+"""
+from __future__ import annotations
+
+import html
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.events import Done, Failed, LogLine, Preview, Progress, SectionVideo
+from ui.runner import Cancelled, MemoryReport
+
+log = logging.getLogger(__name__)
+
+LOG_LINES = 500
+PREVIEW_MIN_HEIGHT = 192
+PREVIEW_MAX_WIDTH = 1536
+
+
+def enlarge(image: np.ndarray, min_height: int = PREVIEW_MIN_HEIGHT, max_width: int = PREVIEW_MAX_WIDTH
+            ) -> np.ndarray:
+    """Nearest-neighbour upscale of a small latent preview so it is visible (a whole factor, width bounded)."""
+    h, w = image.shape[:2]
+    factor = max(1, min(-(-min_height // max(h, 1)), max_width // max(w, 1)))
+    return image.repeat(factor, axis=0).repeat(factor, axis=1) if factor > 1 else image
+
+
+def format_seconds(s: float | None) -> str:
+    if s is None:
+        return "…"
+    s = max(0, int(round(s)))
+    if s < 60:
+        return f"{s} s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m} min {s:02d} s"
+    h, m = divmod(m, 60)
+    return f"{h} h {m:02d} min"
+
+
+def progress_html(p: Progress | None, *, idle_text: str = "Idle: upload an image, write a prompt, press Start."
+                  ) -> str:
+    """A progress bar with the stage, section i/n, step j/m, elapsed and ETA (plain HTML, no script)."""
+    if p is None:
+        return f'<div class="sf-progress sf-idle"><div class="sf-progress-text">{html.escape(idle_text)}</div></div>'
+    pct = round(100 * p.fraction, 1)
+    parts = [f"<b>{html.escape(p.stage)}</b>"]
+    if p.sections and p.section > 0:
+        parts.append(f"section {p.section}/{p.sections}")
+    elif p.sections:
+        parts.append(f"{p.sections} section{'s' if p.sections != 1 else ''} planned")
+    if p.step and p.steps:
+        parts.append(f"step {p.step}/{p.steps}")
+    parts.append(f"elapsed {format_seconds(p.elapsed_s)}")
+    if p.eta_s is not None:
+        parts.append(f"ETA {format_seconds(p.eta_s)}")
+    text = " · ".join(parts)
+    detail = html.escape(p.message) if p.message and p.message != p.stage else ""
+    return (f'<div class="sf-progress" data-stage="{html.escape(p.stage)}" data-section="{p.section}" '
+            f'data-step="{p.step}"><div class="sf-progress-text">{text}</div>'
+            f'<div class="sf-progress-track"><div class="sf-progress-fill" style="width:{pct}%"></div></div>'
+            f'<div class="sf-progress-detail">{detail}</div></div>')
+
+
+def done_status(done: Done, fps: int) -> str:
+    seconds = done.frames / fps if fps else 0.0
+    where = f"`{done.video}`" if done.video else "no video"
+    total = done.timings.get("total")
+    took = f" in {format_seconds(total)}" if total is not None else ""
+    if done.stopped:
+        if done.video is None:
+            return f"■ **Stopped** before the first section was finished{took}: no video was made."
+        return f"■ **Stopped**: kept the video made so far, {done.frames} frames ({seconds:.1f} s){took} → {where}"
+    return f"✓ **Done**: {done.frames} frames ({seconds:.1f} s){took} → {where}"
+
+
+@dataclass
+class JobView:
+    fps: int = 30
+    preview: np.ndarray | None = None
+    video: str | None = None
+    progress: Progress | None = None
+    status: str = ""
+    result: Done | Failed | Cancelled | None = None
+    memory: MemoryReport | None = None
+    log_lines: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
+    videos_seen: int = 0
+    _changed: set = field(default_factory=set)
+
+    def _log(self, level: str, message: str) -> None:
+        prefix = "" if level == "info" else f"{level.upper()}: "
+        for line in message.splitlines() or [""]:
+            self.log_lines.append(f"{time.strftime('%H:%M:%S')} {prefix}{line}")
+        self._changed.add("log")
+
+    def apply(self, event) -> None:
+        if isinstance(event, Progress):
+            self.progress = event
+            self._changed.add("progress")
+        elif isinstance(event, Preview):
+            self.preview = enlarge(event.image)
+            self._changed.add("preview")
+        elif isinstance(event, LogLine):
+            self._log(event.level, event.message)
+        elif isinstance(event, SectionVideo):
+            self.video = str(event.path)
+            self.videos_seen += 1
+            self.status = (f"Section {event.section}/{event.sections} ready: {event.frames} frames "
+                           f"({event.seconds:.1f} s) so far…")
+            self._changed.update({"video", "status"})
+        elif isinstance(event, Done):
+            self.result = event
+            if event.video is not None:
+                self.video = str(event.video)
+                self._changed.add("video")
+            self.status = done_status(event, self.fps)
+            self._log("info", self.status.replace("**", "").replace("`", ""))
+            self._finish_progress("stopped" if event.stopped else "done")
+            self._changed.add("status")
+        elif isinstance(event, Failed):
+            self.result = event
+            self.status = f"✗ **Failed**: {event.message}"
+            if event.partial_video is not None:
+                self.video = str(event.partial_video)
+                self.status += " (the video made before the failure is kept)"
+                self._changed.add("video")
+            self._log("error", event.message)
+            if event.detail:
+                self._log("error", event.detail.rstrip())
+            self._finish_progress("failed")
+            self._changed.add("status")
+        elif isinstance(event, Cancelled):
+            self.result = event
+            self.status = f"■ {event.message}"
+            self._finish_progress("cancelled")
+            self._changed.add("status")
+        elif isinstance(event, MemoryReport):
+            self.memory = event
+            self._changed.add("memory")
+        else:
+            log.debug("ignored event %r", event)
+
+    def _finish_progress(self, stage: str) -> None:
+        p = self.progress
+        if p is None:
+            self.progress = Progress(stage, 0, 0, 0, 0, 0.0, None, stage)
+        else:
+            done = stage == "done"
+            self.progress = Progress(stage, p.sections if done else p.section, p.sections,
+                                     p.steps if done else p.step, p.steps, p.elapsed_s, None, stage)
+        self._changed.add("progress")
+
+    @property
+    def log_text(self) -> str:
+        return "\n".join(self.log_lines)
+
+    def take_changes(self) -> dict:
+        """Values of the components that changed since the last call: names preview, video, progress, log,
+        status, memory (the MemoryReport itself)."""
+        values = {"preview": self.preview, "video": self.video,
+                  "progress": progress_html(self.progress), "log": self.log_text, "status": self.status,
+                  "memory": self.memory}
+        out = {name: values[name] for name in self._changed}
+        self._changed = set()
+        return out
