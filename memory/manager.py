@@ -78,6 +78,7 @@ class MemoryManager:
     vae_policy: VaeDecodePolicy = field(default_factory=VaeDecodePolicy)
     _loaded: dict[str, torch.nn.Module] = field(default_factory=dict)
     _current: StageRecord | None = None
+    _live: tuple | None = None          # (placements, held) of the stage in progress
 
     def __post_init__(self):
         self.device = torch.device(self.device)
@@ -187,6 +188,7 @@ class MemoryManager:
         record.streamed_bytes_per_pass = sum(c.nbytes for p in placements.values() for c in p.streamed_modules()[1])
         self._loaded, self._current = dict(models), record
         held: list = [[], []]
+        self._live = (placements, held, packs)
         leftovers: list[str] = []
         try:
             t0 = time.perf_counter()
@@ -201,9 +203,10 @@ class MemoryManager:
                 record.peak_allocated = torch.cuda.max_memory_allocated(self.device)
                 record.peak_reserved = torch.cuda.max_memory_reserved(self.device)
             t0 = time.perf_counter()
+            placements = self._live[0]            # stream_more() may have re-placed the models
             leftovers = self._unload(placements, held, record)
             record.unload_s = time.perf_counter() - t0
-            self._loaded, self._current = {}, None
+            self._loaded, self._current, self._live = {}, None, None
             rocm.trim(f"after {name}")
             record.after = self.snapshot(f"after {name}")
             record.leftover_bytes = record.after.allocated - record.before.allocated
@@ -213,6 +216,32 @@ class MemoryManager:
         if leftovers:
             raise RuntimeError(f"stage {name!r}: tensors left on {self.device} after unloading: "
                                f"{', '.join(leftovers[:5])}")
+
+    def stream_more(self) -> bool:
+        """After an out-of-memory inside a stage: keep fewer weights resident (more preserved memory), reload, and
+        say whether that changed anything (False: everything is streamed already, nothing more to give).
+        The larger preserved memory stays for the rest of the job."""
+        import rocm
+
+        if self._live is None:
+            raise RuntimeError("stream_more() is only possible inside a stage")
+        placements, held, packs = self._live
+        before = sum(len(p.streamed) for p in placements.values())
+        step = max(2.0, 0.25 * self.cap_gb)
+        preserved = self.preserved_gb + step
+        budget = MemoryBudget(self.budget.cap_bytes, int(preserved * GB), self.prefetch_depth, self.workload)
+        trial = budget.place(self._loaded, packs)
+        if sum(len(p.streamed) for p in trial.values()) <= before:
+            return False
+        self._unload(placements, held, self._current)
+        rocm.trim("before re-planning")
+        log.warning("out of GPU memory in %s: preserved memory %.1f → %.1f GB, reloading with more weights "
+                    "streamed", self._current.name, self.preserved_gb, preserved)
+        self.preserved_gb = preserved
+        self._current.placement = {k: p.describe() for k, p in trial.items()}
+        self._live = (trial, held, packs)
+        self._load(trial, held)
+        return True
 
     def _attention_budget(self) -> int:
         """Bytes one chunk of the math attention fallback may use: a quarter of what the cap leaves, ≤ 1 GiB."""

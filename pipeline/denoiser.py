@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
+import rocm
 from pipeline.sections import SectionContext, SectionIndices
 from pipeline.teacache import TeaCache
 from pipeline.text import TextEmbeddings
@@ -31,8 +33,12 @@ class _SectionConstants:
 class FramepackDenoiser:
     """Callable `(latents, timestep, branch) -> velocity` for one section at a time."""
 
-    def __init__(self, transformer, teacache_threshold: float = 0.0, steps: int = 0):
+    def __init__(self, transformer, teacache_threshold: float = 0.0, steps: int = 0,
+                 on_oom: Callable[[], bool] | None = None):
+        """`on_oom`: called after an out-of-memory in a step; True means memory was freed (e.g. more weights
+        streamed) and the step is worth retrying."""
         self.transformer = transformer
+        self.on_oom = on_oom
         self.dtype = transformer.dtype
         self.teacache = {b: TeaCache(teacache_threshold, steps) for b in ("cond", "uncond")} \
             if teacache_threshold > 0 else None
@@ -74,6 +80,24 @@ class FramepackDenoiser:
 
     @torch.no_grad()
     def __call__(self, latents: torch.Tensor, timestep: torch.Tensor, branch: str = "cond") -> torch.Tensor:
+        """One prediction; after an out-of-memory, retried as long as `on_oom` frees something."""
+        cache = self.teacache[branch] if self.teacache else None
+        while True:
+            saved = cache.state() if cache is not None else None
+            try:
+                return self._predict(latents, timestep, branch)
+            except Exception as e:
+                if rocm.classify_error(e) != "oom" or self.on_oom is None:
+                    raise
+                reason = str(e).splitlines()[0][:200]
+            # Out of the except block, the failed step's activations (held by the traceback) are released.
+            if cache is not None:
+                cache.restore(saved)
+            if not self.on_oom():
+                raise torch.OutOfMemoryError(f"out of memory in the transformer with every block streamed ({reason})")
+            log.warning("retrying the step after out-of-memory")
+
+    def _predict(self, latents: torch.Tensor, timestep: torch.Tensor, branch: str) -> torch.Tensor:
         tr, c = self.transformer, self._const
         if c is None:
             raise RuntimeError("begin_section() must be called before denoising")

@@ -43,6 +43,16 @@ from pipeline.video_buffer import VideoBuffer
 log = logging.getLogger(__name__)
 
 
+def oom_advice(records, memory: MemoryManager, kept_video: bool) -> str:
+    """What to tell a user whose job ran out of GPU memory: where, and what to change."""
+    stage = records[-1].name if records else "a stage"
+    kept = " The video made so far is kept." if kept_video else ""
+    return (f"Out of GPU memory in {stage} (cap {memory.cap_gb:g} GB, {memory.preserved_gb:g} GB preserved)."
+            f"{kept} Try: more preserved memory (more of the transformer is streamed), a lower resolution or a "
+            f"shorter video; if your card has more memory than the cap, raise the VRAM cap; close other programs "
+            f"that use the GPU.")
+
+
 class CancelToken:
     """Set from any thread; the job stops at its next step and keeps what it made."""
 
@@ -156,6 +166,7 @@ class JobRun:
             except Exception as e:  # the job fails; the process (and the server around it) keeps going
                 log.error("job failed: %s", e, exc_info=True)
                 ending = self._fail(e)
+            rocm.trim("after the job")      # now that a failure's traceback (and what it held) is gone
             yield from drain()
             yield ending
 
@@ -181,7 +192,7 @@ class JobRun:
         if done:
             yield from self._rebuild_video(done, drain)
 
-        denoiser = FramepackDenoiser(c.transformer, r.teacache, r.steps)
+        denoiser = FramepackDenoiser(c.transformer, r.teacache, r.steps, on_oom=self.memory.stream_more)
         _, _, _, lh, lw = start_latent.shape
         for section in self.plan.sections[done:]:
             n = section.index + 1
@@ -336,6 +347,8 @@ class JobRun:
     def _fail(self, error: Exception) -> Failed:
         log.info("convolution fallback this job: %s", self.fallback.report())
         message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+        if rocm.classify_error(error) == "oom":
+            message = oom_advice(self.memory.records, self.memory, self.last_video is not None)
         detail = traceback.format_exc()
         if self.job is not None:
             self.job.finish("failed", None, error=message, timings=self._timings(), memory=self.memory.summary())

@@ -32,6 +32,13 @@ class TeaCache:
         self.residual: torch.Tensor | None = None
         self.skipped = 0
 
+    def state(self) -> tuple:
+        return (self.step, self.accumulated, self.previous_input, self.skipped)
+
+    def restore(self, state: tuple) -> None:
+        """Undo the decision of a step that has to be run again (e.g. after an out-of-memory)."""
+        self.step, self.accumulated, self.previous_input, self.skipped = state
+
     def should_skip(self, modulated: torch.Tensor) -> bool:
         """Decide for this step; call once per step, before running (or not) the stack."""
         edge = self.step == 0 or self.step == self.steps - 1 or self.residual is None
