@@ -121,6 +121,14 @@ def _default_fallback():
     return rocm.get_default_fallback().active()
 
 
+def _default_first_tries():
+    """Attempts before the last: an out-of-memory inside a convolution must reach this policy (smaller tiles),
+    not move the conv fallback (active around the decode for MIOpen errors) to a slower tier."""
+    import rocm
+
+    return rocm.get_default_fallback().passing_oom()
+
+
 @dataclass
 class VaeDecodePolicy:
     """Chooses tiles, retries smaller on OOM, hands the last try to the rocm conv fallback."""
@@ -128,6 +136,7 @@ class VaeDecodePolicy:
     scratch_limit: int | None = None                       # MIOpen's GEMM scratch limit (set on ROCm)
     fault: Callable[[VaeTiling], None] | None = None       # test seam: may raise OOM for a tiling
     fallback: Callable[[], contextlib.AbstractContextManager] = _default_fallback
+    first_tries: Callable[[], contextlib.AbstractContextManager] = _default_first_tries
     attempts: list[dict] = field(default_factory=list)     # of the last decode, for the record
 
     def plan(self, vae, shape: tuple[int, int, int], available: int | None) -> list[VaeTiling]:
@@ -183,7 +192,7 @@ class VaeDecodePolicy:
                  est / 1e9, f"{available / 1e9:.2f} GB" if available is not None else "unlimited",
                  " with the rocm conv fallback" if fallback else "")
         tiling.apply(vae)
-        scope = self.fallback() if fallback else contextlib.nullcontext()
+        scope = self.fallback() if fallback else self.first_tries()
         with scope:
             if self.fault is not None:
                 self.fault(tiling)

@@ -120,6 +120,7 @@ class JobRun:
         rocm.apply_torch_settings()                     # cudnn.benchmark off on ROCm (no-op elsewhere)
         self.fallback = rocm.get_default_fallback()     # tiered convolutions for the VAE (rocm/)
         self.fallback.reset_stats()
+        self.fallback.forget_transient()
 
     # ---- events -------------------------------------------------------------------------------------------------
     def progress(self, stage: str, section: int = 0, step: int = 0, message: str = "") -> Progress:

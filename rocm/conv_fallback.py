@@ -171,6 +171,18 @@ class ConvFallback:
                 self.uninstall()
 
     @contextlib.contextmanager
+    def passing_oom(self):
+        """Within the block (this thread), out-of-memory propagates to the caller instead of moving to the next
+        tier, and leaves no verdict: the caller has a cheaper remedy first (memory/'s VAE decode retries with
+        smaller tiles and only then lets the tiers handle it). MIOpen/HIP errors still move tiers."""
+        previous = getattr(self._local, "pass_oom", False)
+        self._local.pass_oom = True
+        try:
+            yield self
+        finally:
+            self._local.pass_oom = previous
+
+    @contextlib.contextmanager
     def probing(self, enabled: bool | None = None):
         """Within the block, the first use of a conv signature with no verdict is probed in a child process.
         ``enabled=None``: only on ROCm; True: also on CUDA/CPU (tests); False: no-op."""
@@ -196,6 +208,13 @@ class ConvFallback:
 
     def report(self) -> str:
         return self.stats().report()
+
+    def forget_transient(self) -> None:
+        """Forget out-of-memory verdicts (kept in memory only): they said more about what else was on the GPU
+        then than about the shape. Called at the start of each job."""
+        for ctx in list(self._contexts.values()):
+            ctx.store.flush()
+            ctx.store.forget_transient()
 
     def flush(self) -> None:
         """Write pending verdicts to disk."""
@@ -307,7 +326,8 @@ class ConvFallback:
                                             vendor_in_decomposition=ctx.vendor_in_decomposition)
             except Exception as exc:  # classified: anything that is not the GPU's fault is re-raised
                 kind = classify_error(exc)
-                if kind is None:
+                if kind is None or (kind == "oom" and getattr(self._local, "pass_oom", False)):
+                    self.current = None
                     raise
                 message = f"{kind}: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
                 failed[tier] = message

@@ -100,6 +100,11 @@ class VerdictStore:
             if len(self._dirty) >= self._flush_every:
                 self.flush()
 
+    def forget_transient(self) -> None:
+        """Drop what was only kept in memory (out-of-memory failures): back to the persisted verdicts."""
+        with self._lock:
+            self._verdicts = {k: v.copy() for k, v in self._persisted.items()}
+
     def flush(self) -> None:
         """Merge our changed verdicts into the file (atomic replace)."""
         with self._lock:

@@ -128,3 +128,30 @@ def test_vae_decode_oom_everywhere_fails_keeping_the_first_section(tiny_original
     assert read_frames(last.partial_video).shape[0] == 33
     attempts = [r for r in memory.records if r.name == "VAE decode"][-1].vae_attempts
     assert attempts[-1]["fallback"] and not attempts[-1]["ok"]            # the conv fallback was tried last
+
+
+def test_vae_decode_conv_oom_goes_to_smaller_tiles_first_then_the_conv_tiers(tiny_original, tmp_path):
+    """Every native (tier-1) conv3d of the decoder runs out of memory. The first tries let the OOM reach the tile
+    policy (no tier change, no verdict); the last try hands it to the conv fallback, whose tier 2 answers."""
+    import rocm
+    from rocm import Fault, FaultPlan
+
+    fallback = rocm.get_default_fallback()
+    memory = MemoryManager(device="cpu")
+    real_decode = memory.decode_vae
+
+    def decode_with_faults(vae, z):
+        fallback.fault_plan = FaultPlan([Fault(tier=1, kind="hip_oom", op="conv3d")])
+        try:
+            return real_decode(vae, z)
+        finally:
+            fallback.fault_plan = None
+
+    memory.decode_vae = decode_with_faults
+    _, last = run_job(_request(seconds=1.2), tiny_original, tmp_path, memory=memory)
+    assert isinstance(last, Done), getattr(last, "detail", last)
+    attempts = [r for r in memory.records if r.name == "VAE decode"][0].vae_attempts
+    assert [a["ok"] for a in attempts][-1] is True and attempts[-1]["fallback"]
+    assert all(not a["ok"] and not a["fallback"] for a in attempts[:-1]) and len(attempts) >= 2
+    stats = fallback.stats()
+    assert stats.calls_per_tier.get(2, 0) > 0                            # the decode finished on tier 2

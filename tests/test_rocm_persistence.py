@@ -54,3 +54,15 @@ def test_verdicts_persist_across_processes(tmp_path):
     second = _run(tmp_path, [{"tier": 1, "kind": "error", "input_shape": BAD}], [BAD, OOM, GOOD])
     assert second["tiers"] == {str(BAD): 2, str(OOM): 1, str(GOOD): 1}
     assert second["calls"] == {"2": 1, "1": 2}     # tier 1 ran only for OOM and GOOD
+
+
+def test_forget_transient_drops_only_out_of_memory_verdicts(tmp_path):
+    from rocm.verdicts import VerdictStore
+
+    store = VerdictStore(tmp_path / "v.json")
+    store.record_failure("a", 1, "vendor: miopenStatusUnknownError")          # persisted
+    store.record_failure("b", 1, "oom: HIP out of memory", persist=False)     # memory only
+    store.record_success("b", 2)
+    store.forget_transient()
+    assert 1 in store.get("a").failed
+    assert store.get("b").failed == {} and store.get("b").ok_tier == 2
