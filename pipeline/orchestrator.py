@@ -241,6 +241,7 @@ class JobRun:
                 now = time.monotonic()
                 self.step_times.append(now - last)
                 last = now
+                self.memory.snapshot(f"sampling {section}.{step}")     # the memory timeline, per step
                 yield self.progress("sampling", section, step, f"Sampling {step}/{steps}")
                 yield Preview(preview_image(estimate), section, step)
         except StopIteration as done:
