@@ -89,6 +89,31 @@ def calibrate_vae(tiny: bool, out: Path) -> None:
     out.write_text(json.dumps(rows, indent=1))
 
 
+def _inject_vae_oom(memory) -> None:
+    """Fault injection (rocm's test seam) during VAE decode only: tier 1 of every conv3d raises OOM."""
+    import rocm
+    from rocm import Fault, FaultPlan
+
+    fallback = rocm.get_default_fallback()
+    decode = memory.decode_vae
+
+    def decode_with_oom(vae, z):
+        fallback.fault_plan = FaultPlan([Fault(tier=1, kind="hip_oom", op="conv3d")])
+        try:
+            return decode(vae, z)
+        finally:
+            fallback.fault_plan = None
+
+    memory.decode_vae = decode_with_oom
+
+
+def _conv_report() -> dict:
+    import rocm
+
+    stats = rocm.get_default_fallback().stats()
+    return {"calls_per_tier": stats.calls_per_tier, "exhausted": stats.exhausted, "report": stats.report()}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -100,6 +125,9 @@ def main(argv=None) -> None:
     ap.add_argument("--depth", type=int, default=1)
     ap.add_argument("--log", type=Path, default=None, help="also write the full log here")
     ap.add_argument("--calibrate-vae", action="store_true", help="only measure VAE decode peaks vs the estimate")
+    ap.add_argument("--inject-vae-oom", action="store_true",
+                    help="every native conv3d of the VAE decoder raises HIP's out-of-memory error: the decode must "
+                         "finish through smaller tiles and then the rocm conv fallback")
     args = ap.parse_args(argv)
     if args.calibrate_vae:
         logging.basicConfig(level=logging.INFO)
@@ -123,6 +151,8 @@ def main(argv=None) -> None:
     height, width = (64, 64) if args.tiny else (608, 640)
     memory.set_workload(height, width, 9)
     prepare_s = memory.prepare(**comps.models())
+    if args.inject_vae_oom:
+        _inject_vae_oom(memory)
     request = Request(image=_image(height, width), prompt="a red fox runs through fresh snow", seconds=args.seconds,
                       steps=args.steps, teacache=0.0, seed=31337)
     with tempfile.TemporaryDirectory() as outputs:
@@ -155,7 +185,8 @@ def main(argv=None) -> None:
                "peak_reserved": max(r.peak_reserved for r in memory.records),
                "peak_allocated": max(r.peak_allocated for r in memory.records),
                "peak_reserved_below_cap": cap is None or max(r.peak_reserved for r in memory.records) <= cap,
-               "frames": end.frames, "stages": stages}
+               "frames": end.frames, "stages": stages, "inject_vae_oom": args.inject_vae_oom,
+               "conv_fallback": _conv_report()}
     args.out.write_text(json.dumps(summary, indent=1, default=str))
     print(f"\n{summary['device']}, torch {summary['torch']}, cap {args.cap_gb:g} GB, preserved "
           f"{args.preserved_gb:g} GB, {plan.count} sections × {args.steps} steps, {end.frames} frames")

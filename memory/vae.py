@@ -21,6 +21,10 @@ import torch
 log = logging.getLogger(__name__)
 
 SPATIAL_TILES = (0, 512, 384, 320, 256, 192, 128, 96, 64, 32)     # pixels; 0 = the whole frame
+# Tiles far smaller than the frame cost more in overlap than they save (at 32 px a 608×640 decode became hundreds
+# of tiles and ran for minutes on an H100): nothing under 128 px, or under half the frame for small frames. Below
+# that, the conv fallback is the remedy.
+MIN_TILE = 128
 TEMPORAL_TILES = (0, 32, 16, 8)                                   # pixel frames; 0 = all frames at once
 # Live full-resolution activations at the decoder's peak, in units of C0 × pixels × dtype bytes. Measured on the
 # H100 with the full-size VAE (fp16): 13.2 (256px/16-frame tiles), 13.2 (whole frames/16), 12.9 (384px/all).
@@ -104,7 +108,8 @@ def scratch_estimate(tiling: VaeTiling, shape: tuple[int, int, int], channels: i
 
 def candidates(shape: tuple[int, int, int]) -> list[VaeTiling]:
     _, lh, lw = shape
-    sizes = [s for s in SPATIAL_TILES if s == 0 or s // 8 < max(lh, lw)]
+    smallest = min(MIN_TILE, max(lh, lw) * 8 // 2)
+    sizes = [s for s in SPATIAL_TILES if s == 0 or smallest <= s < max(lh, lw) * 8]
     frames = [f for f in TEMPORAL_TILES if f == 0 or f // 4 < shape[0]]
     return [VaeTiling(s, f) for s in sizes for f in frames]
 

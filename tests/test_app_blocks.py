@@ -24,15 +24,18 @@ def built(tmp_path_factory):
 
 
 def _fn(blocks, name):
+    """The function of the events named `name` (one function, possibly wired to several events)."""
     matches = [f for f in blocks.fns.values() if getattr(f, "name", None) == name]
-    assert len(matches) == 1, name
+    assert len({id(f.fn) for f in matches}) == 1, name
     return matches[0]
 
 
 def test_generate_runs_one_at_a_time_and_end_skips_the_queue(built):
     _, blocks = built
-    run = _fn(blocks, "run")
-    assert run.concurrency_limit == 1 and run.concurrency_id == "gpu" and run.queue
+    gpu_jobs = [f for f in blocks.fns.values() if getattr(f, "name", None) in ("run", "video", "resume")]
+    assert len(gpu_jobs) == 4                       # Start and Resume on the page, /video and /resume
+    for job in gpu_jobs:
+        assert job.concurrency_limit == 1 and job.concurrency_id == "gpu" and job.queue
     assert _fn(blocks, "stop").queue is False
     assert _fn(blocks, "submit").preprocess is False          # uploads reach the pipeline's safe loader
     assert blocks._queue.max_size == app_module.QUEUE_MAX
@@ -97,7 +100,8 @@ def test_handlers_turn_a_job_into_updates(tmp_path, tiny_original):
     assert any(v.endswith("section_01.mp4") for v in values_seen)
     assert any(v.endswith("final.mp4") for v in values_seen)
     assert any("Done" in v for v in values_seen)
-    start_btn, end_btn, gallery, job_dirs = finish(ticket_id, session)
+    start_btn, end_btn, gallery, job_dirs, resume_btn = finish(ticket_id, session)
     assert start_btn["interactive"] is True and len(gallery) == 1 and len(job_dirs) == 1
+    assert resume_btn["interactive"] is False
     assert stop(session)[0] == "■ Nothing to stop."
     assert list(run("no-such-ticket")) == [{}]

@@ -13,7 +13,8 @@ from tests.conftest import ROOT, make_image
 
 
 def cli(*args, cwd=ROOT, timeout=300):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    env = dict(os.environ, HF_HUB_OFFLINE="1",
+                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     return subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

@@ -23,7 +23,8 @@ SETTINGS = ["--preset", "tiny", "--prompt", "a lighthouse in a storm", "--second
 
 
 def _env():
-    return dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    return dict(os.environ, HF_HUB_OFFLINE="1",
+                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
 
 
 @pytest.fixture(scope="module")

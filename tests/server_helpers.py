@@ -1,0 +1,162 @@
+"""Helpers for the server tests: the app launched in this process on 127.0.0.1 (a free port) with the session's
+tiny models, gradio_client clients, job folders, and the browser (Playwright + Debian's chromium)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path(os.environ.get("STEADYFRAME_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+REQUIRE_BROWSER = os.environ.get("STEADYFRAME_REQUIRE_BROWSER", "").strip() not in ("", "0", "false", "no")
+JOB_ID = r"^\d{8}-\d{6}-[0-9a-f]{6}$"        # pipeline.jobs.new_job_id: time + random, never user text
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    url: str
+    blocks: object
+    runner: object
+    outputs: Path
+    args: object
+
+    def client(self, downloads: Path, **kw):
+        from gradio_client import Client
+
+        return Client(self.url, verbose=False, download_files=str(downloads), **kw)
+
+    def jobs(self) -> list[Path]:
+        return sorted(d for d in self.outputs.iterdir() if d.is_dir()) if self.outputs.exists() else []
+
+
+def tiny_runner(outputs: Path, components):
+    """A JobRunner on the CPU whose models are the session's tiny components (built once per test session)."""
+    from pipeline.components import load_components
+    from ui.models import ComponentCache
+    from ui.runner import JobRunner
+
+    def loader(preset, mode, model_dir):
+        return components if mode == components.mode else load_components("tiny", mode)
+
+    return JobRunner(ComponentCache("tiny", loader=loader), outputs, 20, torch.device("cpu"))
+
+
+@contextlib.contextmanager
+def launched(outputs: Path, components, *argv: str, max_file_size: int | None = None):
+    """`python app.py --preset tiny ...` in this process, as main() launches it (launch options from the command
+    line), serving until the block ends."""
+    import app as app_module
+    from ui.cli import launch_options, parse_args
+
+    port = free_port()
+    args = parse_args(["--preset", "tiny", "--outputs", str(outputs), "--port", str(port), *argv])
+    runner = tiny_runner(Path(outputs).resolve(), components)
+    blocks = app_module.build_app(args, runner)
+    kwargs = launch_options(args).kwargs()
+    if max_file_size is not None:
+        kwargs["max_file_size"] = max_file_size
+    assert kwargs["server_name"] == "127.0.0.1"
+    blocks.launch(**kwargs, prevent_thread_lock=True, quiet=True)
+    try:
+        yield Server(f"http://127.0.0.1:{port}/", blocks, runner, Path(outputs).resolve(), args)
+    finally:
+        blocks.close()
+
+
+def job_info(job_dir: Path) -> dict:
+    return json.loads((Path(job_dir) / "job.json").read_text("utf-8"))
+
+
+def wait_for(condition, timeout: float = 60, every: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(every)
+
+
+def temp_leftovers(outputs: Path) -> list[Path]:
+    """The pipeline's temp files (atomic writes, partial videos) left in job folders."""
+    return [p for p in Path(outputs).rglob(".*") if p.is_file() and (p.name.endswith(".tmp") or ".partial" in p.name)]
+
+
+def browser_or_skip() -> Path:
+    """Chromium for Playwright; a missing browser skips, or fails where STEADYFRAME_REQUIRE_BROWSER is set (CI)."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        missing = "the playwright package"
+    else:
+        missing = None if CHROMIUM.exists() else str(CHROMIUM)
+    if missing:
+        if REQUIRE_BROWSER:
+            raise RuntimeError(f"STEADYFRAME_REQUIRE_BROWSER is set but {missing} is missing")
+        pytest.skip(f"{missing} is not installed (set STEADYFRAME_REQUIRE_BROWSER=1 to make this an error)")
+    return CHROMIUM
+
+
+class Gate:
+    """A forward pre-hook that holds the `call`-th call of a module (1-based) until released, so a test can act
+    at an exact point of a job (a stage running, a tab still open). Use as a context manager."""
+
+    def __init__(self, module, call: int = 1, timeout: float = 120):
+        import threading
+
+        self.call, self.timeout, self.count = call, timeout, 0
+        self.reached, self.released = threading.Event(), threading.Event()
+        self.handle = module.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module, args):
+        self.count += 1
+        if self.count == self.call:
+            self.reached.set()
+            if not self.released.wait(self.timeout):
+                raise RuntimeError("Gate: never released")
+
+    def wait(self, timeout: float = 120) -> None:
+        assert self.reached.wait(timeout), "the job never reached the gate"
+
+    def release(self) -> None:
+        self.released.set()
+
+    def __enter__(self) -> "Gate":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+        self.handle.remove()
+
+
+class Fault:
+    """A forward pre-hook that raises `error` on every call while active (a job that fails)."""
+
+    def __init__(self, module, error: Exception):
+        self.error = error
+        self.handle = module.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module, args):
+        raise self.error
+
+    def __enter__(self) -> "Fault":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.remove()

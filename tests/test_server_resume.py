@@ -1,0 +1,187 @@
+"""Resume in the app: a job stopped with End after its first section continues from its checkpoint (through the
+runner, the /resume API and the Resume button in the browser) to the same final frames as an uninterrupted job with
+the same settings and seed; folders that cannot be resumed are refused with the reason."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from pipeline.checkpoint import CHECKPOINT, load_checkpoint
+from pipeline.errors import InputError
+from pipeline.events import Done, SectionVideo
+from pipeline.request import Request
+from pipeline.sections import make_plan
+from pipeline.video import read_frames
+from tests.conftest import make_image
+from tests.server_helpers import CHROMIUM_ARGS, Fault, Gate, browser_or_skip, job_info, launched, tiny_runner
+from ui.runner import SessionBusy
+
+SETTINGS = dict(prompt="a lighthouse in a storm", seconds=3.6, steps=2, seed=11, teacache=0.1)
+PLANNED = make_plan("original", 3.6, 9).frame_counts()[-1]        # 3 sections
+
+
+def _events(runner, ticket, on_event=None):
+    out = []
+    for batch in runner.run(ticket):
+        for event in batch:
+            out.append(event)
+            if on_event:
+                on_event(event)
+    return out
+
+
+def _last_hash(job_dir) -> str:
+    return job_info(job_dir)["sections"][-1]["frames_sha256"]
+
+
+def _assert_same_as(resumed_dir, full_dir):
+    info = job_info(resumed_dir)
+    assert info["status"] == "done" and info["resumed"] == 1 and info["final"] == "final.mp4"
+    assert read_frames(resumed_dir / "final.mp4").shape[0] == PLANNED
+    assert _last_hash(resumed_dir) == _last_hash(full_dir)     # the raw frames handed to the encoder
+    assert [s["frames_sha256"] for s in info["sections"][-2:]] == \
+        [s["frames_sha256"] for s in job_info(full_dir)["sections"][-2:]]
+
+
+def test_runner_resumes_a_stopped_job_to_the_uninterrupted_result(tmp_path, tiny_original):
+    runner = tiny_runner(tmp_path / "out", tiny_original)
+    request = Request(image=make_image(128, 96, seed=5), **SETTINGS)
+    full = _events(runner, runner.reserve("tab-a", request))[-1]
+    assert isinstance(full, Done) and not full.stopped and full.frames == PLANNED
+
+    with Gate(tiny_original.vae.decoder) as gate:                # End while section 1 is decoded
+        ticket = runner.reserve("tab-b", request)
+        stopper = threading.Thread(target=lambda: (gate.wait(), runner.cancel("tab-b"), gate.release()))
+        stopper.start()
+        events = _events(runner, ticket)
+        stopper.join()
+    stopped = events[-1]
+    assert isinstance(stopped, Done) and stopped.stopped and ticket.job_dir == stopped.job_dir
+    assert sum(isinstance(e, SectionVideo) for e in events) == 1
+    assert job_info(stopped.job_dir)["status"] == "stopped" and load_checkpoint(stopped.job_dir)[1]["sections_done"] == 1
+
+    ticket = runner.reserve_resume("tab-b", stopped.job_dir)
+    assert ticket.resume == stopped.job_dir.resolve() and ticket.request.seed == 11
+    with pytest.raises(SessionBusy, match="already running or waiting"):    # one ticket per folder
+        runner.reserve_resume("tab-c", stopped.job_dir)
+    events = _events(runner, ticket)
+    done = events[-1]
+    assert isinstance(done, Done) and not done.stopped and done.frames == PLANNED, done
+    assert done.job_dir == stopped.job_dir and sum(isinstance(e, SectionVideo) for e in events) == 2
+    _assert_same_as(done.job_dir, full.job_dir)
+    assert runner.open_tickets == 2 and not runner.busy         # tab-a and tab-b keep their finished tickets
+
+    for folder, reason in ((done.job_dir, "already complete"), (full.job_dir, "already complete"),
+                           (tmp_path, "not a job folder of this app's outputs"),
+                           (tmp_path / "out" / ".." / "out" / "nope", "not a job folder")):
+        with pytest.raises(InputError, match=reason):
+            runner.reserve_resume("tab-d", folder)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_original):
+    with launched(tmp_path_factory.mktemp("outputs"), tiny_original) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server, tmp_path_factory):
+    c = server.client(tmp_path_factory.mktemp("downloads"))
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    path = tmp_path_factory.mktemp("images") / "start.png"
+    make_image(128, 96, seed=5).save(path)
+    return path
+
+
+def _job(image, **kw):
+    from gradio_client import handle_file
+
+    return dict(dict(image=handle_file(str(image)), **SETTINGS), **kw)
+
+
+def _stopped_after_section_1(client, image, tiny_original) -> dict:
+    """A /video job ended with /stop while its first section was decoded."""
+    with Gate(tiny_original.vae.decoder) as gate:
+        job = client.submit(**_job(image), api_name="/video")
+        gate.wait()
+        assert client.predict(api_name="/stop").startswith("■ Stopping")
+    _, summary = job.result(timeout=120)
+    assert summary["status"] == "stopped" and summary["frames"] == 33, summary
+    return summary
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(client, image, server):
+    _, summary = client.predict(**_job(image), api_name="/video")
+    assert summary["status"] == "done" and summary["frames"] == PLANNED
+    return server.outputs / summary["job_id"]
+
+
+def test_api_resume_continues_a_stopped_job(server, client, image, tiny_original, uninterrupted):
+    from gradio_client.exceptions import AppError
+
+    stopped = _stopped_after_section_1(client, image, tiny_original)
+    folder = server.outputs / stopped["job_id"]
+    assert (folder / CHECKPOINT).is_file() and job_info(folder)["status"] == "stopped"
+    video, resumed = client.predict(stopped["job_id"], api_name="/resume")
+    assert resumed["status"] == "done" and resumed["job_id"] == stopped["job_id"] and resumed["frames"] == PLANNED
+    assert open(video, "rb").read() == (folder / "final.mp4").read_bytes()
+    _assert_same_as(folder, uninterrupted)
+    assert server.runner.open_tickets == 0                       # API calls leave no ticket behind
+
+    with Fault(tiny_original.transformer.single_transformer_blocks[0], RuntimeError("injected")):
+        with pytest.raises(AppError, match="RuntimeError: injected"):
+            client.predict(**_job(image, seconds=1.2), api_name="/video")
+    failed_early = max(server.jobs(), key=lambda d: (d / "job.json").stat().st_mtime_ns)
+    assert job_info(failed_early)["status"] == "failed"
+    refusals = [(stopped["job_id"], "already complete"), (uninterrupted.name, "already complete"),
+                (failed_early.name, "has no finished section to continue from"),
+                ("../" + stopped["job_id"], "job_id: there is no job"), ("", "job_id: there is no job"),
+                ("/etc", "job_id: there is no job"), ("x" * 500, "job_id: there is no job")]
+    jobs = server.jobs()
+    for job_id, reason in refusals:
+        with pytest.raises(AppError, match=reason):
+            client.predict(job_id, api_name="/resume")
+    assert server.jobs() == jobs
+
+
+def test_resume_button_in_the_browser(server, client, image, tiny_original, uninterrupted):
+    from playwright.sync_api import expect, sync_playwright
+
+    chromium = browser_or_skip()
+    stopped = _stopped_after_section_1(client, image, tiny_original)   # the newest job: first in the gallery
+    folder = server.outputs / stopped["job_id"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(chromium), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1600})
+            page.set_default_timeout(60_000)
+            page.goto(server.url)
+            page.locator("text=Past jobs").click()
+            thumbnails = page.locator("#jobs-gallery button.thumbnail-item")
+            details = "document.querySelector('#job-details')?.innerText"
+            thumbnails.first.click()
+            page.wait_for_function(f"() => {details}.includes('{stopped['job_id']}')")
+            expect(page.locator("#resume-btn")).to_be_enabled()
+            thumbnails.nth(1).click()                               # an older job: done or failed early
+            page.wait_for_function(f"() => !{details}.includes('{stopped['job_id']}')")
+            expect(page.locator("#resume-btn")).to_be_disabled()
+            thumbnails.first.click()
+            page.wait_for_function(f"() => {details}.includes('{stopped['job_id']}')")
+            expect(page.locator("#resume-btn")).to_be_enabled()
+            page.locator("#resume-btn").click()
+            page.wait_for_function("() => /Done|Failed/.test(document.querySelector('#status').innerText)",
+                                   timeout=120_000)
+            status = page.locator("#status").inner_text()
+            assert "Done" in status and f"{PLANNED} frames" in status, status
+            expect(page.locator("#start-btn")).to_be_enabled()
+            expect(page.locator("#resume-btn")).to_be_disabled()   # the refreshed gallery has no selection
+        finally:
+            browser.close()
+    _assert_same_as(folder, uninterrupted)
