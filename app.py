@@ -15,8 +15,9 @@ import gradio as gr  # noqa: E402
 
 from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
 from ui import hints, jobs_gallery, plots  # noqa: E402
+from ui.api import JobApi, hide_ui_endpoints  # noqa: E402
 from ui import settings as st  # noqa: E402
-from ui.cli import launch_options, parse_args, security_warnings  # noqa: E402
+from ui.cli import delete_cache, launch_options, parse_args, security_warnings  # noqa: E402
 from ui.layout import CSS, Layout, build_layout  # noqa: E402
 from ui.models import ComponentCache  # noqa: E402
 from ui.runner import JobRunner, SessionBusy  # noqa: E402
@@ -53,7 +54,7 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
     def preserved_text(preserved_gb):
         return "**Memory plan:** " + hints.preserved_hint(preset, args.vram_cap_gb, preserved_gb, device.type)
 
-    with gr.Blocks(title="SteadyFrame", analytics_enabled=False) as app:
+    with gr.Blocks(title="SteadyFrame", analytics_enabled=False, delete_cache=delete_cache(args)) as app:
         ui: Layout = build_layout(preset, _device_text(device), preserved_text(MEMORY.preserved_gb))
         ticket_state = gr.State(None)
         controls = ui.controls()
@@ -81,24 +82,33 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
             entries = jobs_gallery.shown_entries(jobs_gallery.list_jobs(outputs))
             return jobs_gallery.gallery_items(entries), [str(e.dir) for e in entries]
 
-        # ---- Start: validate (instant), then wait in the GPU queue, then stream ------------------------------
-        def submit(request: gr.Request, *values):
-            session = request.session_hash
-            job = st.request_from_values(dict(zip(st.CONTROLS, values)))
-            try:
-                prepare(job, preset.default_resolution)
-            except InputError as e:
-                runner.remember_error(session, str(e))
-                log.info("input rejected: %s", e)
-                raise gr.Error(str(e), title="Please check the input", print_exception=False) from None
-            try:
-                ticket = runner.reserve(session, job)
-            except SessionBusy as e:
-                runner.remember_error(session, str(e))
-                raise gr.Error(str(e), print_exception=False) from None
+        # ---- Start / Resume: validate (instant), then wait in the GPU queue, then stream ---------------------
+        def refuse(session, error: Exception):
+            runner.remember_error(session, str(error))
+            log.info("job refused: %s", error)
+            title = "Please check the input" if isinstance(error, InputError) else None
+            raise gr.Error(str(error), title=title, print_exception=False) from None
+
+        def started(ticket):
             waiting = "Waiting for the GPU: another job is running…" if runner.busy else "Starting…"
             return (ticket.id, gr.update(interactive=False), gr.update(interactive=True), waiting,
                     progress_html(None, idle_text=waiting))
+
+        def submit(request: gr.Request, *values):
+            job = st.request_from_values(dict(zip(st.CONTROLS, values)))
+            try:
+                prepare(job, preset.default_resolution)
+                return started(runner.reserve(request.session_hash, job))
+            except (InputError, SessionBusy) as e:
+                refuse(request.session_hash, e)
+
+        def submit_resume(job_dir, request: gr.Request):
+            try:
+                if not job_dir:
+                    raise InputError("job", "select a job in the gallery first")
+                return started(runner.reserve_resume(request.session_hash, Path(job_dir)))
+            except (InputError, SessionBusy) as e:
+                refuse(request.session_hash, e)
 
         def show_submit_error(request: gr.Request):
             message = runner.last_error(request.session_hash)
@@ -136,17 +146,24 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
         def finish(ticket_id, request: gr.Request):
             current = runner.current(request.session_hash)
             if current is not None and current.id != ticket_id and not current.finished:
-                return gr.skip(), gr.skip(), *refresh_gallery()      # a newer job of this tab is under way
-            return gr.update(interactive=True), gr.update(interactive=False), *refresh_gallery()
+                return gr.skip(), gr.skip(), *refresh_gallery(), gr.skip()  # a newer job of this tab is under way
+            # the gallery is refreshed (its selection cleared): Resume waits for a new selection
+            return gr.update(interactive=True), gr.update(interactive=False), *refresh_gallery(), \
+                gr.update(interactive=False)
 
-        submitted = ui.start.click(submit, controls, [ticket_state, ui.start, ui.end, ui.status, ui.progress],
-                                   preprocess=False, trigger_mode="multiple", show_progress="hidden",
-                                   concurrency_limit=None)
-        submitted.failure(show_submit_error, None, ui.status, queue=False, show_progress="hidden")
-        submitted.success(run, ticket_state, run_outputs, concurrency_limit=1, concurrency_id="gpu",
-                          show_progress="full", show_progress_on=[ui.progress], api_name="generate") \
-            .then(finish, ticket_state, [ui.start, ui.end, ui.gallery, ui.jobs_state], queue=False,
-                  show_progress="hidden")
+        def queue_job(submitted, api_name=None):
+            """After a ticket is reserved: the job waits its turn in the GPU queue and streams to the page."""
+            submitted.failure(show_submit_error, None, ui.status, queue=False, show_progress="hidden")
+            submitted.success(run, ticket_state, run_outputs, concurrency_limit=1, concurrency_id="gpu",
+                              show_progress="full", show_progress_on=[ui.progress], api_name=api_name) \
+                .then(finish, ticket_state, [ui.start, ui.end, ui.gallery, ui.jobs_state, ui.resume], queue=False,
+                      show_progress="hidden")
+
+        started_outputs = [ticket_state, ui.start, ui.end, ui.status, ui.progress]
+        queue_job(ui.start.click(submit, controls, started_outputs, preprocess=False, trigger_mode="multiple",
+                                 show_progress="hidden", concurrency_limit=None), api_name="generate")
+        queue_job(ui.resume.click(submit_resume, ui.selected_job, started_outputs, show_progress="hidden",
+                                  concurrency_limit=None))
 
         # ---- End: reaches this tab's job whether it runs or waits; never waits behind the GPU queue ----------
         def stop(request: gr.Request):
@@ -156,7 +173,8 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
                 return f"■ {message}", gr.update(interactive=True), gr.update(interactive=False)
             return f"■ {message}", gr.skip(), gr.skip()
 
-        ui.end.click(stop, None, [ui.status, ui.start, ui.end], queue=False, show_progress="hidden")
+        ui.end.click(stop, None, [ui.status, ui.start, ui.end], queue=False, show_progress="hidden",
+                     api_name="stop")
 
         def tab_closed(request: gr.Request):
             runner.drop_waiting(request.session_hash)
@@ -165,13 +183,15 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
 
         # ---- past jobs ------------------------------------------------------------------------------------------
         def select_job(job_dirs, evt: gr.SelectData):
+            off = gr.update(interactive=False)
             if not job_dirs or evt.index is None or not 0 <= evt.index < len(job_dirs):
-                return None, None, None, gr.update(interactive=False)
+                return None, None, None, off, off
             entry = jobs_gallery.read_job(Path(job_dirs[evt.index]))
             if entry is None:
-                return None, None, {"error": "job.json could not be read"}, gr.update(interactive=False)
+                return None, None, {"error": "job.json could not be read"}, off, off
             video = str(entry.video) if entry.video else None
-            return str(entry.dir), video, entry.details(), gr.update(interactive=True)
+            return (str(entry.dir), video, entry.details(), gr.update(interactive=True),
+                    gr.update(interactive=entry.resumable))
 
         def reuse_settings(job_dir):
             entry = jobs_gallery.read_job(Path(job_dir)) if job_dir else None
@@ -185,10 +205,14 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
 
         app.load(refresh_gallery, None, [ui.gallery, ui.jobs_state], show_progress="hidden")
         ui.refresh.click(refresh_gallery, None, [ui.gallery, ui.jobs_state], show_progress="hidden")
-        ui.gallery.select(select_job, ui.jobs_state, [ui.selected_job, ui.job_video, ui.job_details, ui.reuse],
-                          show_progress="hidden")
+        ui.gallery.select(select_job, ui.jobs_state,
+                          [ui.selected_job, ui.job_video, ui.job_details, ui.reuse, ui.resume], show_progress="hidden")
         ui.reuse.click(reuse_settings, ui.selected_job, controls, show_progress="hidden")
 
+        # ---- the API for scripts (gradio_client): /video, /resume, /stop; see ui/api.py -----------------------
+        JobApi(runner, preset.default_resolution).register(controls, concurrency_id="gpu")
+
+    hide_ui_endpoints(app)
     app.queue(max_size=QUEUE_MAX, default_concurrency_limit=4)
     return app
 

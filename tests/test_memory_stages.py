@@ -33,7 +33,7 @@ def test_job_load_order_and_every_boundary(tiny_original, tmp_path, trims):
     order = ["text encoders", "VAE encode", "image encoder", "transformer", "VAE decode", "transformer",
              "VAE decode"]
     assert mm.load_order() == order
-    assert trims == [f"after {name}" for name in order]
+    assert trims == [f"after {name}" for name in order] + ["after the job"]
     boundaries = [s for s in mm.timeline if s.label.split(" ", 1)[0] in ("before", "in", "after")]
     assert [s.label for s in boundaries] == [f"{w} {n}" for n in order for w in ("before", "in", "after")]
     for snap in boundaries:

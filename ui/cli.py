@@ -13,6 +13,7 @@ log = logging.getLogger(__name__)
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 MAX_UPLOAD = LIMITS.upload_bytes_max     # bytes; Gradio refuses larger uploads
+TEMP_MAX_AGE_S = 24 * 3600                # Gradio's cached uploads/videos (a copy per shown video) live this long
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inbrowser", action="store_true", help="open the app in the default browser")
     p.add_argument("--auth", default=None, metavar="USER:PASS", help="protect the whole app with a login")
     p.add_argument("--outputs", type=Path, default=Path("outputs"), help="where jobs are written (default outputs/)")
+    p.add_argument("--temp-max-age", type=float, default=TEMP_MAX_AGE_S, metavar="SECONDS",
+                   help="delete the server's temporary copies of uploads and shown videos after this long (default "
+                        "one day; they are all deleted when the app stops; outputs/ is never touched)")
     p.add_argument("--vram-cap-gb", type=float, default=MEMORY.vram_cap_gb,
                    help=f"hard cap on GPU memory this app may use (default {MEMORY.vram_cap_gb:g} GB)")
     return p
@@ -76,9 +80,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(str(e))
     if args.vram_cap_gb <= 0:
         parser.error("--vram-cap-gb: must be more than 0")
+    if not args.temp_max_age >= 1:
+        parser.error("--temp-max-age: must be at least 1 second")
     if args.port is not None and not 0 < args.port < 65536:
         parser.error("--port: must be between 1 and 65535")
     return args
+
+
+def delete_cache(args: argparse.Namespace) -> tuple[int, int]:
+    """gr.Blocks(delete_cache=(every, age)): Gradio copies every upload and every video it shows into its temp
+    folder; without this the folder grows by a few videos per job for as long as the app runs."""
+    age = max(1, int(getattr(args, "temp_max_age", TEMP_MAX_AGE_S)))
+    return max(1, min(3600, age // 4)), age
 
 
 @dataclass(frozen=True)

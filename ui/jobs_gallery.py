@@ -1,5 +1,5 @@
 """Past jobs from outputs/: one entry per job folder with a job.json, newest first, for the gallery, the detail
-view and "reuse settings"."""
+view, "reuse settings" and "resume"."""
 from __future__ import annotations
 
 import json
@@ -51,6 +51,13 @@ class JobEntry:
                 if p.is_file():
                     return p
         return None
+
+    @property
+    def resumable(self) -> bool:
+        """Not finished and has a checkpoint to continue from (a stopped, failed or interrupted job)."""
+        from pipeline.checkpoint import CHECKPOINT
+
+        return self.status != "done" and (self.dir / CHECKPOINT).is_file()
 
     def caption(self) -> str:
         s = self.settings

@@ -62,6 +62,7 @@ class Layout:
     job_details: gr.JSON
     job_video: gr.Video
     reuse: gr.Button
+    resume: gr.Button
     jobs_state: gr.State
     selected_job: gr.State
 
@@ -147,7 +148,11 @@ def build_layout(preset, device_text: str, preserved_text: str) -> Layout:
                 refresh = gr.Button("Refresh", size="sm", elem_id="jobs-refresh")
             with gr.Column(scale=2):
                 job_video = gr.Video(label="Selected job", interactive=False, height=240, elem_id="job-video")
-                reuse = gr.Button("Reuse settings", interactive=False, elem_id="reuse-btn")
+                with gr.Row():
+                    reuse = gr.Button("Reuse settings", interactive=False, elem_id="reuse-btn")
+                    resume = gr.Button("Resume", interactive=False, elem_id="resume-btn")
+                gr.Markdown("_Resume continues a stopped or interrupted job from its last finished section._",
+                            elem_id="resume-info")
                 job_details = gr.JSON(label="job.json", elem_id="job-details")
     return Layout(image=image, end_image=end_image, prompt=prompt, negative_prompt=negative_prompt, seed=seed,
                   randomize=randomize, seconds=seconds, mode=mode, steps=steps, gs=gs, cfg=cfg, rescale=rescale,
@@ -155,5 +160,5 @@ def build_layout(preset, device_text: str, preserved_text: str) -> Layout:
                   preserved_gb=preserved_gb, preserved_info=preserved_info, crf=crf, hints=hints, start=start,
                   end=end, status=status, progress=progress, preview=preview, video=video, log=log,
                   memory_plot=memory_plot, timings=timings, gallery=gallery, refresh=refresh,
-                  job_details=job_details, job_video=job_video, reuse=reuse, jobs_state=gr.State([]),
+                  job_details=job_details, job_video=job_video, reuse=reuse, resume=resume, jobs_state=gr.State([]),
                   selected_job=gr.State(None))

@@ -4,6 +4,8 @@ Gradio's queue (concurrency_limit=1 on the generate event) orders the jobs and t
 runner adds what the queue cannot: the End button of a session reaches that session's job (running or still
 waiting) through a ticket registry, and the pipeline runs in its own thread that always finishes its job cleanly
 (job.json written, models unloaded) even if the browser goes away; a lock makes sure the next job starts only then.
+A ticket runs a new job (pipeline.generate) or continues an interrupted one from its folder (pipeline.resume): the
+same queue, End button and event stream for both. The API (ui/api.py) runs its jobs through the same runner.
 """
 from __future__ import annotations
 
@@ -41,11 +43,14 @@ class Cancelled:
 class Ticket:
     session: str
     request: object = None                     # the validated pipeline Request
+    resume: Path | None = None                 # a job folder to continue (pipeline.resume) instead of a new job
+    job_dir: Path | None = None                # the job's folder, once the pipeline has said it
     id: str = field(default_factory=lambda: secrets.token_hex(8))
     cancel: CancelToken = field(default_factory=CancelToken)
     created: float = field(default_factory=time.monotonic)
     started: bool = False
     finished: bool = False
+    detached: bool = False                     # its tab was closed while it ran: forgotten when it ends
 
 
 class SessionBusy(RuntimeError):
@@ -67,15 +72,38 @@ class JobRunner:
         self._gpu = threading.Lock()
 
     # ---- sessions -----------------------------------------------------------------------------------------------
-    def reserve(self, session: str, request) -> Ticket:
-        """A ticket for the session's next job. A session has at most one unfinished job."""
+    def reserve(self, session: str, request, resume: Path | None = None) -> Ticket:
+        """A ticket for the session's next job. A session has at most one unfinished job; a job folder is
+        resumed by one ticket at a time."""
         with self._lock:
             old = self._tickets.get(session)
             if old is not None and not old.finished:
                 raise SessionBusy("this tab already has a job running or waiting; press End to stop it")
-            ticket = self._tickets[session] = Ticket(session, request)
+            if resume is not None and any(not t.finished and resume in (t.resume, t.job_dir)
+                                          for t in self._tickets.values()):
+                raise SessionBusy(f"job {resume.name} is already running or waiting to run")
+            ticket = self._tickets[session] = Ticket(session, request, resume)
             self._errors.pop(session, None)
             return ticket
+
+    def reserve_resume(self, session: str, job_dir: Path) -> Ticket:
+        """A ticket that continues the interrupted job in `job_dir`, a folder of this runner's outputs. Raises
+        pipeline.errors.InputError when the folder cannot be resumed (the message says why), SessionBusy as
+        reserve() does. The folder is checked again when the job runs (it may have finished meanwhile)."""
+        from pipeline.errors import InputError
+        from pipeline.resume import resume_request
+
+        job_dir = Path(job_dir).resolve()
+        if job_dir.parent != self.outputs.resolve() or not job_dir.is_dir():
+            raise InputError("job folder", f"{job_dir.name} is not a job folder of this app's outputs")
+        request, _ = resume_request(job_dir)
+        return self.reserve(session, request, resume=job_dir)
+
+    def forget(self, ticket: Ticket) -> None:
+        """Drop a finished ticket (API calls: nothing refers to it afterwards)."""
+        with self._lock:
+            if ticket.finished and self._tickets.get(ticket.session) is ticket:
+                del self._tickets[ticket.session]
 
     def current(self, session: str) -> Ticket | None:
         """The session's newest ticket (finished or not)."""
@@ -107,10 +135,21 @@ class JobRunner:
                 ticket.finished = True
             if ticket is not None and ticket.finished:
                 del self._tickets[session]
+            elif ticket is not None:
+                ticket.detached = True
             self._errors.pop(session, None)
 
     def release(self, ticket: Ticket) -> None:
-        ticket.finished = True
+        with self._lock:
+            ticket.finished = True
+            if ticket.detached and self._tickets.get(ticket.session) is ticket:
+                del self._tickets[ticket.session]
+
+    @property
+    def open_tickets(self) -> int:
+        """Tickets held for sessions (one per open tab that started a job; API calls hold one while they run)."""
+        with self._lock:
+            return len(self._tickets)
 
     def remember_error(self, session: str, message: str) -> None:
         with self._lock:
@@ -196,10 +235,20 @@ class JobRunner:
             return
         memory = MemoryManager(device=self.device or default_device(), cap_gb=self.vram_cap_gb,
                                preserved_gb=request.preserved_gb)
+        if ticket.resume is not None:
+            from pipeline.resume import resume
+
+            events = resume(ticket.resume, components, memory, cancel=ticket.cancel)
+        else:
+            events = generate(request, components, memory, cancel=ticket.cancel, outputs=self.outputs)
         try:
-            for event in generate(request, components, memory, cancel=ticket.cancel, outputs=self.outputs):
-                if isinstance(event, (Done, Failed)):
+            for event in events:
+                if isinstance(event, SectionVideo):
+                    ticket.job_dir = Path(event.path).parent
+                elif isinstance(event, (Done, Failed)):
+                    ticket.job_dir = event.job_dir or ticket.job_dir
                     out.put(MemoryReport(list(memory.timeline), list(memory.records), str(memory.device)))
                 out.put(event)
         finally:
-            del components
+            events.close()
+            del components, events

@@ -44,13 +44,8 @@ def format_seconds(s: float | None) -> str:
     return f"{h} h {m:02d} min"
 
 
-def progress_html(p: Progress | None, *, idle_text: str = "Idle: upload an image, write a prompt, press Start."
-                  ) -> str:
-    """A progress bar with the stage, section i/n, step j/m, elapsed and ETA (plain HTML, no script)."""
-    if p is None:
-        return f'<div class="sf-progress sf-idle"><div class="sf-progress-text">{html.escape(idle_text)}</div></div>'
-    pct = round(100 * p.fraction, 1)
-    parts = [f"<b>{html.escape(p.stage)}</b>"]
+def _progress_parts(p: Progress) -> list[str]:
+    parts = [p.stage]
     if p.sections and p.section > 0:
         parts.append(f"section {p.section}/{p.sections}")
     elif p.sections:
@@ -60,7 +55,22 @@ def progress_html(p: Progress | None, *, idle_text: str = "Idle: upload an image
     parts.append(f"elapsed {format_seconds(p.elapsed_s)}")
     if p.eta_s is not None:
         parts.append(f"ETA {format_seconds(p.eta_s)}")
-    text = " · ".join(parts)
+    return parts
+
+
+def progress_line(p: Progress) -> str:
+    """The progress bar's text as plain text: 'sampling · section 1/2 · step 3/25 · elapsed 12 s · ETA 1 min'."""
+    return " · ".join(_progress_parts(p))
+
+
+def progress_html(p: Progress | None, *, idle_text: str = "Idle: upload an image, write a prompt, press Start."
+                  ) -> str:
+    """A progress bar with the stage, section i/n, step j/m, elapsed and ETA (plain HTML, no script)."""
+    if p is None:
+        return f'<div class="sf-progress sf-idle"><div class="sf-progress-text">{html.escape(idle_text)}</div></div>'
+    pct = round(100 * p.fraction, 1)
+    parts = _progress_parts(p)
+    text = " · ".join([f"<b>{html.escape(parts[0])}</b>", *parts[1:]])
     detail = html.escape(p.message) if p.message and p.message != p.stage else ""
     return (f'<div class="sf-progress" data-stage="{html.escape(p.stage)}" data-section="{p.section}" '
             f'data-step="{p.step}"><div class="sf-progress-text">{text}</div>'
