@@ -98,11 +98,8 @@ def _inject_vae_oom(memory) -> None:
     decode = memory.decode_vae
 
     def decode_with_oom(vae, z):
-        fallback.fault_plan = FaultPlan([Fault(tier=1, kind="hip_oom", op="conv3d")])
-        try:
+        with fallback.injecting(FaultPlan([Fault(tier=1, kind="hip_oom", op="conv3d")])):
             return decode(vae, z)
-        finally:
-            fallback.fault_plan = None
 
     memory.decode_vae = decode_with_oom
 

@@ -171,6 +171,15 @@ class ConvFallback:
                 self.uninstall()
 
     @contextlib.contextmanager
+    def injecting(self, plan: FaultPlan):
+        """The test seam for a block: ``plan``'s faults fire in this fallback's tiers, then the old plan returns."""
+        previous, self.fault_plan = self.fault_plan, plan
+        try:
+            yield self
+        finally:
+            self.fault_plan = previous
+
+    @contextlib.contextmanager
     def passing_oom(self):
         """Within the block (this thread), out-of-memory propagates to the caller instead of moving to the next
         tier, and leaves no verdict: the caller has a cheaper remedy first (memory/'s VAE decode retries with

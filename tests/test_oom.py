@@ -141,11 +141,8 @@ def test_vae_decode_conv_oom_goes_to_smaller_tiles_first_then_the_conv_tiers(tin
     real_decode = memory.decode_vae
 
     def decode_with_faults(vae, z):
-        fallback.fault_plan = FaultPlan([Fault(tier=1, kind="hip_oom", op="conv3d")])
-        try:
+        with fallback.injecting(FaultPlan([Fault(tier=1, kind="hip_oom", op="conv3d")])):
             return real_decode(vae, z)
-        finally:
-            fallback.fault_plan = None
 
     memory.decode_vae = decode_with_faults
     _, last = run_job(_request(seconds=1.2), tiny_original, tmp_path, memory=memory)
