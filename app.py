@@ -17,7 +17,7 @@ from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
 from ui import hints, jobs_gallery, plots  # noqa: E402
 from ui.api import JobApi, hide_ui_endpoints  # noqa: E402
 from ui import settings as st  # noqa: E402
-from ui.cli import delete_cache, launch_options, parse_args, security_warnings  # noqa: E402
+from ui.cli import launch_options, parse_args, security_warnings  # noqa: E402
 from ui.layout import CSS, Layout, build_layout  # noqa: E402
 from ui.models import ComponentCache  # noqa: E402
 from ui.runner import JobRunner, SessionBusy  # noqa: E402
@@ -54,7 +54,7 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
     def preserved_text(preserved_gb):
         return "**Memory plan:** " + hints.preserved_hint(preset, args.vram_cap_gb, preserved_gb, device.type)
 
-    with gr.Blocks(title="SteadyFrame", analytics_enabled=False, delete_cache=delete_cache(args)) as app:
+    with gr.Blocks(title="SteadyFrame", analytics_enabled=False) as app:
         ui: Layout = build_layout(preset, _device_text(device), preserved_text(MEMORY.preserved_gb))
         ticket_state = gr.State(None)
         controls = ui.controls()

@@ -72,6 +72,14 @@ def test_runner_resumes_a_stopped_job_to_the_uninterrupted_result(tmp_path, tiny
     _assert_same_as(done.job_dir, full.job_dir)
     assert runner.open_tickets == 2 and not runner.busy         # tab-a and tab-b keep their finished tickets
 
+    damaged = {"not-json": "{status: stopped", "no-settings": '{"status": "stopped"}', "a-list": "[1, 2]"}
+    for name, text in damaged.items():
+        folder = tmp_path / "out" / name
+        folder.mkdir()
+        (folder / "job.json").write_text(text)
+        (folder / CHECKPOINT).write_bytes(b"not a checkpoint")
+        with pytest.raises(InputError, match=f"{name}: its job.json is damaged or incomplete"):
+            runner.reserve_resume("tab-d", folder)
     for folder, reason in ((done.job_dir, "already complete"), (full.job_dir, "already complete"),
                            (tmp_path, "not a job folder of this app's outputs"),
                            (tmp_path / "out" / ".." / "out" / "nope", "not a job folder")):

@@ -8,5 +8,7 @@
     view.py         pipeline events -> values of the UI components (preview, progress bar, log, status)
     hints.py        live explanations next to the controls (sections, invalid combinations, preserved memory)
     plots.py        memory timeline plot (PNG) and per-stage timings table
-    jobs_gallery.py past jobs from outputs/ (job.json) for the gallery and "reuse settings"
+    jobs_gallery.py past jobs from outputs/ (job.json) for the gallery, "reuse settings" and "resume"
+    api.py          the API for scripts (gradio_client): /video, /resume, /stop (its docstring is the README text)
+    tempfiles.py    deletes Gradio's temporary copies of uploads and shown videos after --temp-max-age
 """

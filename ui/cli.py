@@ -87,13 +87,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def delete_cache(args: argparse.Namespace) -> tuple[int, int]:
-    """gr.Blocks(delete_cache=(every, age)): Gradio copies every upload and every video it shows into its temp
-    folder; without this the folder grows by a few videos per job for as long as the app runs."""
-    age = max(1, int(getattr(args, "temp_max_age", TEMP_MAX_AGE_S)))
-    return max(1, min(3600, age // 4)), age
-
-
 @dataclass(frozen=True)
 class LaunchOptions:
     server_name: str
@@ -103,15 +96,21 @@ class LaunchOptions:
     auth: tuple[str, str] | None
     allowed_paths: list[str]
     max_file_size: int = MAX_UPLOAD
+    temp_max_age_s: float = TEMP_MAX_AGE_S
 
     def kwargs(self) -> dict:
+        """Blocks.launch() keyword arguments. The lifespan deletes Gradio's temporary copies of uploads and shown
+        videos once older than temp_max_age_s (ui/tempfiles.py says why not Gradio's own delete_cache)."""
+        from ui.tempfiles import cleanup_lifespan
+
         return {"server_name": self.server_name, "server_port": self.server_port, "share": self.share,
                 "inbrowser": self.inbrowser, "auth": self.auth, "allowed_paths": self.allowed_paths,
-                "max_file_size": self.max_file_size, "show_error": True}
+                "max_file_size": self.max_file_size, "show_error": True,
+                "app_kwargs": {"lifespan": cleanup_lifespan(self.temp_max_age_s)}}
 
 
 def launch_options(args: argparse.Namespace) -> LaunchOptions:
     outputs = Path(args.outputs).expanduser().resolve()
     return LaunchOptions(server_name=args.host, server_port=args.port, share=bool(args.share),
                          inbrowser=bool(args.inbrowser), auth=getattr(args, "auth_pair", parse_auth(args.auth)),
-                         allowed_paths=[str(outputs)])
+                         allowed_paths=[str(outputs)], temp_max_age_s=getattr(args, "temp_max_age", TEMP_MAX_AGE_S))

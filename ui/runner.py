@@ -96,7 +96,14 @@ class JobRunner:
         job_dir = Path(job_dir).resolve()
         if job_dir.parent != self.outputs.resolve() or not job_dir.is_dir():
             raise InputError("job folder", f"{job_dir.name} is not a job folder of this app's outputs")
-        request, _ = resume_request(job_dir)
+        try:
+            request, _ = resume_request(job_dir)
+        except InputError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:   # a damaged job.json
+            log.info("cannot resume %s: %r", job_dir, e)
+            raise InputError("job folder", f"{job_dir.name}: its job.json is damaged or incomplete "
+                                           f"({type(e).__name__}: {e}); start the job again") from None
         return self.reserve(session, request, resume=job_dir)
 
     def forget(self, ticket: Ticket) -> None:
