@@ -167,7 +167,7 @@ class JobRun:
             except Exception as e:  # the job fails; the process (and the server around it) keeps going
                 log.error("job failed: %s", e, exc_info=True)
                 ending = self._fail(e)
-            rocm.trim("after the job")      # now that a failure's traceback (and what it held) is gone
+            rocm.trim("after the job", host=True)      # now that a failure's traceback (and what it held) is gone
             yield from drain()
             yield ending
 

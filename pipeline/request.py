@@ -89,6 +89,11 @@ def _text(name: str, value) -> tuple[str, list[str]]:
     if not isinstance(value, str):
         raise InputError(name, f"text is required, got {type(value).__name__}")
     warnings = []
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(name, "contains characters that are not valid text (lone UTF-16 surrogates); "
+                               "retype or paste it again") from None
     value = value.replace("\x00", "")
     if len(value) > LIMITS.prompt_chars_max:
         warnings.append(f"{name}: {len(value)} characters; only the first {LIMITS.prompt_chars_max} are used")

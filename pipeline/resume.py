@@ -26,13 +26,19 @@ def resume_request(job_dir: Path) -> tuple[Request, dict]:
     job_dir = Path(job_dir)
     if not (job_dir / "job.json").is_file():
         raise InputError("job folder", f"{job_dir} has no job.json; pick a folder under outputs/")
-    info = load_job(job_dir)
+    try:
+        info = load_job(job_dir)
+        settings, preset = dict(info["settings"]), str(info["models"]["preset"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise InputError("job folder", f"{job_dir.name}/job.json is damaged or incomplete; it cannot be "
+                                       f"resumed") from None
+    info["models"]["preset"] = preset
     if info.get("status") == "done":
         raise InputError("job folder", f"{job_dir.name} is already complete ({info.get('final')})")
     if not (job_dir / CHECKPOINT).is_file():
         raise InputError("job folder", f"{job_dir.name} has no finished section to continue from; start it again")
     names = {f.name for f in dataclasses.fields(Request)}
-    settings = {k: v for k, v in info["settings"].items() if k in names}
+    settings = {k: v for k, v in settings.items() if k in names}
     end = job_dir / "end.png"
     return Request(image=job_dir / "input.png", end_image=end if end.exists() else None, **settings), info
 

@@ -136,6 +136,12 @@ def test_long_prompt_truncated_with_warning(good_png, caplog):
     assert prepared.warnings and "prompt" in prepared.warnings[0]
 
 
+def test_lone_surrogate_in_a_prompt_is_refused(good_png):
+    """JSON from a browser or script may carry a lone UTF-16 surrogate; the tokenizer would fail mid-job."""
+    err = _error(Request(image=good_png, prompt="rain \ud800 on glass"))
+    assert err.field == "prompt" and "not valid text" in err.message
+
+
 def test_unicode_prompt_kept(good_png):
     prompt = "猫が踊る 🐱 — naïve café"
     assert prepare(Request(image=good_png, prompt=prompt), 64).prompt == prompt

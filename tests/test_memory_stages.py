@@ -21,7 +21,7 @@ def trims(monkeypatch):
 
     seen = []
     real = rocm.trim
-    monkeypatch.setattr(rocm, "trim", lambda label="", device=None: (seen.append(label), real(label, device))[1])
+    monkeypatch.setattr(rocm, "trim", lambda label="", device=None, **kw: (seen.append(label), real(label, device, **kw))[1])
     return seen
 
 
