@@ -31,7 +31,7 @@ def resume_request(job_dir: Path) -> tuple[Request, dict]:
         settings, preset = dict(info["settings"]), str(info["models"]["preset"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         raise InputError("job folder", f"{job_dir.name}/job.json is damaged or incomplete; it cannot be "
-                                       f"resumed") from None
+                                       f"resumed: start the job again") from None
     info["models"]["preset"] = preset
     if info.get("status") == "done":
         raise InputError("job folder", f"{job_dir.name} is already complete ({info.get('final')})")

@@ -78,7 +78,7 @@ def test_runner_resumes_a_stopped_job_to_the_uninterrupted_result(tmp_path, tiny
         folder.mkdir()
         (folder / "job.json").write_text(text)
         (folder / CHECKPOINT).write_bytes(b"not a checkpoint")
-        with pytest.raises(InputError, match=f"{name}: its job.json is damaged or incomplete"):
+        with pytest.raises(InputError, match=f"{name}/job.json is damaged or incomplete; .*start the job again"):
             runner.reserve_resume("tab-d", folder)
     for folder, reason in ((done.job_dir, "already complete"), (full.job_dir, "already complete"),
                            (tmp_path, "not a job folder of this app's outputs"),
