@@ -32,6 +32,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from rocm import tiers as tier_ops  # noqa: E402
+from rocm.allocator import synchronize  # noqa: E402
 from rocm.conv_fallback import ConvFallback  # noqa: E402
 from rocm.signature import ConvSpec, normalize_call  # noqa: E402
 
@@ -72,11 +73,6 @@ def enable_tiling(vae, tile):
     return {k: getattr(vae, k) for k in sorted(vars(vae)) if k.startswith("tile_sample")}
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def record_conv_calls(vae, latents):
     """Run one decode with F.conv2d/conv3d wrapped; -> ({(op, input, weight, spec, bias): count}, seconds)."""
     calls: collections.Counter = collections.Counter()
@@ -96,7 +92,7 @@ def record_conv_calls(vae, latents):
         started = time.perf_counter()
         with torch.no_grad():
             vae.decode(latents)
-        sync(latents.device)
+        synchronize(latents.device)
         elapsed = time.perf_counter() - started
     finally:
         F.conv2d, F.conv3d = saved
@@ -106,12 +102,12 @@ def record_conv_calls(vae, latents):
 def time_tier(tier, spec: ConvSpec, x, w, b, reps: int, warmup: int, vendor: bool):
     for _ in range(warmup):
         out = tier_ops.forward(tier, spec, x, w, b, vendor_in_decomposition=vendor)
-    sync(x.device)
+    synchronize(x.device)
     times = []
     for _ in range(reps):
         started = time.perf_counter()
         out = tier_ops.forward(tier, spec, x, w, b, vendor_in_decomposition=vendor)
-        sync(x.device)
+        synchronize(x.device)
         times.append(time.perf_counter() - started)
     return statistics.median(times) * 1000.0, out
 
@@ -175,10 +171,10 @@ def bench_e2e(vae, latents, tiers, vendor):
     out = {}
     with torch.no_grad():
         vae.decode(latents)      # warm-up
-        sync(latents.device)
+        synchronize(latents.device)
         started = time.perf_counter()
         ref = vae.decode(latents).sample.float()
-        sync(latents.device)
+        synchronize(latents.device)
         out["plain_s"] = round(time.perf_counter() - started, 3)
         for tier in tiers:
             fb = ConvFallback(tiers=(tier,), persist=False, probe=None, vendor_in_decomposition=vendor)
@@ -186,7 +182,7 @@ def bench_e2e(vae, latents, tiers, vendor):
                 with fb.active():
                     started = time.perf_counter()
                     got = vae.decode(latents).sample.float()
-                    sync(latents.device)
+                    synchronize(latents.device)
                     out[f"tier{tier}_s"] = round(time.perf_counter() - started, 3)
                 out[f"tier{tier}_max_abs_diff"] = float((got - ref).abs().max())
                 del got

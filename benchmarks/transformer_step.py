@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from rocm.allocator import synchronize  # noqa: E402
+
 log = logging.getLogger("benchmarks.transformer_step")
 GB = 1024 ** 3
 
@@ -50,21 +52,16 @@ def section_inputs(tr, height: int, width: int, window: int, image_tokens: int, 
     return ctx, plan.indices(section), (window, lh, lw), image, texts, noise
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_steps(denoiser, inputs, device, warmup: int, steps: int) -> tuple[list[float], torch.Tensor]:
     ctx, idx, shape, image, texts, noise = inputs
     denoiser.begin_section(ctx, idx, shape, image, texts, 10.0)
     x, t = noise.to(device), torch.tensor([900.0])
     times = []
     for i in range(warmup + steps):
-        _sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         out = denoiser(x, t)
-        _sync(device)
+        synchronize(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     denoiser.end_section()

@@ -24,6 +24,7 @@ from memory.hostpack import HostPack, load_chunks, unload_chunks
 from memory.snapshot import GB, MemorySnapshot, host_rss_bytes, take_snapshot
 from memory.streaming import BlockStreamer
 from memory.vae import MIOPEN_SCRATCH_LIMIT, VaeDecodePolicy
+from rocm.allocator import synchronize
 
 log = logging.getLogger(__name__)
 
@@ -137,10 +138,6 @@ class MemoryManager:
     def loaded(self) -> list[str]:
         return list(self._loaded)
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     def _load(self, placements: dict[str, Placement], held: list) -> None:
         """Resident chunks to device buffers, streamers attached; `held` collects both as it goes (so a failure
         halfway is unloaded completely)."""
@@ -152,11 +149,11 @@ class MemoryManager:
                 streamer = BlockStreamer(modules, chunks, self.device, self.prefetch_depth)
                 streamers.append(streamer)
                 streamer.attach()
-        self._sync()
+        synchronize(self.device)
 
     def _unload(self, placements: dict[str, Placement], held: list, record: StageRecord) -> list[str]:
         buffers, streamers = held
-        self._sync()
+        synchronize(self.device)
         for s in streamers:
             record.stream_misses += s.misses
             s.detach()

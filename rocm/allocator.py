@@ -19,6 +19,14 @@ logger = logging.getLogger(__name__)
 GIB = 2**30
 
 
+def synchronize(device) -> None:
+    """Wait for the GPU's queued work on `device` (a torch.device, or anything with ``.type``); nothing on CPU."""
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
 @dataclass(frozen=True)
 class TrimReport:
     label: str

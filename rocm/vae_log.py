@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from configs.rocm_profiles import DEFAULTS
-from rocm.allocator import memory_status as default_memory_status
+from rocm.allocator import memory_status as default_memory_status, synchronize
 
 _logger = logging.getLogger(__name__)
 
@@ -89,13 +89,6 @@ def _device_dtype_of(module) -> tuple[str, str]:
     return str(param.device), str(param.dtype).replace("torch.", "")
 
 
-def _synchronize(device) -> None:
-    import torch
-
-    if getattr(device, "type", None) == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @contextlib.contextmanager
 def vae_decode_log(vae, latents, *, stage: str = "VAE decode",
                    stall_timeout_s: float | None = DEFAULTS.stall_timeout_s, logger: logging.Logger | None = None,
@@ -116,7 +109,7 @@ def vae_decode_log(vae, latents, *, stage: str = "VAE decode",
     rec.memory_before = status()
     log.info("%s: start; latents %s on %s (%s); VAE on %s (%s); memory: %s", stage, rec.latents_shape,
              rec.latents_device, rec.latents_dtype, vae_device, vae_dtype, rec.memory_before)
-    _synchronize(device)
+    synchronize(device)
     stats_before = fallback.stats() if fallback is not None else None
 
     def describe() -> str:
@@ -136,7 +129,7 @@ def vae_decode_log(vae, latents, *, stage: str = "VAE decode",
             scope.enter_context(fallback.probing())
         with scope:
             yield rec
-            _synchronize(device)
+            synchronize(device)
         rec.success = True
     except BaseException as exc:
         rec.success = False

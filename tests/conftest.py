@@ -45,6 +45,24 @@ def tiny_f1():
     return load_components("tiny", "f1")
 
 
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_original):
+    """The app on the tiny preset, launched in this process on 127.0.0.1, one per test module (a module may define
+    its own `server`, as the browser test does)."""
+    from tests.server_helpers import launched
+
+    with launched(tmp_path_factory.mktemp("outputs"), tiny_original) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server, tmp_path_factory):
+    """A gradio_client for `server`."""
+    c = server.client(tmp_path_factory.mktemp("downloads"))
+    yield c
+    c.close()
+
+
 def run_job(request, components, outputs, memory=None, cancel=None):
     """Run a job to its end; returns (events, final event)."""
     from pipeline.orchestrator import generate

@@ -16,7 +16,7 @@ from PIL import Image
 
 from configs import LIMITS
 from tests.conftest import make_image
-from tests.server_helpers import JOB_ID, job_info, launched, temp_leftovers
+from tests.server_helpers import JOB_ID, job_info, temp_leftovers
 
 GOOD = dict(prompt="a boat drifts on a calm lake", seconds=1.2, steps=1, seed=3)
 
@@ -61,19 +61,6 @@ def files(tmp_path_factory):
     make_image(96, 80).convert("P", palette=Image.ADAPTIVE, colors=16).save(d / "palette.png")
     make_image(96, 80).convert("L").save(d / "gray.webp")
     return d
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_original):
-    with launched(tmp_path_factory.mktemp("outputs"), tiny_original) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(server, tmp_path_factory):
-    c = server.client(tmp_path_factory.mktemp("downloads"))
-    yield c
-    c.close()
 
 
 def _file(files, name):

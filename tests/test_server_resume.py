@@ -14,7 +14,7 @@ from pipeline.request import Request
 from pipeline.sections import make_plan
 from pipeline.video import read_frames
 from tests.conftest import make_image
-from tests.server_helpers import CHROMIUM_ARGS, Fault, Gate, browser_or_skip, job_info, launched, tiny_runner
+from tests.server_helpers import CHROMIUM_ARGS, Fault, Gate, browser_or_skip, job_info, tiny_runner
 from ui.runner import SessionBusy
 
 SETTINGS = dict(prompt="a lighthouse in a storm", seconds=3.6, steps=2, seed=11, teacache=0.1)
@@ -85,19 +85,6 @@ def test_runner_resumes_a_stopped_job_to_the_uninterrupted_result(tmp_path, tiny
                            (tmp_path / "out" / ".." / "out" / "nope", "not a job folder")):
         with pytest.raises(InputError, match=reason):
             runner.reserve_resume("tab-d", folder)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_original):
-    with launched(tmp_path_factory.mktemp("outputs"), tiny_original) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(server, tmp_path_factory):
-    c = server.client(tmp_path_factory.mktemp("downloads"))
-    yield c
-    c.close()
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import make_image
-from tests.server_helpers import (CHROMIUM_ARGS, Fault, Gate, browser_or_skip, job_info, launched, temp_leftovers,
+from tests.server_helpers import (CHROMIUM_ARGS, Fault, Gate, browser_or_skip, job_info, temp_leftovers,
                                   wait_for)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_original):
-    with launched(tmp_path_factory.mktemp("outputs"), tiny_original) as s:
-        yield s
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +16,6 @@ def image(tmp_path_factory):
     path = tmp_path_factory.mktemp("images") / "start.png"
     make_image(96, 80, seed=4).save(path)
     return path
-
-
-@pytest.fixture(scope="module")
-def client(server, tmp_path_factory):
-    c = server.client(tmp_path_factory.mktemp("downloads"))
-    yield c
-    c.close()
 
 
 def _job(image, **kw):
