@@ -24,6 +24,7 @@ import torch
 
 import rocm
 from memory import MemoryManager
+from memory.snapshot import host_rss_bytes
 from pipeline import sections as sec
 from pipeline.checkpoint import save_checkpoint
 from pipeline.components import Components
@@ -168,6 +169,7 @@ class JobRun:
                 log.error("job failed: %s", e, exc_info=True)
                 ending = self._fail(e)
             rocm.trim("after the job", host=True)      # now that a failure's traceback (and what it held) is gone
+            log.info("host RSS after the job: %.1f MiB (freed memory given back)", host_rss_bytes() / 2**20)
             yield from drain()
             yield ending
 

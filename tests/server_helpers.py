@@ -6,7 +6,10 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +79,43 @@ def launched(outputs: Path, components, *argv: str, max_file_size: int | None = 
         yield Server(f"http://127.0.0.1:{port}/", blocks, runner, Path(outputs).resolve(), args)
     finally:
         blocks.close()
+
+
+@contextlib.contextmanager
+def app_process(outputs: Path, *argv: str, log_path: Path, env: dict | None = None, start_timeout: float = 120):
+    """`python app.py --preset tiny` started as a user starts it (its own process, a free port on 127.0.0.1,
+    writing into `outputs`, its output in `log_path`); yields (url, the Popen); stopped when the block ends."""
+    port = free_port()
+    full_env = dict(os.environ, HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1",
+                    **(env or {}))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen([sys.executable, "app.py", "--preset", "tiny", "--port", str(port), "--outputs",
+                                 str(outputs), *argv], cwd=ROOT, env=full_env, stdout=log_file,
+                                stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}/"
+        try:
+            deadline = time.monotonic() + start_timeout
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"app.py exited with {proc.returncode}; see {log_path}")
+                try:
+                    with urllib.request.urlopen(url, timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"app.py did not answer on {url} within {start_timeout:.0f} s")
+                time.sleep(0.5)
+            yield url, proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
 
 
 def job_info(job_dir: Path) -> dict:

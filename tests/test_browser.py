@@ -11,22 +11,13 @@ CI sets it, so a missing browser fails there instead of skipping silently.
 """
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = Path(os.environ.get("STEADYFRAME_CHROMIUM", "/usr/bin/chromium"))
+from tests.server_helpers import CHROMIUM, CHROMIUM_ARGS, REQUIRE_BROWSER as REQUIRED, ROOT, app_process
+
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-REQUIRED = os.environ.get("STEADYFRAME_REQUIRE_BROWSER", "").strip() not in ("", "0", "false", "no")
 
 try:
     from playwright.sync_api import expect, sync_playwright
@@ -62,45 +53,12 @@ VIDEO_LOADED_JS = """() => { const v = document.querySelector('#result-video vid
   return !!v && v.readyState >= 1 && v.duration > 0; }"""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`python app.py --preset tiny` as a user starts it, on a free port, writing into a temporary outputs/."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     outputs = tmp_path_factory.mktemp("outputs")
-    port = _free_port()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
-    log_file = open(ARTIFACTS / "app.log", "w")
-    proc = subprocess.Popen([sys.executable, "app.py", "--preset", "tiny", "--port", str(port), "--outputs",
-                             str(outputs)], cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"app.py exited with {proc.returncode}; see {ARTIFACTS / 'app.log'}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"app.py did not answer on {url} within 120 s")
-            time.sleep(0.5)
+    with app_process(outputs, log_path=ARTIFACTS / "app.log") as (url, _proc):
         yield url, outputs
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log_file.close()
 
 
 @pytest.fixture(scope="module")

@@ -1,22 +1,18 @@
-"""Soak: 20 consecutive tiny jobs through the launched app's API. The app's host memory (RSS of this process, where
-the app runs) grows less than 5% from job 5 to job 20; afterwards no job thread is left and the threads are those
-of before; no temp file is left in the job folders; Gradio's temp folder (a copy of every upload and every video
-it serves) stays bounded: the app deletes copies older than --temp-max-age.
+"""Soak: 20 consecutive tiny jobs through the API of `python app.py --preset tiny`, started in its own process as a
+user starts it. The app's host memory (the RSS of that process) grows less than 5% from job 5 to job 20; its thread
+count does not grow with the jobs; no temp file is left in the job folders; Gradio's temp folder (a copy of every
+upload and every video it serves) stays bounded: the app deletes copies older than --temp-max-age.
 
-RSS is read after each job once freed memory is given back (gc + glibc malloc_trim), and "at job 5" / "at job 20"
-are the lowest readings of jobs 3-7 and of jobs 16-20: with the tiny models the native allocators (torch, oneDNN,
-libav) hold a varying 0-60 MB between jobs (up to +12% of this process, up and down, no Python object behind it),
-which single readings would turn into a coin toss; a leak raises the floor, which this compares."""
+The app runs in its own process so that the RSS is the app's alone: measured inside the test process, the client's
+threads and pytest's own state made the reading jump by ±40 MB between jobs, which is noise, not the app. The app
+gives freed host memory back at the end of each job (rocm.allocator.trim(host=True)) and logs its RSS then ("host
+RSS after the job"); the test also reads it from outside once the job has returned. Either reading sometimes holds
+a block of ~25 MB (5%) more that is gone at the next job (freed memory glibc had not given back yet when read; the
+pipeline run in a loop without the server shows none of it): the readings wander upwards only, never down. So the RSS "at job 5" and "at job 20" are the floors (lowest of both readings) of jobs 3-7 and of jobs
+16-20: a leak raises the floor, the wandering does not. Every reading is in the report."""
 from __future__ import annotations
 
-import collections
-import contextlib
-import ctypes
-import ctypes.util
-import gc
-import logging
 import re
-import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -25,26 +21,14 @@ import psutil
 import pytest
 
 from tests.conftest import make_image
-from tests.server_helpers import job_info, launched, temp_leftovers, wait_for
+from tests.server_helpers import app_process, job_info, temp_leftovers, wait_for
 
 JOBS = 20
 MAX_AGE_S = 3
-log = logging.getLogger(__name__)
 
 
 def _files(folder) -> list:
     return [p for p in folder.rglob("*") if p.is_file()] if folder.exists() else []
-
-
-def _settled_rss(process) -> int:
-    """RSS once freed memory is given back: garbage collected, and glibc's heap trimmed (malloc keeps freed
-    memory in per-thread arenas and returns it at its own pace: ±5% between two jobs here, which is not a leak)."""
-    gc.collect()
-    libc = ctypes.util.find_library("c")
-    if libc and sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(libc).malloc_trim(0)
-    return process.memory_info().rss
 
 
 def _hash_folders(folder) -> list:
@@ -52,23 +36,28 @@ def _hash_folders(folder) -> list:
     return [p for p in folder.iterdir() if p.is_dir() and re.fullmatch("[0-9a-f]{64}", p.name)]
 
 
-def _threads() -> collections.Counter:
-    """Live threads by name; AnyIO's worker pool (Gradio runs handlers there) is counted apart, it may grow and
-    shrink by itself."""
-    return collections.Counter("AnyIO worker thread" if "AnyIO" in t.name else t.name
-                               for t in threading.enumerate())
+def _settled(read, timeout: float = 10.0, every: float = 0.2, within: int = 2**20):
+    """`read()` once two readings `every` seconds apart differ by at most `within` (or at the timeout)."""
+    last, deadline = read(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(every)
+        now = read()
+        if abs(now - last) <= within:
+            return now
+        last = now
+    return last
 
 
-def test_twenty_jobs_in_a_row(tmp_path, tiny_original, monkeypatch):
-    from gradio_client import handle_file
+def test_twenty_jobs_in_a_row(tmp_path):
+    from gradio_client import Client, handle_file
 
-    gradio_temp = tmp_path / "gradio-temp"
-    monkeypatch.setenv("GRADIO_TEMP_DIR", str(gradio_temp))
+    gradio_temp, outputs = tmp_path / "gradio-temp", tmp_path / "outputs"
     make_image(96, 80, seed=8).save(tmp_path / "start.png")
-    process = psutil.Process()
-    raw, rss, temp_files, seconds = [], [], [], []
-    with launched(tmp_path / "outputs", tiny_original, "--temp-max-age", str(MAX_AGE_S)) as server:
-        client = server.client(tmp_path / "downloads")
+    rss, threads, temp_files, seconds = [], [], [], []
+    with app_process(outputs, "--temp-max-age", str(MAX_AGE_S), log_path=tmp_path / "app.log",
+                     env={"GRADIO_TEMP_DIR": str(gradio_temp)}) as (url, proc):
+        app = psutil.Process(proc.pid)
+        client = Client(url, verbose=False, download_files=str(tmp_path / "downloads"))
         try:
             for i in range(JOBS):
                 t0 = time.monotonic()
@@ -76,45 +65,37 @@ def test_twenty_jobs_in_a_row(tmp_path, tiny_original, monkeypatch):
                                                 seconds=0.1, latent_window=2, steps=1, seed=i, api_name="/video")
                 assert summary["status"] == "done", summary
                 seconds.append(time.monotonic() - t0)
-                wait_for(lambda: not any(t.name.startswith("job-") for t in threading.enumerate()), 10,
-                         what="the job's thread to end")
-                raw.append(process.memory_info().rss)
-                rss.append(_settled_rss(process))
+                threads.append(_settled(app.num_threads, within=0))
+                rss.append(_settled(lambda: app.memory_info().rss))
                 temp_files.append(len(_files(gradio_temp)))
-                if i == 0:
-                    baseline = _threads()
-            jobs = server.jobs()
+            jobs = sorted(d for d in outputs.iterdir() if d.is_dir())
             assert len(jobs) == JOBS and all(job_info(d)["status"] == "done" for d in jobs)
-            assert not temp_leftovers(server.outputs)
-            assert server.runner.open_tickets == 0 and not server.runner.busy
-
-            # no job thread is left; the other threads are those after the first job
-            wait_for(lambda: not any(t.name.startswith("job-") for t in threading.enumerate()), 10,
-                     what="the job threads to end")
-            now = _threads()
-            assert now["AnyIO worker thread"] <= max(baseline["AnyIO worker thread"], 4)
-            del now["AnyIO worker thread"], baseline["AnyIO worker thread"]
-            assert now == baseline
+            assert not temp_leftovers(outputs)
 
             # Gradio's temp folder: one upload and a copy of each job's video, deleted once older than the max age
             assert max(temp_files) <= 2 * (MAX_AGE_S + 2), temp_files          # never one per job
             wait_for(lambda: not _files(gradio_temp), MAX_AGE_S + 5, 0.2, what="Gradio's temp copies to go")
             wait_for(lambda: not _hash_folders(gradio_temp), 2 * MAX_AGE_S + 5, 0.2,
                      what="the emptied per-file folders to go")
+            assert proc.poll() is None, "the app stopped"
         finally:
             client.close()
+    log_text = (tmp_path / "app.log").read_text(errors="replace")
+    assert "Traceback" not in log_text, log_text[-4000:]
 
-    at5, at20 = min(rss[2:7]), min(rss[-5:])
+    logged = [float(m) for m in re.findall(r"host RSS after the job: ([0-9.]+) MiB", log_text)]
+    assert len(logged) == JOBS, f"{len(logged)} 'host RSS after the job' lines for {JOBS} jobs"
+    outside = [r / 2**20 for r in rss]
+    at5, at20 = min(logged[2:7] + outside[2:7]), min(logged[-5:] + outside[-5:])
     growth = (at20 - at5) / at5
-    mib = [round(r / 2**20) for r in rss]
-    report = (f"soak: {JOBS} jobs in {sum(seconds):.1f} s; settled RSS floor around job 5 {at5 / 2**20:.1f} MiB, "
-              f"around job 20 {at20 / 2**20:.1f} MiB ({100 * growth:+.2f}%); after job 5 exactly {mib[4]} MiB, "
-              f"after job 20 {mib[-1]} MiB ({100 * (rss[-1] - rss[4]) / rss[4]:+.2f}%); settled RSS per job (MiB) "
-              f"{mib}; raw {[round(r / 2**20) for r in raw]}; Gradio temp files after each job {temp_files}")
-    log.warning(report)
+    report = (f"soak: {JOBS} jobs in {sum(seconds):.1f} s; app RSS floor around job 5 {at5:.1f} MiB, around job 20 "
+              f"{at20:.1f} MiB ({100 * growth:+.2f}%); app RSS logged at the end of each job (MiB) {logged}; read "
+              f"from outside after each job {[round(r, 1) for r in outside]}; app threads per job {threads}; Gradio "
+              f"temp files after each job {temp_files}")
     print(report)
     assert growth < 0.05, report
-
+    # a thread left behind per job would add 15 from job 5 to job 20; Gradio's worker pool may add one or two
+    assert threads[-1] <= threads[4] + 2 and max(threads) <= threads[0] + 4, report
 
 
 def test_sweeper_deletes_old_copies_while_requests_add_new_ones(tmp_path):
