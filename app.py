@@ -223,6 +223,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     for line in ROCM_ENV.lines():
         log.info(line)
+    log.info("%s", rocm.configure_host_heap())
     for warning in security_warnings(args):
         log.warning(warning)
     app = build_app(args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -73,6 +74,45 @@ def release_host_heap() -> bool:
         return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
     except (OSError, AttributeError):
         return False
+
+
+HOST_MMAP_THRESHOLD = 4 * 2**20      # blocks this large get their own mapping, returned to the OS when freed
+HOST_TRIM_THRESHOLD = 8 * 2**20      # free memory at the top of a heap beyond this goes back to the OS at once
+_GLIBC_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+
+
+def configure_host_heap(environ=None, *, mmap_threshold: int = HOST_MMAP_THRESHOLD,
+                        trim_threshold: int = HOST_TRIM_THRESHOLD) -> str:
+    """Fix glibc's mmap and trim thresholds for this long-running process (app.py and the CLI, at start).
+
+    By default glibc raises both thresholds each time a large block is freed (up to 32 and 64 MB), after which it
+    keeps up to 64 MB of freed memory per heap: between jobs the app's RSS then wanders by tens of MB, and
+    malloc_trim cannot return what another thread still holds at that moment. Fixed thresholds switch that
+    adjustment off. The user's own malloc settings (MALLOC_*_ or GLIBC_TUNABLES=glibc.malloc...) win, and
+    STEADYFRAME_HOST_HEAP=off leaves glibc alone. Returns what was done, for the log."""
+    env = os.environ if environ is None else environ
+    if env.get("STEADYFRAME_HOST_HEAP", "").strip().lower() in ("off", "0", "false", "no"):
+        return "host heap: left alone (STEADYFRAME_HOST_HEAP=off)"
+    own = [v for v in _GLIBC_MALLOC_ENV if v in env]
+    if "glibc.malloc." in env.get("GLIBC_TUNABLES", ""):
+        own.append("GLIBC_TUNABLES")
+    if own:
+        return f"host heap: your settings kept ({', '.join(own)})"
+    if not sys.platform.startswith("linux"):
+        return "host heap: not glibc, left alone"
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3          # glibc's malloc.h
+        ok = libc.mallopt(m_mmap_threshold, int(mmap_threshold)) == 1 and \
+            libc.mallopt(m_trim_threshold, int(trim_threshold)) == 1
+    except (OSError, AttributeError):
+        return "host heap: not glibc, left alone"
+    if not ok:
+        return "host heap: glibc refused the thresholds, left as it was"
+    return (f"host heap: glibc mmap threshold {mmap_threshold >> 20} MiB, trim threshold {trim_threshold >> 20} MiB "
+            "(fixed, so freed memory goes back to the OS)")
 
 
 def trim(label: str = "", device=None, *, host: bool = False) -> TrimReport:

@@ -41,10 +41,12 @@ def assert_close_scaled(actual, expected, rel: float = 1e-5):
     assert err <= rel * scale, f"max abs error {err:.3g} > {rel:g} * {scale:.3g}"
 
 
-def run_python(code: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+def run_python(code: str, env: dict | None = None, timeout: float = 60, unset=()) -> subprocess.CompletedProcess:
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), full_env.get("PYTHONPATH")) if p)
     full_env.update(env or {})
+    for var in unset:
+        full_env.pop(var, None)
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
 
