@@ -66,14 +66,23 @@ def _gpu_available(initialized_only: bool = True) -> bool:
     return torch.cuda.is_available() and (torch.cuda.is_initialized() or not initialized_only)
 
 
-def release_host_heap() -> bool:
-    """Give the C heap's free pages back to the OS (glibc's malloc_trim); False where that does not exist."""
+def _glibc():
+    """glibc's malloc functions (malloc_trim, mallopt), or None where the C library is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         import ctypes
 
-        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
-    except (OSError, AttributeError):
-        return False
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+    except OSError:
+        return None
+
+
+def release_host_heap() -> bool:
+    """Give the C heap's free pages back to the OS (glibc's malloc_trim); False where that does not exist."""
+    libc = _glibc()
+    return bool(libc.malloc_trim(0)) if libc is not None else False
 
 
 HOST_MMAP_THRESHOLD = 4 * 2**20      # blocks this large get their own mapping, returned to the OS when freed
@@ -98,18 +107,12 @@ def configure_host_heap(environ=None, *, mmap_threshold: int = HOST_MMAP_THRESHO
         own.append("GLIBC_TUNABLES")
     if own:
         return f"host heap: your settings kept ({', '.join(own)})"
-    if not sys.platform.startswith("linux"):
+    libc = _glibc()
+    if libc is None:
         return "host heap: not glibc, left alone"
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3          # glibc's malloc.h
-        ok = libc.mallopt(m_mmap_threshold, int(mmap_threshold)) == 1 and \
-            libc.mallopt(m_trim_threshold, int(trim_threshold)) == 1
-    except (OSError, AttributeError):
-        return "host heap: not glibc, left alone"
-    if not ok:
+    m_trim_threshold, m_mmap_threshold = -1, -3          # glibc's malloc.h
+    if not (libc.mallopt(m_mmap_threshold, int(mmap_threshold)) == 1
+            and libc.mallopt(m_trim_threshold, int(trim_threshold)) == 1):
         return "host heap: glibc refused the thresholds, left as it was"
     return (f"host heap: glibc mmap threshold {mmap_threshold >> 20} MiB, trim threshold {trim_threshold >> 20} MiB "
             "(fixed, so freed memory goes back to the OS)")

@@ -118,6 +118,22 @@ def app_process(outputs: Path, *argv: str, log_path: Path, env: dict | None = No
                 proc.wait(10)
 
 
+def saved_image(tmp_path_factory, width: int, height: int, seed: int) -> Path:
+    """A test image (tests.conftest.make_image) saved as a PNG in a fresh temporary folder."""
+    from tests.conftest import make_image
+
+    path = tmp_path_factory.mktemp("images") / "start.png"
+    make_image(width, height, seed=seed).save(path)
+    return path
+
+
+def api_job(image: Path, settings: dict, **overrides) -> dict:
+    """Keyword arguments of a /video API call: the image file, `settings`, then `overrides`."""
+    from gradio_client import handle_file
+
+    return {"image": handle_file(str(image)), **settings, **overrides}
+
+
 def job_info(job_dir: Path) -> dict:
     return json.loads((Path(job_dir) / "job.json").read_text("utf-8"))
 

@@ -14,7 +14,8 @@ from pipeline.request import Request
 from pipeline.sections import make_plan
 from pipeline.video import read_frames
 from tests.conftest import make_image
-from tests.server_helpers import CHROMIUM_ARGS, Fault, Gate, browser_or_skip, job_info, tiny_runner
+from tests.server_helpers import (CHROMIUM_ARGS, Fault, Gate, api_job, browser_or_skip, job_info, saved_image,
+                                  tiny_runner)
 from ui.runner import SessionBusy
 
 SETTINGS = dict(prompt="a lighthouse in a storm", seconds=3.6, steps=2, seed=11, teacache=0.1)
@@ -89,15 +90,11 @@ def test_runner_resumes_a_stopped_job_to_the_uninterrupted_result(tmp_path, tiny
 
 @pytest.fixture(scope="module")
 def image(tmp_path_factory):
-    path = tmp_path_factory.mktemp("images") / "start.png"
-    make_image(128, 96, seed=5).save(path)
-    return path
+    return saved_image(tmp_path_factory, 128, 96, seed=5)
 
 
 def _job(image, **kw):
-    from gradio_client import handle_file
-
-    return dict(dict(image=handle_file(str(image)), **SETTINGS), **kw)
+    return api_job(image, SETTINGS, **kw)
 
 
 def _stopped_after_section_1(client, image, tiny_original) -> dict:

@@ -6,23 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import make_image
-from tests.server_helpers import (CHROMIUM_ARGS, Fault, Gate, browser_or_skip, job_info, temp_leftovers,
-                                  wait_for)
+from tests.server_helpers import (CHROMIUM_ARGS, Fault, Gate, api_job, browser_or_skip, job_info, saved_image,
+                                  temp_leftovers, wait_for)
 
 
 @pytest.fixture(scope="module")
 def image(tmp_path_factory):
-    path = tmp_path_factory.mktemp("images") / "start.png"
-    make_image(96, 80, seed=4).save(path)
-    return path
+    return saved_image(tmp_path_factory, 96, 80, seed=4)
 
 
 def _job(image, **kw):
-    from gradio_client import handle_file
-
-    return dict(dict(image=handle_file(str(image)), prompt="a paper boat in the rain", seconds=1.2, steps=2, seed=7),
-                **kw)
+    return api_job(image, dict(prompt="a paper boat in the rain", seconds=1.2, steps=2, seed=7), **kw)
 
 
 def _assert_good_job_runs(server, client, image):
