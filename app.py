@@ -8,6 +8,7 @@ import rocm  # first: the ROCm environment profile must be applied before anythi
 ROCM_ENV = rocm.apply_env_profile()
 
 import logging  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -18,6 +19,7 @@ from ui import hints, jobs_gallery, plots  # noqa: E402
 from ui.api import JobApi, hide_ui_endpoints  # noqa: E402
 from ui import settings as st  # noqa: E402
 from ui.cli import launch_options, parse_args, security_warnings  # noqa: E402
+from ui.guard import HandlerGuard  # noqa: E402
 from ui.layout import CSS, Layout, build_layout  # noqa: E402
 from ui.models import ComponentCache  # noqa: E402
 from ui.runner import JobRunner, SessionBusy  # noqa: E402
@@ -26,6 +28,11 @@ from ui.view import JobView, progress_html  # noqa: E402
 log = logging.getLogger("steadyframe.app")
 SCROLL_LOG_JS = "() => { const t = document.querySelector('#log textarea'); if (t) t.scrollTop = t.scrollHeight; }"
 QUEUE_MAX = 32          # jobs waiting in Gradio's queue at most (one GPU job runs at a time)
+LIVE_CALLS_MAX = 2      # un-queued live handlers (hints, memory plan, random seed) running at once; more return at once
+STOP_CALLS_MAX = 8      # End presses handled at once (each is a lock and a flag)
+SUBMITS_MAX = 2         # Start/Resume checks (image decoding) at once; more wait in the queue
+QUEUE_POLL_S = 0.1     # how often Gradio's queue looks for new events when it has none (its own default: 1 ms)
+PROGRESS_POLL_S = 0.25  # how often it sends pending progress (its own default: 10 ms)
 
 
 def _device_text(device) -> str:
@@ -51,6 +58,8 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
     if runner is None:
         runner = JobRunner(ComponentCache(preset.name, args.model_dir), outputs, args.vram_cap_gb, device)
 
+    live = HandlerGuard(LIVE_CALLS_MAX)          # un-queued handlers: bounded work, bounded concurrency
+
     def preserved_text(preserved_gb):
         return "**Memory plan:** " + hints.preserved_hint(preset, args.vram_cap_gb, preserved_gb, device.type)
 
@@ -69,13 +78,14 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
                 negative_prompt=negative, crf=crf, teacache=teacache)
             return hints.hints_markdown(hints.plan_hint(seconds, window, mode, DEFAULTS.fps), problems)
 
+        live_hints = live.wrap(show_hints, gr.skip)
         for component in hint_inputs:
-            component.change(show_hints, hint_inputs, ui.hints, queue=False, preprocess=False,
+            component.change(live_hints, hint_inputs, ui.hints, queue=False, preprocess=False,
                              show_progress="hidden")
-        app.load(show_hints, hint_inputs, ui.hints, queue=False, preprocess=False, show_progress="hidden")
-        ui.preserved_gb.change(preserved_text, ui.preserved_gb, ui.preserved_info, queue=False,
-                               show_progress="hidden")
-        ui.randomize.click(st.random_seed, None, ui.seed, queue=False, show_progress="hidden")
+        app.load(live_hints, hint_inputs, ui.hints, queue=False, preprocess=False, show_progress="hidden")
+        ui.preserved_gb.change(live.wrap(preserved_text, gr.skip), ui.preserved_gb, ui.preserved_info, queue=False,
+                               preprocess=False, show_progress="hidden")
+        ui.randomize.click(live.wrap(st.random_seed, gr.skip), None, ui.seed, queue=False, show_progress="hidden")
         ui.log.change(None, None, None, js=SCROLL_LOG_JS, show_progress="hidden")   # newest line in view
 
         def refresh_gallery():
@@ -121,7 +131,7 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
         def run(ticket_id):
             ticket = runner.get(ticket_id)
             if ticket is None or ticket.cancel.cancelled and not ticket.started:
-                yield {}            # dropped while waiting (End or tab closed): leave the page as it is
+                yield {ui.status: gr.skip()}    # dropped while waiting (End or tab closed): leave the page as it is
                 return
             view = JobView(fps=ticket.request.fps)
             yield {ui.preview: None, ui.video: None, ui.log: "", ui.memory_plot: None,
@@ -156,14 +166,14 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
             submitted.failure(show_submit_error, None, ui.status, queue=False, show_progress="hidden")
             submitted.success(run, ticket_state, run_outputs, concurrency_limit=1, concurrency_id="gpu",
                               show_progress="full", show_progress_on=[ui.progress], api_name=api_name) \
-                .then(finish, ticket_state, [ui.start, ui.end, ui.gallery, ui.jobs_state, ui.resume], queue=False,
-                      show_progress="hidden")
+                .then(finish, ticket_state, [ui.start, ui.end, ui.gallery, ui.jobs_state, ui.resume],
+                      show_progress="hidden")      # queued: it reads the job folders
 
         started_outputs = [ticket_state, ui.start, ui.end, ui.status, ui.progress]
+        checks = dict(show_progress="hidden", concurrency_limit=SUBMITS_MAX, concurrency_id="submit")
         queue_job(ui.start.click(submit, controls, started_outputs, preprocess=False, trigger_mode="multiple",
-                                 show_progress="hidden", concurrency_limit=None), api_name="generate")
-        queue_job(ui.resume.click(submit_resume, ui.selected_job, started_outputs, show_progress="hidden",
-                                  concurrency_limit=None))
+                                 **checks), api_name="generate")
+        queue_job(ui.resume.click(submit_resume, ui.selected_job, started_outputs, **checks))
 
         # ---- End: reaches this tab's job whether it runs or waits; never waits behind the GPU queue ----------
         def stop(request: gr.Request):
@@ -173,8 +183,11 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
                 return f"■ {message}", gr.update(interactive=True), gr.update(interactive=False)
             return f"■ {message}", gr.skip(), gr.skip()
 
-        ui.end.click(stop, None, [ui.status, ui.start, ui.end], queue=False, show_progress="hidden",
-                     api_name="stop")
+        def stop_busy():
+            return "■ The server is busy; press End again.", gr.skip(), gr.skip()
+
+        ui.end.click(HandlerGuard(STOP_CALLS_MAX).wrap(stop, stop_busy), None, [ui.status, ui.start, ui.end],
+                     queue=False, show_progress="hidden", api_name="stop")
 
         def tab_closed(request: gr.Request):
             runner.drop_waiting(request.session_hash)
@@ -184,9 +197,10 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
         # ---- past jobs ------------------------------------------------------------------------------------------
         def select_job(job_dirs, evt: gr.SelectData):
             off = gr.update(interactive=False)
-            if not job_dirs or evt.index is None or not 0 <= evt.index < len(job_dirs):
+            index = evt.index
+            if not job_dirs or not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(job_dirs):
                 return None, None, None, off, off
-            entry = jobs_gallery.read_job(Path(job_dirs[evt.index]))
+            entry = jobs_gallery.read_job(Path(job_dirs[index]))
             if entry is None:
                 return None, None, {"error": "job.json could not be read"}, off, off
             video = str(entry.video) if entry.video else None
@@ -213,8 +227,19 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
         JobApi(runner, preset.default_resolution).register(controls, concurrency_id="gpu")
 
     hide_ui_endpoints(app)
-    app.queue(max_size=QUEUE_MAX, default_concurrency_limit=4)
+    # api_open=False: queued events (jobs, gallery) cannot be called around the queue and its limits
+    app.queue(max_size=QUEUE_MAX, default_concurrency_limit=4, api_open=False)
+    idle_quietly(app)
     return app
+
+
+def idle_quietly(app: gr.Blocks) -> None:
+    """Gradio's queue polls for new events every 1 ms and for progress every 10 ms on Linux (gradio/queueing.py,
+    `sleep_when_free`): about 5 % of a core with nothing to do. A job waits at most QUEUE_POLL_S longer to start
+    and progress is sent every PROGRESS_POLL_S: invisible next to a job, and an idle app then idles."""
+    queue = app._queue
+    queue.sleep_when_free = QUEUE_POLL_S
+    queue.progress_update_sleep_when_free = PROGRESS_POLL_S
 
 
 def main(argv=None) -> int:
@@ -228,10 +253,33 @@ def main(argv=None) -> int:
         log.warning(warning)
     app = build_app(args)
     options = launch_options(args)
-    log.info("serving on http://%s:%s (preset %s, outputs %s)", options.server_name, options.server_port or "auto",
-             args.preset, Path(args.outputs).resolve())
-    app.launch(**options.kwargs(), css=CSS)
+    app.launch(**options.kwargs(), css=CSS, prevent_thread_lock=True)
+    log.info("serving on %s (preset %s, outputs %s); Ctrl-C stops the app", app.local_url, args.preset,
+             Path(args.outputs).resolve())
+    if app.share_url:
+        log.info("public link: %s", app.share_url)
+    serve_until_stopped(app)
     return 0
+
+
+def serve_until_stopped(app: gr.Blocks) -> None:
+    """Sleep in the main thread until Ctrl-C or SIGTERM, then close the server (its shutdown deletes the temporary
+    files). Waiting in signal.pause() costs no CPU; Gradio's own wait wakes up ten times a second."""
+    stopping = []
+
+    def on_term(signum, frame):
+        stopping.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        while not stopping:
+            signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        log.info("stopping the server")
+        app.close()
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ class Limits:
     upload_bytes_max: int = 64 * 1024 * 1024
     prompt_chars_max: int = 4000                       # longer prompts are truncated with a warning
     seed: tuple[int, int] = (0, 2**63 - 1)
+    fps: tuple[int, int] = (1, 120)
 
 
 DEFAULTS = GenerationDefaults()

@@ -213,29 +213,46 @@ def _write(bar, text: str) -> None:
         print(text)
 
 
-def run_batch(runner: Runner, path: Path) -> int:
+def read_batch(path: Path, default_resolution: int) -> tuple[list[tuple[int, object]], list[tuple[int, str, str]]]:
+    """Every job of a JSON-lines file, checked before any of them runs (a bad line is refused at once, not after
+    the jobs before it): ([(line number, Request)], [(line number, "invalid", reason)])."""
     from pipeline.errors import InputError
+    from pipeline.request import prepare
 
-    try:
-        lines = path.read_text("utf-8").splitlines()
-    except OSError as e:
-        print(f"error: jobs: cannot read {path}: {e}", file=sys.stderr)
-        return EXIT_INPUT
-    results = []
+    lines = path.read_text("utf-8").splitlines()
+    jobs, invalid = [], []
     for number, line in enumerate(lines, 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
             request = request_from_json(json.loads(line), path.parent)
-        except (json.JSONDecodeError, InputError, TypeError) as e:
-            results.append((number, "invalid", str(e)))
-            print(f"line {number}: invalid: {e}", file=sys.stderr)
+            prepare(request, default_resolution)
+        except (ValueError, RecursionError, InputError, TypeError) as e:   # JSONDecodeError is a ValueError
+            reason = str(e) if len(str(e)) <= 300 else str(e)[:299] + "…"
+            invalid.append((number, "invalid", reason))
             continue
+        jobs.append((number, request))
+    return jobs, invalid
+
+
+def run_batch(runner: Runner, path: Path) -> int:
+    try:
+        jobs, invalid = read_batch(path, PRESETS[runner.args.preset].default_resolution)
+    except (OSError, UnicodeDecodeError) as e:
+        print(f"error: jobs: cannot read {path}: {e}", file=sys.stderr)
+        return EXIT_INPUT
+    for number, _, reason in invalid:
+        print(f"line {number}: invalid: {reason}", file=sys.stderr)
+    if invalid and jobs:
+        print(f"{len(invalid)} invalid line(s) skipped; running the other {len(jobs)} job(s)", file=sys.stderr)
+    results = list(invalid)
+    for number, request in jobs:
         print(f"line {number}: {request.prompt[:60]!r}")
         code, last = runner.run(request)
         status = {EXIT_OK: "done", EXIT_STOPPED: "stopped"}.get(code, "failed")
         where = str(getattr(last, "video", None) or getattr(last, "message", ""))
         results.append((number, status, where))
+    results.sort()
     print("\nbatch summary")
     for number, status, where in results:
         print(f"  line {number:>3}: {status:<8} {where}")

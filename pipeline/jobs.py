@@ -118,5 +118,20 @@ class Job:
                     memory=memory or self.info["memory"])
 
 
+JOB_JSON_MAX_BYTES = 4 << 20          # a real job.json is a few kB; anything far larger was not written by a job
+
+
 def load_job(job_dir: Path) -> dict:
-    return json.loads((Path(job_dir) / "job.json").read_text("utf-8"))
+    """A job's job.json. Raises OSError when it cannot be read, ValueError when it is not a JSON object of sane
+    size and depth (a hand-edited or foreign file): bounded work whatever the file holds."""
+    path = Path(job_dir) / "job.json"
+    size = path.stat().st_size
+    if size > JOB_JSON_MAX_BYTES:
+        raise ValueError(f"{path.name} is {size} bytes, more than a job ever writes ({JOB_JSON_MAX_BYTES} at most)")
+    try:
+        info = json.loads(path.read_text("utf-8"))
+    except RecursionError:
+        raise ValueError(f"{path.name} is nested too deeply to be a job's record") from None
+    if not isinstance(info, dict):
+        raise ValueError(f"{path.name} does not hold a JSON object")
+    return info

@@ -57,29 +57,44 @@ class PreparedRequest:
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
 
+def shown(value, limit: int = 60) -> str:
+    """A user's value for a message, cut to `limit` characters: a message never echoes megabytes, and a container
+    is named by its type (its contents are not turned into text)."""
+    if isinstance(value, (str, bytes)):
+        text = repr(value[: 2 * limit])
+    elif value is None or isinstance(value, (bool, float)) or (isinstance(value, int) and abs(value) < 10 ** 60):
+        text = repr(value)
+    elif isinstance(value, int):
+        text = "a number with more than 60 digits"
+    else:
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _number(name: str, value, kind, lo, hi, *, low_open: bool = False):
     if isinstance(value, bool) or value is None:
-        raise InputError(name, f"a number is required, got {value!r}")
+        raise InputError(name, f"a number is required, got {shown(value)}")
     try:
         v = float(value)
     except (TypeError, ValueError, OverflowError):
-        raise InputError(name, f"{value!r} is not a number") from None
+        raise InputError(name, f"{shown(value)} is not a number") from None
+    text = str(value) if len(str(value)) <= 40 else str(value)[:39] + "…"      # a number: shown as given
     if not math.isfinite(v):
-        raise InputError(name, f"{value} is not a finite number")
+        raise InputError(name, f"{text} is not a finite number")
     if kind is int:
         if v != int(v):
-            raise InputError(name, f"{value} must be a whole number")
+            raise InputError(name, f"{text} must be a whole number")
         v = int(value) if isinstance(value, int) else int(v)
     too_low = v <= lo if low_open else v < lo
     if too_low or v > hi:
         rng = f"more than {lo} and at most {hi}" if low_open else f"between {lo} and {hi}"
-        raise InputError(name, f"{value} is out of range; use a value {rng}")
+        raise InputError(name, f"{text} is out of range; use a value {rng}")
     return v
 
 
 def _choice(name: str, value, choices) -> str:
     if value not in choices:
-        raise InputError(name, f"{value!r} is not one of {', '.join(map(str, choices))}")
+        raise InputError(name, f"{shown(value)} is not one of {', '.join(map(str, choices))}")
     return value
 
 
@@ -101,12 +116,8 @@ def _text(name: str, value) -> tuple[str, list[str]]:
     return value, warnings
 
 
-def prepare(request: Request, default_resolution: int = 640, *, images_prepared: bool = False) -> PreparedRequest:
-    """Check every field and load the images. Raises InputError naming the first bad field.
-
-    `images_prepared`: the images were prepared (bucketed) before, e.g. those a job folder keeps for resuming;
-    they are used as they are."""
-    r = request
+def _check_settings(r: Request, default_resolution: int) -> tuple[int, str, str, list[str]]:
+    """Every field but the images; returns (resolution, prompt, negative prompt, warnings). Bounded work."""
     _number("seconds", r.seconds, float, *LIMITS.seconds, low_open=True)
     _number("steps", r.steps, int, *LIMITS.steps)
     _number("crf", r.crf, int, *LIMITS.crf)
@@ -118,7 +129,7 @@ def prepare(request: Request, default_resolution: int = 640, *, images_prepared:
     _number("seed", r.seed, int, *LIMITS.seed)
     _number("preserved memory (GB)", r.preserved_gb, float, 0.0, MEMORY.preserved_max_gb)
     _number("end-frame embedding weight", r.end_embed_weight, float, 0.0, 1.0)
-    _number("fps", r.fps, int, 1, 120)
+    _number("fps", r.fps, int, *LIMITS.fps)
     _choice("mode", r.mode, MODES)
     _choice("sampler", r.sampler, SAMPLERS)
     resolution = default_resolution if r.resolution is None else _number("resolution", r.resolution, int,
@@ -127,7 +138,30 @@ def prepare(request: Request, default_resolution: int = 640, *, images_prepared:
         raise InputError("resolution", f"{resolution} is not a multiple of 16")
     prompt, warnings = _text("prompt", r.prompt)
     negative, more = _text("negative prompt", r.negative_prompt)
-    warnings += more
+    return resolution, prompt, negative, warnings + more
+
+
+def setting_problems(settings: dict, default_resolution: int = 640) -> dict[str, str]:
+    """Which of `settings` (Request field names, e.g. a job.json's "settings") cannot be used, each with the
+    reason; unknown names are left out. For restoring saved settings value by value."""
+    names = {f.name for f in dataclasses.fields(Request)} - {"image", "end_image"}
+    problems = {}
+    for name, value in settings.items():
+        if name in names:
+            try:
+                _check_settings(Request(image=None, **{name: value}), default_resolution)
+            except InputError as e:
+                problems[name] = str(e)
+    return problems
+
+
+def prepare(request: Request, default_resolution: int = 640, *, images_prepared: bool = False) -> PreparedRequest:
+    """Check every field and load the images. Raises InputError naming the first bad field.
+
+    `images_prepared`: the images were prepared (bucketed) before, e.g. those a job folder keeps for resuming;
+    they are used as they are."""
+    r = request
+    resolution, prompt, negative, warnings = _check_settings(r, default_resolution)
     if r.end_image is not None and r.mode != "original":
         raise InputError("end image", "only the original mode supports an end frame; choose mode 'original' or "
                                       "remove the end image")

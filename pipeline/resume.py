@@ -18,7 +18,7 @@ from pipeline.errors import InputError
 from pipeline.events import Event, Failed
 from pipeline.jobs import Job, load_job
 from pipeline.orchestrator import CancelToken, JobRun, ResumeState
-from pipeline.request import Request, prepare
+from pipeline.request import Request, prepare, setting_problems
 
 
 def resume_request(job_dir: Path) -> tuple[Request, dict]:
@@ -39,6 +39,10 @@ def resume_request(job_dir: Path) -> tuple[Request, dict]:
         raise InputError("job folder", f"{job_dir.name} has no finished section to continue from; start it again")
     names = {f.name for f in dataclasses.fields(Request)}
     settings = {k: v for k, v in settings.items() if k in names}
+    problems = setting_problems(settings)
+    if problems:       # a hand-edited job.json: refused here, before any model loads
+        raise InputError("job folder", f"{job_dir.name}/job.json: {next(iter(problems.values()))}; fix that value "
+                                       f"or start the job again")
     end = job_dir / "end.png"
     return Request(image=job_dir / "input.png", end_image=end if end.exists() else None, **settings), info
 

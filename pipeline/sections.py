@@ -7,12 +7,17 @@ Both modes are described here without models:
 - "f1" (forward): each section is generated after its context; history is read from the end of what was made.
 
 Every function is pure (plain ints and lists, or tensor slicing without side effects) and tested without models.
+The counting is closed-form (O(1) per section, O(sections) for a whole plan), and `make_plan` refuses lengths,
+windows and frame rates beyond the request limits before it builds anything: the live hints call it on raw input.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+from configs.generation import LIMITS
 
 VAE_TIME_RATIO = 4                     # pixel frames per latent frame of the HunyuanVideo VAE (causal)
 HISTORY_ORIGINAL = (1, 2, 16)          # clean 1x, 2x, 4x frames, read from the start of the history
@@ -22,6 +27,12 @@ HISTORY_F1 = (16, 2, 1)                # 4x, 2x, 1x frames, read from the end of
 def section_count(seconds: float, window: int, fps: int = 30) -> int:
     """FramePack's section count: max(round(seconds·fps / (window·4)), 1)."""
     return max(int(round(seconds * fps / (window * VAE_TIME_RATIO))), 1)
+
+
+def max_sections() -> int:
+    """The most sections any valid request can have (the longest video at the smallest window and the highest
+    frame rate)."""
+    return section_count(LIMITS.seconds[1], LIMITS.latent_window[0], LIMITS.fps[1])
 
 
 def latent_paddings(count: int) -> list[int]:
@@ -117,20 +128,52 @@ class SectionPlan:
         return 2 * self.window
 
     def video_frames_after(self, section: Section) -> int:
-        """Pixel frames in the video after `section` has been decoded and blended."""
-        total = 0
-        for s in self.sections[: section.index + 1]:
-            part = pixel_frames(self.decode_frames(s))
-            total = part if s.is_first else total + part - overlap_frames(self.window)
+        """Pixel frames in the video after `section` has been decoded and blended, in closed form: the first
+        decode, then every later one adds its frames minus the cross-fade (4·w; 4·w + 4 for the original mode's last
+        section, which adds the start latent)."""
+        return self.frames_after(section.index)
+
+    def frames_after(self, index: int) -> int:
+        """`video_frames_after` by 0-based section index (no Section objects needed)."""
+        if not 0 <= index < self.count:
+            raise IndexError(f"section {index} of a {self.count}-section plan")
+        first = Section(0, self.count, 0)
+        total = pixel_frames(self.decode_frames(first)) + index * self.window * VAE_TIME_RATIO
+        if self.mode == "original" and index == self.count - 1 and index > 0:
+            total += VAE_TIME_RATIO
         return total
 
+    @property
+    def total_frames(self) -> int:
+        return self.frames_after(self.count - 1)
+
     def frame_counts(self) -> list[int]:
-        return [self.video_frames_after(s) for s in self.sections]
+        return [self.frames_after(i) for i in range(self.count)]
+
+
+def _bounded(name: str, value, lo, hi, kind=float):
+    """`value` as `kind` if it is a finite number in [lo, hi]; ValueError naming `name` otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name}: a number is required, got {value!r}")
+    try:
+        v = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name}: {str(value)[:40]!r} is not a number") from None
+    if not math.isfinite(v) or not lo <= v <= hi or (kind is int and v != int(v)):
+        raise ValueError(f"{name}: {v:g} is not {'a whole number ' if kind is int else ''}between {lo} and {hi}")
+    return kind(v)
 
 
 def make_plan(mode: str, seconds: float, window: int, fps: int = 30) -> SectionPlan:
+    """The plan of a request's length; raises ValueError (naming the field) for values beyond the request
+    limits, before building anything."""
     if mode not in ("original", "f1"):
-        raise ValueError(f"mode: {mode!r} is not one of 'original', 'f1'")
+        raise ValueError(f"mode: {str(mode)[:40]!r} is not one of 'original', 'f1'")
+    seconds = _bounded("seconds", seconds, 0.0, LIMITS.seconds[1])
+    if seconds <= LIMITS.seconds[0]:
+        raise ValueError(f"seconds: {seconds:g} must be more than {LIMITS.seconds[0]:g}")
+    window = _bounded("latent window", window, *LIMITS.latent_window, kind=int)
+    fps = _bounded("fps", fps, *LIMITS.fps, kind=int)
     return SectionPlan(mode, window, section_count(seconds, window, fps))
 
 

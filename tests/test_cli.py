@@ -72,7 +72,9 @@ def test_batch_runs_every_line_and_summarises(tmp_path):
     assert r.returncode == 1, r.stderr                       # not all jobs succeeded
     summary = r.stdout[r.stdout.index("batch summary"):]
     assert "line   1: done" in summary and "line   4: done" in summary
-    assert "line   2: failed" in summary and "line   3: invalid" in summary and "line   5: invalid" in summary
+    # every bad line is refused before the first job runs (a missing image too), the good ones still run
+    assert "line   2: invalid" in summary and "line   3: invalid" in summary and "line   5: invalid" in summary
+    assert "missing.png" in r.stderr and r.stderr.index("line 5: invalid") < r.stderr.index("running the other 2")
     assert "2/5 jobs done" in summary
     done_jobs = [json.loads((d / "job.json").read_text()) for d in (tmp_path / "outputs").iterdir()]
     assert sorted(j["settings"]["prompt"] for j in done_jobs) == ["first", "third"]
@@ -84,3 +86,23 @@ def test_help_lists_the_commands():
     assert r.returncode == 0 and "generate" in r.stdout and "batch" in r.stdout
     r = cli("generate", "--help")
     assert "--end-image" in r.stdout and "--model-dir" in r.stdout and "--preset" in r.stdout
+
+
+def test_batch_refuses_absurd_lines_at_once_without_loading_models(tmp_path):
+    """A JSON-lines file whose jobs all ask for absurd values is refused line by line before any model loads."""
+    make_image(100, 80).save(tmp_path / "a.png")
+    lines = [json.dumps({"image": "a.png", "seconds": 1e12}),
+             json.dumps({"image": "a.png", "seconds": 120, "latent_window": 1, "steps": 10**9}),
+             json.dumps({"image": "a.png", "seconds": "nan"}),
+             json.dumps({"image": "a.png", "mode": "x" * 100_000}),
+             "[" * 100_000]
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("\n".join(lines) + "\n")
+    r = cli("batch", jobs, "--preset", "tiny", "--out", tmp_path / "outputs", timeout=120)
+    assert r.returncode == 1
+    assert "line 1: invalid: seconds: 1000000000000.0 is out of range" in r.stderr
+    assert "line 2: invalid: steps: 1000000000 is out of range" in r.stderr
+    assert "line 3: invalid: seconds: nan is not a finite number" in r.stderr
+    assert "line 4: invalid: mode: 'xxxx" in r.stderr and len(r.stderr) < 5000       # the value is not echoed whole
+    assert "line 5: invalid" in r.stderr and "0/5 jobs done" in r.stdout
+    assert not (tmp_path / "outputs").exists()                   # nothing ran, nothing was written

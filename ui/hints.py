@@ -3,21 +3,45 @@ and what the preserved-memory slider means on this machine."""
 from __future__ import annotations
 
 import logging
+import math
 
-from configs import DEFAULTS
+from configs import DEFAULTS, MEMORY
 
 log = logging.getLogger(__name__)
 
 
+TEXT_MAX = 64        # characters of a number sent as text that are looked at (the live hints get raw values)
+
+
+def number(value) -> float | None:
+    """A raw control value as a finite float, or None (wrong type, too long, NaN, inf). Never slow, never raises."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        if len(value) > TEXT_MAX:
+            return None
+    elif not isinstance(value, (int, float)):
+        return None
+    try:
+        v = float(value)
+    except (ValueError, OverflowError):
+        return None
+    return v if math.isfinite(v) else None
+
+
 def plan_hint(seconds, latent_window, mode, fps: int = DEFAULTS.fps) -> str:
-    """'2 sections of 9 latent frames → 73 frames (2.4 s at 30 fps)'."""
+    """'2 sections of 9 latent frames → 73 frames (2.4 s at 30 fps)', or what is wrong with the length or window.
+    Bounded work at any input: the planner refuses values beyond the limits before it counts anything."""
     from pipeline import sections
 
-    try:
-        plan = sections.make_plan(mode, float(seconds), int(latent_window), fps)
-        frames = plan.frame_counts()[-1]
-    except (TypeError, ValueError):
+    s, w = number(seconds), number(latent_window)
+    if s is None or w is None:
         return ""
+    try:
+        plan = sections.make_plan(mode if isinstance(mode, str) else "", s, w, fps)
+    except ValueError as e:
+        return f"⚠ {e}"
+    frames = plan.total_frames
     return (f"{plan.count} section{'s' if plan.count != 1 else ''} of {plan.window} latent frames → "
             f"{frames} frames ({frames / fps:.1f} s at {fps} fps); the video refreshes after each section.")
 
@@ -25,37 +49,28 @@ def plan_hint(seconds, latent_window, mode, fps: int = DEFAULTS.fps) -> str:
 def combination_problems(*, mode, has_end_image, cfg, rescale, negative_prompt, crf, teacache) -> list[tuple[str, str]]:
     """(level, text) for settings that cannot work together ("error") or do nothing / cost more ("note")."""
     out = []
+    cfg, rescale, crf, teacache = number(cfg), number(rescale), number(crf), number(teacache)
     if has_end_image and mode != "original":
         out.append(("error", "End image: only the **original** mode supports an end frame. Choose mode "
                              "'original' or remove the end image."))
-    try:
-        cfg = float(cfg)
-        rescale = float(rescale)
-    except (TypeError, ValueError):
+    if cfg is None or rescale is None:
         return out
-    if cfg == 1.0 and (negative_prompt or "").strip():
+    if cfg == 1.0 and isinstance(negative_prompt, str) and negative_prompt.strip():
         out.append(("note", "The negative prompt is ignored while CFG is 1 (set CFG > 1 under Advanced)."))
     if cfg == 1.0 and rescale > 0:
         out.append(("note", "CFG rescale only acts when CFG > 1."))
     if cfg > 1.0:
         out.append(("note", "CFG > 1 runs the negative prompt too: every step costs about twice as much."))
-    try:
-        if int(crf) == 0:
-            out.append(("note", "MP4 CRF 0 is lossless, and most browsers cannot play such files; 16 is the "
-                                "default."))
-    except (TypeError, ValueError):
-        pass
-    try:
-        if float(teacache) > 0.15:
-            out.append(("note", f"TeaCache {float(teacache):g} is fast but visibly lossy (hands, fingers); 0.1–0.15 "
-                                "is the usual choice, 0 turns it off."))
-    except (TypeError, ValueError):
-        pass
+    if crf == 0:
+        out.append(("note", "MP4 CRF 0 is lossless, and most browsers cannot play such files; 16 is the default."))
+    if teacache is not None and teacache > 0.15:
+        out.append(("note", f"TeaCache {teacache:g} is fast but visibly lossy (hands, fingers); 0.1–0.15 "
+                            "is the usual choice, 0 turns it off."))
     return out
 
 
 def hints_markdown(plan: str, problems: list[tuple[str, str]]) -> str:
-    lines = [f"ℹ {plan}"] if plan else []
+    lines = [plan if plan.startswith("⚠") else f"ℹ {plan}"] if plan else []
     lines += [("⚠ " if level == "error" else "• ") + text for level, text in problems]
     return "\n\n".join(lines)
 
@@ -64,8 +79,11 @@ def preserved_hint(preset, cap_gb: float, preserved_gb, device_type: str) -> str
     """What the preserved-memory slider means here (memory.plan.describe_preserved), never raising."""
     from memory.plan import describe_preserved
 
+    value = number(preserved_gb)
+    if value is None or not 0 <= value <= MEMORY.preserved_max_gb:
+        return f"(enter a number between 0 and {MEMORY.preserved_max_gb:g} GB)"
     try:
-        return describe_preserved(preset, float(cap_gb), float(preserved_gb), device_type)
+        return describe_preserved(preset, float(cap_gb), value, device_type)
     except Exception as e:  # the hint must never break the page
         log.warning("could not describe the memory plan: %s", e, exc_info=True)
         return f"(the memory plan could not be computed: {type(e).__name__})"

@@ -2,7 +2,6 @@
 view, "reuse settings" and "resume"."""
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,12 +78,14 @@ class JobEntry:
 
 
 def read_job(job_dir: Path) -> JobEntry | None:
+    from pipeline.jobs import load_job
+
     try:
-        info = json.loads((Path(job_dir) / "job.json").read_text("utf-8"))
+        info = load_job(job_dir)
     except (OSError, ValueError) as e:
         log.debug("skipping %s: %s", job_dir, e)
         return None
-    return JobEntry(Path(job_dir), info) if isinstance(info, dict) else None
+    return JobEntry(Path(job_dir), info)
 
 
 def list_jobs(outputs: Path, limit: int = GALLERY_LIMIT) -> list[JobEntry]:

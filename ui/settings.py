@@ -67,14 +67,15 @@ def request_from_values(values: Mapping[str, Any]):
 
 
 def values_from_settings(settings: Mapping[str, Any], default_resolution: int) -> dict[str, Any]:
-    """Control values from a job.json "settings" dict ("reuse settings"): known fields only; missing or
-    unusable ones fall back to the defaults."""
+    """Control values from a job.json "settings" dict ("reuse settings"): known fields only; missing ones and
+    those the request checks refuse (a hand-edited job.json) fall back to the defaults."""
+    from pipeline.request import setting_problems
+
     defaults = default_values(default_resolution)
-    out = {}
-    for name in SETTINGS:
-        value = settings.get(name, defaults[name])
-        out[name] = defaults[name] if value is None else value
-    return out
+    known = {name: settings[name] for name in SETTINGS if name in settings and settings[name] is not None}
+    usable = {name: value for name, value in known.items()
+              if name not in setting_problems(known, default_resolution)}
+    return {name: usable.get(name, defaults[name]) for name in SETTINGS}
 
 
 def default_values(default_resolution: int) -> dict[str, Any]:

@@ -1,0 +1,163 @@
+"""Bounded work for every handler, without a server: the section planner is closed-form and refuses values beyond
+the limits before it counts, the live hints answer any raw value fast, un-queued handlers are limited in
+concurrency, and saved job records (gallery, reuse, resume) are read with bounds whatever a hand edit put there."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from configs import DEFAULTS, LIMITS, get_preset
+from pipeline import sections as sec
+from ui import hints
+from ui import settings as st
+from ui.guard import HandlerGuard
+
+
+def _fastest(fn, repeat: int = 3) -> float:
+    """The fastest of a few runs (a bound on pathological cost, not a timing claim)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _plan_by_summing(plan: sec.SectionPlan) -> list[int]:
+    """The frame counts the slow way: every section's decoded frames, cross-faded onto the video so far."""
+    out, total = [], 0
+    for s in plan.sections:
+        part = sec.pixel_frames(plan.decode_frames(s))
+        total = part if s.is_first else total + part - sec.overlap_frames(plan.window)
+        out.append(total)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["original", "f1"])
+@pytest.mark.parametrize("window", [1, 2, 5, 9, 33])
+def test_closed_form_frame_counts_equal_the_section_by_section_sum(mode, window):
+    for count in list(range(1, 13)) + [57, 100]:
+        plan = sec.SectionPlan(mode, window, count)
+        assert plan.frame_counts() == _plan_by_summing(plan)
+        assert plan.total_frames == plan.frame_counts()[-1]
+
+
+def test_the_longest_plan_takes_under_10_ms():
+    plan = sec.make_plan("original", LIMITS.seconds[1], 1)            # 900 sections
+    assert plan.count == 900
+    assert _fastest(lambda: sec.make_plan("original", 120, 1).frame_counts()) < 0.010
+    assert _fastest(lambda: sec.make_plan("f1", 120, 1).total_frames) < 0.010
+
+
+@pytest.mark.parametrize("seconds, window, fps, field", [
+    (1e9, 9, 30, "seconds"), (121, 9, 30, "seconds"), (float("nan"), 9, 30, "seconds"), (float("inf"), 1, 30, "seconds"),
+    (0, 9, 30, "seconds"), (-5, 9, 30, "seconds"), ("1e12", 9, 30, "seconds"), ([1], 9, 30, "seconds"),
+    (5, 0, 30, "latent window"), (5, 34, 30, "latent window"), (5, 1.5, 30, "latent window"),
+    (5, 9, 10**9, "fps"), (5, 9, 0, "fps")])
+def test_the_planner_refuses_values_beyond_the_limits_before_counting(seconds, window, fps, field):
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        sec.make_plan("original", seconds, window, fps)
+
+
+HOSTILE = [1e9, 1e308, -1e308, float("nan"), float("inf"), "1e12", "9" * 100_000, "x" * 1_000_000, None, True,
+           [1, 2], {"a": {"b": [1]}}, 10**30, 1200, 120]
+
+
+@pytest.mark.parametrize("seconds", HOSTILE)
+def test_live_hints_answer_any_raw_value_within_50_ms(seconds):
+    for window in (1, 9, "1", None, 10**9, float("nan")):
+        for mode in ("original", "f1", None, "x" * 10_000, ["original"]):
+            took = _fastest(lambda: hints.hints_markdown(
+                hints.plan_hint(seconds, window, mode, DEFAULTS.fps),
+                hints.combination_problems(mode=mode, has_end_image=False, cfg=seconds, rescale=window,
+                                           negative_prompt=seconds, crf=seconds, teacache=seconds)), repeat=2)
+            assert took < 0.050, (seconds, window, mode, took)
+
+
+def test_live_hints_explain_a_length_beyond_the_limit():
+    assert hints.plan_hint(1e9, 9, "original").startswith("⚠ seconds:")
+    assert "120" in hints.plan_hint(1e9, 9, "original")
+    assert "900 sections" in hints.plan_hint(120, 1, "original")
+    assert hints.plan_hint("9" * 100_000, 9, "original") == ""                  # not a number worth reading
+    md = hints.hints_markdown(hints.plan_hint(1e9, 9, "original"), [])
+    assert md.startswith("⚠") and "ℹ" not in md
+
+
+def test_preserved_memory_hint_refuses_out_of_range_values_without_computing():
+    tiny = get_preset("tiny")
+    for value in (float("nan"), float("inf"), -1, 1e12, "x" * 1_000_000, [6]):
+        assert hints.preserved_hint(tiny, 20, value, "cuda").startswith("(enter a number between 0 and")
+    assert "resident" in hints.preserved_hint(get_preset("hunyuan"), 20, 6, "cuda")
+
+
+def test_guard_limits_concurrent_calls_and_answers_busy_at_once():
+    guard = HandlerGuard(limit=2)
+    inside, release = threading.Semaphore(0), threading.Event()
+
+    def slow(x):
+        inside.release()
+        release.wait(10)
+        return x
+
+    wrapped = guard.wrap(slow, lambda: "busy")
+    results = []
+    threads = [threading.Thread(target=lambda i=i: results.append(wrapped(i))) for i in range(2)]
+    for t in threads:
+        t.start()
+    assert inside.acquire(timeout=10) and inside.acquire(timeout=10)        # both slots taken
+    assert [wrapped(9) for _ in range(5)] == ["busy"] * 5 and guard.refused == 5
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert sorted(results) == [0, 1]
+    assert wrapped(7) == 7                                                  # slots are given back
+
+
+def _job(tmp_path, name: str, settings) -> "object":
+    d = tmp_path / name
+    d.mkdir()
+    (d / "job.json").write_text(json.dumps({"status": "stopped", "settings": settings,
+                                            "models": {"preset": "tiny"}, "videos": []}))
+    return d
+
+
+def test_reuse_settings_keeps_only_valid_values_of_a_hand_edited_job(tmp_path):
+    settings = {"seconds": 1e12, "steps": 10**9, "seed": 7, "mode": "f1", "sampler": "x" * 10_000,
+                "latent_window": 5, "prompt": {"nested": [1]}, "crf": 18, "preserved_gb": float("nan")}
+    values = st.values_from_settings(settings, 64)
+    d = st.default_values(64)
+    assert values["seconds"] == d["seconds"] and values["steps"] == d["steps"] and values["sampler"] == d["sampler"]
+    assert values["prompt"] == d["prompt"] and values["preserved_gb"] == d["preserved_gb"]
+    assert (values["seed"], values["mode"], values["latent_window"], values["crf"]) == (7, "f1", 5, 18)
+
+
+def test_job_records_are_read_with_bounds(tmp_path):
+    from pipeline.jobs import JOB_JSON_MAX_BYTES, load_job
+    from ui import jobs_gallery
+
+    good = _job(tmp_path, "20250101-000000-aaaaaa", {"seconds": 2, "seed": 1})
+    huge = tmp_path / "20250101-000001-bbbbbb"
+    huge.mkdir()
+    (huge / "job.json").write_text('{"settings": {"prompt": "' + "x" * JOB_JSON_MAX_BYTES + '"}}')
+    deep = tmp_path / "20250101-000002-cccccc"
+    deep.mkdir()
+    (deep / "job.json").write_text("[" * 200_000 + "]" * 200_000)
+    for bad in (huge, deep):
+        with pytest.raises(ValueError):
+            load_job(bad)
+        assert jobs_gallery.read_job(bad) is None
+    assert [e.dir for e in jobs_gallery.list_jobs(tmp_path)] == [good]
+
+
+def test_resume_refuses_a_hand_edited_job_before_loading_anything(tmp_path):
+    from pipeline.checkpoint import CHECKPOINT
+    from pipeline.errors import InputError
+    from pipeline.resume import resume_request
+
+    job = _job(tmp_path, "20250101-000000-dddddd", {"seconds": 1e12, "seed": 1})
+    (job / CHECKPOINT).write_bytes(b"")
+    with pytest.raises(InputError, match=r"job\.json: seconds: 1000000000000\.0 is out of range"):
+        resume_request(job)
