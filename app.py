@@ -48,6 +48,7 @@ def _device_text(device) -> str:
 def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
     """The whole app as a gr.Blocks (queue configured, not launched)."""
     from memory import default_device
+    from pipeline.availability import missing_weights_message
     from pipeline.errors import InputError
     from pipeline.events import Failed
     from pipeline.request import prepare
@@ -64,7 +65,8 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
         return "**Memory plan:** " + hints.preserved_hint(preset, args.vram_cap_gb, preserved_gb, device.type)
 
     with gr.Blocks(title="SteadyFrame", analytics_enabled=False) as app:
-        ui: Layout = build_layout(preset, _device_text(device), preserved_text(MEMORY.preserved_gb))
+        ui: Layout = build_layout(preset, _device_text(device), preserved_text(MEMORY.preserved_gb),
+                                  notice=missing_weights_message(preset, DEFAULTS.mode, args.model_dir))
         ticket_state = gr.State(None)
         controls = ui.controls()
 
@@ -150,8 +152,8 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
                 if view.result is not None:         # the job is over: Start works again right away
                     updates.update({ui.start: gr.update(interactive=True), ui.end: gr.update(interactive=False)})
                 yield updates
-            if isinstance(view.result, Failed):
-                gr.Warning(view.result.message, title="The job failed")
+            if isinstance(view.result, Failed):         # the page keeps what the job made; the pop-up says Error
+                raise gr.Error(view.result.message, title="The job failed", print_exception=False)
 
         def finish(ticket_id, request: gr.Request):
             current = runner.current(request.session_hash)
@@ -251,6 +253,11 @@ def main(argv=None) -> int:
     log.info("%s", rocm.configure_host_heap())
     for warning in security_warnings(args):
         log.warning(warning)
+    from pipeline.availability import missing_weights_message
+
+    missing = missing_weights_message(get_preset(args.preset), DEFAULTS.mode, args.model_dir)
+    if missing:
+        log.warning(missing)
     app = build_app(args)
     options = launch_options(args)
     app.launch(**options.kwargs(), css=CSS, prevent_thread_lock=True)

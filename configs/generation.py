@@ -35,7 +35,7 @@ class GenerationDefaults:
 
 @dataclass(frozen=True)
 class Limits:
-    seconds: tuple[float, float] = (0.0, 120.0)        # exclusive low, inclusive high
+    seconds: tuple[float, float] = (1.0, 120.0)        # the same everywhere: UI slider, API, CLI, batch
     steps: tuple[int, int] = (1, 100)
     crf: tuple[int, int] = (0, 51)
     gs: tuple[float, float] = (1.0, 32.0)

@@ -15,6 +15,24 @@ log = logging.getLogger("pipeline.cli")
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_STOPPED = 0, 1, 2, 130
 
+# The option that sets each field a request check can name (pipeline.request / pipeline.images field names).
+OPTION_OF_FIELD = {"image": "--image", "end image": "--end-image", "prompt": "--prompt",
+                   "negative prompt": "--negative-prompt", "seconds": "--seconds", "seed": "--seed", "steps": "--steps",
+                   "mode": "--mode", "sampler": "--sampler", "distilled CFG (gs)": "--gs", "CFG": "--cfg",
+                   "CFG rescale": "--rescale", "latent window": "--window", "TeaCache threshold": "--teacache",
+                   "resolution": "--resolution", "crf": "--crf", "preserved memory (GB)": "--preserved-gb",
+                   "end-frame embedding weight": "--end-embed-weight", "job folder": "job_dir"}
+# The batch file's key for each of those fields (its lines use the Request's field names).
+KEY_OF_FIELD = {"end image": "end_image", "negative prompt": "negative_prompt", "distilled CFG (gs)": "gs",
+                "CFG": "cfg", "CFG rescale": "rescale", "latent window": "latent_window",
+                "TeaCache threshold": "teacache", "preserved memory (GB)": "preserved_gb",
+                "end-frame embedding weight": "end_embed_weight"}
+
+
+def cli_message(error, names: dict[str, str]) -> str:
+    """An InputError as the command line says it: the option (or batch key) and full file paths."""
+    return error.cli_text(names.get(error.field, error.field))
+
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="hunyuan", choices=list(PRESETS),
@@ -133,14 +151,31 @@ class Runner:
         from pipeline.request import prepare
 
         try:
-            prepare(request, PRESETS[self.args.preset].default_resolution)   # bad input: before models load
+            prepared = prepare(request, PRESETS[self.args.preset].default_resolution)   # before models load
         except InputError as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
             return EXIT_INPUT, Failed(str(e), "", None, None)
+        self._say_rounding(prepared.request)
         return self._drive(lambda cancel: generate(request, self.components(request.mode), self.memory(request),
-                                                   cancel=cancel, outputs=self.args.out))
+                                                   cancel=cancel, outputs=self.args.out), request.mode)
+
+    def _say_rounding(self, request) -> None:
+        """The length is whole sections: say what --seconds becomes when it is not one."""
+        from pipeline.sections import make_plan
+
+        plan = make_plan(request.mode, request.seconds, request.latent_window, request.fps)
+        actual = plan.total_frames / request.fps
+        if not self.args.quiet and abs(actual - request.seconds) >= 0.05:
+            print(f"--seconds {request.seconds:g} is rounded to whole sections: {plan.count} section(s), "
+                  f"{plan.total_frames} frames = {actual:.1f} s", file=sys.stderr)
 
     def resume(self, job_dir: Path) -> tuple[int, object]:
+        from pipeline.jobs import finished_video
+
+        done = finished_video(job_dir)       # a finished job: said at once, nothing loaded
+        if done is not None:
+            print(f"job {Path(job_dir).name} is already complete; its video is {done.resolve()}")
+            return EXIT_OK, None
         from pipeline.errors import InputError
         from pipeline.events import Failed
         from pipeline.resume import resume, resume_request
@@ -148,38 +183,47 @@ class Runner:
         try:
             request, info = resume_request(job_dir)
         except InputError as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
             return EXIT_INPUT, Failed(str(e), "", None, None)
         self.args.preset = self.args.preset or info["models"]["preset"]
         return self._drive(lambda cancel: resume(job_dir, self.components(request.mode), self.memory(request),
-                                                 cancel=cancel))
+                                                 cancel=cancel), request.mode)
 
-    def _drive(self, start) -> tuple[int, object]:
-        """Run a job's event stream with a progress bar; Ctrl-C stops after the current step."""
+    def _drive(self, start, mode: str) -> tuple[int, object]:
+        """Run a job's event stream with a progress bar; Ctrl-C stops after the current step. The bar says what is
+        happening (loading the models, each stage) and counts the steps of all sections (TeaCache-skipped ones
+        too: every step is reported)."""
         from pipeline.events import Done, Failed, LogLine, Progress, SectionVideo
         from pipeline.orchestrator import CancelToken
 
         cancel = CancelToken()
         previous = signal.signal(signal.SIGINT, lambda *_: self._interrupt(cancel))
-        bar = None
+        bar = None if self.args.quiet else _progress_bar()
         last = None
         try:
+            if bar is not None and mode not in self._components:
+                bar.set_description(f"loading the {self.args.preset} models")
             for ev in start(cancel):
                 last = ev
-                if self.args.quiet:
+                if bar is None:
                     continue
-                if isinstance(ev, Progress) and ev.step > 0:
-                    bar = bar or _progress_bar(ev.sections * ev.steps)
-                    bar.n = (ev.section - 1) * ev.steps + ev.step
-                    bar.set_description(f"section {ev.section}/{ev.sections}")
-                    bar.refresh()
+                if isinstance(ev, Progress):
+                    if ev.sections and bar.total != ev.sections * ev.steps:
+                        bar.reset(total=ev.sections * ev.steps)
+                    bar.n = max(0, ev.section - 1) * ev.steps + ev.step if ev.section else 0
+                    where = f"section {ev.section}/{ev.sections}" if ev.section else ""
+                    bar.set_description(f"{ev.stage} {where}".strip())
                 elif isinstance(ev, SectionVideo):
-                    _write(bar, f"section {ev.section}/{ev.sections}: {ev.frames} frames -> {ev.path}")
+                    bar.write(f"section {ev.section}/{ev.sections}: {ev.frames} frames -> {ev.path}")
                 elif isinstance(ev, LogLine) and ev.level != "info":
-                    _write(bar, f"{ev.level}: {ev.message}")
-        except Exception as e:  # loading failed (e.g. weights missing): a clear line, no traceback wall
-            log.debug("run failed", exc_info=True)
-            print(f"error: {e}", file=sys.stderr)
+                    bar.write(f"{ev.level}: {ev.message}")
+        except Exception as e:  # loading failed (e.g. weights missing): a clear line; -v adds the traceback
+            if bar is not None:
+                bar.close()
+                bar = None
+            if self.args.verbose:
+                log.error("the job could not run", exc_info=True)
+            print(f"error: {e}" + ("" if self.args.verbose else " (-v shows the traceback)"), file=sys.stderr)
             return EXIT_FAILED, Failed(str(e), "", None, None)
         finally:
             signal.signal(signal.SIGINT, previous)
@@ -200,17 +244,10 @@ class Runner:
         cancel.cancel()
 
 
-def _progress_bar(total: int):
+def _progress_bar():
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="step", dynamic_ncols=True)
-
-
-def _write(bar, text: str) -> None:
-    if bar is not None:
-        bar.write(text)
-    else:
-        print(text)
+    return tqdm(total=None, unit="step", dynamic_ncols=True, desc="starting")
 
 
 def read_batch(path: Path, default_resolution: int) -> tuple[list[tuple[int, object]], list[tuple[int, str, str]]]:
@@ -227,8 +264,11 @@ def read_batch(path: Path, default_resolution: int) -> tuple[list[tuple[int, obj
         try:
             request = request_from_json(json.loads(line), path.parent)
             prepare(request, default_resolution)
-        except (ValueError, RecursionError, InputError, TypeError) as e:   # JSONDecodeError is a ValueError
-            reason = str(e) if len(str(e)) <= 300 else str(e)[:299] + "…"
+        except InputError as e:
+            invalid.append((number, "invalid", cli_message(e, KEY_OF_FIELD)))
+            continue
+        except (ValueError, RecursionError, TypeError) as e:   # not JSON (JSONDecodeError is a ValueError)
+            reason = f"not a JSON object ({type(e).__name__}: {str(e)[:200]})"
             invalid.append((number, "invalid", reason))
             continue
         jobs.append((number, request))

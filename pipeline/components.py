@@ -107,7 +107,7 @@ def resolve(preset: ModelPreset, mode: str, role: str, src: ComponentSource, mod
 
 def _load_role(role: str, folder: Path, src: ComponentSource):
     from diffusers import AutoencoderKLHunyuanVideo, HunyuanVideoFramepackTransformer3DModel
-    from transformers import AutoTokenizer, CLIPTextModel, CLIPTokenizer, LlamaModel, SiglipImageProcessor, \
+    from transformers import AutoTokenizer, CLIPTextModel, CLIPTokenizer, LlamaModel, SiglipImageProcessorPil, \
         SiglipVisionModel
 
     dt = _dtype(src.dtype)
@@ -115,8 +115,8 @@ def _load_role(role: str, folder: Path, src: ComponentSource):
         return AutoTokenizer.from_pretrained(folder)
     if role == "tokenizer_2":
         return CLIPTokenizer.from_pretrained(folder)
-    if role == "feature_extractor":
-        return SiglipImageProcessor.from_pretrained(folder)
+    if role == "feature_extractor":      # the PIL processor: no torchvision (see pipeline/tiny.py)
+        return SiglipImageProcessorPil.from_pretrained(folder)
     if role == "text_encoder":
         return LlamaModel.from_pretrained(folder, dtype=dt, use_safetensors=True)
     if role == "text_encoder_2":

@@ -70,46 +70,49 @@ def _open(source, field: str) -> Image.Image:
         if a.ndim == 2 or (a.ndim == 3 and a.shape[2] in (1, 3, 4)):
             return Image.fromarray(a.squeeze(-1) if a.ndim == 3 and a.shape[2] == 1 else a)
         raise InputError(field, f"an image array must be H×W, H×W×3 or H×W×4, not {a.shape}")
-    if isinstance(source, (bytes, bytearray)):
+    path = None if isinstance(source, (bytes, bytearray)) else Path(os.fspath(source))
+
+    def refused(template: str, advice: str = "") -> InputError:
+        """The error for this file: named by the error (page: its name; terminal: its full path)."""
+        if path is None:
+            return InputError(field, template.replace("{file}", "the uploaded data"), advice=advice)
+        return InputError(field, template, path=path, advice=advice)
+
+    readable = "Upload a PNG, JPEG or WebP image."
+    if path is None:
         data = io.BytesIO(source)
-        name = "<upload>"
     else:
-        path = Path(os.fspath(source))
         if not path.exists():
-            raise InputError(field, f"file not found: {path.name}. Upload or choose an existing image file.")
+            raise refused("file not found: {file}", "Upload or choose an existing image file.")
         if not path.is_file():
-            raise InputError(field, f"{path.name} is not a file")
+            raise refused("{file} is not a file")
         size = path.stat().st_size
         if size == 0:
-            raise InputError(field, f"{path.name} is empty (0 bytes). Upload a PNG, JPEG or WebP image.")
+            raise refused("{file} is empty (0 bytes)", readable)
         if size > LIMITS.upload_bytes_max:
-            raise InputError(field, f"{path.name} is {size / 2**20:.0f} MB; the limit is "
-                                    f"{LIMITS.upload_bytes_max // 2**20} MB")
+            raise refused(f"{{file}} is {size / 2**20:.0f} MB; the limit is {LIMITS.upload_bytes_max // 2**20} MB")
         data = path
-        name = path.name
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(data)
             w, h = img.size
             if w * h > LIMITS.image_pixels_max:
-                raise InputError(field, f"{name} is {w}×{h} pixels; the limit is "
-                                        f"{LIMITS.image_side[1]}×{LIMITS.image_side[1]}")
+                raise refused(f"{{file}} is {w}×{h} pixels; the limit is {LIMITS.image_side[1]}×{LIMITS.image_side[1]}")
             img.load()
     except InputError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise InputError(field, f"{name} is too large to decode safely (decompression bomb guard)") from None
+        raise refused("{file} is too large to decode safely (decompression bomb guard)") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise InputError(field, f"{name} is not a readable image ({type(e).__name__}). "
-                                f"Upload a PNG, JPEG or WebP image.") from None
+        raise refused(f"{{file}} is not a readable image ({type(e).__name__})", readable) from None
     return img
 
 
 def load_image(source, field: str = "image", check_size: bool = True) -> Image.Image:
     """Open and check an image; returns an RGB 8-bit PIL image with EXIF orientation applied."""
     if source is None:
-        raise InputError(field, "no image given. Upload a start image.")
+        raise InputError(field, "no image given", advice="Upload a start image." if field == "image" else "")
     img = _open(source, field)
     if getattr(img, "n_frames", 1) > 1:
         img.seek(0)

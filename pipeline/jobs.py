@@ -135,3 +135,17 @@ def load_job(job_dir: Path) -> dict:
     if not isinstance(info, dict):
         raise ValueError(f"{path.name} does not hold a JSON object")
     return info
+
+
+def finished_video(job_dir: Path) -> Path | None:
+    """The final video of a job that is complete (job.json says "done" and the file is there), else None. Light:
+    reads job.json only, so a command can say "already complete" before importing or loading anything."""
+    try:
+        info = load_job(job_dir)
+    except (OSError, ValueError):
+        return None
+    final = info.get("final")
+    if info.get("status") != "done" or not isinstance(final, str) or "/" in final or "\\" in final:
+        return None
+    path = Path(job_dir) / final
+    return path if path.is_file() else None

@@ -71,7 +71,7 @@ def shown(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _number(name: str, value, kind, lo, hi, *, low_open: bool = False):
+def _number(name: str, value, kind, lo, hi):
     if isinstance(value, bool) or value is None:
         raise InputError(name, f"a number is required, got {shown(value)}")
     try:
@@ -85,10 +85,8 @@ def _number(name: str, value, kind, lo, hi, *, low_open: bool = False):
         if v != int(v):
             raise InputError(name, f"{text} must be a whole number")
         v = int(value) if isinstance(value, int) else int(v)
-    too_low = v <= lo if low_open else v < lo
-    if too_low or v > hi:
-        rng = f"more than {lo} and at most {hi}" if low_open else f"between {lo} and {hi}"
-        raise InputError(name, f"{text} is out of range; use a value {rng}")
+    if not lo <= v <= hi:
+        raise InputError(name, f"{text} is out of range; use a value between {lo:g} and {hi:g}")
     return v
 
 
@@ -118,7 +116,7 @@ def _text(name: str, value) -> tuple[str, list[str]]:
 
 def _check_settings(r: Request, default_resolution: int) -> tuple[int, str, str, list[str]]:
     """Every field but the images; returns (resolution, prompt, negative prompt, warnings). Bounded work."""
-    _number("seconds", r.seconds, float, *LIMITS.seconds, low_open=True)
+    _number("seconds", r.seconds, float, *LIMITS.seconds)
     _number("steps", r.steps, int, *LIMITS.steps)
     _number("crf", r.crf, int, *LIMITS.crf)
     _number("distilled CFG (gs)", r.gs, float, *LIMITS.gs)

@@ -169,9 +169,7 @@ def make_plan(mode: str, seconds: float, window: int, fps: int = 30) -> SectionP
     limits, before building anything."""
     if mode not in ("original", "f1"):
         raise ValueError(f"mode: {str(mode)[:40]!r} is not one of 'original', 'f1'")
-    seconds = _bounded("seconds", seconds, 0.0, LIMITS.seconds[1])
-    if seconds <= LIMITS.seconds[0]:
-        raise ValueError(f"seconds: {seconds:g} must be more than {LIMITS.seconds[0]:g}")
+    seconds = _bounded("seconds", seconds, *LIMITS.seconds)
     window = _bounded("latent window", window, *LIMITS.latent_window, kind=int)
     fps = _bounded("fps", fps, *LIMITS.fps, kind=int)
     return SectionPlan(mode, window, section_count(seconds, window, fps))

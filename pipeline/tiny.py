@@ -50,9 +50,12 @@ def build_clip_tokenizer():
 
 
 def build_feature_extractor(image_size: int):
-    from transformers import SiglipImageProcessor
+    # The PIL processor (no torchvision): the same code path on every machine. transformers' SiglipImageProcessor
+    # falls back to it without torchvision, after a warning that advises installing torchvision (which would
+    # replace the installed torch build).
+    from transformers import SiglipImageProcessorPil
 
-    return SiglipImageProcessor(
+    return SiglipImageProcessorPil(
         do_resize=True, size={"height": image_size, "width": image_size}, resample=3,
         do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
         image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],

@@ -27,6 +27,16 @@ fi
 
 req=requirements.txt
 [ "${1:-}" = "--dev" ] && req=requirements-dev.txt
+# Nothing to do when these requirements were installed into this environment before and nothing changed: the
+# second `bash scripts/install.sh && python app.py` starts the app at once.
+prefix=$("$PY" -c 'import sys; print(sys.prefix)')
+stamp="$prefix/.steadyframe-install-$(basename "$req" .txt)"
+wanted=$(cat requirements.txt "$req" | sha256sum | cut -c1-64)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
+    echo "install: $req already installed in $prefix and unchanged; nothing to do"
+    exit 0
+fi
 "$PY" -m pip install -r "$req"
+echo "$wanted" > "$stamp"
 # Guard: nothing above may have replaced the torch build that was there.
 "$PY" -c "import torch; print('install: torch', torch.__version__, '| CUDA/HIP:', torch.version.cuda or torch.version.hip or 'none')"

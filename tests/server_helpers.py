@@ -82,15 +82,16 @@ def launched(outputs: Path, components, *argv: str, max_file_size: int | None = 
 
 
 @contextlib.contextmanager
-def app_process(outputs: Path, *argv: str, log_path: Path, env: dict | None = None, start_timeout: float = 120):
+def app_process(outputs: Path, *argv: str, log_path: Path, env: dict | None = None, start_timeout: float = 120,
+                preset: str = "tiny"):
     """`python app.py --preset tiny` started as a user starts it (its own process, a free port on 127.0.0.1,
     writing into `outputs`, its output in `log_path`); yields (url, the Popen); stopped when the block ends."""
     port = free_port()
-    full_env = dict(os.environ, HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1",
-                    **(env or {}))
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1",
+                **(env or {})}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log_file:
-        proc = subprocess.Popen([sys.executable, "app.py", "--preset", "tiny", "--port", str(port), "--outputs",
+        proc = subprocess.Popen([sys.executable, "app.py", "--preset", preset, "--port", str(port), "--outputs",
                                  str(outputs), *argv], cwd=ROOT, env=full_env, stdout=log_file,
                                 stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}/"

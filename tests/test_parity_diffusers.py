@@ -42,10 +42,14 @@ def our_latents(components, image, prompt, tmp_path, *, mode, window, sections, 
     from pipeline.events import Done
     from pipeline.request import Request
 
-    seconds = sections * window * 4 / 30
+    # A length that makes `sections` sections (lengths start at 1 s: a shorter one is made 1 s at a lower frame rate,
+    # which changes nothing but the video's timing)
+    seconds, fps = sections * window * 4 / 30, 30
+    if seconds < 1:
+        seconds, fps = 1.0, sections * window * 4
     req = Request(image=image, prompt=prompt, end_image=end_image, seconds=seconds, seed=SEED, steps=STEPS,
                   gs=10.0, latent_window=window, mode=mode, sampler="euler", teacache=0.0, resolution=64,
-                  end_embed_weight=end_embed_weight)
+                  end_embed_weight=end_embed_weight, fps=fps)
     from memory import MemoryManager
 
     events, last = run_job(req, components, tmp_path, memory=MemoryManager(device="cpu"))   # fp32 on the CPU

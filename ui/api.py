@@ -24,8 +24,9 @@ their defaults). It returns the video (None if the job was stopped before its fi
 `job_id` (its folder under outputs/), `status` ("done" or "stopped"), `frames`, `seconds`, `video`, `warnings`
 (e.g. a prompt cut to its first 4000 characters), `timings` and a one-line `message`.
 
-Bad input raises `gradio_client.exceptions.AppError` whose message names the field, e.g. `seconds: nan is not a
-finite number` (a file over 64 MB is refused by the client with a ValueError before it is sent); a job that fails raises it with the reason and what to change, e.g. `Out of GPU memory in
+Bad input raises `gradio_client.exceptions.AppError` whose message names the field, e.g. `seconds: 121 is out of
+range; use a value between 1 and 120` (a file over 64 MB is refused by the client with a ValueError before it is
+sent); a job that fails raises it with the reason and what to change, e.g. `Out of GPU memory in
 transformer … Try: more preserved memory …` (the job folder keeps what was made).
 
 Long jobs: `job = client.submit(..., api_name="/video")`; `job.status()` has the queue position (`rank`) and the

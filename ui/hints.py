@@ -42,7 +42,8 @@ def plan_hint(seconds, latent_window, mode, fps: int = DEFAULTS.fps) -> str:
     except ValueError as e:
         return f"⚠ {e}"
     frames = plan.total_frames
-    return (f"{plan.count} section{'s' if plan.count != 1 else ''} of {plan.window} latent frames → "
+    rounded = (f"{s:g} s is rounded to whole sections: " if abs(frames / fps - s) >= 0.05 else "")
+    return (f"{rounded}{plan.count} section{'s' if plan.count != 1 else ''} of {plan.window} latent frames → "
             f"{frames} frames ({frames / fps:.1f} s at {fps} fps); the video refreshes after each section.")
 
 

@@ -71,11 +71,13 @@ class Layout:
         return [getattr(self, name) for name in st.CONTROLS]
 
 
-def build_layout(preset, device_text: str, preserved_text: str) -> Layout:
+def build_layout(preset, device_text: str, preserved_text: str, notice: str | None = None) -> Layout:
     lim = st.limits()
     d = st.default_values(preset.default_resolution)
     gr.Markdown(f"# SteadyFrame\nImage to video, one section at a time. Models: **{preset.name}** "
                 f"({preset.description}). Device: {device_text}.")
+    if notice:
+        gr.Markdown(f"⚠ {notice}", elem_id="notice")
     with gr.Row():
         with gr.Column(scale=5):
             with gr.Row():

@@ -234,6 +234,7 @@ class JobRunner:
                 components = self.models.get(request.mode)
             except WeightsNotFound as e:
                 components = None
+                log.error("job %s cannot run: %s", ticket.id, e)       # the terminal hears it too, not only the page
                 failure = Failed(str(e), traceback.format_exc(), None, None)
         for line in lines:
             out.put(line)
@@ -253,6 +254,8 @@ class JobRunner:
                 if isinstance(event, SectionVideo):
                     ticket.job_dir = Path(event.path).parent
                 elif isinstance(event, (Done, Failed)):
+                    if isinstance(event, Failed) and event.job_dir is None:    # refused before a job folder existed
+                        log.error("job %s failed: %s", ticket.id, event.message)
                     ticket.job_dir = event.job_dir or ticket.job_dir
                     out.put(MemoryReport(list(memory.timeline), list(memory.records), str(memory.device)))
                 out.put(event)

@@ -90,6 +90,6 @@ def default_values(default_resolution: int) -> dict[str, Any]:
 def limits() -> dict[str, tuple]:
     """Slider ranges, from configs/."""
     L = LIMITS
-    return {"seconds": (1.0, L.seconds[1]), "steps": L.steps, "gs": L.gs, "cfg": L.cfg, "rescale": L.rescale,
+    return {"seconds": L.seconds, "steps": L.steps, "gs": L.gs, "cfg": L.cfg, "rescale": L.rescale,
             "latent_window": L.latent_window, "resolution": L.resolution, "crf": L.crf,
             "preserved_gb": (MEMORY.preserved_min_gb, MEMORY.preserved_max_gb), "seed": L.seed}
