@@ -19,7 +19,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 KFD_TOPOLOGY_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
-FAMILIES = ("rdna1", "rdna2", "rdna3", "cdna", "unknown")
+FAMILIES = ("rdna1", "rdna2", "rdna3", "rdna4", "cdna", "unknown")
 _CDNA = {"gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"}
 
 
@@ -63,6 +63,8 @@ def arch_family(gfx: str | None) -> str | None:
         return "rdna2"
     if re.fullmatch(r"gfx11[0-9a-f]{2}", base):
         return "rdna3"
+    if re.fullmatch(r"gfx12[0-9a-f]{2}", base):
+        return "rdna4"
     if base in _CDNA:
         return "cdna"
     return "unknown"
