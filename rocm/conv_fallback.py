@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from torch.autograd.function import once_differentiable
 
-from configs.rocm_profiles import PROFILES
 from rocm import tiers as tier_ops
 from rocm.arch import Runtime, detect_runtime
+from rocm.conv_plan import conv_plan
 from rocm.errors import ConvFallbackExhausted, classify_error
 from rocm.faults import FaultPlan
 from rocm.paths import cache_dir as default_cache_dir
@@ -71,13 +71,14 @@ class ConvFallback:
     ``tiers`` the allowed tiers in order (e.g. ``(3,)`` forces tier 3); ``conv3d_first_tier``;
     ``vendor_in_decomposition`` (whether tier 3's inner conv2d may use MIOpen/cuDNN); ``bypass`` a
     ``BypassConfig``; ``cache_dir`` for the verdict file; ``persist=False`` keeps verdicts in memory;
-    ``fault_plan`` the test seam; ``probe``: a ``HangProbe``, ``"auto"`` (a default one) or None.
+    ``fault_plan`` the test seam; ``probe``: a ``HangProbe``, ``"auto"`` (a default one) or None;
+    ``runtime_for``: device -> ``rocm.arch.Runtime`` (default ``detect_runtime``; tests pass simulated GPUs).
     """
 
     def __init__(self, *, tiers=None, conv3d_first_tier: int | None = None,
                  vendor_in_decomposition: bool | None = None, bypass: BypassConfig | None = None,
                  cache_dir: Path | str | None = None, persist: bool = True, fault_plan: FaultPlan | None = None,
-                 probe: HangProbe | str | None = "auto"):
+                 probe: HangProbe | str | None = "auto", runtime_for=None):
         self.tiers = tuple(tiers) if tiers is not None else None
         if self.tiers is not None and (not self.tiers or any(t not in tier_ops.TIERS for t in self.tiers)):
             raise ValueError(f"tiers must be a non-empty subset of {tier_ops.TIERS}, got {tiers!r}")
@@ -88,6 +89,7 @@ class ConvFallback:
         self.persist = persist
         self.fault_plan = fault_plan
         self.probe = HangProbe() if probe == "auto" else probe
+        self.runtime_for = runtime_for or detect_runtime
         self._contexts: dict[str, _DeviceContext] = {}
         self._stats = StatsCollector()
         self._lock = threading.RLock()
@@ -260,8 +262,8 @@ class ConvFallback:
         if ctx is not None:
             return ctx
         with self._lock:
-            runtime = detect_runtime(device)
-            profile = PROFILES.get(runtime.family) if runtime.backend == "rocm" else None
+            runtime = self.runtime_for(device)
+            plan = conv_plan(runtime)
             path = None
             if self.persist:
                 base = self.cache_dir or default_cache_dir()
@@ -269,14 +271,15 @@ class ConvFallback:
                                                 runtime.cuda_version)
             ctx = _DeviceContext(
                 runtime=runtime, store=VerdictStore(path),
-                tiers=self.tiers or (profile.conv_tiers if profile else tier_ops.TIERS),
+                tiers=self.tiers or plan.tiers,
                 conv3d_first_tier=(self.conv3d_first_tier if self.conv3d_first_tier is not None
-                                   else (profile.conv3d_first_tier if profile else 1)),
+                                   else plan.conv3d_first_tier),
                 vendor_in_decomposition=(self.vendor_in_decomposition if self.vendor_in_decomposition is not None
-                                         else (profile.vendor_convs_in_decomposition if profile else True)))
+                                         else plan.vendor_in_decomposition))
             self._contexts[key] = ctx
-            logger.debug("conv fallback on %s (%s %s): tiers %s, conv3d from tier %d, verdicts %s", key,
-                         runtime.backend, runtime.arch, ctx.tiers, ctx.conv3d_first_tier, path)
+            logger.info("conv fallback on %s (%s %s, arch from %s): tiers %s, conv3d from tier %d, verdicts %s",
+                        key, runtime.backend, runtime.arch, runtime.arch_source, ctx.tiers, ctx.conv3d_first_tier,
+                        path)
             return ctx
 
     def _plan(self, ctx: _DeviceContext, sig: ConvSignature, itemsize: int) -> list[int]:

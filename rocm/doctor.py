@@ -14,8 +14,8 @@ import os
 import platform
 import sys
 
-from configs.rocm_profiles import PROFILES
-from rocm.arch import detect_arch, detect_runtime, visible_devices_note
+from rocm.arch import detect_arch, device_facts as torch_device_facts, resolve_runtime, visible_devices_note
+from rocm.conv_plan import conv_plan
 from rocm.env import apply_env_profile, check_environment
 from rocm.tiers import TIER_NAMES
 
@@ -71,8 +71,7 @@ def _attention() -> dict:
 def _probe_table(runtime, *, tiers, small, timeout_s, dtype) -> list[dict]:
     from rocm.probe import HangProbe, ProbeJob
 
-    profile = PROFILES.get(runtime.family) if runtime.backend == "rocm" else None
-    vendor = profile.vendor_convs_in_decomposition if profile else True
+    vendor = conv_plan(runtime).vendor_in_decomposition
     named = probe_signatures(runtime, small=small, dtype=dtype)
     jobs = [ProbeJob(sig, tier, vendor) for _, sig in named for tier in tiers]
     device = "cpu" if runtime.backend == "cpu" else "cuda"
@@ -96,8 +95,14 @@ def _recommendations(rep: dict) -> list[str]:
         rec.append("RDNA1 (gfx101x): convolutions default to tiers 2-3 (PyTorch's GPU kernels / 2D "
                    "decomposition, MIOpen off) because no official wheel ships gfx101x kernels and the usual "
                    "HSA_OVERRIDE_GFX_VERSION=10.3.0 crashes with memory aperture violations.")
-    if family == "rdna3":
-        rec.append("RDNA3: 3D convs start at tier 3 (exact 2D decomposition; MIOpen has no 3D heuristics).")
+    if family == "rdna1" and gpu.get("reported_arch") and gpu["reported_arch"] != gpu["arch"]:
+        rec.append(f"HSA_OVERRIDE_GFX_VERSION makes this {gpu['arch']} (RDNA1, read from the KFD topology) look "
+                   f"like {gpu['reported_arch']} to PyTorch. That override is widely reported to crash RDNA1 cards "
+                   "(memory aperture violations); SteadyFrame plans for the real gfx101x (convolutions without "
+                   "MIOpen) either way. Unset it if PyTorch runs without it.")
+    if family in ("rdna2", "rdna3", "rdna4"):
+        rec.append(f"{family.upper()}: 3D convs start at tier 3 (exact 2D decomposition; MIOpen has no 3D "
+                   "heuristics and no fast 3D solver on RDNA).")
     if gpu.get("wheel_has_arch") is False and rep["backend"] == "rocm":
         rec.append(f"This PyTorch wheel has no kernels for {gpu['arch']} (built for {', '.join(gpu['wheel_arches'])})"
                    ": GPU kernels will fail; install a ROCm wheel built for your card.")
@@ -127,20 +132,24 @@ def _recommendations(rep: dict) -> list[str]:
 
 
 def collect(*, probe: bool | None = None, probe_timeout_s: float = 30.0, probe_tiers=(1, 2, 3),
-            small: bool | None = None, topology_nodes=None, environ=None) -> dict:
-    """Gather the doctor report as plain data. ``probe=None``: probe on a GPU, skip on CPU."""
+            small: bool | None = None, topology_nodes=None, environ=None, device_facts=None,
+            attention: bool | None = None) -> dict:
+    """Gather the doctor report as plain data. ``probe=None``: probe on a GPU, skip on CPU.
+    ``topology_nodes`` / ``device_facts``: a simulated KFD topology / torch device (tests)."""
     env = dict(os.environ if environ is None else environ)
     kfd = detect_arch(topology_nodes)
     import torch
 
-    rt = detect_runtime()
+    facts = device_facts or torch_device_facts()
+    rt = resolve_runtime(facts, kfd if facts.backend == "rocm" else None, env)
     rep: dict = {
         "python": sys.version.split()[0], "platform": platform.platform(), "backend": rt.backend,
         "torch": rt.torch_version, "hip": rt.hip_version, "cuda": rt.cuda_version,
         "miopen" if rt.backend == "rocm" else "cudnn": (torch.backends.cudnn.version()
                                                        if torch.backends.cudnn.is_available() else None),
         "kfd_arch": kfd.gfx if kfd else None,
-        "gpu": {"name": rt.device_name, "arch": rt.arch, "family": rt.family,
+        "gpu": {"name": rt.device_name, "arch": rt.arch, "arch_source": rt.arch_source,
+                "reported_arch": rt.reported_arch, "family": rt.family, "driver": rt.driver_version,
                 "total_memory_gib": round(rt.total_memory / GIB, 2) if rt.total_memory else None,
                 "wheel_arches": list(rt.wheel_arches), "wheel_has_arch": rt.wheel_has_arch,
                 "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
@@ -151,7 +160,7 @@ def collect(*, probe: bool | None = None, probe_timeout_s: float = 30.0, probe_t
     miopen = getattr(torch.backends, "miopen", None)
     if miopen is not None and hasattr(miopen, "immediate"):
         rep["torch_settings"]["miopen_immediate"] = miopen.immediate
-    gfx = rt.arch if rt.backend == "rocm" else (kfd.gfx if kfd else None)
+    gfx = rt.arch if rt.backend == "rocm" else (kfd.gfx if kfd else None)     # the hardware's, never the override
     profile_preview = apply_env_profile(dict(env), topology_nodes=topology_nodes)
     rep["environment"] = {
         "profile": profile_preview.family, "profile_would_set": profile_preview.set,
@@ -161,13 +170,12 @@ def collect(*, probe: bool | None = None, probe_timeout_s: float = 30.0, probe_t
         "warnings": [{"variable": w.variable, "value": w.value, "message": w.message, "severity": w.severity}
                      for w in check_environment(env, gfx=gfx)],
     }
-    profile = PROFILES.get(rt.family) if rt.backend == "rocm" else None
+    plan = conv_plan(rt)
     rep["conv_plan"] = {
-        "tiers": list(profile.conv_tiers) if profile else [1, 2, 3, 4],
-        "conv3d_first_tier": profile.conv3d_first_tier if profile else 1,
-        "vendor_in_decomposition": profile.vendor_convs_in_decomposition if profile else True,
+        "tiers": list(plan.tiers), "conv3d_first_tier": plan.conv3d_first_tier,
+        "vendor_in_decomposition": plan.vendor_in_decomposition, "family": plan.family,
         "tier_names": {str(k): v for k, v in TIER_NAMES.items()},
-        "notes": list(profile.notes) if profile else [],
+        "notes": list(plan.notes),
         "verdict_file": str(_verdict_path(rt)),
     }
     rep["attention"] = _attention()
@@ -194,6 +202,7 @@ def render_text(rep: dict) -> str:
              + (f"MIOpen {rep.get('miopen')}" if rep["backend"] == "rocm" else f"cuDNN {rep.get('cudnn')}"),
              f"python       {rep['python']} on {rep['platform']}",
              f"GPU          {gpu['name']}   arch {gpu['arch']}   family {gpu['family'] or '-'}   VRAM {mem}",
+             f"arch from    {gpu['arch_source']}",
              f"KFD arch     {rep['kfd_arch'] or '-'} (read before torch, from /sys/class/kfd)",
              f"wheel arches {', '.join(gpu['wheel_arches']) or '-'}   has kernels for this arch: "
              f"{'-' if gpu['wheel_has_arch'] is None else gpu['wheel_has_arch']}",
