@@ -7,7 +7,9 @@ file per arch + torch + HIP build, so a bad shape goes straight to its working t
 ``probing()`` (on ROCm by default) the first use of a signature runs in a child process with a timeout first.
 
 It is an object, not a global: ``install()`` patches ``torch.nn.functional.conv2d/conv3d`` (which ``nn.Conv2d``
-/ ``nn.Conv3d`` call) and ``uninstall()`` restores them; ``active()`` does both around a block.
+/ ``nn.Conv3d`` call) and ``uninstall()`` restores them; ``active()`` holds the patch for a block. The blocks are
+counted: the patch comes off when the last ``active()`` block (in any thread) has ended and no ``install()``
+holds it, so one thread leaving its block cannot pull the patch from under another.
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ class ConvFallback:
         self._probe_depth = 0
         self._probe_forced = False
         self._saved: tuple | None = None
+        self._active_blocks = 0         # active() blocks running now, all threads
+        self._pinned = False            # install() called: stays until uninstall()
         self.current: ConvSignature | None = None   # the conv running now (read by the stall watchdog)
         self._entries = {"conv2d": self._make_entry("conv2d"), "conv3d": self._make_entry("conv3d")}
 
@@ -132,29 +136,40 @@ class ConvFallback:
         return getattr(self._local, "last_tier", None)
 
     def install(self) -> "ConvFallback":
-        import torch.nn.functional as F
-
+        """Patch F.conv2d/F.conv3d until ``uninstall()``."""
         with self._lock:
-            if self._saved is None:
-                self._saved = (F.conv2d, F.conv3d)
-                F.conv2d, F.conv3d = self._entries["conv2d"], self._entries["conv3d"]
-                from rocm.env import apply_torch_settings
-
-                apply_torch_settings()
-                logger.debug("conv fallback installed")
+            self._pinned = True
+            self._patch()
         return self
 
     def uninstall(self) -> None:
+        """Drop ``install()``'s hold; the patch comes off now, or when the last running ``active()`` block ends."""
+        with self._lock:
+            self._pinned = False
+            if self._active_blocks == 0:
+                self._unpatch()
+
+    def _patch(self) -> None:
         import torch.nn.functional as F
 
-        with self._lock:
-            if self._saved is None:
-                return
-            if F.conv2d is not self._entries["conv2d"] or F.conv3d is not self._entries["conv3d"]:
-                logger.warning("F.conv2d/conv3d were replaced after the conv fallback was installed; "
-                               "restoring the functions it found")
-            F.conv2d, F.conv3d = self._saved
-            self._saved = None
+        if self._saved is None:
+            self._saved = (F.conv2d, F.conv3d)
+            F.conv2d, F.conv3d = self._entries["conv2d"], self._entries["conv3d"]
+            from rocm.env import apply_torch_settings
+
+            apply_torch_settings()
+            logger.debug("conv fallback installed")
+
+    def _unpatch(self) -> None:
+        import torch.nn.functional as F
+
+        if self._saved is None:
+            return
+        if F.conv2d is not self._entries["conv2d"] or F.conv3d is not self._entries["conv3d"]:
+            logger.warning("F.conv2d/conv3d were replaced after the conv fallback was installed; "
+                           "restoring the functions it found")
+        F.conv2d, F.conv3d = self._saved
+        self._saved = None
         self.flush()
 
     @property
@@ -163,14 +178,17 @@ class ConvFallback:
 
     @contextlib.contextmanager
     def active(self):
-        """Install for the block (if not installed already) and restore afterwards."""
-        was = self.installed
-        self.install()
+        """The patch is on for the block (reference-counted across threads and nested blocks)."""
+        with self._lock:
+            self._active_blocks += 1
+            self._patch()
         try:
             yield self
         finally:
-            if not was:
-                self.uninstall()
+            with self._lock:
+                self._active_blocks -= 1
+                if self._active_blocks == 0 and not self._pinned:
+                    self._unpatch()
 
     @contextlib.contextmanager
     def injecting(self, plan: FaultPlan):
