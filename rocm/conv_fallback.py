@@ -27,7 +27,7 @@ from torch.autograd.function import once_differentiable
 from rocm import tiers as tier_ops
 from rocm.arch import Runtime, detect_runtime
 from rocm.conv_plan import conv_plan
-from rocm.errors import ConvFallbackExhausted, classify_error
+from rocm.errors import ConvFallbackExhausted, ProbeUndecided, classify_error
 from rocm.faults import FaultPlan
 from rocm.paths import cache_dir as default_cache_dir
 from rocm.policy import BypassConfig
@@ -327,7 +327,13 @@ class ConvFallback:
                 ctx.store.record_success(sig.key, tier, persist=self.persist)
                 ctx.store.flush()      # a probe is expensive: keep its result even if we crash later
                 return tiers[i:]
-            if not result.is_verdict:   # oom / inconclusive: try in-process from here
+            if result.outcome == "inconclusive":
+                raise ProbeUndecided(
+                    f"The GPU did not answer the hang probe ({result.message[:160]}), so SteadyFrame will not run "
+                    f"this convolution inside the app, where a hung GPU call would freeze it. The GPU may be "
+                    f"wedged: close other programs that use it, check `dmesg`, reboot if it stays stuck, then run "
+                    f"`python -m rocm doctor`. (tier {tier}, {sig.short()})")
+            if not result.is_verdict:   # oom (the parent may hold the memory) / rejected: in-process from here
                 return tiers[i:]
             ctx.store.record_failure(sig.key, tier, f"probe {result.outcome}: {result.message}",
                                      persist=self.persist)
@@ -340,7 +346,11 @@ class ConvFallback:
         self.current = sig
         tiers = self._plan(ctx, sig, x.element_size())
         if self._should_probe(ctx, sig, tiers):
-            tiers = self._probe_tiers(ctx, sig, tiers, x.device)
+            try:
+                tiers = self._probe_tiers(ctx, sig, tiers, x.device)
+            except ProbeUndecided:
+                self.current = None
+                raise
         known = ctx.store.get(sig.key)
         failed = dict(known.failed) if known else {}
         last_exc = None
