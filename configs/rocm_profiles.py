@@ -115,6 +115,11 @@ class RocmDefaults:
     profile_switch_env_var: str = "STEADYFRAME_ROCM_PROFILE"  # "off" disables apply_env_profile
     faults_env_var: str = "STEADYFRAME_CONV_FAULTS"            # test seam read by the probe child
     bypass_size_threshold_mib: float = 42.0
+    # doctor's attention timing: FramePack's transformer at 608x640, window 9 (memory.plan.framepack_tokens)
+    attention_tokens: int = 18485
+    attention_heads: int = 24
+    attention_head_dim: int = 128
+    attention_small_tokens: int = 256                            # --small / CPU: a logic check, not a timing
 
 
 DEFAULTS = RocmDefaults()

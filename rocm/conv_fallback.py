@@ -34,7 +34,7 @@ from rocm.policy import BypassConfig
 from rocm.probe import HangProbe, ProbeJob
 from rocm.signature import ConvSignature, ConvSpec, normalize_call
 from rocm.stats import FallbackStats, StatsCollector
-from rocm.verdicts import VerdictStore, verdict_file_name
+from rocm.verdicts import VerdictStore, build_of, verdict_path
 
 logger = logging.getLogger(__name__)
 _NATIVE = {"conv2d": torch.conv2d, "conv3d": torch.conv3d}
@@ -282,13 +282,9 @@ class ConvFallback:
         with self._lock:
             runtime = self.runtime_for(device)
             plan = conv_plan(runtime)
-            path = None
-            if self.persist:
-                base = self.cache_dir or default_cache_dir()
-                path = base / verdict_file_name(runtime.arch, runtime.torch_version, runtime.hip_version,
-                                                runtime.cuda_version)
+            path = verdict_path(self.cache_dir or default_cache_dir(), runtime) if self.persist else None
             ctx = _DeviceContext(
-                runtime=runtime, store=VerdictStore(path),
+                runtime=runtime, store=VerdictStore(path, build=build_of(runtime)),
                 tiers=self.tiers or plan.tiers,
                 conv3d_first_tier=(self.conv3d_first_tier if self.conv3d_first_tier is not None
                                    else plan.conv3d_first_tier),
@@ -300,6 +296,10 @@ class ConvFallback:
                         path)
             return ctx
 
+    def _probing_on(self, ctx: _DeviceContext, sig: ConvSignature) -> bool:
+        return (self._probe_depth > 0 and self.probe is not None and sig.direction == "forward"
+                and (self._probe_forced or ctx.runtime.backend == "rocm"))
+
     def _plan(self, ctx: _DeviceContext, sig: ConvSignature, itemsize: int) -> list[int]:
         start = self.bypass.start_tier(sig, itemsize)
         if sig.base_op == "conv3d":
@@ -307,19 +307,24 @@ class ConvFallback:
         tiers = [t for t in ctx.tiers if t >= start] or [ctx.tiers[-1]]
         verdict = ctx.store.get(sig.key)
         if verdict is not None:
-            tiers = [t for t in tiers if t not in verdict.failed] or [tiers[-1]]
+            # a timeout from an earlier run is probed once more before it is trusted (only where the probe runs)
+            retry = ctx.store.retry_tiers(sig.key) if self._probing_on(ctx, sig) else set()
+            tiers = [t for t in tiers if t not in verdict.failed or t in retry] or [tiers[-1]]
         return tiers
 
     def _should_probe(self, ctx: _DeviceContext, sig: ConvSignature, tiers: list[int]) -> bool:
-        if self._probe_depth <= 0 or self.probe is None or sig.direction != "forward":
-            return False
-        if not (self._probe_forced or ctx.runtime.backend == "rocm"):
+        if not self._probing_on(ctx, sig):
             return False
         verdict = ctx.store.get(sig.key)
-        return verdict is None or verdict.ok_tier not in tiers
+        if verdict is None or verdict.ok_tier not in tiers:
+            return True
+        return bool(ctx.store.retry_tiers(sig.key) & set(tiers[:tiers.index(verdict.ok_tier)]))
 
     def _probe_tiers(self, ctx: _DeviceContext, sig: ConvSignature, tiers: list[int], device) -> list[int]:
         for i, tier in enumerate(tiers):
+            known = ctx.store.get(sig.key)
+            if known is not None and known.ok_tier == tier:     # known to work: no need to probe it again
+                return tiers[i:]
             job = ProbeJob(sig, tier, ctx.vendor_in_decomposition)
             result = self.probe.run([job], device=str(device))[0]
             self._stats.record_probe(result.to_dict())
@@ -336,7 +341,7 @@ class ConvFallback:
             if not result.is_verdict:   # oom (the parent may hold the memory) / rejected: in-process from here
                 return tiers[i:]
             ctx.store.record_failure(sig.key, tier, f"probe {result.outcome}: {result.message}",
-                                     persist=self.persist)
+                                     persist=self.persist, timeout=result.outcome == "timeout")
         return tiers[-1:]
 
     def _run(self, direction, spec: ConvSpec, x, weight, bias, *, grad_out=None, mask=None):

@@ -66,6 +66,14 @@ def test_fallback_probes_first_use_and_persists(tmp_path):
     probes = fb.stats().probes
     assert [(p["tier"], p["outcome"]) for p in probes] == [(1, "timeout"), (2, "ok")]
 
+    # a later run: the timeout is probed once more before it is trusted; it hangs again -> confirmed
+    again = ConvFallback(cache_dir=tmp_path, probe=HangProbe(timeout_s=1.5, fault_plan=probe.fault_plan),
+                         fault_plan=tripwire)
+    with torch.no_grad(), again.probing(True):
+        again.conv3d(x, w, padding=1)
+    assert again.last_tier == 2
+    assert [(p["tier"], p["outcome"]) for p in again.stats().probes] == [(1, "timeout")]   # tier 2 known: no probe
+
     fresh = ConvFallback(cache_dir=tmp_path, probe=HangProbe(timeout_s=1.5), fault_plan=tripwire)
     with torch.no_grad(), fresh.probing(True):
         fresh.conv3d(x, w, padding=1)
