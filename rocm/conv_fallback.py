@@ -333,11 +333,11 @@ class ConvFallback:
                 ctx.store.flush()      # a probe is expensive: keep its result even if we crash later
                 return tiers[i:]
             if result.outcome == "inconclusive":
-                raise ProbeUndecided(
-                    f"The GPU did not answer the hang probe ({result.message[:160]}), so SteadyFrame will not run "
-                    f"this convolution inside the app, where a hung GPU call would freeze it. The GPU may be "
-                    f"wedged: close other programs that use it, check `dmesg`, reboot if it stays stuck, then run "
-                    f"`python -m rocm doctor`. (tier {tier}, {sig.short()})")
+                raise ProbeUndecided(      # the advice first: the app shows the first 300 characters
+                    f"The GPU did not answer the hang probe: SteadyFrame will not run this convolution inside the "
+                    f"app, where a hung GPU call would freeze it. The GPU may be wedged: close programs using it, "
+                    f"reboot if it stays stuck, then run `python -m rocm doctor`. ({result.message[:160]}; tier "
+                    f"{tier}, {sig.short()})")
             if not result.is_verdict:   # oom (the parent may hold the memory) / rejected: in-process from here
                 return tiers[i:]
             ctx.store.record_failure(sig.key, tier, f"probe {result.outcome}: {result.message}",
