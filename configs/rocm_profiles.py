@@ -114,7 +114,7 @@ class RocmDefaults:
     cache_subdir: str = "rocm"
     profile_switch_env_var: str = "STEADYFRAME_ROCM_PROFILE"  # "off" disables apply_env_profile
     faults_env_var: str = "STEADYFRAME_CONV_FAULTS"            # test seam read by the probe child
-    bypass_size_threshold_mib: float = 42.0
+    bypass_size_threshold_px: int = 42      # the field notes' 42x42 boundary: larger spatial side of a conv input
     # doctor's attention timing: FramePack's transformer at 608x640, window 9 (memory.plan.framepack_tokens)
     attention_tokens: int = 18485
     attention_heads: int = 24

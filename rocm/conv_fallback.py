@@ -51,10 +51,10 @@ class _DeviceContext:
 
 class _TieredConv(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, fallback, spec):
-        ctx.fallback, ctx.spec = fallback, spec
+    def forward(ctx, x, weight, bias, fallback, spec, bypass):
+        ctx.fallback, ctx.spec, ctx.bypass = fallback, spec, bypass
         ctx.save_for_backward(x, weight, bias)
-        return fallback._run("forward", spec, x, weight, bias)
+        return fallback._run("forward", spec, x, weight, bias, bypass=bypass)
 
     @staticmethod
     @once_differentiable
@@ -62,8 +62,8 @@ class _TieredConv(torch.autograd.Function):
         x, weight, bias = ctx.saved_tensors
         mask = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[2])
         gx, gw, gb = ctx.fallback._run("backward", ctx.spec, x, weight, bias, grad_out=grad_out.contiguous(),
-                                       mask=mask)
-        return gx, gw, gb, None, None
+                                       mask=mask, bypass=ctx.bypass)
+        return gx, gw, gb, None, None, None
 
 
 class ConvFallback:
@@ -111,8 +111,10 @@ class ConvFallback:
     def conv3d(self, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         return self.conv("conv3d", input, weight, bias, stride, padding, dilation, groups)
 
-    def conv(self, op, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-        """``torch.nn.functional.<op>`` with the tiered fallback. Sets ``last_tier`` for this thread."""
+    def conv(self, op, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
+             bypass: BypassConfig | None = None):
+        """``torch.nn.functional.<op>`` with the tiered fallback. Sets ``last_tier`` for this thread.
+        ``bypass``: this call's strategy (a SafeConv layer's own config), default the fallback's."""
         native = _NATIVE[op]
         self._local.last_tier = None
         if (not isinstance(input, torch.Tensor) or input.device.type not in ("cuda", "cpu")
@@ -125,9 +127,9 @@ class ConvFallback:
         needs_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, weight, bias))
         if needs_grad:
-            out = _TieredConv.apply(x, weight, bias, self, spec)
+            out = _TieredConv.apply(x, weight, bias, self, spec, bypass)
         else:
-            out = self._run("forward", spec, x, weight, bias)
+            out = self._run("forward", spec, x, weight, bias, bypass=bypass)
         return out.squeeze(0) if unbatched else out
 
     @property
@@ -300,12 +302,12 @@ class ConvFallback:
         return (self._probe_depth > 0 and self.probe is not None and sig.direction == "forward"
                 and (self._probe_forced or ctx.runtime.backend == "rocm"))
 
-    def _plan(self, ctx: _DeviceContext, sig: ConvSignature, itemsize: int) -> list[int]:
-        start = self.bypass.start_tier(sig, itemsize)
+    def _plan(self, ctx: _DeviceContext, sig: ConvSignature, bypass: BypassConfig) -> list[int]:
+        start = bypass.start_tier(sig)
         if sig.base_op == "conv3d":
             start = max(start, ctx.conv3d_first_tier)
-        tiers = [t for t in ctx.tiers if t >= start] or [ctx.tiers[-1]]
-        verdict = ctx.store.get(sig.key)
+        tiers = [t for t in ctx.tiers if t >= start and bypass.allows(t)] or [ctx.tiers[-1]]
+        verdict = ctx.store.get(sig.key) if bypass.cache_decisions else None
         if verdict is not None:
             # a timeout from an earlier run is probed once more before it is trusted (only where the probe runs)
             retry = ctx.store.retry_tiers(sig.key) if self._probing_on(ctx, sig) else set()
@@ -344,12 +346,12 @@ class ConvFallback:
                                      persist=self.persist, timeout=result.outcome == "timeout")
         return tiers[-1:]
 
-    def _run(self, direction, spec: ConvSpec, x, weight, bias, *, grad_out=None, mask=None):
+    def _run(self, direction, spec: ConvSpec, x, weight, bias, *, grad_out=None, mask=None, bypass=None):
         op = spec.op if direction == "forward" else f"{spec.op}_backward"
         ctx = self._context(x.device)
         sig = self.signature(op, x, weight, spec, bias)
         self.current = sig
-        tiers = self._plan(ctx, sig, x.element_size())
+        tiers = self._plan(ctx, sig, bypass or self.bypass)
         if self._should_probe(ctx, sig, tiers):
             try:
                 tiers = self._probe_tiers(ctx, sig, tiers, x.device)
@@ -359,7 +361,9 @@ class ConvFallback:
         known = ctx.store.get(sig.key)
         failed = dict(known.failed) if known else {}
         last_exc = None
+        tried = []
         for tier in tiers:
+            tried.append(tier)
             try:
                 if self.fault_plan:
                     self.fault_plan.check(tier, spec.op, direction, tuple(x.shape))
@@ -386,11 +390,11 @@ class ConvFallback:
                 continue
             ctx.store.record_success(sig.key, tier, persist=self.persist)
             skipped = {t: r for t, r in failed.items() if t < tier}
-            self._stats.record(sig, tier, skipped)
+            self._stats.record(sig, tier, skipped, tried)
             if direction == "forward":
                 self._local.last_tier = tier
             self.current = None
             return out
-        self._stats.record(sig, None, failed)
+        self._stats.record(sig, None, failed, tried)
         self.current = None
         raise ConvFallbackExhausted(f"every tier {tiers} failed for {sig.short()}: {failed}") from last_exc
