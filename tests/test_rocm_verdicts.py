@@ -122,3 +122,19 @@ def test_doctor_lists_and_resets_verdicts(tmp_path):
     assert [p.rsplit("/", 1)[-1] for p in rep["verdicts"]["reset"]] == [files[0]["file"].rsplit("/", 1)[-1]]
     assert rep["verdicts"]["files"] == [] and list(folder.glob("conv_verdicts_*")) == []
     assert _conv(ConvFallback(cache_dir=folder, probe=None)) == 1          # re-learnt from tier 1
+
+
+def test_an_older_format_is_replaced_quietly(tmp_path, caplog):
+    path = tmp_path / "v.json"
+    path.write_text(json.dumps({"format": 1, "verdicts": {"k": {"ok_tier": 2, "failed": {"1": "old"}}}}))
+    with caplog.at_level("INFO", logger="rocm.verdicts"):
+        store = VerdictStore(path)
+    assert store.get("k") is None                                    # expired, not trusted
+    assert [r.levelname for r in caplog.records] == ["INFO"] and "older format" in caplog.text
+    store.record_failure("k", 1, "vendor: new")
+    assert json.loads(path.read_text())["format"] == 2               # replaced by the current format
+    path.write_text("{not json")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="rocm.verdicts"):
+        VerdictStore(path)
+    assert [r.levelname for r in caplog.records] == ["WARNING"]      # damaged: worth a warning
