@@ -3,8 +3,9 @@
 Tiers (``rocm.tiers``): 1 native (MIOpen/cuDNN), 2 PyTorch's GPU kernels with MIOpen/cuDNN off for that call,
 3 exact decomposition on the GPU, 4 CPU fp32. An error of the MIOpen/HIP kind or out-of-memory moves to the next
 tier (any other error propagates unchanged). Verdicts are cached per (op, shapes, dtype, arch) in memory and in a
-file per arch + torch + HIP build, so a bad shape goes straight to its working tier next time. Inside
-``probing()`` (on ROCm by default) the first use of a signature runs in a child process with a timeout first.
+file per arch + torch + HIP + driver build (``rocm.verdicts``), so a bad shape goes straight to its working tier
+next time. Inside ``probing()`` (on ROCm by default) the first use of a signature runs in a child process with a
+timeout first; a probe that cannot decide raises ``ProbeUndecided`` instead of running the tier in-process.
 
 It is an object, not a global: ``install()`` patches ``torch.nn.functional.conv2d/conv3d`` (which ``nn.Conv2d``
 / ``nn.Conv3d`` call) and ``uninstall()`` restores them; ``active()`` holds the patch for a block. The blocks are
