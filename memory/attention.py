@@ -5,11 +5,14 @@ Inside a stage, `AttentionGuard` replaces `torch.nn.functional.scaled_dot_produc
 native attention backend and transformers' sdpa attention call) with a checked version: on a GPU it asks PyTorch
 which fused kernel (flash, memory-efficient, cuDNN) takes this call and runs it restricted to that kernel; when
 none applies (dtype, head size, mask kind on this device), it splits the queries into chunks whose score matrix
-fits the chunk budget. Each choice is logged once per kind of call and kept in `choices` (for job.json).
+fits the chunk budget. Each choice is logged once per kind of call and stage and kept in `choices` (for job.json);
+when a ROCm GPU ends up on the chunked math kernel, the line also says why fused kernels may be off
+(`rocm.attention.aotriton_note`: PyTorch's TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL gate).
 """
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 import torch.nn.functional as F
@@ -67,14 +70,16 @@ def _fused_choice(args) -> SDPBackend | None:
 
 
 class AttentionGuard:
-    """Context manager for one stage; `force_chunked` (tests) chunks every call, also on the CPU."""
+    """Context manager for one stage; `force_chunked` (tests) chunks every call, also on the CPU. `gate_note`:
+    why fused kernels may be off on this device (default: asked from rocm on the first chunked call)."""
 
     def __init__(self, device: torch.device, chunk_budget_bytes: int = 1 << 30, *, force_chunked: bool = False,
-                 label: str = ""):
+                 label: str = "", gate_note: str | None = None):
         self.device = torch.device(device)
         self.chunk_budget_bytes = int(chunk_budget_bytes)
         self.force_chunked = force_chunked
         self.label = label
+        self.gate_note = gate_note
         self.choices: dict[str, str] = {}
         self._decided: dict[tuple, SDPBackend | None] = {}
         self._original = None
@@ -135,5 +140,17 @@ class AttentionGuard:
             rows = chunk_rows(query, key, self.chunk_budget_bytes)
             text = (f"no fused kernel: math in chunks of {rows} query rows (≤ {self.chunk_budget_bytes / 2**30:.2f}"
                     f" GiB each; unchunked would need {full / 2**30:.1f} GiB at this size)")
+            note = self._gate_note()
+            if note:
+                text += f"; {note}"
         self.choices[what] = text
         log.info("attention%s (%s): %s", f" in {self.label}" if self.label else "", what, text)
+
+    def _gate_note(self) -> str | None:
+        if self.gate_note is None and self.device.type == "cuda":
+            from rocm.arch import detect_runtime
+            from rocm.attention import aotriton_note
+
+            runtime = detect_runtime(self.device)
+            self.gate_note = aotriton_note(runtime.backend, runtime.arch, os.environ) or ""
+        return self.gate_note

@@ -119,7 +119,7 @@ class JobRun:
         self.video = VideoBuffer(self.r.mode, sec.overlap_frames(self.r.latent_window))
         self.last_video: Path | None = None
         rocm.apply_torch_settings()                     # cudnn.benchmark off on ROCm (no-op elsewhere)
-        self.fallback = rocm.get_default_fallback()     # tiered convolutions for the VAE (rocm/)
+        self.fallback = rocm.get_default_fallback()     # tiered convolutions for every conv of every stage (rocm/)
         self.fallback.reset_stats()
         self.fallback.forget_transient()
 
@@ -205,7 +205,7 @@ class JobRun:
             ctx = sec.section_context(self.plan, section, history, start_latent, end_latent)
             yield self.progress("sampling", n, 0, f"section {n}/{self.plan.count}: loading the transformer")
             t_stage = time.monotonic()
-            with self.memory.stage("transformer", transformer=c.transformer):
+            with self.memory.stage("transformer", transformer=c.transformer), self.fallback.active():
                 yield from drain()
                 denoiser.begin_section(ctx, self.plan.indices(section), (self.plan.window, lh, lw),
                                        image_embeds, texts, r.gs)
@@ -283,7 +283,7 @@ class JobRun:
         diffusers' pipeline computes that blend and then ignores it (a = 0); a = 0 reproduces it exactly."""
         c = self.c
         t = time.monotonic()
-        with self.memory.stage("image encoder", image_encoder=c.image_encoder):
+        with self.memory.stage("image encoder", image_encoder=c.image_encoder), self.fallback.active():
             def embed(img):
                 pixels = (to_model_tensor(img) + 1.0) / 2.0
                 inputs = c.feature_extractor(images=pixels, return_tensors="pt", do_rescale=False)

@@ -1,11 +1,20 @@
 """The names users of the AMD field notes know, as thin wrappers around ``rocm.ConvFallback``.
 
 They share one default ``ConvFallback``, created on first use (never at import). Prefer passing your own
-``ConvFallback`` object around in new code; these exist so that field-note recipes keep working:
+``ConvFallback`` object around in new code; these exist so that the field notes' recipes run as written
+(tests/test_rocm_seed_api.py runs each of them):
 
-    initialize_miopen_fallback()                  # patches F.conv2d / F.conv3d
-    enable_miopen_bypass(BypassStrategy.SELECTIVE, size_threshold=42)
-    model = patch_model(model); ...; print_bypass_report(model)
+    initialize_miopen_fallback(use_monkey_patch=True, verbose=True)   # patches F.conv2d / F.conv3d
+    MIOpenFallbackHandler.print_stats()
+    with miopen_safe_execution("VAE decode"): ...                       # or @with_miopen_fallback
+    enable_miopen_bypass(strategy=FallbackStrategy.SELECTIVE)          # or "CPU_FALLBACK", ...
+    config = Conv2dBypassConfig(strategy=FallbackStrategy.AUTO, size_threshold=42)   # pixels
+    conv = SafeConv2d(3, 64, kernel_size=3, padding=1, config=config); conv.get_bypass_stats()
+    model = patch_model(model); print_bypass_report(model)
+
+What differs from the notes: nothing sets MIOpen variables at run time (MIOpen reads them once per process; the
+environment profile in ``rocm.env`` sets the real ones before torch starts), and "CPU fallback" is the last of
+four tiers, not the first answer to an error.
 """
 
 from __future__ import annotations
@@ -18,8 +27,8 @@ import threading
 
 from rocm.conv_fallback import ConvFallback
 from rocm.faults import FaultPlan
-from rocm.policy import BypassConfig, BypassStrategy
-from rocm.safe_conv import SafeConv2d, SafeConv3d, bypass_report, patch_model, unpatch_model
+from rocm.policy import BypassConfig, BypassStrategy, Conv2dBypassConfig, FallbackStrategy
+from rocm.safe_conv import SafeConv2d, SafeConv3d, bypass_report, patch_model, patched_layers, unpatch_model
 
 logger = logging.getLogger(__name__)
 
@@ -51,16 +60,42 @@ def set_default_fallback(fallback: ConvFallback | None) -> None:
         old.uninstall()
 
 
-def initialize_miopen_fallback(use_monkey_patch: bool = True, **kwargs) -> ConvFallback:
+def initialize_miopen_fallback(use_monkey_patch: bool = True, verbose: bool = True, **kwargs) -> ConvFallback:
     """Create the default fallback (``kwargs`` go to ``ConvFallback``) and, with ``use_monkey_patch``, patch
-    ``F.conv2d`` / ``F.conv3d`` so every ``nn.Conv2d``/``nn.Conv3d`` goes through it."""
+    ``F.conv2d`` / ``F.conv3d`` so every ``nn.Conv2d``/``nn.Conv3d`` goes through it. ``verbose``: say what it
+    did at INFO level (else DEBUG)."""
     fallback = ConvFallback(**kwargs) if kwargs else None
     if fallback is not None:
         set_default_fallback(fallback)
     fallback = get_default_fallback()
     if use_monkey_patch:
         fallback.install()
+    logger.log(logging.INFO if verbose else logging.DEBUG,
+               "conv fallback initialised: %s; tiers 1 MIOpen/cuDNN -> 2 MIOpen off -> 3 exact 2D decomposition "
+               "-> 4 CPU, first tier by strategy %s", "F.conv2d/F.conv3d patched" if use_monkey_patch else
+               "not patched (use patch_model or miopen_safe_execution)", fallback.bypass.strategy.name)
     return fallback
+
+
+class MIOpenFallbackHandler:
+    """The field notes' statistics holder, reading the shared fallback's counts (no state of its own)."""
+
+    @staticmethod
+    def stats(fallback: ConvFallback | None = None) -> dict:
+        """``cpu_attempts`` / ``cpu_successes`` (tier 4, the notes' counters) plus the calls per tier."""
+        snap = (fallback or get_default_fallback()).stats()
+        return {"cpu_attempts": snap.attempts_per_tier.get(4, 0), "cpu_successes": snap.calls_per_tier.get(4, 0),
+                "calls_per_tier": dict(snap.calls_per_tier), "fell_back": len(snap.fell_back),
+                "failed_in_every_tier": snap.exhausted}
+
+    @classmethod
+    def print_stats(cls, file=None, fallback: ConvFallback | None = None) -> str:
+        """Write the statistics (the notes' two counters, then the full per-job report) and return the text."""
+        s = cls.stats(fallback)
+        text = (f"=== MIOpen Fallback Statistics ===\nCPU fallback attempts: {s['cpu_attempts']}, successes: "
+                f"{s['cpu_successes']}\n" + (fallback or get_default_fallback()).report())
+        (file or sys.stdout).write(text + "\n")
+        return text
 
 
 @contextlib.contextmanager
@@ -91,15 +126,20 @@ def with_miopen_fallback(func=None, *, name: str | None = None, fallback: ConvFa
     return decorate(func) if func is not None else decorate
 
 
-def enable_miopen_bypass(strategy: BypassStrategy | str = BypassStrategy.AUTO, size_threshold: float = 42,
-                         config: BypassConfig | None = None, fallback: ConvFallback | None = None) -> BypassConfig:
-    """Set the bypass strategy of the (default) fallback; see ``rocm.policy.BypassStrategy`` for what each does.
-    ``size_threshold`` is in MiB of the conv's input tensor. No environment variable is touched."""
-    cfg = config or BypassConfig(BypassStrategy(strategy), float(size_threshold))
+def enable_miopen_bypass(strategy: BypassStrategy | str = BypassStrategy.AUTO, verbose: bool = True,
+                         size_threshold: float | None = None, config: BypassConfig | None = None,
+                         fallback: ConvFallback | None = None) -> BypassConfig:
+    """Set the bypass strategy of the (default) fallback (SafeConv layers without a ``config`` of their own
+    follow it); see ``rocm.policy.BypassStrategy`` for what each does. ``size_threshold`` is in pixels (the larger
+    spatial side of a conv input; default 42). No environment variable is touched. Returns the config."""
+    if config is None:
+        kwargs = {} if size_threshold is None else {"size_threshold": float(size_threshold)}
+        config = BypassConfig(BypassStrategy(strategy), verbose=verbose, **kwargs)
     fb = fallback or get_default_fallback()
-    fb.bypass = cfg
-    logger.info("conv bypass: %s above %.0f MiB of input", cfg.strategy.value, cfg.size_threshold_mib)
-    return cfg
+    fb.bypass = config
+    logger.log(logging.INFO if verbose else logging.DEBUG, "conv bypass: strategy %s, size threshold %g px",
+               config.strategy.name, config.size_threshold)
+    return config
 
 
 def print_bypass_report(model, file=None) -> str:
@@ -117,7 +157,7 @@ def print_job_statistics(fallback: ConvFallback | None = None, file=None) -> str
     return text
 
 
-__all__ = ["BypassConfig", "BypassStrategy", "SafeConv2d", "SafeConv3d", "enable_miopen_bypass",
-           "get_default_fallback", "initialize_miopen_fallback", "miopen_safe_execution", "patch_model",
-           "print_bypass_report", "print_job_statistics", "set_default_fallback", "unpatch_model",
-           "with_miopen_fallback"]
+__all__ = ["BypassConfig", "BypassStrategy", "Conv2dBypassConfig", "FallbackStrategy", "MIOpenFallbackHandler",
+           "SafeConv2d", "SafeConv3d", "enable_miopen_bypass", "get_default_fallback", "initialize_miopen_fallback",
+           "miopen_safe_execution", "patch_model", "patched_layers", "print_bypass_report", "print_job_statistics",
+           "set_default_fallback", "unpatch_model", "with_miopen_fallback"]

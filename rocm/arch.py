@@ -1,11 +1,14 @@
-"""Which GPU is this? Two ways to ask.
+"""Which GPU is this? One answer for the environment profile, the convolution fallback and the doctor.
 
-* Before torch is imported (for the environment profile): the Linux KFD topology,
-  ``/sys/class/kfd/kfd/topology/nodes/*/properties``, whose ``gfx_target_version`` encodes the ISA
-  (major*10000 + minor*100 + stepping, e.g. 110000 = gfx1100, 90010 = gfx90a). No KFD -> not ROCm: CUDA or CPU.
-  HSA_OVERRIDE_GFX_VERSION does not change it, so we see the real card.
-* After torch is imported: ``detect_runtime(device)`` (backend, arch, versions) for the convolution fallback and
-  the doctor.
+* The architecture comes from the hardware: the Linux KFD topology, ``/sys/class/kfd/kfd/topology/nodes/*/
+  properties``, whose ``gfx_target_version`` encodes the ISA (major*10000 + minor*100 + stepping, e.g. 110000 =
+  gfx1100, 90010 = gfx90a). It is readable before torch is imported (the profile needs that) and
+  HSA_OVERRIDE_GFX_VERSION does not change it: an RX 5700 XT run with the usual ``10.3.0`` override is gfx1010
+  here, while torch's ``gcnArchName`` says gfx1030. No KFD -> not ROCm: CUDA or CPU.
+* ``detect_runtime(device)`` (after torch is imported) combines what torch reports about the device (backend,
+  versions, the arch the runtime *loads kernels for*) with that hardware arch; ``Runtime.arch_source`` says where
+  the arch came from and notes an override. Torch's arch is used only when the KFD topology cannot say (no sysfs,
+  or several different GPUs behind a device-selection variable).
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 logger = logging.getLogger(__name__)
 
 KFD_TOPOLOGY_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
-FAMILIES = ("rdna1", "rdna2", "rdna3", "cdna", "unknown")
+FAMILIES = ("rdna1", "rdna2", "rdna3", "rdna4", "cdna", "unknown")
 _CDNA = {"gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"}
 
 
@@ -63,6 +67,8 @@ def arch_family(gfx: str | None) -> str | None:
         return "rdna2"
     if re.fullmatch(r"gfx11[0-9a-f]{2}", base):
         return "rdna3"
+    if re.fullmatch(r"gfx12[0-9a-f]{2}", base):
+        return "rdna4"
     if base in _CDNA:
         return "cdna"
     return "unknown"
@@ -111,11 +117,27 @@ def detect_arch(topology_nodes: Path | str | None = None) -> ArchInfo | None:
 
 
 @dataclass(frozen=True)
+class DeviceFacts:
+    """What torch (and the driver's sysfs) report about one device: the raw material of a ``Runtime``."""
+
+    backend: str                  # 'rocm' | 'cuda' | 'cpu'
+    reported_arch: str            # torch's view: gcnArchName ('gfx1030' under a 10.3.0 override), 'sm_90', 'cpu'
+    index: int | None
+    name: str
+    total_memory: int | None
+    wheel_arches: tuple[str, ...]
+    torch_version: str
+    hip_version: str | None
+    cuda_version: str | None
+    driver_version: str | None
+
+
+@dataclass(frozen=True)
 class Runtime:
-    """What torch reports about one device (after ``import torch``)."""
+    """One device as SteadyFrame plans for it (after ``import torch``)."""
 
     backend: str              # 'rocm' | 'cuda' | 'cpu'
-    arch: str                 # 'gfx1100', 'sm_90', 'cpu'
+    arch: str                 # the hardware's: 'gfx1010' even under HSA_OVERRIDE_GFX_VERSION; 'sm_90'; 'cpu'
     family: str | None        # rocm family, None elsewhere
     torch_version: str
     hip_version: str | None
@@ -123,16 +145,44 @@ class Runtime:
     device_name: str
     total_memory: int | None
     wheel_arches: tuple[str, ...]
+    reported_arch: str = ""   # what torch reports (the ISA the runtime loads kernels for)
+    arch_source: str = "torch"
+    driver_version: str | None = None
+
+    @property
+    def overridden(self) -> bool:
+        return self.backend == "rocm" and bool(self.reported_arch) and self.reported_arch != self.arch
 
     @property
     def wheel_has_arch(self) -> bool | None:
+        """Whether the wheel ships kernels for the ISA the runtime loads (the overridden one, if any)."""
         if self.backend == "cpu" or not self.wheel_arches:
             return None
-        return self.arch in self.wheel_arches
+        return (self.reported_arch or self.arch) in self.wheel_arches
 
 
-def detect_runtime(device=None) -> Runtime:
-    """Backend, arch and versions for ``device`` (default: the current GPU if any, else CPU)."""
+def _read_first_line(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.readline().strip() or None
+    except OSError:
+        return None
+
+
+def driver_version(backend: str) -> str | None:
+    """The kernel driver's version (verdicts are keyed by it): amdgpu's module version (DKMS builds) or, for the
+    in-tree driver, the kernel release; NVIDIA's module version. None on CPU or when it cannot be read."""
+    if backend == "rocm":
+        version = _read_first_line("/sys/module/amdgpu/version")
+        return f"amdgpu-{version}" if version else f"linux-{os.uname().release}"
+    if backend == "cuda":
+        version = _read_first_line("/sys/module/nvidia/version")
+        return f"nvidia-{version}" if version else None
+    return None
+
+
+def device_facts(device=None) -> DeviceFacts:
+    """What torch reports about ``device`` (default: the current GPU if any, else CPU)."""
     import torch
 
     hip = getattr(torch.version, "hip", None)
@@ -140,7 +190,7 @@ def detect_runtime(device=None) -> Runtime:
     dev = torch.device(device) if device is not None else None
     use_gpu = torch.cuda.is_available() and (dev is None or dev.type == "cuda")
     if not use_gpu:
-        return Runtime("cpu", "cpu", None, torch.__version__, hip, cuda, "CPU", None, ())
+        return DeviceFacts("cpu", "cpu", None, "CPU", None, (), torch.__version__, hip, cuda, None)
     index = dev.index if dev is not None and dev.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
     try:
@@ -148,14 +198,57 @@ def detect_runtime(device=None) -> Runtime:
     except RuntimeError:
         arches = ()
     if hip is not None:
-        arch = getattr(props, "gcnArchName", "unknown").split(":")[0]
-        return Runtime("rocm", arch, arch_family(arch) or "unknown", torch.__version__, hip, None, props.name,
-                       props.total_memory, arches)
-    arch = f"sm_{props.major}{props.minor}"
-    return Runtime("cuda", arch, None, torch.__version__, None, cuda, props.name, props.total_memory, arches)
+        reported = getattr(props, "gcnArchName", "unknown").split(":")[0]
+        return DeviceFacts("rocm", reported, index, props.name, props.total_memory, arches, torch.__version__,
+                           hip, None, driver_version("rocm"))
+    return DeviceFacts("cuda", f"sm_{props.major}{props.minor}", index, props.name, props.total_memory, arches,
+                       torch.__version__, None, cuda, driver_version("cuda"))
 
 
-def visible_devices_note(environ=os.environ) -> str | None:
+def kfd_gfx_for_device(kfd: ArchInfo | None, index: int | None, environ: Mapping[str, str]) -> str | None:
+    """The KFD topology's arch for torch device ``index``: the one arch when all GPUs share it, else the node in
+    enumeration order (only when no device-selection variable reorders the devices); None when it cannot say."""
+    if kfd is None or not kfd.nodes:
+        return None
+    if len({n.gfx for n in kfd.nodes}) == 1:
+        return kfd.gfx
+    if index is not None and visible_devices_note(environ) is None and index < len(kfd.nodes):
+        return kfd.nodes[index].gfx
+    return None
+
+
+def resolve_runtime(facts: DeviceFacts, kfd: ArchInfo | None, environ: Mapping[str, str]) -> Runtime:
+    """Combine torch's facts with the hardware arch (pure: the tests feed simulated topologies through it)."""
+    def runtime(arch, family, source):
+        return Runtime(facts.backend, arch, family, facts.torch_version, facts.hip_version, facts.cuda_version,
+                       facts.name, facts.total_memory, facts.wheel_arches, facts.reported_arch, source,
+                       facts.driver_version)
+
+    if facts.backend != "rocm":
+        return runtime(facts.reported_arch, None, "torch")
+    override = environ.get("HSA_OVERRIDE_GFX_VERSION")
+    gfx = kfd_gfx_for_device(kfd, facts.index, environ)
+    if gfx is not None:
+        source = "KFD topology"
+        if override is not None:
+            source += (f"; HSA_OVERRIDE_GFX_VERSION={override} makes the runtime report {facts.reported_arch}"
+                       if facts.reported_arch != gfx else f"; HSA_OVERRIDE_GFX_VERSION={override} (same arch)")
+        return runtime(gfx, arch_family(gfx) or "unknown", source)
+    source = "torch (gcnArchName; no usable KFD topology)"
+    if override is not None:
+        source += f"; HSA_OVERRIDE_GFX_VERSION={override} is set, so this may not be the real card"
+    return runtime(facts.reported_arch, arch_family(facts.reported_arch) or "unknown", source)
+
+
+def detect_runtime(device=None, *, topology_nodes: Path | str | None = None,
+                   environ: Mapping[str, str] | None = None) -> Runtime:
+    """Backend, hardware arch and versions for ``device`` (default: the current GPU if any, else CPU)."""
+    facts = device_facts(device)
+    kfd = detect_arch(topology_nodes) if facts.backend == "rocm" else None
+    return resolve_runtime(facts, kfd, os.environ if environ is None else environ)
+
+
+def visible_devices_note(environ: Mapping[str, str] = os.environ) -> str | None:
     """A note when device-selection variables are set (they change which card torch sees)."""
     keys = [k for k in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if k in environ]
     return ", ".join(f"{k}={environ[k]}" for k in keys) or None

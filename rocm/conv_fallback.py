@@ -3,11 +3,14 @@
 Tiers (``rocm.tiers``): 1 native (MIOpen/cuDNN), 2 PyTorch's GPU kernels with MIOpen/cuDNN off for that call,
 3 exact decomposition on the GPU, 4 CPU fp32. An error of the MIOpen/HIP kind or out-of-memory moves to the next
 tier (any other error propagates unchanged). Verdicts are cached per (op, shapes, dtype, arch) in memory and in a
-file per arch + torch + HIP build, so a bad shape goes straight to its working tier next time. Inside
-``probing()`` (on ROCm by default) the first use of a signature runs in a child process with a timeout first.
+file per arch + torch + HIP + driver build (``rocm.verdicts``), so a bad shape goes straight to its working tier
+next time. Inside ``probing()`` (on ROCm by default) the first use of a signature runs in a child process with a
+timeout first; a probe that cannot decide raises ``ProbeUndecided`` instead of running the tier in-process.
 
 It is an object, not a global: ``install()`` patches ``torch.nn.functional.conv2d/conv3d`` (which ``nn.Conv2d``
-/ ``nn.Conv3d`` call) and ``uninstall()`` restores them; ``active()`` does both around a block.
+/ ``nn.Conv3d`` call) and ``uninstall()`` restores them; ``active()`` holds the patch for a block. The blocks are
+counted: the patch comes off when the last ``active()`` block (in any thread) has ended and no ``install()``
+holds it, so one thread leaving its block cannot pull the patch from under another.
 """
 
 from __future__ import annotations
@@ -22,17 +25,17 @@ from pathlib import Path
 import torch
 from torch.autograd.function import once_differentiable
 
-from configs.rocm_profiles import PROFILES
 from rocm import tiers as tier_ops
 from rocm.arch import Runtime, detect_runtime
-from rocm.errors import ConvFallbackExhausted, classify_error
+from rocm.conv_plan import conv_plan
+from rocm.errors import ConvFallbackExhausted, ProbeUndecided, classify_error
 from rocm.faults import FaultPlan
 from rocm.paths import cache_dir as default_cache_dir
 from rocm.policy import BypassConfig
 from rocm.probe import HangProbe, ProbeJob
 from rocm.signature import ConvSignature, ConvSpec, normalize_call
 from rocm.stats import FallbackStats, StatsCollector
-from rocm.verdicts import VerdictStore, verdict_file_name
+from rocm.verdicts import VerdictStore, build_of, verdict_path
 
 logger = logging.getLogger(__name__)
 _NATIVE = {"conv2d": torch.conv2d, "conv3d": torch.conv3d}
@@ -49,10 +52,10 @@ class _DeviceContext:
 
 class _TieredConv(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, fallback, spec):
-        ctx.fallback, ctx.spec = fallback, spec
+    def forward(ctx, x, weight, bias, fallback, spec, bypass):
+        ctx.fallback, ctx.spec, ctx.bypass = fallback, spec, bypass
         ctx.save_for_backward(x, weight, bias)
-        return fallback._run("forward", spec, x, weight, bias)
+        return fallback._run("forward", spec, x, weight, bias, bypass=bypass)
 
     @staticmethod
     @once_differentiable
@@ -60,8 +63,8 @@ class _TieredConv(torch.autograd.Function):
         x, weight, bias = ctx.saved_tensors
         mask = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[2])
         gx, gw, gb = ctx.fallback._run("backward", ctx.spec, x, weight, bias, grad_out=grad_out.contiguous(),
-                                       mask=mask)
-        return gx, gw, gb, None, None
+                                       mask=mask, bypass=ctx.bypass)
+        return gx, gw, gb, None, None, None
 
 
 class ConvFallback:
@@ -71,13 +74,14 @@ class ConvFallback:
     ``tiers`` the allowed tiers in order (e.g. ``(3,)`` forces tier 3); ``conv3d_first_tier``;
     ``vendor_in_decomposition`` (whether tier 3's inner conv2d may use MIOpen/cuDNN); ``bypass`` a
     ``BypassConfig``; ``cache_dir`` for the verdict file; ``persist=False`` keeps verdicts in memory;
-    ``fault_plan`` the test seam; ``probe``: a ``HangProbe``, ``"auto"`` (a default one) or None.
+    ``fault_plan`` the test seam; ``probe``: a ``HangProbe``, ``"auto"`` (a default one) or None;
+    ``runtime_for``: device -> ``rocm.arch.Runtime`` (default ``detect_runtime``; tests pass simulated GPUs).
     """
 
     def __init__(self, *, tiers=None, conv3d_first_tier: int | None = None,
                  vendor_in_decomposition: bool | None = None, bypass: BypassConfig | None = None,
                  cache_dir: Path | str | None = None, persist: bool = True, fault_plan: FaultPlan | None = None,
-                 probe: HangProbe | str | None = "auto"):
+                 probe: HangProbe | str | None = "auto", runtime_for=None):
         self.tiers = tuple(tiers) if tiers is not None else None
         if self.tiers is not None and (not self.tiers or any(t not in tier_ops.TIERS for t in self.tiers)):
             raise ValueError(f"tiers must be a non-empty subset of {tier_ops.TIERS}, got {tiers!r}")
@@ -88,6 +92,7 @@ class ConvFallback:
         self.persist = persist
         self.fault_plan = fault_plan
         self.probe = HangProbe() if probe == "auto" else probe
+        self.runtime_for = runtime_for or detect_runtime
         self._contexts: dict[str, _DeviceContext] = {}
         self._stats = StatsCollector()
         self._lock = threading.RLock()
@@ -95,6 +100,8 @@ class ConvFallback:
         self._probe_depth = 0
         self._probe_forced = False
         self._saved: tuple | None = None
+        self._active_blocks = 0         # active() blocks running now, all threads
+        self._pinned = False            # install() called: stays until uninstall()
         self.current: ConvSignature | None = None   # the conv running now (read by the stall watchdog)
         self._entries = {"conv2d": self._make_entry("conv2d"), "conv3d": self._make_entry("conv3d")}
 
@@ -105,8 +112,10 @@ class ConvFallback:
     def conv3d(self, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         return self.conv("conv3d", input, weight, bias, stride, padding, dilation, groups)
 
-    def conv(self, op, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-        """``torch.nn.functional.<op>`` with the tiered fallback. Sets ``last_tier`` for this thread."""
+    def conv(self, op, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
+             bypass: BypassConfig | None = None):
+        """``torch.nn.functional.<op>`` with the tiered fallback. Sets ``last_tier`` for this thread.
+        ``bypass``: this call's strategy (a SafeConv layer's own config), default the fallback's."""
         native = _NATIVE[op]
         self._local.last_tier = None
         if (not isinstance(input, torch.Tensor) or input.device.type not in ("cuda", "cpu")
@@ -119,9 +128,9 @@ class ConvFallback:
         needs_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, weight, bias))
         if needs_grad:
-            out = _TieredConv.apply(x, weight, bias, self, spec)
+            out = _TieredConv.apply(x, weight, bias, self, spec, bypass)
         else:
-            out = self._run("forward", spec, x, weight, bias)
+            out = self._run("forward", spec, x, weight, bias, bypass=bypass)
         return out.squeeze(0) if unbatched else out
 
     @property
@@ -130,29 +139,40 @@ class ConvFallback:
         return getattr(self._local, "last_tier", None)
 
     def install(self) -> "ConvFallback":
-        import torch.nn.functional as F
-
+        """Patch F.conv2d/F.conv3d until ``uninstall()``."""
         with self._lock:
-            if self._saved is None:
-                self._saved = (F.conv2d, F.conv3d)
-                F.conv2d, F.conv3d = self._entries["conv2d"], self._entries["conv3d"]
-                from rocm.env import apply_torch_settings
-
-                apply_torch_settings()
-                logger.debug("conv fallback installed")
+            self._pinned = True
+            self._patch()
         return self
 
     def uninstall(self) -> None:
+        """Drop ``install()``'s hold; the patch comes off now, or when the last running ``active()`` block ends."""
+        with self._lock:
+            self._pinned = False
+            if self._active_blocks == 0:
+                self._unpatch()
+
+    def _patch(self) -> None:
         import torch.nn.functional as F
 
-        with self._lock:
-            if self._saved is None:
-                return
-            if F.conv2d is not self._entries["conv2d"] or F.conv3d is not self._entries["conv3d"]:
-                logger.warning("F.conv2d/conv3d were replaced after the conv fallback was installed; "
-                               "restoring the functions it found")
-            F.conv2d, F.conv3d = self._saved
-            self._saved = None
+        if self._saved is None:
+            self._saved = (F.conv2d, F.conv3d)
+            F.conv2d, F.conv3d = self._entries["conv2d"], self._entries["conv3d"]
+            from rocm.env import apply_torch_settings
+
+            apply_torch_settings()
+            logger.debug("conv fallback installed")
+
+    def _unpatch(self) -> None:
+        import torch.nn.functional as F
+
+        if self._saved is None:
+            return
+        if F.conv2d is not self._entries["conv2d"] or F.conv3d is not self._entries["conv3d"]:
+            logger.warning("F.conv2d/conv3d were replaced after the conv fallback was installed; "
+                           "restoring the functions it found")
+        F.conv2d, F.conv3d = self._saved
+        self._saved = None
         self.flush()
 
     @property
@@ -161,14 +181,17 @@ class ConvFallback:
 
     @contextlib.contextmanager
     def active(self):
-        """Install for the block (if not installed already) and restore afterwards."""
-        was = self.installed
-        self.install()
+        """The patch is on for the block (reference-counted across threads and nested blocks)."""
+        with self._lock:
+            self._active_blocks += 1
+            self._patch()
         try:
             yield self
         finally:
-            if not was:
-                self.uninstall()
+            with self._lock:
+                self._active_blocks -= 1
+                if self._active_blocks == 0 and not self._pinned:
+                    self._unpatch()
 
     @contextlib.contextmanager
     def injecting(self, plan: FaultPlan):
@@ -260,45 +283,51 @@ class ConvFallback:
         if ctx is not None:
             return ctx
         with self._lock:
-            runtime = detect_runtime(device)
-            profile = PROFILES.get(runtime.family) if runtime.backend == "rocm" else None
-            path = None
-            if self.persist:
-                base = self.cache_dir or default_cache_dir()
-                path = base / verdict_file_name(runtime.arch, runtime.torch_version, runtime.hip_version,
-                                                runtime.cuda_version)
+            runtime = self.runtime_for(device)
+            plan = conv_plan(runtime)
+            path = verdict_path(self.cache_dir or default_cache_dir(), runtime) if self.persist else None
             ctx = _DeviceContext(
-                runtime=runtime, store=VerdictStore(path),
-                tiers=self.tiers or (profile.conv_tiers if profile else tier_ops.TIERS),
+                runtime=runtime, store=VerdictStore(path, build=build_of(runtime)),
+                tiers=self.tiers or plan.tiers,
                 conv3d_first_tier=(self.conv3d_first_tier if self.conv3d_first_tier is not None
-                                   else (profile.conv3d_first_tier if profile else 1)),
+                                   else plan.conv3d_first_tier),
                 vendor_in_decomposition=(self.vendor_in_decomposition if self.vendor_in_decomposition is not None
-                                         else (profile.vendor_convs_in_decomposition if profile else True)))
+                                         else plan.vendor_in_decomposition))
             self._contexts[key] = ctx
-            logger.debug("conv fallback on %s (%s %s): tiers %s, conv3d from tier %d, verdicts %s", key,
-                         runtime.backend, runtime.arch, ctx.tiers, ctx.conv3d_first_tier, path)
+            logger.info("conv fallback on %s (%s %s, arch from %s): tiers %s, conv3d from tier %d, verdicts %s",
+                        key, runtime.backend, runtime.arch, runtime.arch_source, ctx.tiers, ctx.conv3d_first_tier,
+                        path)
             return ctx
 
-    def _plan(self, ctx: _DeviceContext, sig: ConvSignature, itemsize: int) -> list[int]:
-        start = self.bypass.start_tier(sig, itemsize)
+    def _probing_on(self, ctx: _DeviceContext, sig: ConvSignature) -> bool:
+        return (self._probe_depth > 0 and self.probe is not None and sig.direction == "forward"
+                and (self._probe_forced or ctx.runtime.backend == "rocm"))
+
+    def _plan(self, ctx: _DeviceContext, sig: ConvSignature, bypass: BypassConfig) -> list[int]:
+        start = bypass.start_tier(sig)
         if sig.base_op == "conv3d":
             start = max(start, ctx.conv3d_first_tier)
-        tiers = [t for t in ctx.tiers if t >= start] or [ctx.tiers[-1]]
-        verdict = ctx.store.get(sig.key)
+        tiers = [t for t in ctx.tiers if t >= start and bypass.allows(t)] or [ctx.tiers[-1]]
+        verdict = ctx.store.get(sig.key) if bypass.cache_decisions else None
         if verdict is not None:
-            tiers = [t for t in tiers if t not in verdict.failed] or [tiers[-1]]
+            # a timeout from an earlier run is probed once more before it is trusted (only where the probe runs)
+            retry = ctx.store.retry_tiers(sig.key) if self._probing_on(ctx, sig) else set()
+            tiers = [t for t in tiers if t not in verdict.failed or t in retry] or [tiers[-1]]
         return tiers
 
     def _should_probe(self, ctx: _DeviceContext, sig: ConvSignature, tiers: list[int]) -> bool:
-        if self._probe_depth <= 0 or self.probe is None or sig.direction != "forward":
-            return False
-        if not (self._probe_forced or ctx.runtime.backend == "rocm"):
+        if not self._probing_on(ctx, sig):
             return False
         verdict = ctx.store.get(sig.key)
-        return verdict is None or verdict.ok_tier not in tiers
+        if verdict is None or verdict.ok_tier not in tiers:
+            return True
+        return bool(ctx.store.retry_tiers(sig.key) & set(tiers[:tiers.index(verdict.ok_tier)]))
 
     def _probe_tiers(self, ctx: _DeviceContext, sig: ConvSignature, tiers: list[int], device) -> list[int]:
         for i, tier in enumerate(tiers):
+            known = ctx.store.get(sig.key)
+            if known is not None and known.ok_tier == tier:     # known to work: no need to probe it again
+                return tiers[i:]
             job = ProbeJob(sig, tier, ctx.vendor_in_decomposition)
             result = self.probe.run([job], device=str(device))[0]
             self._stats.record_probe(result.to_dict())
@@ -306,24 +335,36 @@ class ConvFallback:
                 ctx.store.record_success(sig.key, tier, persist=self.persist)
                 ctx.store.flush()      # a probe is expensive: keep its result even if we crash later
                 return tiers[i:]
-            if not result.is_verdict:   # oom / inconclusive: try in-process from here
+            if result.outcome == "inconclusive":
+                raise ProbeUndecided(      # the advice first: the app shows the first 300 characters
+                    f"The GPU did not answer the hang probe: SteadyFrame will not run this convolution inside the "
+                    f"app, where a hung GPU call would freeze it. The GPU may be wedged: close programs using it, "
+                    f"reboot if it stays stuck, then run `python -m rocm doctor`. ({result.message[:160]}; tier "
+                    f"{tier}, {sig.short()})")
+            if not result.is_verdict:   # oom (the parent may hold the memory) / rejected: in-process from here
                 return tiers[i:]
             ctx.store.record_failure(sig.key, tier, f"probe {result.outcome}: {result.message}",
-                                     persist=self.persist)
+                                     persist=self.persist, timeout=result.outcome == "timeout")
         return tiers[-1:]
 
-    def _run(self, direction, spec: ConvSpec, x, weight, bias, *, grad_out=None, mask=None):
+    def _run(self, direction, spec: ConvSpec, x, weight, bias, *, grad_out=None, mask=None, bypass=None):
         op = spec.op if direction == "forward" else f"{spec.op}_backward"
         ctx = self._context(x.device)
         sig = self.signature(op, x, weight, spec, bias)
         self.current = sig
-        tiers = self._plan(ctx, sig, x.element_size())
+        tiers = self._plan(ctx, sig, bypass or self.bypass)
         if self._should_probe(ctx, sig, tiers):
-            tiers = self._probe_tiers(ctx, sig, tiers, x.device)
+            try:
+                tiers = self._probe_tiers(ctx, sig, tiers, x.device)
+            except ProbeUndecided:
+                self.current = None
+                raise
         known = ctx.store.get(sig.key)
         failed = dict(known.failed) if known else {}
         last_exc = None
+        tried = []
         for tier in tiers:
+            tried.append(tier)
             try:
                 if self.fault_plan:
                     self.fault_plan.check(tier, spec.op, direction, tuple(x.shape))
@@ -350,11 +391,11 @@ class ConvFallback:
                 continue
             ctx.store.record_success(sig.key, tier, persist=self.persist)
             skipped = {t: r for t, r in failed.items() if t < tier}
-            self._stats.record(sig, tier, skipped)
+            self._stats.record(sig, tier, skipped, tried)
             if direction == "forward":
                 self._local.last_tier = tier
             self.current = None
             return out
-        self._stats.record(sig, None, failed)
+        self._stats.record(sig, None, failed, tried)
         self.current = None
         raise ConvFallbackExhausted(f"every tier {tiers} failed for {sig.short()}: {failed}") from last_exc

@@ -1,9 +1,11 @@
 """``python -m rocm doctor``: what this machine is, what SteadyFrame will do on it, and what to fix.
 
-Collects backend, versions, GPU/arch/VRAM, whether the wheel has kernels for the arch, the effective environment
-with warnings, attention backends, the conv plan, and (on a GPU) a probe table: every tier on VAE-decoder-shaped
-convolutions, each in a child process with a timeout. ``collect`` returns plain data (for ``--json``);
-``render_text`` formats it.
+Collects backend, versions, GPU/arch (from the hardware, override noted)/VRAM/driver, whether the wheel has
+kernels for the arch, the effective environment with warnings, the conv plan, the stored conv verdicts, the
+attention backends timed on the transformer's shape (and which one the app will use), and (on a GPU) a probe
+table: every tier of the plan on VAE-decoder-shaped convolutions, each in a child process with a timeout (it
+writes no verdicts). ``collect`` returns plain data (for ``--json``); ``rocm.doctor_text.render_text`` formats it;
+``progress`` (a callable taking one line) hears about each probe and timing while they run.
 """
 
 from __future__ import annotations
@@ -14,10 +16,15 @@ import os
 import platform
 import sys
 
-from configs.rocm_profiles import PROFILES
-from rocm.arch import detect_arch, detect_runtime, visible_devices_note
+from rocm.arch import detect_arch, device_facts as torch_device_facts, resolve_runtime, visible_devices_note
+from rocm.conv_plan import conv_plan
+from configs.rocm_profiles import DEFAULTS
+from rocm.attention import aotriton_note, attention_check
+from rocm.doctor_text import render_text  # noqa: F401  (re-exported: rocm.doctor.render_text)
 from rocm.env import apply_env_profile, check_environment
+from rocm.paths import cache_dir
 from rocm.tiers import TIER_NAMES
+from rocm.verdicts import list_files, reset as reset_verdicts, verdict_path
 
 logger = logging.getLogger(__name__)
 GIB = 2**30
@@ -45,14 +52,7 @@ def probe_signatures(runtime, *, small: bool, dtype: str):
                                  runtime.arch)) for name, x, w in shapes]
 
 
-def _verdict_path(rt):
-    from rocm.paths import cache_dir
-    from rocm.verdicts import verdict_file_name
-
-    return cache_dir() / verdict_file_name(rt.arch, rt.torch_version, rt.hip_version, rt.cuda_version)
-
-
-def _attention() -> dict:
+def _attention_flags() -> dict:
     import torch
 
     out = {"sdpa_flash_enabled": torch.backends.cuda.flash_sdp_enabled(),
@@ -68,15 +68,29 @@ def _attention() -> dict:
     return out
 
 
-def _probe_table(runtime, *, tiers, small, timeout_s, dtype) -> list[dict]:
+def planned_probe_tiers(plan, requested) -> tuple[list[int], dict[str, str]]:
+    """The requested tiers the plan runs (on RDNA1 never tier 1: MIOpen there can crash or hang the GPU), and
+    why each other one is skipped."""
+    tiers = [t for t in requested if t in plan.tiers]
+    skipped = {str(t): f"not in the {(plan.family or 'device').upper()} plan (the app never runs it here)"
+               for t in requested if t not in plan.tiers}
+    return tiers, skipped
+
+
+def _probe_table(runtime, *, tiers, small, timeout_s, dtype, progress=None) -> list[dict]:
     from rocm.probe import HangProbe, ProbeJob
 
-    profile = PROFILES.get(runtime.family) if runtime.backend == "rocm" else None
-    vendor = profile.vendor_convs_in_decomposition if profile else True
+    vendor = conv_plan(runtime).vendor_in_decomposition
     named = probe_signatures(runtime, small=small, dtype=dtype)
-    jobs = [ProbeJob(sig, tier, vendor) for _, sig in named for tier in tiers]
+    jobs = [(name, ProbeJob(sig, tier, vendor)) for name, sig in named for tier in tiers]
     device = "cpu" if runtime.backend == "cpu" else "cuda"
-    results = HangProbe(timeout_s=timeout_s).run(jobs, device=device)
+    probe = HangProbe(timeout_s=timeout_s)
+    results = []
+    with probe.session():                     # one warm child for the table; a hang gets a fresh one
+        for i, (name, job) in enumerate(jobs, start=1):
+            if progress:
+                progress(f"probe {i}/{len(jobs)}: tier {job.tier} on {name} (up to {timeout_s:g} s)")
+            results += probe.run([job], device=device)
     names = {sig.key: name for name, sig in named}
     return [{"shape": names[r.key], "signature": r.signature, "tier": r.tier, "outcome": r.outcome,
              "elapsed_s": round(r.elapsed_s, 3), "message": r.message[:200]} for r in results]
@@ -96,8 +110,14 @@ def _recommendations(rep: dict) -> list[str]:
         rec.append("RDNA1 (gfx101x): convolutions default to tiers 2-3 (PyTorch's GPU kernels / 2D "
                    "decomposition, MIOpen off) because no official wheel ships gfx101x kernels and the usual "
                    "HSA_OVERRIDE_GFX_VERSION=10.3.0 crashes with memory aperture violations.")
-    if family == "rdna3":
-        rec.append("RDNA3: 3D convs start at tier 3 (exact 2D decomposition; MIOpen has no 3D heuristics).")
+    if family == "rdna1" and gpu.get("reported_arch") and gpu["reported_arch"] != gpu["arch"]:
+        rec.append(f"HSA_OVERRIDE_GFX_VERSION makes this {gpu['arch']} (RDNA1, read from the KFD topology) look "
+                   f"like {gpu['reported_arch']} to PyTorch. That override is widely reported to crash RDNA1 cards "
+                   "(memory aperture violations); SteadyFrame plans for the real gfx101x (convolutions without "
+                   "MIOpen) either way. Unset it if PyTorch runs without it.")
+    if family in ("rdna2", "rdna3", "rdna4"):
+        rec.append(f"{family.upper()}: 3D convs start at tier 3 (exact 2D decomposition; MIOpen has no 3D "
+                   "heuristics and no fast 3D solver on RDNA).")
     if gpu.get("wheel_has_arch") is False and rep["backend"] == "rocm":
         rec.append(f"This PyTorch wheel has no kernels for {gpu['arch']} (built for {', '.join(gpu['wheel_arches'])})"
                    ": GPU kernels will fail; install a ROCm wheel built for your card.")
@@ -110,14 +130,22 @@ def _recommendations(rep: dict) -> list[str]:
         rec.append("Under 25 GB of VRAM: keep VAE decode tiled (memory/ does) and the transformer unloaded "
                    "before decoding.")
     att = rep["attention"]
-    if rep["backend"] != "cpu" and not (att.get("flash_attention_built") or att.get("package_flash_attn")
-                                        or att.get("package_xformers") or att.get("sdpa_mem_efficient_enabled")):
+    check = att.get("check", {})
+    if check.get("ran"):
+        chunked = [c for c in check["cases"] if "math in chunks" in c["app"]["uses"]]
+        if chunked:
+            rec.append("No fused attention kernel for the transformer's attention here: the app runs the math "
+                       "kernel in chunks (correct, but slow)."
+                       + (f" {att['aotriton']}." if att.get("aotriton") else ""))
+    elif rep["backend"] != "cpu" and not (att.get("flash_attention_built") or att.get("package_flash_attn")
+                                          or att.get("package_xformers") or att.get("sdpa_mem_efficient_enabled")):
         rec.append("No memory-efficient attention kernel: the math SDPA fallback needs 15-30 GB at FramePack's "
-                   "~18k tokens. Install a wheel with flash/mem-efficient attention, or chunk queries.")
+                   "~18k tokens; the app chunks the queries instead (slow).")
     for row in rep.get("probe", {}).get("rows", []):
         if row["outcome"] in ("error", "timeout", "crash"):
-            rec.append(f"Probe: tier {row['tier']} {row['outcome']} on {row['shape']}: the fallback skips that "
-                       "tier for that shape.")
+            rec.append(f"Probe: tier {row['tier']} {row['outcome']} on {row['shape']}. This table writes no "
+                       "verdicts; the app probes each new shape itself on first use (in a child process) and "
+                       "skips a tier that fails there.")
         elif row["outcome"] != "ok":
             rec.append(f"Probe: tier {row['tier']} could not be judged on {row['shape']} ({row['outcome']}: "
                        f"{row['message'][:100]}).")
@@ -126,21 +154,52 @@ def _recommendations(rep: dict) -> list[str]:
     return rec
 
 
+def _verdicts(rt, env, reset: bool) -> dict:
+    folder = cache_dir(env)
+    removed = [str(p) for p in reset_verdicts(folder)] if reset else None
+    current = verdict_path(folder, rt)
+    return {"cache_dir": str(folder), "current_file": str(current), "reset": removed,
+            "files": list_files(folder, current)}
+
+
+def _attention(rt, env, run: bool, small: bool, progress) -> dict:
+    out = _attention_flags()
+    out["aotriton"] = aotriton_note(rt.backend, rt.arch, env)
+    if not run:
+        out["check"] = {"ran": False, "reason": "no GPU (--attention times a small shape on the CPU)"
+                        if rt.backend == "cpu" else "disabled (--no-attention)"}
+        return out
+    d = DEFAULTS
+    tokens, heads = (d.attention_small_tokens, 2) if small else (d.attention_tokens, d.attention_heads)
+    device = "cpu" if rt.backend == "cpu" else "cuda"
+    try:
+        out["check"] = attention_check(device, tokens=tokens, heads=heads, head_dim=d.attention_head_dim,
+                                       dtype="bfloat16", progress=progress)
+    except RuntimeError as exc:          # the device itself failed (not one backend): report, do not crash
+        out["check"] = {"ran": False, "reason": f"failed: {type(exc).__name__}: {str(exc)[:200]}"}
+    return out
+
+
 def collect(*, probe: bool | None = None, probe_timeout_s: float = 30.0, probe_tiers=(1, 2, 3),
-            small: bool | None = None, topology_nodes=None, environ=None) -> dict:
-    """Gather the doctor report as plain data. ``probe=None``: probe on a GPU, skip on CPU."""
+            small: bool | None = None, topology_nodes=None, environ=None, device_facts=None,
+            attention: bool | None = None, reset: bool = False, progress=None) -> dict:
+    """Gather the doctor report as plain data. ``probe`` / ``attention`` = None: run on a GPU, skip on CPU.
+    ``reset``: delete the stored conv verdicts first. ``topology_nodes`` / ``device_facts``: a simulated KFD
+    topology / torch device (tests). ``progress``: called with one line per step while probing and timing."""
     env = dict(os.environ if environ is None else environ)
     kfd = detect_arch(topology_nodes)
     import torch
 
-    rt = detect_runtime()
+    facts = device_facts or torch_device_facts()
+    rt = resolve_runtime(facts, kfd if facts.backend == "rocm" else None, env)
     rep: dict = {
         "python": sys.version.split()[0], "platform": platform.platform(), "backend": rt.backend,
         "torch": rt.torch_version, "hip": rt.hip_version, "cuda": rt.cuda_version,
         "miopen" if rt.backend == "rocm" else "cudnn": (torch.backends.cudnn.version()
                                                        if torch.backends.cudnn.is_available() else None),
         "kfd_arch": kfd.gfx if kfd else None,
-        "gpu": {"name": rt.device_name, "arch": rt.arch, "family": rt.family,
+        "gpu": {"name": rt.device_name, "arch": rt.arch, "arch_source": rt.arch_source,
+                "reported_arch": rt.reported_arch, "family": rt.family, "driver": rt.driver_version,
                 "total_memory_gib": round(rt.total_memory / GIB, 2) if rt.total_memory else None,
                 "wheel_arches": list(rt.wheel_arches), "wheel_has_arch": rt.wheel_has_arch,
                 "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
@@ -151,33 +210,37 @@ def collect(*, probe: bool | None = None, probe_timeout_s: float = 30.0, probe_t
     miopen = getattr(torch.backends, "miopen", None)
     if miopen is not None and hasattr(miopen, "immediate"):
         rep["torch_settings"]["miopen_immediate"] = miopen.immediate
-    gfx = rt.arch if rt.backend == "rocm" else (kfd.gfx if kfd else None)
+    gfx = rt.arch if rt.backend == "rocm" else (kfd.gfx if kfd else None)     # the hardware's, never the override
     profile_preview = apply_env_profile(dict(env), topology_nodes=topology_nodes)
     rep["environment"] = {
         "profile": profile_preview.family, "profile_would_set": profile_preview.set,
         "user_kept": {k: v[0] for k, v in profile_preview.kept.items()},
         "relevant": {k: v for k, v in sorted(env.items())
-                     if k.startswith(("MIOPEN_", "HSA_", "PYTORCH_", "HIP_", "ROCR_", "CUDA_VISIBLE", "STEADYFRAME_"))},
+                     if k.startswith(("MIOPEN_", "HSA_", "PYTORCH_", "HIP_", "ROCR_", "CUDA_VISIBLE", "STEADYFRAME_",
+                                      "TORCH_ROCM_"))},
         "warnings": [{"variable": w.variable, "value": w.value, "message": w.message, "severity": w.severity}
                      for w in check_environment(env, gfx=gfx)],
     }
-    profile = PROFILES.get(rt.family) if rt.backend == "rocm" else None
+    plan = conv_plan(rt)
     rep["conv_plan"] = {
-        "tiers": list(profile.conv_tiers) if profile else [1, 2, 3, 4],
-        "conv3d_first_tier": profile.conv3d_first_tier if profile else 1,
-        "vendor_in_decomposition": profile.vendor_convs_in_decomposition if profile else True,
+        "tiers": list(plan.tiers), "conv3d_first_tier": plan.conv3d_first_tier,
+        "vendor_in_decomposition": plan.vendor_in_decomposition, "family": plan.family,
         "tier_names": {str(k): v for k, v in TIER_NAMES.items()},
-        "notes": list(profile.notes) if profile else [],
-        "verdict_file": str(_verdict_path(rt)),
+        "notes": list(plan.notes),
+        "verdict_file": str(verdict_path(cache_dir(env), rt)),
     }
-    rep["attention"] = _attention()
-    do_probe = (rt.backend != "cpu") if probe is None else probe
+    rep["verdicts"] = _verdicts(rt, env, reset)
     small = (rt.backend == "cpu") if small is None else small
+    run_attention = (rt.backend != "cpu" and torch.cuda.is_available()) if attention is None else attention
+    rep["attention"] = _attention(rt, env, run_attention, small, progress)
+    do_probe = (rt.backend != "cpu") if probe is None else probe
     if do_probe:
         dtype = "float32" if rt.backend == "cpu" else "float16"
-        rows = _probe_table(rt, tiers=probe_tiers, small=small, timeout_s=probe_timeout_s, dtype=dtype)
+        tiers, skipped = planned_probe_tiers(plan, probe_tiers)
+        rows = _probe_table(rt, tiers=tiers, small=small, timeout_s=probe_timeout_s, dtype=dtype,
+                            progress=progress)
         rep["probe"] = {"ran": True, "device": rt.backend, "timeout_s": probe_timeout_s, "small_shapes": small,
-                        "rows": rows}
+                        "tiers": tiers, "skipped_tiers": skipped, "rows": rows}
     else:
         rep["probe"] = {"ran": False, "reason": "no GPU: probe table skipped (--probe runs it on the CPU with "
                                                 "small shapes)" if rt.backend == "cpu" else "disabled (--no-probe)"}
@@ -185,48 +248,5 @@ def collect(*, probe: bool | None = None, probe_timeout_s: float = 30.0, probe_t
     return rep
 
 
-def render_text(rep: dict) -> str:
-    gpu, env = rep["gpu"], rep["environment"]
-    mem = f"{gpu['total_memory_gib']} GiB" if gpu["total_memory_gib"] else "-"
-    lines = ["SteadyFrame rocm doctor", "",
-             f"backend      {rep['backend']}" + ("  (no GPU)" if rep["backend"] == "cpu" else ""),
-             f"torch        {rep['torch']}   HIP {rep['hip'] or '-'}   CUDA {rep['cuda'] or '-'}   "
-             + (f"MIOpen {rep.get('miopen')}" if rep["backend"] == "rocm" else f"cuDNN {rep.get('cudnn')}"),
-             f"python       {rep['python']} on {rep['platform']}",
-             f"GPU          {gpu['name']}   arch {gpu['arch']}   family {gpu['family'] or '-'}   VRAM {mem}",
-             f"KFD arch     {rep['kfd_arch'] or '-'} (read before torch, from /sys/class/kfd)",
-             f"wheel arches {', '.join(gpu['wheel_arches']) or '-'}   has kernels for this arch: "
-             f"{'-' if gpu['wheel_has_arch'] is None else gpu['wheel_has_arch']}",
-             f"torch        cudnn/MIOpen enabled {rep['torch_settings']['cudnn_enabled']}, benchmark "
-             f"{rep['torch_settings']['cudnn_benchmark']}", "",
-             f"environment profile: {env['profile'] or 'none (not ROCm)'}"]
-    lines += [f"  would set  {k}={v}" for k, v in env["profile_would_set"].items()]
-    lines += [f"  yours      {k}={v}" for k, v in env["user_kept"].items()]
-    lines += [f"  env        {k}={v}" for k, v in env["relevant"].items()]
-    lines += [f"  {w['severity']:<7}    {w['variable']}={w['value']}: {w['message']}" for w in env["warnings"]]
-    if not env["warnings"]:
-        lines.append("  no warnings")
-    plan = rep["conv_plan"]
-    lines += ["", f"conv tiers   {plan['tiers']} (conv3d from tier {plan['conv3d_first_tier']}; "
-                  f"MIOpen/cuDNN inside tier 3: {plan['vendor_in_decomposition']})"]
-    lines += [f"  {t}: {n}" for t, n in plan["tier_names"].items()] + [f"  note: {n}" for n in plan["notes"]]
-    lines.append(f"  verdicts: {plan['verdict_file']}")
-    att = rep["attention"]
-    lines += ["", "attention    " + ", ".join(f"{k}={v}" for k, v in att.items())]
-    probe = rep["probe"]
-    lines.append("")
-    if not probe["ran"]:
-        lines.append(f"probe table  skipped: {probe['reason']}")
-    else:
-        lines.append(f"probe table  ({probe['device']}, timeout {probe['timeout_s']:g} s per conv"
-                     f"{', small shapes' if probe['small_shapes'] else ''})")
-        for row in probe["rows"]:
-            lines.append(f"  tier {row['tier']}  {row['outcome']:<12} {row['elapsed_s']:>8.3f} s  {row['shape']}"
-                         + (f"  [{row['message'][:80]}]" if row["outcome"] != "ok" else ""))
-    lines += ["", "recommendations"] + [f"  - {r}" for r in rep["recommendations"]]
-    return "\n".join(lines)
-
-
 def run_doctor(**kwargs) -> dict:
     return collect(**kwargs)
-

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import MutableMapping, Mapping
 
-from configs.rocm_profiles import (ALLOC_CONF_VAR, ALLOC_CONF_VARS, DEFAULTS, MIOPEN_DB_VAR,
-                                   MIOPEN_KERNEL_CACHE_VAR, PROFILES, RocmProfile)
+from configs.rocm_profiles import (ALLOC_CONF_VAR, ALLOC_CONF_VARS, AOTRITON_EXPERIMENTAL_ARCH_PREFIXES,
+                                   AOTRITON_EXPERIMENTAL_VAR, DEFAULTS, MIOPEN_KERNEL_CACHE_VAR, PROFILES,
+                                   RocmProfile)
 from rocm import env_facts as facts
 from rocm.arch import arch_family, detect_arch
 from rocm.paths import build_tag, cache_dir, installed_torch_version
@@ -89,18 +90,29 @@ def _find_enforce_warnings(value: str) -> list[EnvWarning]:
 
 
 def _bool_warnings(var: str, value: str, family: str | None) -> list[EnvWarning]:
-    v = value.strip()
-    if v not in ("0", "1"):
-        return [EnvWarning(var, value, "boolean MIOpen switch: use 0 or 1. An unrecognised value makes MIOpen "
-                           "fail with miopenStatusInvalidValue.")]
-    if var in facts.XDLOPS_VARS and family in ("rdna1", "rdna2", "rdna3"):
+    parsed = facts.miopen_bool(value)
+    if parsed is None:
+        return [EnvWarning(var, value, "boolean MIOpen switch: use 0/1 (or true/false, on/off, yes/no, "
+                           "enable(d)/disable(d)). Any other value makes MIOpen fail with miopenStatusInvalidValue.")]
+    if var in facts.XDLOPS_VARS and family in ("rdna1", "rdna2", "rdna3", "rdna4"):
         return [EnvWarning(var, value, "applies only to gfx908/gfx90a/gfx94x (XDLOPS): no effect on RDNA cards.",
                            "info")]
-    if var in facts.NAIVE_VARS and v == "1":
-        return [EnvWarning(var, value, "the naive solvers are on by default: =1 adds nothing (only 0 changes "
-                           "anything).", "info")]
-    if var == "MIOPEN_DEBUG_CONV_IMMED_FALLBACK" and v == "1":
-        return [EnvWarning(var, value, "the immediate-mode fallback is on by default: =1 does nothing.", "info")]
+    if var in facts.NAIVE_VARS and parsed:
+        return [EnvWarning(var, value, "the naive solvers are on by default: turning them on adds nothing (only 0 "
+                           "changes anything).", "info")]
+    if var == "MIOPEN_DEBUG_CONV_IMMED_FALLBACK" and parsed:
+        return [EnvWarning(var, value, "the immediate-mode fallback is on by default: turning it on does nothing.",
+                           "info")]
+    return []
+
+
+def _aotriton_warnings(value: str, gfx: str | None) -> list[EnvWarning]:
+    if value not in ("0", "1"):
+        return [EnvWarning(AOTRITON_EXPERIMENTAL_VAR, value, "PyTorch reads only 0 or 1 here (c10::utils::check_env)"
+                           "; any other value is ignored, so flash / memory-efficient attention stays off.")]
+    if value == "0" and gfx is not None and aotriton_gated(gfx):
+        return [EnvWarning(AOTRITON_EXPERIMENTAL_VAR, value, f"keeps PyTorch's flash / memory-efficient attention "
+                           f"off on {gfx}: attention then runs on the math kernel in chunks (slow).")]
     return []
 
 
@@ -166,6 +178,8 @@ def check_environment(environ: Mapping[str, str] | None = None, *, gfx: str | No
             out += _alloc_warnings(var, value, family)
         elif var == "HSA_OVERRIDE_GFX_VERSION":
             out += _hsa_override_warnings(value, gfx, family)
+        elif var == AOTRITON_EXPERIMENTAL_VAR:
+            out += _aotriton_warnings(value, gfx)
         elif var.startswith("MIOPEN_") and var not in facts.KNOWN_VARS:
             out.append(EnvWarning(var, value, "not in ROCM_FACTS.md: unchecked (it may do nothing).", "info"))
     alloc_set = [v for v in ALLOC_CONF_VARS if v in env]
@@ -175,14 +189,23 @@ def check_environment(environ: Mapping[str, str] | None = None, *, gfx: str | No
     return out
 
 
+def aotriton_gated(gfx: str) -> bool:
+    """Whether PyTorch may keep its AOTriton attention kernels behind TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL on
+    this arch (see configs/rocm_profiles.py for the sources)."""
+    return gfx.split(":")[0].lower().startswith(AOTRITON_EXPERIMENTAL_ARCH_PREFIXES)
+
+
 def miopen_dirs(environ: Mapping[str, str]) -> dict[str, Path]:
-    """The persistent MIOpen folders the profile uses: one pair per installed torch build."""
+    """The persistent MIOpen folder the profile uses: the kernel cache, one per installed torch build.
+    (Not the user database: under FIND_MODE=FAST MIOpen never writes it, so moving it would only hide yours.)"""
     base = cache_dir(environ) / "miopen" / build_tag(installed_torch_version())
-    return {MIOPEN_DB_VAR: base / "user-db", MIOPEN_KERNEL_CACHE_VAR: base / "kernel-cache"}
+    return {MIOPEN_KERNEL_CACHE_VAR: base / "kernel-cache"}
 
 
-def _desired(profile: RocmProfile, environ: Mapping[str, str], report: EnvReport) -> dict[str, str]:
+def _desired(profile: RocmProfile, environ: Mapping[str, str], report: EnvReport, gfx: str) -> dict[str, str]:
     desired = dict(profile.env)
+    if aotriton_gated(gfx):
+        desired[AOTRITON_EXPERIMENTAL_VAR] = "1"
     user_alloc = [v for v in ALLOC_CONF_VARS if v in environ]
     if user_alloc:
         report.kept[user_alloc[0]] = (environ[user_alloc[0]], profile.alloc_conf)
@@ -223,7 +246,7 @@ def apply_env_profile(environ: MutableMapping[str, str] | None = None, *,
         return report
     report.gfx, report.family = arch.gfx, arch.family
     report.profile = profile = PROFILES[arch.family]
-    for var, value in _desired(profile, env, report).items():
+    for var, value in _desired(profile, env, report, arch.gfx).items():
         if var in env:
             if env[var] != value:
                 report.kept[var] = (env[var], value)

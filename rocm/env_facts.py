@@ -24,16 +24,27 @@ BOOL_VARS = frozenset(_XDLOPS + _NAIVE + [
     "MIOPEN_DEBUG_CONV_GEMM", "MIOPEN_DISABLE_CACHE", "MIOPEN_DEBUG_DISABLE_FIND_DB", "MIOPEN_ENABLE_LOGGING_CMD",
 ])
 XDLOPS_VARS = frozenset(_XDLOPS)
+# MIOpen's boolean parser (src/include/miopen/env.hpp, ParseEnvVal<bool>): these words, case-insensitive, exactly
+# (no surrounding spaces); anything else throws miopenStatusInvalidValue.
+BOOL_FALSE = frozenset({"0", "false", "off", "no", "disable", "disabled"})
+BOOL_TRUE = frozenset({"1", "true", "on", "yes", "enable", "enabled"})
 NAIVE_VARS = frozenset(_NAIVE)
 
 OTHER_KNOWN_VARS = frozenset({
     "MIOPEN_FIND_MODE", "MIOPEN_FIND_ENFORCE", "MIOPEN_LOG_LEVEL", "MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR",
     "MIOPEN_TUNING_TIME_MS_MAX", "MIOPEN_TUNING_PATIENCE", "HSA_OVERRIDE_GFX_VERSION",
     "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF",
+    "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL",
 })
 KNOWN_VARS = BOOL_VARS | OTHER_KNOWN_VARS | frozenset(NONEXISTENT)
 
 ALLOC_BACKENDS = ("native", "hipMallocAsync", "cudaMallocAsync")
+
+
+def miopen_bool(value: str) -> bool | None:
+    """MIOpen's reading of a boolean variable: True, False, or None for a value it rejects."""
+    v = value.lower()
+    return True if v in BOOL_TRUE else (False if v in BOOL_FALSE else None)
 
 
 def parse_alloc_conf(text: str) -> tuple[dict[str, str], list[str]]:

@@ -23,11 +23,19 @@ class ConvFallbackExhausted(RuntimeError):
     """Every allowed tier failed for one convolution."""
 
 
+class ProbeUndecided(RuntimeError):
+    """The hang probe could not run a convolution at all (its child never became ready, or died before the job):
+    nothing is known about that tier, and running it in the app's own process could freeze the app, so the
+    job stops here with advice. Not a GPU error of the convolution itself: it never moves to another tier."""
+
+
 def classify_error(exc: BaseException) -> str | None:
     """'oom', 'vendor' (MIOpen/cuDNN/HIP/BLAS), 'declined', or None for an error that is not the GPU's fault
     (a wrong shape, a dtype mismatch...), which must propagate unchanged."""
     if isinstance(exc, TierDeclined):
         return "declined"
+    if isinstance(exc, ProbeUndecided):
+        return None
     try:
         import torch
 

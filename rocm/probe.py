@@ -6,7 +6,8 @@ The child (``rocm.probe_child``) runs in its own process group and stays warm be
 ``startup_timeout_s``) or the child dies, the whole group is killed and that (signature, tier) gets a
 ``timeout``/``crash`` verdict; the next job starts a fresh child. ``session()`` keeps one child across ``run``
 calls (the conv fallback holds one for a whole VAE decode). A child that succeeds also fills MIOpen's find db
-and kernel cache for the parent.
+and kernel cache for the parent. The child dies with the app, however the app ends (``rocm.probe_child``'s
+lifeline and reaper).
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ from pathlib import Path
 
 from configs.rocm_profiles import DEFAULTS
 from rocm.faults import FaultPlan
-from rocm.probe_child import PREFIX
+from rocm.probe_child import LIFELINE_ENV, PREFIX
 from rocm.signature import ConvSignature
 
 logger = logging.getLogger(__name__)
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 VERDICT_OUTCOMES = ("ok", "error", "timeout", "crash")
+# not verdicts: 'oom' (the parent may hold the memory), 'rejected' (an error that is not the GPU's, e.g. a wrong
+# shape: the in-process call raises it too), 'inconclusive' (the child could not start or run the job: the probe
+# cannot decide, e.g. a wedged GPU)
 
 
 @dataclass(frozen=True)
@@ -51,15 +55,14 @@ class ProbeResult:
     signature: str      # ConvSignature.short()
     key: str
     tier: int
-    outcome: str        # ok | error (MIOpen/HIP kind) | timeout | crash | oom | inconclusive
+    outcome: str        # ok | error (MIOpen/HIP kind) | timeout | crash | oom | rejected | inconclusive
     elapsed_s: float
     message: str = ""
     pid: int | None = None
 
     @property
     def is_verdict(self) -> bool:
-        """ok/error/timeout/crash say something about the tier; oom/inconclusive do not (the parent may be
-        holding the memory; the child may not have started)."""
+        """ok/error/timeout/crash say something about the tier; oom/rejected/inconclusive do not."""
         return self.outcome in VERDICT_OUTCOMES
 
     def to_dict(self) -> dict:
@@ -87,9 +90,23 @@ class _Worker:
     def __init__(self, python: str, env: dict, device: str):
         self.device = device
         self.err = tempfile.TemporaryFile(mode="w+b")
-        self.proc = subprocess.Popen([python, "-m", "rocm.probe_child"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.err, env=env,
-                                     start_new_session=(os.name == "posix"))
+        self.lifeline = None           # the write end we hold: when this process dies, the child's reaper fires
+        pass_fds = ()
+        if os.name == "posix":
+            read_end, self.lifeline = os.pipe()
+            env = {**env, LIFELINE_ENV: str(read_end)}
+            pass_fds = (read_end,)
+        try:
+            self.proc = subprocess.Popen([python, "-m", "rocm.probe_child"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=self.err, env=env, pass_fds=pass_fds,
+                                         start_new_session=(os.name == "posix"))
+        except BaseException:
+            if self.lifeline is not None:
+                os.close(self.lifeline)
+            raise
+        finally:
+            for fd in pass_fds:
+                os.close(fd)
         self.events: queue.Queue = queue.Queue()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -142,6 +159,9 @@ class _Worker:
         else:
             self.proc.stdout.close()
         self.err.close()
+        if self.lifeline is not None:
+            os.close(self.lifeline)
+            self.lifeline = None
 
 
 class HangProbe:
@@ -263,5 +283,5 @@ class HangProbe:
                 else:
                     # an error that is not the GPU's (kind 'other') is left to the in-process call to raise
                     outcome = {"oom": "oom", "vendor": "error", "declined": "error"}.get(event.get("kind"),
-                                                                                       "inconclusive")
+                                                                                       "rejected")
                 return result(outcome, float(event.get("elapsed_s", 0.0)), event.get("message", ""), worker.pid)

@@ -5,15 +5,74 @@ Protocol, one JSON object per line. stdin: first ``{"device": "cuda:0"}``, then 
 lines: ``ready`` once torch and the GPU are initialised, then ``start``/``done`` per job, ``finished`` at EOF.
 The child stays warm between jobs (torch imported, GPU initialised, MIOpen kernels compiled), so a probe costs
 about the convolution itself. The fault-injection plan comes from ``STEADYFRAME_CONV_FAULTS``.
+
+The child must not outlive the app, even when the app is killed (SIGKILL, SIGTERM) while the child is stuck in a
+GPU call that nothing can interrupt. The parent hands the child the read end of a pipe (its fd number in
+``STEADYFRAME_PROBE_LIFELINE``) and keeps the only write end; before anything else the child forks a tiny
+*reaper* that blocks reading it. When the app dies, for whatever reason, the kernel closes the write end, the read
+returns end-of-file and the reaper SIGKILLs the child's whole process group (the child, anything it started, and
+itself). The reaper carries PR_SET_PDEATHSIG (Linux), so it also goes when the child exits on its own.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 
 PREFIX = "SFPROBE "
+LIFELINE_ENV = "STEADYFRAME_PROBE_LIFELINE"
+_PR_SET_PDEATHSIG = 1       # linux/prctl.h
+
+
+def _die_with_parent() -> None:
+    """PR_SET_PDEATHSIG(SIGKILL): this process is killed when the thread that forked it exits (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _reap_when_parent_dies(fd: int, child: int) -> None:
+    """The reaper's whole life: wait for the lifeline to close, then kill the process group."""
+    _die_with_parent()
+    if os.getppid() != child:        # the probe child is gone already
+        os._exit(0)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for std in (0, 1, 2):            # let go of the child's pipes, so its parent sees their EOF when it exits
+        os.dup2(devnull, std)
+    while True:
+        try:
+            if not os.read(fd, 1):
+                break
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+    os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def start_reaper(environ=os.environ) -> int | None:
+    """Fork the reaper (call first, while single-threaded); returns its pid, None without a lifeline."""
+    value = environ.get(LIFELINE_ENV)
+    if not value or os.name != "posix":
+        return None
+    fd = int(value)
+    me = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _reap_when_parent_dies(fd, me)
+        finally:
+            os._exit(0)
+    os.close(fd)
+    return pid
 
 
 def emit(event: dict) -> None:
@@ -57,6 +116,7 @@ def run_job(job: dict, device, plan) -> dict:
 
 
 def main() -> int:
+    start_reaper()
     header = json.loads(sys.stdin.readline())
     import torch
 

@@ -1,6 +1,8 @@
 """``SafeConv2d`` / ``SafeConv3d``: drop-in ``nn.Conv2d`` / ``nn.Conv3d`` that run through a ``ConvFallback`` and
 count, per layer, forwards, bypasses (answered by a tier other than 1, the normal path) and the last tier used.
-``patch_model`` swaps a model's plain conv layers for them, keeping the same weight ``Parameter`` objects.
+``patch_model`` swaps a model's plain conv layers for them, keeping the same weight ``Parameter`` objects, and
+returns the model. A layer may carry its own ``config`` (a ``BypassConfig``, the field notes'
+``Conv2dBypassConfig``); without one it follows its fallback's strategy.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ logger = logging.getLogger(__name__)
 class _SafeConvMixin:
     _op = "conv2d"
 
-    def _init_counters(self, fallback=None):
+    def _init_counters(self, fallback=None, config=None):
         self.fallback = fallback
+        self.config = config
         self.forwards = 0
         self.bypasses = 0
         self.last_tier: int | None = None
@@ -38,7 +41,8 @@ class _SafeConvMixin:
             padding = 0
         else:
             padding = self.padding
-        out = fallback.conv(self._op, input, weight, bias, self.stride, padding, self.dilation, self.groups)
+        out = fallback.conv(self._op, input, weight, bias, self.stride, padding, self.dilation, self.groups,
+                            bypass=self.config)
         tier = fallback.last_tier
         self.forwards += 1
         if tier is not None:
@@ -46,14 +50,28 @@ class _SafeConvMixin:
             self.tier_counts[tier] += 1
             if tier != 1:
                 self.bypasses += 1
+                if self.bypasses == 1:
+                    config = self.config or fallback.bypass
+                    logger.log(logging.INFO if config.verbose else logging.DEBUG,
+                               "%s %s: MIOpen/cuDNN bypassed for input %s (tier %d, strategy %s)", self._op,
+                               tuple(self.weight.shape), tuple(input.shape), tier, config.strategy.name)
         return out
 
+    def get_bypass_stats(self) -> dict:
+        """The field notes' per-layer statistics: forwards, bypasses, bypass rate in percent, strategy; plus the
+        last tier and the calls per tier."""
+        config = self.config or self._get_fallback().bypass
+        return {"total_forwards": self.forwards, "bypass_count": self.bypasses,
+                "bypass_rate": 100.0 * self.bypasses / self.forwards if self.forwards else 0.0,
+                "strategy": config.strategy.value, "last_tier": self.last_tier, "tiers": dict(self.tier_counts)}
+
     @classmethod
-    def from_conv(cls, conv, fallback=None):
+    def from_conv(cls, conv, fallback=None, config=None):
         """A Safe copy of ``conv`` sharing its weight and bias Parameters (no copy of the data)."""
         safe = cls(conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride, padding=conv.padding,
                    dilation=conv.dilation, groups=conv.groups, bias=conv.bias is not None,
-                   padding_mode=conv.padding_mode, device="meta", dtype=conv.weight.dtype, fallback=fallback)
+                   padding_mode=conv.padding_mode, device="meta", dtype=conv.weight.dtype, fallback=fallback,
+                   config=config)
         safe.weight = conv.weight
         safe.bias = conv.bias
         safe.train(conv.training)
@@ -73,17 +91,17 @@ class _SafeConvMixin:
 class SafeConv2d(_SafeConvMixin, nn.Conv2d):
     _op = "conv2d"
 
-    def __init__(self, *args, fallback=None, **kwargs):
+    def __init__(self, *args, fallback=None, config=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self._init_counters(fallback)
+        self._init_counters(fallback, config)
 
 
 class SafeConv3d(_SafeConvMixin, nn.Conv3d):
     _op = "conv3d"
 
-    def __init__(self, *args, fallback=None, **kwargs):
+    def __init__(self, *args, fallback=None, config=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self._init_counters(fallback)
+        self._init_counters(fallback, config)
 
 
 def _set_child(model: nn.Module, name: str, module: nn.Module) -> None:
@@ -92,20 +110,33 @@ def _set_child(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(parent, child, module)
 
 
-def patch_model(model: nn.Module, fallback=None) -> list[str]:
+def patch_model(model: nn.Module, config=None, recursive: bool = True, *, fallback=None) -> nn.Module:
     """Replace every plain ``nn.Conv2d`` / ``nn.Conv3d`` (exact class; subclasses with their own forward are
-    left alone) with the Safe version, keeping the weights. Returns the names replaced."""
+    left alone) with the Safe version, keeping the weights; returns ``model`` (changed in place), as in the field
+    notes: ``model = patch_model(model)``. ``config``: a ``BypassConfig`` for the patched layers (default: their
+    fallback's); ``recursive=False`` patches only direct children; ``fallback``: a ``ConvFallback`` (default:
+    the shared one). ``patched_layers(model)`` lists what was replaced."""
+    from rocm.conv_fallback import ConvFallback
+
+    if isinstance(config, ConvFallback):         # patch_model(model, fallback) of earlier versions
+        config, fallback = None, config
+    modules = model.named_modules() if recursive else model.named_children()
     replaced = []
-    for name, module in list(model.named_modules()):
+    for name, module in list(modules):
         if type(module) is nn.Conv2d:
-            _set_child(model, name, SafeConv2d.from_conv(module, fallback))
+            _set_child(model, name, SafeConv2d.from_conv(module, fallback, config))
         elif type(module) is nn.Conv3d:
-            _set_child(model, name, SafeConv3d.from_conv(module, fallback))
+            _set_child(model, name, SafeConv3d.from_conv(module, fallback, config))
         else:
             continue
         replaced.append(name)
     logger.info("patch_model: %d conv layers routed through the conv fallback", len(replaced))
-    return replaced
+    return model
+
+
+def patched_layers(model: nn.Module) -> list[str]:
+    """Names of the Safe conv layers in ``model``."""
+    return [name for name, m in model.named_modules() if isinstance(m, _SafeConvMixin)]
 
 
 def unpatch_model(model: nn.Module) -> list[str]:
@@ -140,4 +171,5 @@ def is_safe_conv(module) -> bool:
     return isinstance(module, _SafeConvMixin)
 
 
-__all__ = ["SafeConv2d", "SafeConv3d", "patch_model", "unpatch_model", "bypass_report", "is_safe_conv"]
+__all__ = ["SafeConv2d", "SafeConv3d", "patch_model", "patched_layers", "unpatch_model", "bypass_report",
+           "is_safe_conv"]

@@ -27,6 +27,7 @@ class FallbackStats:
     fell_back: list[FallbackEvent]
     probes: list[dict]
     exhausted: int
+    attempts_per_tier: dict[int, int] = field(default_factory=dict)    # tiers tried, whether they answered or not
 
     @property
     def total_calls(self) -> int:
@@ -67,9 +68,11 @@ class StatsCollector:
             self._fell: dict[str, FallbackEvent] = {}
             self._probes: list[dict] = []
             self._exhausted = 0
+            self._attempts: Counter = Counter()
 
-    def record(self, sig: ConvSignature, tier: int | None, failed: dict[int, str]) -> None:
+    def record(self, sig: ConvSignature, tier: int | None, failed: dict[int, str], tried=()) -> None:
         with self._lock:
+            self._attempts.update(tried)
             if tier is not None:
                 self._tiers[tier] += 1
                 self._ops.setdefault(sig.op, Counter())[tier] += 1
@@ -87,4 +90,4 @@ class StatsCollector:
     def snapshot(self) -> FallbackStats:
         with self._lock:
             return FallbackStats(dict(self._tiers), {k: dict(v) for k, v in self._ops.items()},
-                                 list(self._fell.values()), list(self._probes), self._exhausted)
+                                 list(self._fell.values()), list(self._probes), self._exhausted, dict(self._attempts))

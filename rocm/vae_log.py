@@ -106,10 +106,6 @@ def vae_decode_log(vae, latents, *, stage: str = "VAE decode",
     rec = VaeDecodeRecord(stage, tuple(latents.shape), str(device), str(latents.dtype).replace("torch.", ""),
                           vae_device, vae_dtype)
     status = memory_status or (lambda: default_memory_status(device if device.type == "cuda" else None))
-    rec.memory_before = status()
-    log.info("%s: start; latents %s on %s (%s); VAE on %s (%s); memory: %s", stage, rec.latents_shape,
-             rec.latents_device, rec.latents_dtype, vae_device, vae_dtype, rec.memory_before)
-    synchronize(device)
     stats_before = fallback.stats() if fallback is not None else None
 
     def describe() -> str:
@@ -119,11 +115,16 @@ def vae_decode_log(vae, latents, *, stage: str = "VAE decode",
     def mark_stalled() -> None:
         rec.stalled = True
 
+    # The watchdog comes first: on a wedged GPU the memory query and the first synchronize can hang already.
     watchdog = StallWatchdog(stall_timeout_s, describe, file=dump_file, logger=log, on_stall=mark_stalled)
     scope = contextlib.ExitStack()
     started = time.perf_counter()
     watchdog.start()
     try:
+        rec.memory_before = status()
+        log.info("%s: start; latents %s on %s (%s); VAE on %s (%s); memory: %s", stage, rec.latents_shape,
+                 rec.latents_device, rec.latents_dtype, vae_device, vae_dtype, rec.memory_before)
+        synchronize(device)
         if fallback is not None:
             scope.enter_context(fallback.active())
             scope.enter_context(fallback.probing())

@@ -12,8 +12,8 @@ if str(REPO) not in sys.path:   # plain `pytest` (not `python -m pytest`) does n
     sys.path.insert(0, str(REPO))
 
 # gfx_target_version values as the KFD topology reports them (major*10000 + minor*100 + stepping)
-GFX = {"gfx1010": 100100, "gfx1030": 100300, "gfx1100": 110000, "gfx90a": 90010, "gfx942": 90402,
-       "gfx906": 90006, "gfx1201": 120001}
+GFX = {"gfx1010": 100100, "gfx1030": 100300, "gfx1100": 110000, "gfx1151": 110501, "gfx90a": 90010,
+       "gfx942": 90402, "gfx950": 90500, "gfx906": 90006, "gfx1201": 120001}
 
 
 def make_topology(root: Path, *gfx_names: str) -> Path:

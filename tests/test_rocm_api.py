@@ -15,7 +15,7 @@ from rocm import api
 from rocm.conv_fallback import ConvFallback
 from rocm.faults import Fault, FaultPlan
 from rocm.policy import BypassConfig, BypassStrategy
-from rocm.safe_conv import SafeConv2d, SafeConv3d, patch_model, unpatch_model
+from rocm.safe_conv import SafeConv2d, SafeConv3d, patch_model, patched_layers, unpatch_model
 
 
 @pytest.fixture
@@ -72,7 +72,8 @@ def test_patch_model_keeps_weights_and_reports(fallback):
         ref = net(x)
     # tier 1 fails for the second Conv3d's input shape only -> that layer is bypassed
     fallback.fault_plan = FaultPlan([Fault(tier=1, kind="no_algorithm", op="conv3d", input_shape=(1, 4, 4, 6, 6))])
-    replaced = patch_model(net)
+    assert patch_model(net) is net
+    replaced = patched_layers(net)
     assert replaced == ["stem", "blocks.0", "blocks.2"]
     assert isinstance(net.stem, SafeConv2d) and isinstance(net.blocks[0], SafeConv3d)
     assert all(p is weights[n] for n, p in net.named_parameters())
@@ -124,7 +125,7 @@ def test_initialize_and_safe_execution(fallback):
 
 
 @pytest.mark.parametrize("strategy,tier3d,tier2d", [
-    ("auto", 1, 1), ("implicit_gemm", 3, 1), ("cpu_fallback", 4, 4), ("selective", 2, 1)])
+    ("auto", 1, 1), ("implicit_gemm", 3, 1), ("CPU_FALLBACK", 4, 4), ("Selective", 3, 3), ("GPU_UNFOLD", 3, 3)])
 def test_enable_miopen_bypass(fallback, strategy, tier3d, tier2d):
     env_before = dict(os.environ)
     cfg = api.enable_miopen_bypass(strategy=strategy, size_threshold=0)
@@ -135,4 +136,4 @@ def test_enable_miopen_bypass(fallback, strategy, tier3d, tier2d):
         fallback.conv2d(torch.randn(1, 2, 4, 4), torch.randn(2, 2, 3, 3), padding=1)
         assert fallback.last_tier == tier2d
     assert dict(os.environ) == env_before                  # no strategy touches the environment
-    assert api.enable_miopen_bypass(config=BypassConfig("selective", 7)).size_threshold_mib == 7
+    assert api.enable_miopen_bypass(config=BypassConfig("selective", 7)).size_threshold == 7

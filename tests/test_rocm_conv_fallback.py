@@ -202,19 +202,47 @@ def test_profile_like_tier_plan_rdna1():
         assert fb.last_tier == 2
 
 
-@pytest.mark.parametrize("strategy,conv3d_tier,conv2d_tier", [
-    (BypassStrategy.AUTO, 1, 1), (BypassStrategy.IMPLICIT_GEMM, 3, 1),
-    (BypassStrategy.CPU_FALLBACK, 4, 4), (BypassStrategy.SELECTIVE, 2, 1),
-])
-def test_bypass_strategies(strategy, conv3d_tier, conv2d_tier):
-    x3, w3 = torch.randn(1, 4, 8, 32, 32), torch.randn(4, 4, 3, 3, 3)     # 0.125 MiB of fp32 input
-    x2, w2 = torch.randn(1, 4, 128, 64), torch.randn(4, 4, 3, 3)         # 0.125 MiB
-    big = ConvFallback(persist=False, probe=None, bypass=BypassConfig(strategy, 0.1))
-    small = ConvFallback(persist=False, probe=None, bypass=BypassConfig(strategy, 1.0))
+# (strategy, extra config, tiers for a large conv3d / conv2d, tiers for a small conv3d / conv2d)
+STRATEGIES = [
+    (BypassStrategy.AUTO, {}, (1, 1), (1, 1)),
+    (BypassStrategy.AUTO, {"enable_implicit_gemm": False}, (3, 3), (1, 1)),
+    (BypassStrategy.IMPLICIT_GEMM, {}, (3, 1), (1, 1)),
+    (BypassStrategy.SELECTIVE, {}, (3, 3), (1, 1)),
+    (BypassStrategy.GPU_UNFOLD, {}, (3, 3), (3, 3)),
+    (BypassStrategy.CPU_FALLBACK, {}, (4, 4), (4, 4)),
+]
+
+
+@pytest.mark.parametrize("strategy,extra,large,small", STRATEGIES)
+def test_bypass_strategies_with_the_threshold_in_pixels(strategy, extra, large, small):
+    x3, w3 = torch.randn(1, 4, 8, 32, 40), torch.randn(4, 4, 3, 3, 3)     # larger spatial side: 40 px
+    x2, w2 = torch.randn(1, 4, 24, 40), torch.randn(4, 4, 3, 3)           # 40 px (frames never count)
+    for threshold, expected in ((39, large), (40, small)):                 # large means "more than" the threshold
+        fb = ConvFallback(persist=False, probe=None, bypass=BypassConfig(strategy, threshold, **extra))
+        with torch.no_grad():
+            fb.conv3d(x3, w3, padding=1)
+            got3 = fb.last_tier
+            fb.conv2d(x2, w2, padding=1)
+        assert (got3, fb.last_tier) == expected, threshold
+
+
+def test_bypass_config_can_rule_out_tiers_and_ignore_verdicts():
+    plan = FaultPlan([Fault(tier=1, kind="no_algorithm", times=1)])
+    fb = ConvFallback(persist=False, probe=None, fault_plan=plan,
+                      bypass=BypassConfig(cache_decisions=False, gpu_unfold_fallback=False))
+    x, w = torch.randn(1, 2, 6, 6), torch.randn(2, 2, 3, 3)
     with torch.no_grad():
-        big.conv3d(x3, w3, padding=1)
-        assert big.last_tier == conv3d_tier
-        big.conv2d(x2, w2, padding=1)
-        assert big.last_tier == conv2d_tier
-        small.conv3d(x3, w3, padding=1)
-        assert small.last_tier == 1
+        fb.conv2d(x, w, padding=1)
+        assert fb.last_tier == 2                    # tier 1 failed once
+        fb.conv2d(x, w, padding=1)
+        assert fb.last_tier == 1                    # cache_decisions=False: tier 1 is tried again (and works)
+    blocked = FaultPlan([Fault(tier=t, kind="no_algorithm") for t in (1, 2)])
+    no_unfold = ConvFallback(persist=False, probe=None, fault_plan=blocked,
+                             bypass=BypassConfig(gpu_unfold_fallback=False))
+    with torch.no_grad():
+        no_unfold.conv2d(x, w, padding=1)
+    assert no_unfold.last_tier == 4 and 3 not in no_unfold.stats().attempts_per_tier
+    with pytest.raises(ValueError, match="cpu_fallback_enabled"):
+        BypassConfig("CPU_FALLBACK", cpu_fallback_enabled=False)
+    with pytest.raises(ValueError, match="pixels"):
+        BypassConfig(size_threshold=-1)

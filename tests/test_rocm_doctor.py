@@ -12,11 +12,16 @@ from rocm_helpers import run_python
 DOCTOR = "import sys; from rocm.__main__ import main; sys.exit(main(sys.argv[1:]))"
 
 
-def _doctor(*args, env=None):
+def _run(*args, env=None):
     code = f"import sys; sys.argv = ['rocm'] + {list(args)!r}; " + DOCTOR
-    started = time.monotonic()
-    result = run_python(code, env=env, timeout=120)
+    result = run_python(code, env=env, timeout=180)
     assert result.returncode == 0, result.stderr
+    return result
+
+
+def _doctor(*args, env=None):
+    started = time.monotonic()
+    result = _run(*args, env=env)
     return result.stdout, time.monotonic() - started
 
 
@@ -38,15 +43,55 @@ def test_text_report():
     assert seconds < 30
 
 
-def test_json_report_with_small_probe():
-    out, _ = _doctor("doctor", "--json", "--probe", "--small", "--probe-timeout", "20")
-    rep = json.loads(out)
+def test_json_report_with_small_probe_and_attention_shows_progress():
+    result = _run("doctor", "--json", "--probe", "--small", "--attention", "--probe-timeout", "20")
+    rep = json.loads(result.stdout)
     if not GPU:
         assert rep["backend"] == "cpu" and rep["gpu"]["arch"] == "cpu" and rep["environment"]["profile"] is None
+        assert rep["gpu"]["arch_source"] == "torch"
     probe = rep["probe"]
     assert probe["ran"] and probe["small_shapes"] and probe["device"] == rep["backend"]
     assert {(r["tier"], r["outcome"]) for r in probe["rows"]} == {(1, "ok"), (2, "ok"), (3, "ok")}
     assert rep["conv_plan"]["tiers"] == [1, 2, 3, 4]
+    # progress while it works (stderr, so the JSON stays clean): one line per probe and per attention backend
+    progress = [line for line in result.stderr.splitlines() if line.startswith("doctor: ")]
+    assert "doctor: probe 1/6: tier 1 on small 8ch @ 16x16, 3 frames (up to 20 s)" in progress
+    assert sum("doctor: probe " in line for line in progress) == 6
+    assert "doctor: attention no mask: flash" in progress and "doctor: attention with mask: math" in progress
+    # the attention backends, timed on the transformer's attention shape (small here), and the app's choice
+    check = rep["attention"]["check"]
+    assert check["ran"] and check["shape"]["head_dim"] == 128 and check["shape"]["dtype"] == "bfloat16"
+    assert [c["masked"] for c in check["cases"]] == [False, True]
+    for case in check["cases"]:
+        assert set(case["backends"]) == {"flash", "memory-efficient", "cudnn", "math"}
+        assert case["backends"]["math"]["ran"] and case["backends"]["math"]["ms"] > 0
+        assert all(b["ran"] or b["reason"] for b in case["backends"].values())
+        assert case["app"]["uses"] and case["app"]["ms"] > 0
+
+
+def test_probe_rows_never_claim_a_verdict_the_table_did_not_write():
+    from rocm.doctor import _recommendations
+
+    rep = {"backend": "rocm", "kfd_arch": "gfx1100", "gpu": {"family": "rdna3", "arch": "gfx1100"},
+           "environment": {"warnings": []}, "torch_settings": {}, "attention": {},
+           "probe": {"ran": True, "rows": [{"tier": 1, "outcome": "timeout", "shape": "up block 3", "message": ""}]}}
+    text = "\n".join(_recommendations(rep))
+    assert "tier 1 timeout on up block 3" in text and "writes no verdicts" in text
+    assert "skips that tier for that shape" not in text
+
+
+def test_rdna1_probe_table_skips_tier_1(tmp_path):
+    from rocm_helpers import make_topology
+    from rocm.arch import DeviceFacts, detect_arch, resolve_runtime
+    from rocm.conv_plan import conv_plan
+    from rocm.doctor import planned_probe_tiers
+
+    kfd = detect_arch(make_topology(tmp_path / "kfd", "gfx1010"))
+    facts = DeviceFacts("rocm", "gfx1030", 0, "RX 5700 XT", 8 * 2**30, ("gfx1030",), "2.13", "6.4", None, None)
+    plan = conv_plan(resolve_runtime(facts, kfd, {"HSA_OVERRIDE_GFX_VERSION": "10.3.0"}))
+    tiers, skipped = planned_probe_tiers(plan, (1, 2, 3))
+    assert tiers == [2, 3] and list(skipped) == ["1"] and "RDNA1 plan" in skipped["1"]
+    assert planned_probe_tiers(conv_plan(resolve_runtime(facts, None, {})), (1, 2, 3))[0] == [1, 2, 3]
 
 
 def test_rdna1_recommendation_explains_tiers():

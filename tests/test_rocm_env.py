@@ -10,7 +10,7 @@ from rocm_helpers import make_topology, run_python
 # exist, and the values they accept. HSA_OVERRIDE_GFX_VERSION exists but is a debug aid the profile must never set.
 FIND_MODES = {"1", "2", "3", "5", "6", "7", "NORMAL", "FAST", "HYBRID", "DYNAMIC_HYBRID", "TRUST_VERIFY",
               "TRUST_VERIFY_FULL"}
-BOOL = {"0", "1"}
+BOOL = {"0", "1", "TRUE", "FALSE", "ON", "OFF", "YES", "NO", "ENABLE", "ENABLED", "DISABLE", "DISABLED"}
 ALLOWED = {
     "MIOPEN_FIND_MODE": FIND_MODES,
     "MIOPEN_FIND_ENFORCE": {"1", "2", "3", "4", "5", "NONE", "DB_UPDATE", "SEARCH", "SEARCH_DB_UPDATE", "DB_CLEAN"},
@@ -20,10 +20,13 @@ ALLOWED = {
     "MIOPEN_DEBUG_CONV_IMPLICIT_GEMM": BOOL, "MIOPEN_DEBUG_CONV_GEMM": BOOL, "MIOPEN_DISABLE_CACHE": BOOL,
     "MIOPEN_DEBUG_DISABLE_FIND_DB": BOOL, "MIOPEN_ENABLE_LOGGING_CMD": BOOL,
     "MIOPEN_LOG_LEVEL": {str(i) for i in range(8)},
-    "MIOPEN_USER_DB_PATH": "path", "MIOPEN_CUSTOM_CACHE_DIR": "path",
+    "MIOPEN_CUSTOM_CACHE_DIR": "path",
+    "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": {"1"},      # PyTorch reads only 0/1 (c10::utils::check_env)
     "PYTORCH_HIP_ALLOC_CONF": "alloc", "PYTORCH_ALLOC_CONF": "alloc", "PYTORCH_CUDA_ALLOC_CONF": "alloc",
 }
-NEVER_SET = {"HSA_OVERRIDE_GFX_VERSION", "MIOPEN_FIND_TIME_LIMIT", "MIOPEN_DEBUG_AMD_ROCM_PRECOMPILED_BINARIES"}
+# MIOPEN_USER_DB_PATH exists, but under FIND_MODE=FAST it is inert and would hide the user's own find-db.
+NEVER_SET = {"HSA_OVERRIDE_GFX_VERSION", "MIOPEN_FIND_TIME_LIMIT", "MIOPEN_DEBUG_AMD_ROCM_PRECOMPILED_BINARIES",
+             "MIOPEN_USER_DB_PATH"}
 
 
 def _valid_alloc_conf(text: str) -> bool:
@@ -50,8 +53,9 @@ def _check_allowed(var: str, value: str):
         assert value.strip().upper() in allowed, (var, value)
 
 
-FAMILIES = [("gfx1010", "rdna1"), ("gfx1030", "rdna2"), ("gfx1100", "rdna3"), ("gfx90a", "cdna"),
-            ("gfx942", "cdna"), ("gfx906", "unknown"), ("gfx1201", "unknown")]
+FAMILIES = [("gfx1010", "rdna1"), ("gfx1030", "rdna2"), ("gfx1100", "rdna3"), ("gfx1151", "rdna3"),
+            ("gfx90a", "cdna"), ("gfx942", "cdna"), ("gfx950", "cdna"), ("gfx906", "unknown"), ("gfx1201", "rdna4")]
+AOTRITON_GATED = {"gfx1100", "gfx1151", "gfx1201", "gfx950"}
 
 
 @pytest.mark.parametrize("gfx,family", FAMILIES)
@@ -65,21 +69,26 @@ def test_profile_sets_only_verified_variables(tmp_path, gfx, family):
         _check_allowed(var, value)
         assert env[var] == value
     assert env["MIOPEN_FIND_MODE"] == "2"      # FAST, never 1 (= NORMAL)
-    for folder in ("MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR"):
-        assert env[folder].startswith(str(tmp_path / "cache")) and (tmp_path / env[folder]).is_dir()
+    folder = env["MIOPEN_CUSTOM_CACHE_DIR"]
+    assert folder.startswith(str(tmp_path / "cache")) and (tmp_path / folder).is_dir()
+    assert "MIOPEN_USER_DB_PATH" not in env      # inert under FAST; setting it would hide the user's find-db
+    assert env.get("TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL") == ("1" if gfx in AOTRITON_GATED else None)
     assert not [w for w in report.warnings if w.severity == "warning"], report.warnings
 
 
 def test_profile_data_only_verified_variables():
     from configs.rocm_profiles import ALLOC_CONF_VAR, PROFILES
 
-    assert set(PROFILES) == {"rdna1", "rdna2", "rdna3", "cdna", "unknown"}
+    assert set(PROFILES) == {"rdna1", "rdna2", "rdna3", "rdna4", "cdna", "unknown"}
     for profile in PROFILES.values():
         for var, value in profile.env.items():
             _check_allowed(var, value)
         _check_allowed(ALLOC_CONF_VAR, profile.alloc_conf)
         assert set(profile.conv_tiers) <= {1, 2, 3, 4}
     assert 1 not in PROFILES["rdna1"].conv_tiers and not PROFILES["rdna1"].vendor_convs_in_decomposition
+    # MIOpen has no fast 3D solver on any RDNA card (CK's 3D solvers need XDLOPS): conv3d starts at tier 3 there
+    assert {f: PROFILES[f].conv3d_first_tier for f in PROFILES} == {
+        "rdna1": 3, "rdna2": 3, "rdna3": 3, "rdna4": 3, "cdna": 1, "unknown": 1}
 
 
 def rocm_apply(env, nodes):
@@ -91,15 +100,20 @@ def rocm_apply(env, nodes):
 def test_user_settings_win(tmp_path):
     nodes = make_topology(tmp_path / "kfd", "gfx1100")
     env = {"MIOPEN_FIND_MODE": "3", "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:256",
-           "MIOPEN_USER_DB_PATH": str(tmp_path / "mydb"), "STEADYFRAME_CACHE_DIR": str(tmp_path / "c")}
+           "MIOPEN_USER_DB_PATH": str(tmp_path / "mydb"), "MIOPEN_CUSTOM_CACHE_DIR": str(tmp_path / "kc"),
+           "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": "0", "STEADYFRAME_CACHE_DIR": str(tmp_path / "c")}
     before = dict(env)
     report = rocm_apply(env, nodes)
     for var, value in before.items():
         assert env[var] == value
     assert "PYTORCH_HIP_ALLOC_CONF" not in env and "PYTORCH_ALLOC_CONF" not in env
     assert report.kept["MIOPEN_FIND_MODE"] == ("3", "2")
-    assert "PYTORCH_CUDA_ALLOC_CONF" in report.kept and "MIOPEN_USER_DB_PATH" in report.kept
+    assert report.kept["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"] == ("0", "1")
+    assert "PYTORCH_CUDA_ALLOC_CONF" in report.kept and "MIOPEN_CUSTOM_CACHE_DIR" in report.kept
+    assert "MIOPEN_USER_DB_PATH" not in report.kept          # the profile has no opinion about the user's find-db
     assert "MIOPEN_FIND_MODE" not in report.set
+    found = _warned(report.warnings, "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL")
+    assert found and "math kernel" in found[0].message       # 0 on gfx1100 keeps flash attention off: say so
 
 
 @pytest.mark.parametrize("topology", ["missing", "cpu_only"])
@@ -131,8 +145,10 @@ def _warned(warnings, var, severity="warning"):
     ("MIOPEN_DEBUG_AMD_ROCM_PRECOMPILED_BINARIES", "1", "removed"),
     ("MIOPEN_FIND_ENFORCE", "DB_ONLY", "no DB_ONLY"),
     ("MIOPEN_FIND_ENFORCE", "SEARCH", "auto-tuning"),
-    ("MIOPEN_DEBUG_CONV_GEMM", "true", "miopenStatusInvalidValue"),
-    ("MIOPEN_DEBUG_CONV_IMPLICIT_GEMM", "off", "0 or 1"),
+    ("MIOPEN_DEBUG_CONV_GEMM", "2", "miopenStatusInvalidValue"),
+    ("MIOPEN_DEBUG_CONV_IMPLICIT_GEMM", "maybe", "use 0/1"),
+    ("MIOPEN_DEBUG_CONV_GEMM", " 1", "miopenStatusInvalidValue"),       # MIOpen does not strip spaces
+    ("TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL", "true", "only 0 or 1"),
     ("MIOPEN_LOG_LEVEL", "9", "0..7"),
     ("PYTORCH_HIP_ALLOC_CONF", "max_split_size_mb:10", ">= 20"),
     ("PYTORCH_HIP_ALLOC_CONF", "garbage_collection_threshold:1.5", "between 0 and 1"),
@@ -152,6 +168,26 @@ def test_hsa_override_on_rdna1_warns_through_the_profile(tmp_path):
     assert env["HSA_OVERRIDE_GFX_VERSION"] == "10.3.0"   # the user's, kept; we only warn
 
 
+@pytest.mark.parametrize("word", ["0", "1", "true", "FALSE", "On", "off", "yes", "NO", "enable", "Enabled",
+                                  "disable", "DISABLED"])
+def test_every_boolean_word_miopen_accepts_is_valid(word):
+    from rocm.env import check_environment
+
+    warnings = check_environment({"MIOPEN_DEBUG_CONV_GEMM": word, "MIOPEN_DISABLE_CACHE": word})
+    assert warnings == []
+
+
+def test_boolean_words_count_as_on_for_the_info_notes():
+    from rocm.env import check_environment
+
+    infos = check_environment({"MIOPEN_DEBUG_CONV_DIRECT_NAIVE_CONV_FWD": "yes",
+                               "MIOPEN_DEBUG_CONV_IMMED_FALLBACK": "Enabled",
+                               "MIOPEN_DEBUG_CONV_DIRECT_NAIVE_CONV_BWD": "off"}, gfx="gfx1100")
+    assert sorted(w.variable for w in infos) == ["MIOPEN_DEBUG_CONV_DIRECT_NAIVE_CONV_FWD",
+                                                 "MIOPEN_DEBUG_CONV_IMMED_FALLBACK"]
+    assert all(w.severity == "info" for w in infos)
+
+
 def test_no_false_alarms_and_infos():
     from rocm.env import check_environment
 
@@ -169,9 +205,10 @@ def test_no_false_alarms_and_infos():
 def test_arch_parsing():
     from rocm.arch import arch_family, gfx_from_target_version
 
-    assert [gfx_from_target_version(v) for v in (110000, 90010, 100100, 90402, 110501, 0)] == [
-        "gfx1100", "gfx90a", "gfx1010", "gfx942", "gfx1151", None]
+    assert [gfx_from_target_version(v) for v in (110000, 90010, 100100, 90402, 110501, 120001, 0)] == [
+        "gfx1100", "gfx90a", "gfx1010", "gfx942", "gfx1151", "gfx1201", None]
     assert arch_family("gfx1100:sramecc-:xnack-") == "rdna3" and arch_family("sm_90") is None
+    assert arch_family("gfx1201") == "rdna4" and arch_family("gfx1200") == "rdna4"
 
 
 def test_import_rocm_does_not_import_torch():

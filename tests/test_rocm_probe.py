@@ -66,6 +66,14 @@ def test_fallback_probes_first_use_and_persists(tmp_path):
     probes = fb.stats().probes
     assert [(p["tier"], p["outcome"]) for p in probes] == [(1, "timeout"), (2, "ok")]
 
+    # a later run: the timeout is probed once more before it is trusted; it hangs again -> confirmed
+    again = ConvFallback(cache_dir=tmp_path, probe=HangProbe(timeout_s=1.5, fault_plan=probe.fault_plan),
+                         fault_plan=tripwire)
+    with torch.no_grad(), again.probing(True):
+        again.conv3d(x, w, padding=1)
+    assert again.last_tier == 2
+    assert [(p["tier"], p["outcome"]) for p in again.stats().probes] == [(1, "timeout")]   # tier 2 known: no probe
+
     fresh = ConvFallback(cache_dir=tmp_path, probe=HangProbe(timeout_s=1.5), fault_plan=tripwire)
     with torch.no_grad(), fresh.probing(True):
         fresh.conv3d(x, w, padding=1)
@@ -96,3 +104,92 @@ def test_probe_on_gpu():
     plan = FaultPlan([Fault(tier=1, kind="hang", seconds=600)])
     results = HangProbe(timeout_s=3, fault_plan=plan).run([ProbeJob(sig, t) for t in (1, 2, 3, 4)], device="cuda")
     assert [r.outcome for r in results] == ["timeout", "ok", "ok", "ok"]
+
+
+APP = """
+import sys, threading, time
+from rocm.faults import Fault, FaultPlan
+from rocm.probe import HangProbe, ProbeJob
+from rocm.signature import ConvSignature
+sig = ConvSignature("conv3d", (1, 4, 5, 8, 8), (4, 4, 3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), 1, "float32",
+                    "cpu", "cpu")
+probe = HangProbe(timeout_s=600, fault_plan=FaultPlan([Fault(tier=1, kind="hang", seconds=600, grandchild=True)]))
+threading.Thread(target=probe.run, args=([ProbeJob(sig, 1)],), daemon=True).start()
+while not probe.last_pids:
+    time.sleep(0.05)
+print(probe.last_pids[0], flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_probe_child_dies_with_the_app(sig):
+    """Kill the app while its probe child hangs in a 'GPU call' (with a grandchild): nothing of the probe stays."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from rocm_helpers import REPO
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    app = subprocess.Popen([sys.executable, "-c", APP], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        pgid = int(app.stdout.readline())
+        deadline = time.monotonic() + 60
+        while not _hang_started(pgid):                   # the child is inside its hung 'GPU call'
+            assert time.monotonic() < deadline, "the probe child never reached its hang"
+            time.sleep(0.1)
+        app.send_signal(getattr(signal, sig))
+        app.wait(10)
+        deadline = time.monotonic() + 10
+        while live_group_members(pgid):
+            assert time.monotonic() < deadline, f"probe processes outlived the app: {live_group_members(pgid)}"
+            time.sleep(0.1)
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.wait()
+
+
+def test_undecided_probe_fails_with_advice_and_never_runs_the_tier_in_process(tmp_path):
+    """A child that never becomes ready (a wedged GPU): no verdict, no in-process run of that tier."""
+    from rocm.errors import ProbeUndecided, classify_error
+
+    stuck = tmp_path / "python"
+    stuck.write_text("#!/bin/sh\nexec sleep 60\n")
+    stuck.chmod(0o755)
+    probe = HangProbe(timeout_s=5, startup_timeout_s=1.0, python=str(stuck))
+    tripwire = FaultPlan([Fault(tier=t, kind="error") for t in (1, 2, 3, 4)])   # any in-process tier would raise
+    fb = ConvFallback(cache_dir=tmp_path / "cache", probe=probe, fault_plan=tripwire)
+    started = time.monotonic()
+    with torch.no_grad(), fb.probing(True), pytest.raises(ProbeUndecided) as info:
+        fb.conv3d(torch.randn(SHAPE), torch.randn(4, 4, 3, 3, 3), padding=1)
+    assert time.monotonic() - started < 30
+    message = str(info.value)
+    assert "will not run this convolution inside the app" in message
+    assert "python -m rocm doctor" in f"ProbeUndecided: {message}"[:300]          # what the app shows
+    assert "did not become ready" in message
+    assert classify_error(info.value) is None            # not a tier failure: the job fails with this advice
+    assert tripwire.fired() == [0, 0, 0, 0] and fb.stats().total_calls == 0
+    assert fb.verdict(fb.signature("conv3d", torch.randn(SHAPE), torch.randn(4, 4, 3, 3, 3), _spec())) is None
+    assert fb.current is None
+    assert [live_group_members(p) for p in probe.last_pids] == [[]]
+
+
+def _hang_started(pgid: int) -> bool:
+    import psutil
+
+    for pid in live_group_members(pgid):
+        try:
+            if "time.sleep(3600)" in " ".join(psutil.Process(pid).cmdline()):
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+def _spec():
+    from rocm.signature import ConvSpec
+
+    return ConvSpec("conv3d", (1, 1, 1), (1, 1, 1), (1, 1, 1), 1)

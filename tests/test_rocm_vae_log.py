@@ -99,3 +99,27 @@ def test_trim_and_decode_log_on_gpu(caplog):
     with torch.no_grad(), vae_decode_log(vae, z, fallback=fb) as rec:
         vae.decode(z)
     assert rec.success and rec.tiers == {1: 1} and rec.vae_dtype == "float16" and "GiB" in rec.memory_before
+
+
+def test_watchdog_covers_the_first_synchronize(monkeypatch, caplog, tmp_path):
+    """On a wedged GPU the synchronize before the decode hangs already: the watchdog must be running by then."""
+    import time
+
+    import rocm.vae_log as vae_log
+
+    calls = []
+
+    def slow_first_sync(device):
+        calls.append(device)
+        if len(calls) == 1:
+            time.sleep(1.0)
+
+    monkeypatch.setattr(vae_log, "synchronize", slow_first_sync)
+    caplog.set_level(logging.WARNING, logger="rocm.vae_log")
+    vae, z = TinyVae(), torch.randn(1, 4, 1, 4, 4)
+    with open(tmp_path / "stacks.txt", "w") as dump:
+        with torch.no_grad(), vae_decode_log(vae, z, stage="VAE decode s9", stall_timeout_s=0.3,
+                                             memory_status=lambda: "MEM", dump_file=dump) as rec:
+            vae.decode(z)
+    assert len(calls) == 2 and rec.stalled and rec.success
+    assert "STALL" in caplog.text and "VAE decode s9" in caplog.text

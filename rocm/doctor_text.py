@@ -1,0 +1,97 @@
+"""The text form of ``python -m rocm doctor``'s report (``rocm.doctor.collect`` gathers it)."""
+
+from __future__ import annotations
+
+
+def _verdict_lines(ver: dict) -> list[str]:
+    lines = ["", f"verdicts     {ver['cache_dir']}" + (f"   (reset: removed {len(ver['reset'])} file(s))"
+                                                         if ver.get("reset") is not None else "")]
+    if not ver["files"]:
+        lines.append("  none recorded")
+    for f in ver["files"]:
+        build = f["build"]
+        what = ", ".join(f"{k} {v}" for k, v in build.items() if v) or f["file"]
+        if not f["readable"]:
+            lines.append(f"    {f['file']}: unreadable or of an older format, ignored (--reset removes it)")
+            continue
+        lines.append(f"  {'*' if f['current'] else ' '} {f['count']:>4} verdicts  {what}"
+                     + ("   <- this machine now" if f["current"] else "   (another build: not used)"))
+        if f["current"]:
+            for key, v in f["verdicts"].items():
+                if v["failed"] or v["unconfirmed_timeouts"]:
+                    failed = "; ".join(f"tier {t}: {r[:70]}" for t, r in v["failed"].items())
+                    again = (f"  [timeouts re-probed next run: tiers {v['unconfirmed_timeouts']}]"
+                             if v["unconfirmed_timeouts"] else "")
+                    lines.append(f"      {key.split('|')[0]} {key.split('|')[1]} -> tier {v['ok_tier']}  "
+                                 f"({failed}){again}")
+    lines.append("  clear them with: python -m rocm doctor --reset")
+    return lines
+
+
+def _attention_lines(att: dict) -> list[str]:
+    lines = ["", "attention    " + ", ".join(f"{k}={v}" for k, v in att.items() if k not in ("check", "aotriton"))]
+    if att.get("aotriton"):
+        lines.append(f"  note: {att['aotriton']}")
+    check = att.get("check", {})
+    if not check.get("ran"):
+        lines.append(f"  timing skipped: {check.get('reason', '-')}")
+        return lines
+    shape = check["shape"]
+    lines.append(f"  timing on {check['device']}: {shape['dtype']}, {shape['heads']} heads x {shape['tokens']} "
+                 f"tokens x head {shape['head_dim']} (median of {check['reps']})")
+    for case in check["cases"]:
+        label = "with mask" if case["masked"] else "no mask  "
+        cells = [f"{name} {b['ms']:.2f} ms" if b["ran"] else f"{name} -" for name, b in case["backends"].items()]
+        lines.append(f"  {label}  " + "   ".join(cells))
+        lines.append(f"             the app uses: {case['app']['uses']} ({case['app']['ms']:.2f} ms)")
+        for name, b in case["backends"].items():
+            if not b["ran"]:
+                lines.append(f"             {name}: {b['reason'][:150]}")
+    return lines
+
+
+def _probe_lines(probe: dict) -> list[str]:
+    lines = [""]
+    if not probe["ran"]:
+        return lines + [f"probe table  skipped: {probe['reason']}"]
+    lines.append(f"probe table  ({probe['device']}, timeout {probe['timeout_s']:g} s per conv"
+                 f"{', small shapes' if probe['small_shapes'] else ''}; writes no verdicts)")
+    for tier, why in probe.get("skipped_tiers", {}).items():
+        lines.append(f"  tier {tier}  skipped: {why}")
+    for row in probe["rows"]:
+        lines.append(f"  tier {row['tier']}  {row['outcome']:<12} {row['elapsed_s']:>8.3f} s  {row['shape']}"
+                     + (f"  [{row['message'][:80]}]" if row["outcome"] != "ok" else ""))
+    return lines
+
+
+def render_text(rep: dict) -> str:
+    gpu, env = rep["gpu"], rep["environment"]
+    mem = f"{gpu['total_memory_gib']} GiB" if gpu["total_memory_gib"] else "-"
+    lines = ["SteadyFrame rocm doctor", "",
+             f"backend      {rep['backend']}" + ("  (no GPU)" if rep["backend"] == "cpu" else ""),
+             f"torch        {rep['torch']}   HIP {rep['hip'] or '-'}   CUDA {rep['cuda'] or '-'}   "
+             + (f"MIOpen {rep.get('miopen')}" if rep["backend"] == "rocm" else f"cuDNN {rep.get('cudnn')}"),
+             f"python       {rep['python']} on {rep['platform']}",
+             f"GPU          {gpu['name']}   arch {gpu['arch']}   family {gpu['family'] or '-'}   VRAM {mem}",
+             f"arch from    {gpu['arch_source']}",
+             f"KFD arch     {rep['kfd_arch'] or '-'} (read before torch, from /sys/class/kfd)   driver "
+             f"{gpu['driver'] or '-'}",
+             f"wheel arches {', '.join(gpu['wheel_arches']) or '-'}   has kernels for this arch: "
+             f"{'-' if gpu['wheel_has_arch'] is None else gpu['wheel_has_arch']}",
+             f"torch        cudnn/MIOpen enabled {rep['torch_settings']['cudnn_enabled']}, benchmark "
+             f"{rep['torch_settings']['cudnn_benchmark']}", "",
+             f"environment profile: {env['profile'] or 'none (not ROCm)'}"]
+    lines += [f"  would set  {k}={v}" for k, v in env["profile_would_set"].items()]
+    lines += [f"  yours      {k}={v}" for k, v in env["user_kept"].items()]
+    lines += [f"  env        {k}={v}" for k, v in env["relevant"].items()]
+    lines += [f"  {w['severity']:<7}    {w['variable']}={w['value']}: {w['message']}" for w in env["warnings"]]
+    if not env["warnings"]:
+        lines.append("  no warnings")
+    plan = rep["conv_plan"]
+    lines += ["", f"conv tiers   {plan['tiers']} (conv3d from tier {plan['conv3d_first_tier']}; "
+                  f"MIOpen/cuDNN inside tier 3: {plan['vendor_in_decomposition']})"]
+    lines += [f"  {t}: {n}" for t, n in plan["tier_names"].items()] + [f"  note: {n}" for n in plan["notes"]]
+    lines.append(f"  verdicts: {plan['verdict_file']}")
+    lines += _verdict_lines(rep["verdicts"]) + _attention_lines(rep["attention"]) + _probe_lines(rep["probe"])
+    lines += ["", "recommendations"] + [f"  - {r}" for r in rep["recommendations"]]
+    return "\n".join(lines)

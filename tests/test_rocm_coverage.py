@@ -1,0 +1,42 @@
+"""Every convolution of a job runs inside the conv fallback: the VAE's, the transformer's Conv3d patch embedders
+and SigLIP's Conv2d patch embedding (RDNA1 promises convolutions without MIOpen: all of them)."""
+
+from __future__ import annotations
+
+import pytest
+from torch import nn
+
+import rocm
+from pipeline.events import Done
+from pipeline.request import Request
+from rocm.conv_fallback import ConvFallback
+from rocm.faults import Fault, FaultPlan
+from tests.conftest import make_image, run_job
+
+
+@pytest.fixture
+def failing_tier1():
+    """A default fallback (in memory only) whose tier 1 fails like MIOpen for every convolution."""
+    fb = ConvFallback(persist=False, probe=None, fault_plan=FaultPlan([Fault(tier=1, kind="miopen_unknown")]))
+    rocm.set_default_fallback(fb)
+    yield fb
+    rocm.set_default_fallback(None)
+
+
+def test_every_convolution_of_a_job_goes_through_the_fallback(tiny_original, tmp_path, failing_tier1):
+    request = Request(image=make_image(96, 80), prompt="a lamp flickers", seconds=1.2, steps=2, seed=3,
+                      teacache=0.0, resolution=64)
+    _, last = run_job(request, tiny_original, tmp_path)
+    assert isinstance(last, Done), getattr(last, "detail", last)
+    stats = failing_tier1.stats()
+    assert 1 not in stats.calls_per_tier and stats.exhausted == 0        # every conv was answered by tier 2
+    fell_back = " | ".join(ev.signature for ev in stats.fell_back)
+    convs = {f"{role}.{name}": tuple(m.weight.shape)
+             for role in ("transformer", "image_encoder", "vae")
+             for name, m in getattr(tiny_original, role).named_modules() if isinstance(m, (nn.Conv2d, nn.Conv3d))}
+    for role in ("transformer.x_embedder.proj", "transformer.clean_x_embedder.proj",
+                 "image_encoder.embeddings.patch_embedding"):
+        assert role in convs
+    missing = [name for name, shape in convs.items() if f"w {shape}" not in fell_back]
+    assert missing == [], f"convolutions that bypassed the fallback: {missing}"
+    assert stats.calls_per_op.get("conv2d", {}).get(2, 0) > 0            # SigLIP's patch embedding
