@@ -81,6 +81,7 @@ class SectionWriter:
         self.buffer = VideoBuffer(mode, overlap)
         self.fps, self.crf, self.metadata, self.encoding = fps, crf, metadata or {}, encoding
         self.busy_s = 0.0                        # total time the writer worked
+        self.segments_encoded = 0                # x264 runs so far (each settled chunk once, the edge each time)
         self._tasks: queue.Queue[_Task | None] = queue.Queue()
         self._results: queue.Queue[WrittenSection | Exception] = queue.Queue()
         self._cache: dict[tuple[int, ...], bytes] = {}
@@ -162,6 +163,7 @@ class SectionWriter:
                 jobs[keys] = self._pool.submit(encode_segment, frames, fps=self.fps, crf=self.crf,
                                                encoding=self.encoding)
         encoded = {keys: job.result() for keys, job in jobs.items()}
+        self.segments_encoded += len(encoded)
         for keys, data in encoded.items():
             if None not in keys:
                 self._cache[keys] = data
