@@ -76,35 +76,34 @@ def write_segments(segments: list[bytes], path: Path, *, fps: int = 30, metadata
         raise ValueError("no segments to write")
     path = Path(path)
     tmp = path.with_name(f".{path.stem}.partial{path.suffix}")
-    sources = [av.open(io.BytesIO(s)) for s in segments]
     try:
-        header = sources[0].streams.video[0].codec_context.extradata
         with av.open(str(tmp), mode="w", format="mp4", options={"movflags": "+faststart"}) as container:
             for key, value in (metadata or {}).items():
                 container.metadata[key] = value if isinstance(value, str) else json.dumps(value)
-            out = container.add_stream_from_template(sources[0].streams.video[0])
-            start = Fraction(0)                                  # seconds before the segment
-            for source in sources:
-                stream = source.streams.video[0]
-                if stream.codec_context.extradata != header:
-                    raise ValueError("segments were encoded with different stream headers; encode them again")
-                offset = start / stream.time_base
-                if offset.denominator != 1:
-                    raise ValueError(f"a segment boundary at {start} s is not on the time base {stream.time_base}")
-                count = 0
-                for packet in source.demux(stream):
-                    if packet.size == 0:
-                        continue
-                    count += 1
-                    packet.pts += int(offset)
-                    packet.dts += int(offset)
-                    packet.stream = out
-                    container.mux(packet)
+            out, header, start = None, None, Fraction(0)          # start: seconds before the segment
+            for segment in segments:
+                with av.open(io.BytesIO(segment)) as source:
+                    stream = source.streams.video[0]
+                    if out is None:
+                        out, header = container.add_stream_from_template(stream), stream.codec_context.extradata
+                    elif stream.codec_context.extradata != header:
+                        raise ValueError("segments were encoded with different stream headers; encode them again")
+                    offset = start / stream.time_base
+                    if offset.denominator != 1:
+                        raise ValueError(f"a segment boundary at {start} s is not on the time base "
+                                         f"{stream.time_base}")
+                    count = 0
+                    for packet in source.demux(stream):
+                        if packet.size == 0:
+                            continue
+                        count += 1
+                        packet.pts += int(offset)
+                        packet.dts += int(offset)
+                        packet.stream = out
+                        container.mux(packet)
                 start += Fraction(count, fps)
         os.replace(tmp, path)
     finally:
-        for source in sources:
-            source.close()
         if tmp.exists():
             tmp.unlink()
     return path

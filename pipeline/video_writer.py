@@ -86,7 +86,8 @@ class SectionWriter:
         self._results: queue.Queue[WrittenSection | Exception] = queue.Queue()
         self._cache: dict[tuple[int, ...], bytes] = {}
         self._error: Exception | None = None       # the writer's first failure; later tasks are not done
-        workers = encoding.parallel_segments or max(1, (os.cpu_count() or 1) // max(1, encoding.x264_threads))
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        workers = encoding.parallel_segments or max(1, cpus // max(1, encoding.x264_threads))
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="video-segment",
                                         initializer=_lower_priority, initargs=(encoding.writer_nice,))
         self._thread = threading.Thread(target=self._work, name="video-writer", daemon=True)
