@@ -3,11 +3,14 @@
 `pipeline.orchestrator.generate` runs text encoders → VAE encode → image encoder → (transformer → VAE decode)
 per section with `MemoryManager(cap_gb=20, preserved_gb=6)`. Reported per stage: seconds, load and unload time,
 peaks; per VAE decode: frames, tiles, time and peak; end to end: total time and the share spent switching models
-(load + unload). Packing and pinning the host copies happens once per process (`MemoryManager.prepare`, as the
-app does after loading the models) and is reported apart. 3.6 s at window 9 = 3 sections: the decodes are 33, 69
-and 73 frames.
+(load + unload), and the ratio of end to end to the transformer's sampling time (its stages, load and unload
+included) with the rest split into encoders, VAE decode, the wait for the last video file (the section files are
+written on a background thread while the next section samples; its total work is reported too) and other.
+Packing and pinning the host copies happens once per process (`MemoryManager.prepare`, as the app does after
+loading the models) and is reported apart. 3.6 s at window 9 = 3 sections: the decodes are 33, 69 and 73 frames.
 
     python3 benchmarks/section.py --out section.json                  # full size (GPU)
+    python3 benchmarks/section.py --seconds 5 --steps 25 --out job.json --log job.log    # the issue-11 job
     python3 benchmarks/section.py --tiny --out section.json           # tiny preset (CPU or GPU)
 """
 from __future__ import annotations
@@ -45,13 +48,14 @@ def _ensure_video_writer() -> bool:
 
         return av is not None
     except ImportError:
-        import pipeline.orchestrator as orch
+        import pipeline.video_writer as writer
 
-        def write_nothing(frames, path, **_):
+        def write_nothing(segments, path, **_):
             Path(path).write_bytes(b"")
             return Path(path)
 
-        orch.write_mp4 = write_nothing
+        writer.encode_segment = lambda frames, **_: b""
+        writer.write_segments = write_nothing
         log.warning("PyAV is not installed: section videos are not written (timings exclude video encoding)")
         return False
 
@@ -111,6 +115,22 @@ def _conv_report() -> dict:
     return {"calls_per_tier": stats.calls_per_tier, "exhausted": stats.exhausted, "report": stats.report()}
 
 
+def end_to_end_split(records, timings: dict, total_s: float) -> dict:
+    """End to end split into the transformer's sampling (its stages, load and unload included), the encoders, the
+    VAE decode, the wait for the last video file and the rest; the ratio end to end / sampling."""
+    def stage(*names):
+        return sum(r.ended - r.started for r in records if r.name in names)
+
+    parts = {"transformer sampling": stage("transformer"),
+             "encoders (text, VAE encode, image)": stage("text encoders", "VAE encode", "image encoder"),
+             "VAE decode": stage("VAE decode"),
+             "video writing (waited for)": float(timings.get("video writing", 0.0))}
+    parts["other"] = max(0.0, total_s - sum(parts.values()))
+    sampling = parts["transformer sampling"]
+    return {"parts": parts, "ratio": total_s / sampling if sampling else None,
+            "video_background_s": float(timings.get("video writing, background", 0.0))}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -122,6 +142,8 @@ def main(argv=None) -> None:
     ap.add_argument("--depth", type=int, default=1)
     ap.add_argument("--log", type=Path, default=None, help="also write the full log here")
     ap.add_argument("--calibrate-vae", action="store_true", help="only measure VAE decode peaks vs the estimate")
+    ap.add_argument("--vae-cudnn-benchmark", action="store_true", help="configs.video VaeDecodeSpeed option")
+    ap.add_argument("--vae-channels-last", action="store_true", help="configs.video VaeDecodeSpeed option")
     ap.add_argument("--inject-vae-oom", action="store_true",
                     help="every native conv3d of the VAE decoder raises HIP's out-of-memory error: the decode must "
                          "finish through smaller tiles and then the rocm conv fallback")
@@ -139,6 +161,12 @@ def main(argv=None) -> None:
     from pipeline.request import Request
 
     video = _ensure_video_writer()
+    if args.vae_cudnn_benchmark or args.vae_channels_last:
+        import pipeline.orchestrator as orch
+        from configs.video import VaeDecodeSpeed
+
+        orch.DECODE_SPEED = VaeDecodeSpeed(cudnn_benchmark=args.vae_cudnn_benchmark,
+                                           channels_last=args.vae_channels_last)
     t0 = time.perf_counter()
     comps = build_components(args.tiny)
     build_s = time.perf_counter() - t0
@@ -174,6 +202,7 @@ def main(argv=None) -> None:
         stages.append(row)
     switch_s = sum(r.load_s + r.unload_s for r in memory.records)
     cap = memory.cap_bytes
+    split = end_to_end_split(memory.records, end.timings, total_s)
     summary = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "tiny": args.tiny, "steps": args.steps,
                "sections": plan.count, "cap_gb": args.cap_gb, "preserved_gb": args.preserved_gb,
@@ -182,7 +211,8 @@ def main(argv=None) -> None:
                "peak_reserved": max(r.peak_reserved for r in memory.records),
                "peak_allocated": max(r.peak_allocated for r in memory.records),
                "peak_reserved_below_cap": cap is None or max(r.peak_reserved for r in memory.records) <= cap,
-               "frames": end.frames, "stages": stages, "inject_vae_oom": args.inject_vae_oom,
+               "frames": end.frames, "stages": stages, "inject_vae_oom": args.inject_vae_oom, "split": split,
+               "vae_speed": {"cudnn_benchmark": args.vae_cudnn_benchmark, "channels_last": args.vae_channels_last},
                "conv_fallback": _conv_report()}
     args.out.write_text(json.dumps(summary, indent=1, default=str))
     print(f"\n{summary['device']}, torch {summary['torch']}, cap {args.cap_gb:g} GB, preserved "
@@ -198,6 +228,11 @@ def main(argv=None) -> None:
         print(f"| {s['name']} | {s['section']} | {s['seconds']:.2f} | {s['load_s']:.3f} | {s['unload_s']:.3f} | "
               f"{s['peak_allocated'] / GB:.2f} | {s['peak_reserved'] / GB:.2f} | "
               f"{(s['host_rss_after'] or 0) / GB:.1f} | {notes} |")
+    print("\n| part of the job | s | share |\n|---|---|---|")
+    for name, seconds in split["parts"].items():
+        print(f"| {name} | {seconds:.2f} | {100 * seconds / total_s:.1f}% |")
+    print(f"| **end to end** | {total_s:.2f} | **{split['ratio']:.3f}× the transformer's sampling** |")
+    print(f"(video writing on the background thread: {split['video_background_s']:.2f} s of work, overlapped)")
     print(f"\nend to end {total_s:.1f} s; switching models {switch_s:.2f} s = {100 * switch_s / total_s:.1f}%; "
           f"peak reserved {summary['peak_reserved'] / GB:.2f} GB (cap {args.cap_gb:g}); one-time pack+pin "
           f"{prepare_s:.1f} s; build {build_s:.1f} s")

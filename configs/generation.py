@@ -10,7 +10,7 @@ BUCKETS_640: tuple[tuple[int, int], ...] = (
 )
 
 MODES = ("original", "f1")
-SAMPLERS = ("unipc", "euler")
+SAMPLERS = ("unipc", "unipc_bh2", "euler")   # pipeline/samplers.py; unipc = FramePack's (bh1)
 TEACACHE_CHOICES = (0.0, 0.1, 0.15, 0.2)
 
 

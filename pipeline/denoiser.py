@@ -3,7 +3,8 @@
 The transformer's own forward recomputes the clean-latent embeddings and all rotary embeddings at every step; here
 they are computed when a section begins (they depend only on the section's context), and each step runs only what
 changes: the noisy window's patch embedding, the time/guidance embedding, the text refiner and the block stack.
-The arithmetic is the same as diffusers' `HunyuanVideoFramepackTransformer3DModel.forward` (the parity test checks).
+The arithmetic is the same as diffusers' `HunyuanVideoFramepackTransformer3DModel.forward` (the parity test checks),
+except that the output projection runs in float32, as in FramePack's app.
 The blocks run through their modules' `__call__`, so memory/ hooks (streaming, offload) apply unchanged.
 """
 from __future__ import annotations
@@ -131,7 +132,11 @@ class FramepackDenoiser:
 
         hidden = hidden[:, -(pt * ph * pw):]
         hidden = tr.norm_out(hidden, temb)
-        hidden = tr.proj_out(hidden)
+        # The output projection in float32, as FramePack's app runs it (`high_quality_fp32_output_for_inference`):
+        # the velocity is not rounded to bf16 (a no-op for a float32 model).
+        proj = tr.proj_out
+        hidden = torch.nn.functional.linear(hidden.float(), proj.weight.float(),
+                                            None if proj.bias is None else proj.bias.float())
         hidden = hidden.reshape(b, pt, ph, pw, -1, p_t, p, p)
         hidden = hidden.permute(0, 4, 1, 5, 2, 6, 3, 7)
         return hidden.flatten(6, 7).flatten(4, 5).flatten(2, 3)

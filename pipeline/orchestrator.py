@@ -1,9 +1,9 @@
 """The orchestrator: runs one job's stages in order and yields events a UI can stream.
 
     1. check the request (before any model loads)          5. per section: transformer (sampling)
-    2. text encoders                                        6.              VAE decode → blend → section video
-    3. VAE encode (start image, end image)                  7. final video, job.json
-    4. image encoder (SigLIP)
+    2. text encoders                                        6.              VAE decode → (writer thread: blend,
+    3. VAE encode (start image, end image)                                  section video, while the next samples)
+    4. image encoder (SigLIP)                               7. wait for the last video; final video, job.json
 
 Each model stage runs inside `memory.stage(...)`: exactly one stage's models are on the GPU at a time. Random
 numbers come from one CPU generator seeded with the request's seed and drawn in a fixed order (VAE posterior of
@@ -11,7 +11,6 @@ the start image, of the end image, then each section's noise), so the same seed 
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -23,11 +22,13 @@ from typing import Iterator
 import torch
 
 import rocm
+from configs.video import DECODE_SPEED
 from memory import MemoryManager
 from memory.snapshot import host_rss_bytes
 from pipeline import sections as sec
 from pipeline.checkpoint import save_checkpoint
 from pipeline.components import Components
+from pipeline.decode_speed import decode_speed
 from pipeline.denoiser import FramepackDenoiser
 from pipeline.errors import InputError, JobStopped
 from pipeline.events import Done, Event, Failed, LogLine, Preview, Progress, SectionVideo
@@ -38,8 +39,7 @@ from pipeline.preview import preview_image
 from pipeline.request import PreparedRequest, Request, prepare
 from pipeline.sampling import sample_section
 from pipeline.text import encode_prompt
-from pipeline.video import write_mp4
-from pipeline.video_buffer import VideoBuffer
+from pipeline.video_writer import SectionWriter, WrittenSection
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class JobRun:
         self.t0 = time.monotonic()
         self.step_times: list[float] = []
         self.job: Job | None = None
-        self.video = VideoBuffer(self.r.mode, sec.overlap_frames(self.r.latent_window))
+        self.writer: SectionWriter | None = None    # started with the job (events())
         self.last_video: Path | None = None
         rocm.apply_torch_settings()                     # cudnn.benchmark off on ROCm (no-op elsewhere)
         self.fallback = rocm.get_default_fallback()     # tiered convolutions for every conv of every stage (rocm/)
@@ -140,11 +140,21 @@ class JobRun:
         self.timings[name] = self.timings.get(name, 0.0) + seconds
 
     def events(self) -> Iterator[Event]:
+        r = self.r
+        meta = {"comment": f"prompt: {r.prompt} | seed: {r.seed}", "title": r.prompt[:200], "description": r.prompt}
+        self.writer = SectionWriter(r.mode, sec.overlap_frames(r.latent_window), fps=r.fps, crf=r.crf, metadata=meta)
+        try:
+            yield from self._events()
+        finally:
+            self.writer.close()
+
+    def _events(self) -> Iterator[Event]:
         with capture_logs() as logs:
             def drain():
                 while logs:
                     yield logs.pop(0)
 
+            error, detail = None, ""
             try:
                 if self.resume:
                     self.job = self.resume.job
@@ -162,12 +172,20 @@ class JobRun:
                          self.r.sampler, self.r.seed)
                 yield from drain()
                 yield from self._run(drain)
-                ending = self._finish("done")
+                status = "done"
             except JobStopped:
-                ending = self._finish("stopped")
+                status = "stopped"
             except Exception as e:  # the job fails; the process (and the server around it) keeps going
                 log.error("job failed: %s", e, exc_info=True)
-                ending = self._fail(e)
+                status, error, detail = "failed", e, traceback.format_exc()
+            try:
+                yield from self._written(wait=True)   # the section files still being written
+            except Exception as e:
+                log.error("writing the video failed: %s", e, exc_info=True)
+                if error is None:
+                    status, error, detail = "failed", e, traceback.format_exc()
+            ending = self._fail(error, detail) if error is not None else self._finish(status)
+            error = None                               # (its traceback holds the failed stage's tensors)
             rocm.trim("after the job", host=True)      # now that a failure's traceback (and what it held) is gone
             log.info("host RSS after the job: %.1f MiB (freed memory given back)", host_rss_bytes() / 2**20)
             yield from drain()
@@ -220,9 +238,10 @@ class JobRun:
             save_checkpoint(self.job, section, history, real, start_latent, end_latent, self.generator)
             yield from drain()
             yield self.progress("VAE decode", n, r.steps, f"section {n}/{self.plan.count}: decoding")
-            self._decode(sec.latents_to_decode(self.plan, section, real))
+            pixels = self._decode(sec.latents_to_decode(self.plan, section, real))
+            self.writer.submit(pixels, n, self.job.path(f"section_{n:02d}.mp4"))   # written while the next samples
             yield from drain()
-            yield self._write_section(section)
+            yield from self._written()
 
     def _rebuild_video(self, done: int, drain) -> Iterator[Event]:
         """Decode the finished sections again (resume), so the blends match an uninterrupted run exactly."""
@@ -230,7 +249,7 @@ class JobRun:
             yield self.progress("VAE decode", section.index + 1, self.r.steps,
                                 f"resuming: decoding section {section.index + 1}/{done} again")
             real = sec.real_latents_after(self.plan, section, self.resume.real, done)
-            self._decode(sec.latents_to_decode(self.plan, section, real))
+            self.writer.submit(self._decode(sec.latents_to_decode(self.plan, section, real)))
             yield from drain()
         self.last_video = self.job.path(self.job.info["videos"][-1]) if self.job.info["videos"] else None
 
@@ -246,6 +265,7 @@ class JobRun:
                 self.memory.snapshot(f"sampling {section}.{step}")     # the memory timeline, per step
                 yield self.progress("sampling", section, step, f"Sampling {step}/{steps}")
                 yield Preview(preview_image(estimate), section, step)
+                yield from self._written()          # the previous section's video, when the writer is done
         except StopIteration as done:
             return done.value
 
@@ -298,38 +318,44 @@ class JobRun:
         return embeds
 
     @torch.no_grad()
-    def _decode(self, latents: torch.Tensor) -> None:
+    def _decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Pixels (1, 3, T, H, W) in [-1, 1] on the CPU, in the VAE's dtype (the writer blends them in float32)."""
         vae = self.c.vae
         t = time.monotonic()
         with self.memory.stage("VAE decode", vae=vae):
             z = latents.to(self.device, vae.dtype) / vae.config.scaling_factor
             with rocm.vae_decode_log(vae, z, fallback=self.fallback,
-                                     memory_status=lambda: self.memory.snapshot("VAE decode").status_line()):
+                                     memory_status=lambda: self.memory.snapshot("VAE decode").status_line()), \
+                    decode_speed(vae, self.device, DECODE_SPEED):
                 pixels = self.memory.decode_vae(vae, z)
-            self.video.add(pixels.float().cpu())
+            pixels = pixels.cpu()
         self._timed("VAE decode", time.monotonic() - t)
+        return pixels
 
-    def _write_section(self, section: sec.Section) -> SectionVideo:
-        n = section.index + 1
-        frames = self.video.frames()
-        meta = {"comment": f"prompt: {self.r.prompt} | seed: {self.r.seed}", "title": self.r.prompt[:200],
-                "description": self.r.prompt}
+    def _written(self, wait: bool = False) -> Iterator[SectionVideo]:
+        """Record the section files the writer has finished (with `wait`, after waiting for all of them)."""
         t = time.monotonic()
-        path = write_mp4(frames, self.job.path(f"section_{n:02d}.mp4"), fps=self.r.fps, crf=self.r.crf,
-                         metadata=meta)
-        self._timed("video writing", time.monotonic() - t)
-        self.last_video = path
-        self.job.info["videos"].append(path.name)
+        for written in (self.writer.finish() if wait else self.writer.poll()):
+            yield self._record(written)
+        if wait:
+            self._timed("video writing", time.monotonic() - t)       # the part of writing the job waits for
+
+    def _record(self, written: WrittenSection) -> SectionVideo:
+        self.last_video = written.path
+        self.job.info["videos"].append(written.path.name)
         # The hash of the raw frames (before encoding) lets a resumed job be compared with an uninterrupted one.
-        self.job.info["sections"].append({"section": n, "frames": len(frames),
-                                          "frames_sha256": hashlib.sha256(frames.tobytes()).hexdigest(),
+        self.job.info["sections"].append({"section": written.section, "frames": written.frames,
+                                          "frames_sha256": written.frames_sha256,
                                           "elapsed_s": round(time.monotonic() - self.t0, 3)})
         self.job.update(timings=self._timings(), memory=self.memory.summary())
-        return SectionVideo(path, len(frames), len(frames) / self.r.fps, n, self.plan.count)
+        return SectionVideo(written.path, written.frames, written.frames / self.r.fps, written.section,
+                            self.plan.count)
 
     # ---- endings ------------------------------------------------------------------------------------------------
     def _timings(self) -> dict:
         out = {k: round(v, 4) for k, v in self.timings.items()}
+        if self.writer is not None:
+            out["video writing, background"] = round(self.writer.busy_s, 4)
         out["total"] = round(time.monotonic() - self.t0, 4)
         return out
 
@@ -344,16 +370,15 @@ class JobRun:
         log.info("convolution fallback this job: %s", self.fallback.report())
         self.job.finish(status, self.last_video, timings=self._timings(), memory=self.memory.summary())
         final = self.job.path("final.mp4") if self.last_video else None
-        frames = len(self.video) if self.last_video else 0
+        frames = len(self.writer) if self.last_video else 0
         log.info("job %s %s: %d frames in %.1f s", self.job.id, status, frames, time.monotonic() - self.t0)
         return Done(self.job.dir, final, frames, status == "stopped", self._timings())
 
-    def _fail(self, error: Exception) -> Failed:
+    def _fail(self, error: Exception, detail: str) -> Failed:
         log.info("convolution fallback this job: %s", self.fallback.report())
         message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
         if rocm.classify_error(error) == "oom":
             message = oom_advice(self.memory.records, self.memory, self.last_video is not None)
-        detail = traceback.format_exc()
         if self.job is not None:
             self.job.finish("failed", None, error=message, timings=self._timings(), memory=self.memory.summary())
         return Failed(message, detail, self.job.dir if self.job else None, self.last_video)

@@ -1,15 +1,29 @@
 """TeaCache: skip the transformer's block stack on steps where its input barely changed.
 
-Per step, the relative L1 change of block 0's modulated input is rescaled by a polynomial fitted for HunyuanVideo
-and accumulated; while the sum stays under the threshold, the stack is skipped and the last computed residual
-(output − input of the stack) is added instead. The first and last steps of a section are always computed.
-Thresholds: 0.1 ≈ 1.6×, 0.15 ≈ 2.1× faster. Not lossless (fine detail such as fingers can suffer).
+Per step, the relative L1 change of block 0's modulated input, mean|m − m_prev| / mean|m_prev|, is rescaled by a
+polynomial fitted for HunyuanVideo and accumulated; while the sum stays under the threshold, the stack is skipped
+and the last computed residual (output − input of the stack) is added instead. Thresholds: 0.1 ≈ 1.6×, 0.15 ≈ 2.1×
+faster. Not lossless (fine detail such as fingers can suffer).
+
+Against FramePack's TeaCache (`HunyuanVideoTransformer3DModelPacked.initialize_teacache` and its forward), the same:
+- the rescale polynomial with FramePack's coefficients to every digit it gives (`RESCALE`), in float64;
+- the input: block 0's `norm1` of the packed sequence (context tokens + the noisy window), the change measured in
+  the model's dtype and read back as a float;
+- the decision: the first and the last step of a section always compute and zero the sum; otherwise the sum grows by
+  rescale(change) and the step computes (and zeroes the sum) when sum ≥ threshold, else skips;
+- the state is reset at every section (FramePack calls `initialize_teacache` before each section);
+- a skipped step adds the residual of the last computed step to the stack's input.
+The one difference: FramePack keeps one counter per model, so with real CFG (cfg > 1: two transformer calls per
+step) its "first/last step" and counter wrap-around count calls, not steps, and the positive and negative branches
+share one sum and one residual. Here each branch has its own state and counts steps. With cfg = 1 (FramePack's
+default; one call per step) the two are the same. tests/test_teacache.py checks the decisions step by step.
 """
 from __future__ import annotations
 
 import torch
 
-RESCALE = (733.2, -401.1, 67.59, -3.150, 0.0961)   # highest power first
+# FramePack's np.poly1d coefficients, highest power first.
+RESCALE = (7.33226126e+02, -4.01131952e+02, 6.75869174e+01, -3.14987800e+00, 9.61237896e-02)
 
 
 def rescale(x: float) -> float:

@@ -2,9 +2,12 @@
 
 Holding the whole video as float32 would need ~17 GB for 120 s at 640 px; here only `overlap` frames stay float
 (the edge the next section blends into: the head in the original mode, the tail in F1) and the rest is uint8,
-which gives the same frames as blending everything in float and quantizing at the end.
+which gives the same frames as blending everything in float and quantizing at the end. A settled chunk never
+changes again, so each has a key (its settling order) and the video writer encodes it once.
 """
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 import torch
@@ -12,17 +15,20 @@ import torch
 from pipeline.sections import soft_append
 from pipeline.video import pixels_to_frames
 
+Part = tuple[int | None, np.ndarray]     # (key of a settled chunk, or None for the edge; (T, H, W, 3) uint8)
+
 
 class VideoBuffer:
     def __init__(self, mode: str, overlap: int):
         self.mode = mode
         self.overlap = overlap
-        self._chunks: list[np.ndarray] = []     # settled uint8 frames, in video order, edge excluded
+        self._chunks: list[tuple[int, np.ndarray]] = []   # settled (key, uint8 frames), in video order, no edge
         self._edge: torch.Tensor | None = None  # (1, 3, overlap, H, W) float, the blendable edge
+        self._settled = 0
 
     def __len__(self) -> int:
         edge = 0 if self._edge is None else self._edge.shape[2]
-        return sum(c.shape[0] for c in self._chunks) + edge
+        return sum(c.shape[0] for _, c in self._chunks) + edge
 
     def add(self, decoded: torch.Tensor) -> None:
         """Blend a newly decoded part (1, 3, T, H, W) in [-1, 1] into the video."""
@@ -36,17 +42,30 @@ class VideoBuffer:
         if self.mode == "original":
             keep, settle = part[:, :, :ov], part[:, :, ov:]
             if settle.shape[2]:
-                self._chunks.insert(0, pixels_to_frames(settle))
+                self._chunks.insert(0, (self._settled, pixels_to_frames(settle)))
+                self._settled += 1
         else:
             settle, keep = part[:, :, :-ov], part[:, :, -ov:]
             if settle.shape[2]:
-                self._chunks.append(pixels_to_frames(settle))
+                self._chunks.append((self._settled, pixels_to_frames(settle)))
+                self._settled += 1
         self._edge = keep
+
+    def parts(self) -> list[Part]:
+        """The whole video as consecutive parts, in video order: the edge (key None) and the settled chunks."""
+        if self._edge is None:
+            raise ValueError("the video is empty")
+        edge = (None, pixels_to_frames(self._edge))
+        return [edge, *self._chunks] if self.mode == "original" else [*self._chunks, edge]
 
     def frames(self) -> np.ndarray:
         """(T, H, W, 3) uint8, the whole video."""
-        if self._edge is None:
-            raise ValueError("the video is empty")
-        edge = pixels_to_frames(self._edge)
-        parts = [edge, *self._chunks] if self.mode == "original" else [*self._chunks, edge]
-        return np.concatenate(parts, axis=0)
+        return np.concatenate([frames for _, frames in self.parts()], axis=0)
+
+
+def frames_sha256(parts: list[Part]) -> str:
+    """sha256 of the whole video's uint8 frames (T, H, W, 3), in order, without joining the parts."""
+    digest = hashlib.sha256()
+    for _, frames in parts:
+        digest.update(np.ascontiguousarray(frames).data)
+    return digest.hexdigest()

@@ -50,13 +50,16 @@ def test_end_stops_the_running_job_and_keeps_the_video(runner):
     ticket = runner.reserve("s1", _request(seconds=3.6))
     assert runner.cancel("s2") == "Nothing to stop."
     events = []
+    stopped = False
     for batch in runner.run(ticket):
         events += batch
-        if isinstance(batch[-1], SectionVideo):
+        # End once section 2 samples (section 1's video is written meanwhile, on the writer thread)
+        if not stopped and any(isinstance(e, Progress) and e.stage == "sampling" and e.section == 2 for e in batch):
             assert runner.cancel("s1").startswith("Stopping at the next step")
+            stopped = True
     done = events[-1]
     assert isinstance(done, Done) and done.stopped and done.video is not None and done.video.is_file()
-    assert sum(isinstance(e, SectionVideo) for e in events) == 1
+    assert sum(isinstance(e, SectionVideo) for e in events) == 1 and done.frames == 33
     assert runner.cancel("s1") == "Nothing to stop."
 
 

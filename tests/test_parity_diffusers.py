@@ -15,16 +15,25 @@ SEED = 1234
 STEPS = 3
 
 
+def diffusers_euler_scheduler():
+    """diffusers' flow-match Euler with FramePack's shift: mu linear in the token count between (256, 0.5) and
+    (4096, 1.15), exponential time shift (the pipeline caps mu at ln 7 itself)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=True, time_shift_type="exponential",
+                                           base_image_seq_len=256, max_image_seq_len=4096, base_shift=0.5,
+                                           max_shift=1.15)
+
+
 def reference_latents(components, image, prompt, *, mode, window, sections, end_image=None, seed=SEED):
     from diffusers import HunyuanVideoFramepackPipeline
 
-    from pipeline.sampling import make_scheduler
     from pipeline.text import PROMPT_TEMPLATE
 
     c = components
     pipe = HunyuanVideoFramepackPipeline(
         text_encoder=c.text_encoder, tokenizer=c.tokenizer, transformer=c.transformer, vae=c.vae,
-        scheduler=make_scheduler("euler"), text_encoder_2=c.text_encoder_2, tokenizer_2=c.tokenizer_2,
+        scheduler=diffusers_euler_scheduler(), text_encoder_2=c.text_encoder_2, tokenizer_2=c.tokenizer_2,
         image_encoder=c.image_encoder, feature_extractor=c.feature_extractor)
     pipe.set_progress_bar_config(disable=True)
     frames_per_section = (window - 1) * 4 + 1

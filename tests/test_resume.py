@@ -9,7 +9,6 @@ import sys
 import textwrap
 import time
 
-import numpy as np
 import pytest
 import torch
 
@@ -41,7 +40,7 @@ def uninterrupted(image, tmp_path_factory):
     assert r.returncode == 0, r.stderr
     (job,) = out.iterdir()
     raw_hash = json.loads((job / "job.json").read_text())["sections"][-1]["frames_sha256"]
-    return load_checkpoint(job)[0]["real"], read_frames(job / "final.mp4"), raw_hash
+    return load_checkpoint(job)[0]["real"], (job / "final.mp4").read_bytes(), raw_hash
 
 
 def _sections_done(job_dir) -> int:
@@ -52,17 +51,14 @@ def _sections_done(job_dir) -> int:
 
 
 def _assert_same_result(job, uninterrupted):
-    real, frames, raw_hash = uninterrupted
+    real, video, raw_hash = uninterrupted
     info = json.loads((job / "job.json").read_text())
     assert info["status"] == "done" and info["resumed"] >= 1
     torch.testing.assert_close(load_checkpoint(job)[0]["real"], real, atol=0, rtol=0)
     assert info["sections"][-1]["frames_sha256"] == raw_hash           # the frames handed to the encoder: equal
-    # The encoded file decodes to the same video. x264 was seen (once in many runs, under load) to make slightly
-    # different encoding decisions for identical input, so the decoded pixels are compared to within a fraction
-    # of one level on average rather than bit for bit; the line above is the exact check.
-    decoded = read_frames(job / "final.mp4")
-    assert decoded.shape == frames.shape
-    assert np.abs(decoded.astype(np.int16) - frames.astype(np.int16)).mean() < 1.0
+    # and so is the file: the encoder's bytes depend only on the frames and configs.video (tests/test_video.py)
+    assert (job / "final.mp4").read_bytes() == video
+    assert read_frames(job / "final.mp4").shape[0] == info["sections"][-1]["frames"]
     assert not list(job.glob(".*tmp"))
 
 

@@ -98,7 +98,7 @@ REFUSED = [
     ("seed-negative", {"seed": -5}, ["seed:", "-5 is out of range"]),
     ("seed-huge", {"seed": 2**70}, ["seed:", "out of range"]),
     ("mode-unknown", {"mode": "sideways"}, ["mode:", "'sideways' is not one of original, f1"]),
-    ("sampler-unknown", {"sampler": "dpm++"}, ["sampler:", "'dpm++' is not one of unipc, euler"]),
+    ("sampler-unknown", {"sampler": "dpm++"}, ["sampler:", "'dpm++' is not one of unipc, unipc_bh2, euler"]),
     ("resolution-not-16", {"resolution": 100}, ["resolution:", "100 is not a multiple of 16"]),
     ("prompt-not-text", {"prompt": 12345}, ["prompt:", "text is required, got int"]),
     ("teacache-2", {"teacache": 2}, ["TeaCache threshold:", "out of range"]),

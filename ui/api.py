@@ -19,7 +19,7 @@ print(summary["status"], summary["frames"], video)     # done 145 /tmp/gradio/â€
 
 `/video` takes the UI's controls by name: `image`, `end_image` (original mode only), `prompt`, `negative_prompt`,
 `seed`, `seconds`, `mode` ("original" or "f1"), `steps`, `gs`, `cfg`, `rescale`, `latent_window`, `sampler`
-("unipc" or "euler"), `resolution`, `teacache`, `preserved_gb`, `crf` (`client.view_api()` lists them with
+("unipc", "unipc_bh2" or "euler"), `resolution`, `teacache`, `preserved_gb`, `crf` (`client.view_api()` lists them with
 their defaults). It returns the video (None if the job was stopped before its first section) and a summary:
 `job_id` (its folder under outputs/), `status` ("done" or "stopped"), `frames`, `seconds`, `video`, `warnings`
 (e.g. a prompt cut to its first 4000 characters), `timings` and a one-line `message`.
@@ -94,7 +94,7 @@ class JobApi:
             cfg: real CFG scale (1 = off)
             rescale: CFG rescale
             latent_window: latent frames per section
-            sampler: "unipc" or "euler"
+            sampler: "unipc" (FramePack's), "unipc_bh2" or "euler" (diffusers')
             resolution: bucket base resolution (a multiple of 16)
             teacache: TeaCache threshold (0 = off)
             preserved_gb: GPU memory kept free of resident transformer weights (GB)

@@ -1,0 +1,208 @@
+"""Where the VAE decode's time goes, and what each speed option buys, for the decodes of the issue's job.
+
+The job: 5 s at 608×640, window 9, so the decodes are 9 latent frames (33 pixel frames, first section), 18 (69,
+middle sections) and 19 (73, last). For the first two shapes, under the VRAM cap (default 20 GB), each row decodes
+the same random latents with the full-size HunyuanVideo VAE (random fp16 weights):
+- `baseline`: the tiling the job's policy picks under the cap (memory/vae.py), fp16, no speed option: what the
+  job runs today; every other row is compared with it;
+- `cudnn.benchmark`, `channels_last` and both (configs/video.py VaeDecodeSpeed; pipeline/decode_speed.py);
+- `bf16`: the VAE in bfloat16;
+- other tilings (diffusers' default 256 px / 16 frames, whole frames / 16 frames, 384 px, 512 px / 16 frames).
+Per row: `first_s` (the untimed warm-up: cuDNN's algorithm search happens there), `s` (median of --reps),
+peak allocated GB, and the difference from the baseline: max and mean |Δ| in pixel units ([-1, 1]) and the max
+difference in uint8 levels of the frames the video gets. Tilings that do not fit the cap are reported as "oom".
+A profile of one baseline decode lists the top operators by GPU time (CPU time with --tiny).
+
+    python3 benchmarks/vae_decode.py --out vae_decode.json               # GPU, ~4 min on an H100
+    python3 benchmarks/vae_decode.py --tiny --out vae_decode.json        # tiny VAE on the CPU (checks the script)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+log = logging.getLogger("benchmarks.vae_decode")
+GB = 1024 ** 3
+SHAPES = {"first section": (9, 76, 80), "middle sections": (18, 76, 80)}      # 33 and 69 pixel frames
+TINY_SHAPES = {"first section": (5, 8, 8), "middle sections": (9, 8, 8)}    # small: the CPU's conv3d is slow
+
+
+def rows_to_run(baseline, tiny: bool) -> list[tuple[str, object, object, torch.dtype | None]]:
+    from configs.video import VaeDecodeSpeed
+    from memory.vae import VaeTiling
+
+    plain = VaeDecodeSpeed()
+    rows = [("baseline", baseline, plain, None),
+            ("cudnn.benchmark", baseline, VaeDecodeSpeed(cudnn_benchmark=True), None),
+            ("channels_last", baseline, VaeDecodeSpeed(channels_last=True), None),
+            ("cudnn.benchmark + channels_last", baseline, VaeDecodeSpeed(cudnn_benchmark=True, channels_last=True),
+             None),
+            ("bf16", baseline, plain, torch.bfloat16)]
+    others = [VaeTiling(32, 16), VaeTiling(0, 16)] if tiny else \
+        [VaeTiling(256, 16), VaeTiling(0, 16), VaeTiling(384, 0), VaeTiling(512, 16)]
+    rows += [(f"tiling {t.describe()}", t, plain, None) for t in others if t != baseline]
+    return rows
+
+
+def _levels(pixels: torch.Tensor) -> torch.Tensor:
+    """The uint8 levels the video gets (pipeline.video.pixels_to_frames' arithmetic)."""
+    return ((pixels.float().clamp(-1, 1) + 1.0) * 127.5 + 0.5).to(torch.uint8)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def run_row(vae, z, tiling, speed, dtype, device, reps: int) -> tuple[dict, torch.Tensor | None]:
+    from pipeline.decode_speed import decode_speed
+
+    original = vae.dtype
+    if dtype is not None:
+        vae.to(dtype)
+    zz = z.to(vae.dtype)
+    tiling.apply(vae)
+    times, out, first = [], None, None
+    try:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        for i in range(reps + 1):
+            out = None
+            _sync(device)
+            t0 = time.perf_counter()
+            with decode_speed(vae, device, speed):
+                out = vae.decode(zz).sample
+            _sync(device)
+            (times.append if i else (lambda s: None))(time.perf_counter() - t0)
+            first = first if i else time.perf_counter() - t0
+        peak = (torch.cuda.max_memory_allocated(device) - base) / GB if device.type == "cuda" else None
+        return {"first_s": first, "s": statistics.median(times), "peak_gb": peak}, out
+    except torch.OutOfMemoryError:
+        return {"error": "oom"}, None
+    finally:
+        if dtype is not None:
+            vae.to(original)
+
+
+def profile_decode(vae, z, tiling, device, top: int = 12) -> list[dict]:
+    from torch.profiler import ProfilerActivity, profile
+
+    tiling.apply(vae)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch.no_grad(), profile(activities=activities) as prof:
+        vae.decode(z).sample
+        _sync(device)
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
+    total = sum(getattr(e, key) for e in events) or 1
+    events.sort(key=lambda e: getattr(e, key), reverse=True)
+    return [{"op": e.key, "calls": e.count, "ms": getattr(e, key) / 1000, "share": getattr(e, key) / total}
+            for e in events[:top]]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tiny", action="store_true", help="the tiny preset's VAE (CPU is fine)")
+    ap.add_argument("--cap-gb", type=float, default=20.0)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--budget-s", type=float, default=270.0, help="rows left when this is spent are skipped")
+    ap.add_argument("--rows", default="", help="semicolon-separated row names to run (default: all); baseline always")
+    ap.add_argument("--shapes", type=int, default=2, help="how many of the job's decode shapes (1 or 2)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from memory.vae import VaeDecodePolicy
+
+    device = torch.device("cuda") if torch.cuda.is_available() and not args.tiny else torch.device("cpu")
+    if args.tiny:
+        from pipeline.components import load_components
+
+        vae, shapes = load_components("tiny", "original").vae, TINY_SHAPES
+    else:
+        from benchmarks.fullsize import build_models
+
+        vae, shapes = build_models(roles=("vae",))["vae"], SHAPES
+    vae.to(device).eval()
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * GB / total), device)
+    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
+              "cap_gb": args.cap_gb if device.type == "cuda" else None, "vae_dtype": str(vae.dtype),
+              "date": time.strftime("%Y-%m-%d"), "reps": args.reps, "shapes": {}}
+    started = time.perf_counter()
+    gen = torch.Generator().manual_seed(0)
+    wanted = {r.strip() for r in args.rows.split(";") if r.strip()}
+    for name, shape in list(shapes.items())[: args.shapes]:
+        z = torch.randn(1, 16, *shape, generator=gen).to(device, vae.dtype)
+        available = None
+        if device.type == "cuda":
+            available = int(args.cap_gb * GB) - torch.cuda.memory_allocated(device) - (512 << 20)
+        baseline = VaeDecodePolicy().plan(vae, shape, available)[0]
+        rows, reference = [], None
+        for label, tiling, speed, dtype in rows_to_run(baseline, args.tiny):
+            if wanted and label != "baseline" and label not in wanted:
+                continue
+            if time.perf_counter() - started > args.budget_s:
+                rows.append({"row": label, "error": "skipped: time budget"})
+                continue
+            row, out = run_row(vae, z, tiling, speed, dtype, device, args.reps)
+            row = {"row": label, "tiling": tiling.describe(), **row}
+            if out is not None:
+                if reference is None:
+                    reference = out
+                diff = (out.float() - reference.float()).abs()
+                row.update(max_abs=diff.max().item(), mean_abs=diff.mean().item(),
+                           max_levels=(_levels(out).int() - _levels(reference).int()).abs().max().item())
+                out = None
+            rows.append(row)
+            log.info("%s | %s", name, row)
+        base_s = rows[0].get("s")
+        for row in rows:
+            if base_s and row.get("s"):
+                row["x_baseline"] = row["s"] / base_s
+        result["shapes"][name] = {"latents": shape, "rows": rows}
+        reference = None
+    first = next(iter(shapes.values()))
+    z = torch.randn(1, 16, *first, generator=gen).to(device, vae.dtype)
+    available = int(args.cap_gb * GB) - torch.cuda.memory_allocated(device) - (512 << 20) \
+        if device.type == "cuda" else None
+    result["profile"] = profile_decode(vae, z, VaeDecodePolicy().plan(vae, first, available)[0], device)
+    result["total_s"] = time.perf_counter() - started
+    args.out.write_text(json.dumps(result, indent=1, default=str))
+
+    print(f"\n{result['device']}, torch {result['torch']}, cuDNN {result['cudnn']}, cap {args.cap_gb:g} GB")
+    for name, shape in result["shapes"].items():
+        frames = (shape["latents"][0] - 1) * 4 + 1
+        print(f"\n{name}: {frames} frames, latents {tuple(shape['latents'])}\n"
+              "| row | tiling | first s | s | × baseline | peak GB | max abs | mean abs | max levels |\n"
+              "|---|---|---|---|---|---|---|---|---|")
+        for r in shape["rows"]:
+            if "error" in r:
+                print(f"| {r['row']} | {r.get('tiling', '')} | {r['error']} | | | | | | |")
+                continue
+            peak = f"{r['peak_gb']:.2f}" if r["peak_gb"] is not None else ""
+            print(f"| {r['row']} | {r['tiling']} | {r['first_s']:.3f} | {r['s']:.3f} | {r.get('x_baseline', 1):.2f} "
+                  f"| {peak} | {r['max_abs']:.4f} | {r['mean_abs']:.5f} | {r['max_levels']} |")
+    print("\nbaseline decode profile (self time):\n| op | calls | ms | share |\n|---|---|---|---|")
+    for p in result["profile"]:
+        print(f"| {p['op']} | {p['calls']} | {p['ms']:.1f} | {100 * p['share']:.1f}% |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

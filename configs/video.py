@@ -1,0 +1,34 @@
+"""From latents to files: how the VAE decode may trade exactness for speed, and how videos are encoded."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class VaeDecodeSpeed:
+    # Both change which convolution kernels run, so pixels may differ from the default decode by rounding (a test
+    # bounds it; benchmarks/vae_decode.py measures speed and difference on a GPU). Off by default.
+    # NVIDIA only (ignored on ROCm, where MIOpen's search is a known hang risk, and on the CPU): let cuDNN time its
+    # convolution algorithms for each new shape (the first decode of each tile shape pays for the search).
+    cudnn_benchmark: bool = False
+    # Run the decoder on channels-last (NDHWC) activations, the layout of the tensor-core convolution kernels.
+    channels_last: bool = False
+
+
+@dataclass(frozen=True)
+class VideoEncoding:
+    # libx264 settings of every file. Each mp4 is a sequence of closed segments (one per settled part of the video,
+    # encoded once and reused by every later section file), so the work per section does not grow with the video.
+    preset: str = "medium"
+    # x264 frame threads per segment. The bytes depend on this number (frame threads limit the vertical motion
+    # search range), so it is fixed here rather than taken from the CPU count: the same frames give the same file
+    # on every machine. Slice threading (PyAV's default, one slice per thread) is never used.
+    x264_threads: int = 4
+    # Segments encoded at once (0: as many as the CPU count allows, cores // x264_threads); does not change bytes.
+    parallel_segments: int = 0
+    # Niceness of the writer's threads (Linux): encoding yields the CPU to the thread that drives the GPU.
+    writer_nice: int = 10
+
+
+DECODE_SPEED = VaeDecodeSpeed()
+ENCODING = VideoEncoding()

@@ -1,0 +1,26 @@
+"""benchmarks/vae_decode.py runs end to end on the CPU with the tiny VAE (its logic; the numbers come from a GPU)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_vae_decode_benchmark_tiny(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("vae_decode", REPO / "benchmarks" / "vae_decode.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "vae.json"
+    assert bench.main(["--tiny", "--out", str(out), "--reps", "1", "--shapes", "1",
+                       "--rows", "channels_last;tiling whole frames, 16-frame temporal tiles"]) == 0
+    result = json.loads(out.read_text())
+    (shape,) = result["shapes"].values()
+    rows = {r["row"]: r for r in shape["rows"]}
+    assert list(rows) == ["baseline", "channels_last", "tiling whole frames, 16-frame temporal tiles"]
+    assert rows["baseline"]["max_abs"] == 0 and rows["baseline"]["x_baseline"] == 1
+    assert rows["channels_last"]["max_abs"] < 1e-3 and rows["channels_last"]["s"] > 0
+    assert rows["tiling whole frames, 16-frame temporal tiles"]["max_abs"] > 0       # tiling does change pixels
+    assert result["profile"] and abs(sum(p["share"] for p in result["profile"]) - 1) < 0.2
+    assert "| baseline | whole frames, all frames at once |" in capsys.readouterr().out
