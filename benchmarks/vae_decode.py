@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     vae.to(device).eval()
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * GB / total), device)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * GB / total), torch.cuda.current_device())
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
               "cap_gb": args.cap_gb if device.type == "cuda" else None, "vae_dtype": str(vae.dtype),
