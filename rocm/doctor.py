@@ -242,8 +242,8 @@ def collect(*, probe: bool | None = None, probe_timeout_s: float = 30.0, probe_t
         rep["probe"] = {"ran": True, "device": rt.backend, "timeout_s": probe_timeout_s, "small_shapes": small,
                         "tiers": tiers, "skipped_tiers": skipped, "rows": rows}
     else:
-        rep["probe"] = {"ran": False, "reason": "no GPU: probe table skipped (--probe runs it on the CPU with "
-                                                "small shapes)" if rt.backend == "cpu" else "disabled (--no-probe)"}
+        rep["probe"] = {"ran": False, "reason": "no GPU (--probe runs it on the CPU with small shapes)"
+                        if rt.backend == "cpu" else "disabled (--no-probe)"}
     rep["recommendations"] = _recommendations(rep)
     return rep
 

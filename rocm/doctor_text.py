@@ -64,22 +64,39 @@ def _probe_lines(probe: dict) -> list[str]:
     return lines
 
 
-def render_text(rep: dict) -> str:
-    gpu, env = rep["gpu"], rep["environment"]
+def _gpu_lines(rep: dict) -> list[str]:
+    """The GPU, its architecture and the convolution library's switches: only where there is a GPU."""
+    gpu = rep["gpu"]
+    if rep["backend"] == "cpu":
+        return ["GPU          none: PyTorch sees no CUDA or ROCm device; everything runs on the CPU"]
     mem = f"{gpu['total_memory_gib']} GiB" if gpu["total_memory_gib"] else "-"
+    return [f"GPU          {gpu['name']}   arch {gpu['arch']}   family {gpu['family'] or '-'}   VRAM {mem}",
+            f"arch from    {gpu['arch_source']}",
+            f"KFD arch     {rep['kfd_arch'] or '-'} (read before torch, from /sys/class/kfd)   driver "
+            f"{gpu['driver'] or '-'}",
+            f"wheel arches {', '.join(gpu['wheel_arches']) or '-'}   has kernels for this arch: "
+            f"{'-' if gpu['wheel_has_arch'] is None else gpu['wheel_has_arch']}",
+            f"torch        cudnn/MIOpen enabled {rep['torch_settings']['cudnn_enabled']}, benchmark "
+            f"{rep['torch_settings']['cudnn_benchmark']}"]
+
+
+def _conv_lines(rep: dict) -> list[str]:
+    plan = rep["conv_plan"]
+    if rep["backend"] == "cpu":
+        return ["", "conv tiers   not used without a GPU: convolutions run on the CPU as they are"]
+    lines = ["", f"conv tiers   {plan['tiers']} (conv3d from tier {plan['conv3d_first_tier']}; "
+                 f"MIOpen/cuDNN inside tier 3: {plan['vendor_in_decomposition']})"]
+    lines += [f"  {t}: {n}" for t, n in plan["tier_names"].items()] + [f"  note: {n}" for n in plan["notes"]]
+    return lines + [f"  verdicts: {plan['verdict_file']}"]
+
+
+def render_text(rep: dict) -> str:
+    env = rep["environment"]
     lines = ["SteadyFrame rocm doctor", "",
              f"backend      {rep['backend']}" + ("  (no GPU)" if rep["backend"] == "cpu" else ""),
              f"torch        {rep['torch']}   HIP {rep['hip'] or '-'}   CUDA {rep['cuda'] or '-'}   "
              + (f"MIOpen {rep.get('miopen')}" if rep["backend"] == "rocm" else f"cuDNN {rep.get('cudnn')}"),
-             f"python       {rep['python']} on {rep['platform']}",
-             f"GPU          {gpu['name']}   arch {gpu['arch']}   family {gpu['family'] or '-'}   VRAM {mem}",
-             f"arch from    {gpu['arch_source']}",
-             f"KFD arch     {rep['kfd_arch'] or '-'} (read before torch, from /sys/class/kfd)   driver "
-             f"{gpu['driver'] or '-'}",
-             f"wheel arches {', '.join(gpu['wheel_arches']) or '-'}   has kernels for this arch: "
-             f"{'-' if gpu['wheel_has_arch'] is None else gpu['wheel_has_arch']}",
-             f"torch        cudnn/MIOpen enabled {rep['torch_settings']['cudnn_enabled']}, benchmark "
-             f"{rep['torch_settings']['cudnn_benchmark']}", "",
+             f"python       {rep['python']} on {rep['platform']}", *_gpu_lines(rep), "",
              f"environment profile: {env['profile'] or 'none (not ROCm)'}"]
     lines += [f"  would set  {k}={v}" for k, v in env["profile_would_set"].items()]
     lines += [f"  yours      {k}={v}" for k, v in env["user_kept"].items()]
@@ -87,11 +104,7 @@ def render_text(rep: dict) -> str:
     lines += [f"  {w['severity']:<7}    {w['variable']}={w['value']}: {w['message']}" for w in env["warnings"]]
     if not env["warnings"]:
         lines.append("  no warnings")
-    plan = rep["conv_plan"]
-    lines += ["", f"conv tiers   {plan['tiers']} (conv3d from tier {plan['conv3d_first_tier']}; "
-                  f"MIOpen/cuDNN inside tier 3: {plan['vendor_in_decomposition']})"]
-    lines += [f"  {t}: {n}" for t, n in plan["tier_names"].items()] + [f"  note: {n}" for n in plan["notes"]]
-    lines.append(f"  verdicts: {plan['verdict_file']}")
+    lines += _conv_lines(rep)
     lines += _verdict_lines(rep["verdicts"]) + _attention_lines(rep["attention"]) + _probe_lines(rep["probe"])
     lines += ["", "recommendations"] + [f"  - {r}" for r in rep["recommendations"]]
     return "\n".join(lines)
