@@ -32,6 +32,7 @@ class ResidencyPlan:
     streamed: tuple[int, ...]
     activation_bytes: int = 0            # estimate for the workload (0: unknown)
     slot_count: int = 2                  # device slots the streamer holds (prefetch depth + 1)
+    stage_bytes: int = 0                 # fp8 storage: the stored bytes beside each slot
 
     @property
     def resident_bytes(self) -> int:
@@ -54,7 +55,8 @@ class ResidencyPlan:
         """Device memory of the streaming slots (one per block in flight, each the size of the largest)."""
         if not self.streamed:
             return 0
-        return min(self.slot_count, len(self.streamed)) * max(self.block_bytes[i] for i in self.streamed)
+        biggest = max(self.block_bytes[i] for i in self.streamed)
+        return min(self.slot_count, len(self.streamed)) * (biggest + self.stage_bytes)
 
     @property
     def working_bytes(self) -> int:
@@ -87,7 +89,7 @@ class ResidencyPlan:
 
 def plan_residency(block_bytes: list[int] | tuple[int, ...], other_bytes: int, cap_bytes: int,
                    preserved_bytes: int, *, min_resident: int = 0, activation_bytes: int = 0,
-                   slot_count: int = 2) -> ResidencyPlan:
+                   slot_count: int = 2, stage_bytes: int = 0) -> ResidencyPlan:
     budget = cap_bytes - preserved_bytes - other_bytes
     resident, used = [], 0
     for i, size in enumerate(block_bytes):
@@ -98,7 +100,7 @@ def plan_residency(block_bytes: list[int] | tuple[int, ...], other_bytes: int, c
     chosen = set(resident)
     streamed = tuple(i for i in range(len(block_bytes)) if i not in chosen)
     return ResidencyPlan(cap_bytes, preserved_bytes, other_bytes, tuple(block_bytes), tuple(resident), streamed,
-                         activation_bytes, slot_count)
+                         activation_bytes, slot_count, stage_bytes)
 
 
 def framepack_tokens(height: int, width: int, window: int, image_tokens: int = 729, text_tokens: int = 256) -> int:

@@ -24,6 +24,7 @@ import torch
 
 import rocm
 from memory import MemoryManager
+from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError
 from memory.snapshot import host_rss_bytes
 from pipeline import sections as sec
 from pipeline.checkpoint import save_checkpoint
@@ -35,6 +36,7 @@ from pipeline.images import to_model_tensor
 from pipeline.jobs import Job
 from pipeline.logcapture import capture_logs
 from pipeline.preview import preview_image
+from pipeline.prompt_cache import PromptCache, cache_key, cached_or_encode
 from pipeline.request import PreparedRequest, Request, prepare
 from pipeline.sampling import sample_section
 from pipeline.text import encode_prompt
@@ -175,6 +177,9 @@ class JobRun:
 
     def _run(self, drain) -> Iterator[Event]:
         c, r = self.c, self.r
+        # where the weights live on the host this job (RAM or read from the files); refuses a budget that cannot work
+        self.memory.arrange_host(c.models(), FRAMEPACK_STAGES, self.plan.count, self.plan.frame_counts()[-1])
+        yield from drain()
         yield self.progress("text encoders")
         texts = self._encode_text()
         yield from drain()
@@ -253,13 +258,23 @@ class JobRun:
     def _encode_text(self):
         c, r = self.c, self.r
         t = time.monotonic()
-        with self.memory.stage("text encoders", text_encoder=c.text_encoder, text_encoder_2=c.text_encoder_2):
-            pos = encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2, r.prompt,
-                                c.crop_start, self.device)
-            neg = (encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2, r.negative_prompt,
-                                 c.crop_start, self.device) if r.cfg > 1.0 else pos.zeros_like())
+
+        def encode():
+            with self.memory.stage("text encoders", text_encoder=c.text_encoder, text_encoder_2=c.text_encoder_2):
+                pos = encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2, r.prompt,
+                                    c.crop_start, self.device)
+                neg = (encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2,
+                                     r.negative_prompt, c.crop_start, self.device) if r.cfg > 1.0
+                       else pos.zeros_like())
+            return {"cond": pos.to("cpu", torch.float32), "uncond": neg.to("cpu", torch.float32)}
+
+        key = cache_key(r.prompt, r.negative_prompt if r.cfg > 1.0 else None, c.revisions,
+                        self.memory.weight_storage, c.crop_start)
+        texts, hit = cached_or_encode(PromptCache(self.outputs / ".cache" / "prompts"), key, encode)
+        if hit:
+            log.info("prompt embeddings from the cache: the text encoders were not loaded")
         self._timed("text encoders", time.monotonic() - t)
-        return {"cond": pos.to("cpu", torch.float32), "uncond": neg.to("cpu", torch.float32)}
+        return texts
 
     @torch.no_grad()
     def _encode_latents(self):
@@ -351,7 +366,9 @@ class JobRun:
     def _fail(self, error: Exception) -> Failed:
         log.info("convolution fallback this job: %s", self.fallback.report())
         message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-        if rocm.classify_error(error) == "oom":
+        if isinstance(error, HostBudgetError):
+            message = str(error)
+        elif rocm.classify_error(error) == "oom":
             message = oom_advice(self.memory.records, self.memory, self.last_video is not None)
         detail = traceback.format_exc()
         if self.job is not None:

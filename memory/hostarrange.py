@@ -1,0 +1,53 @@
+"""From host packs to a host plan's inputs, and from a plan back to the packs (where each chunk lives).
+
+`model_host` describes one model for memory/hostplan.py: its chunks' stored sizes, the bytes read from its files,
+which chunks its stage streams (they need pinned RAM while it runs) and what a file-homed chunk costs in RAM while
+its stage runs. `realize` moves chunks: first the ones leaving RAM (so the peak while re-arranging stays low), then
+the ones coming in (read from the files straight into their host buffers, whose page-cache copies are then
+evicted: the RAM copy is the one that counts).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from memory.hostpack import HostPack
+from memory.hostplan import HostPlan, ModelHost
+from memory.plan import GB
+
+log = logging.getLogger(__name__)
+
+
+def model_host(name: str, pack: HostPack, streamed_blocks: set[int], device_type: str) -> ModelHost:
+    """`streamed_blocks`: block indices (the VRAM plan's); chunk 0 is the rest, chunk i + 1 is block i."""
+    chunks = pack.chunks
+    streamed = frozenset(i + 1 for i in streamed_blocks)
+    stored = tuple(c.stored_nbytes(c.fp8) for c in chunks)
+    if device_type == "cpu":      # a CPU stage maps (or materialises) the file-homed chunks it uses
+        transient = tuple(c.nbytes for c in chunks)
+    else:                         # a GPU stage reads resident chunks straight to the device; streamed ones need RAM
+        transient = tuple(stored[i] if i in streamed else 0 for i in range(len(chunks)))
+    files = tuple(c.file_bytes for c in chunks) if pack.files is not None else None
+    return ModelHost(name, stored, files, transient, streamed)
+
+
+def realize(plan: HostPlan, packs: dict[str, HostPack], pinned: bool) -> tuple[int, float]:
+    """Give every chunk the home the plan says; returns (bytes read from the weight files, seconds)."""
+    t0 = time.perf_counter()
+    for name, pack in packs.items():
+        for chunk, home in zip(pack.chunks, plan.homes(name)):
+            if home == "file" and chunk.home == "ram":
+                chunk.to_file()
+    read = 0
+    for name, pack in packs.items():
+        for chunk, home in zip(pack.chunks, plan.homes(name)):
+            if home == "ram":
+                was_file = chunk.home == "file"
+                read += chunk.to_ram(chunk.fp8)
+                chunk.set_pinned(pinned)
+                if was_file:
+                    chunk.drop_pages(cache=True)
+    seconds = time.perf_counter() - t0
+    if read:
+        log.info("host plan: %.2f GB read from the weight files into RAM in %.1f s", read / GB, seconds)
+    return read, seconds
