@@ -17,7 +17,7 @@ from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
 from ui import hints, jobs_gallery, plots  # noqa: E402
 from ui.api import JobApi, hide_ui_endpoints  # noqa: E402
 from ui import settings as st  # noqa: E402
-from ui.cli import launch_options, parse_args, security_warnings  # noqa: E402
+from ui.cli import host_budget_problem, launch_options, parse_args, security_warnings, weight_storage  # noqa: E402
 from ui.layout import CSS, Layout, build_layout  # noqa: E402
 from ui.models import ComponentCache  # noqa: E402
 from ui.runner import JobRunner, SessionBusy  # noqa: E402
@@ -49,10 +49,12 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
     device = default_device()
     outputs = Path(args.outputs).expanduser().resolve()
     if runner is None:
-        runner = JobRunner(ComponentCache(preset.name, args.model_dir), outputs, args.vram_cap_gb, device)
+        runner = JobRunner(ComponentCache(preset.name, args.model_dir), outputs, args.vram_cap_gb, device,
+                           host_ram_gb=getattr(args, "host_ram_gb", None), weight_storage=weight_storage(args))
 
     def preserved_text(preserved_gb):
-        return "**Memory plan:** " + hints.preserved_hint(preset, args.vram_cap_gb, preserved_gb, device.type)
+        return "**Memory plan:** " + hints.preserved_hint(preset, args.vram_cap_gb, preserved_gb, device.type,
+                                                          getattr(args, "host_ram_gb", None), weight_storage(args))
 
     with gr.Blocks(title="SteadyFrame", analytics_enabled=False) as app:
         ui: Layout = build_layout(preset, _device_text(device), preserved_text(MEMORY.preserved_gb))
@@ -226,6 +228,12 @@ def main(argv=None) -> int:
     log.info("%s", rocm.configure_host_heap())
     for warning in security_warnings(args):
         log.warning(warning)
+    from memory import default_device
+
+    problem = host_budget_problem(args, default_device().type)
+    if problem:
+        log.error("%s", problem)
+        return 2
     app = build_app(args)
     options = launch_options(args)
     log.info("serving on http://%s:%s (preset %s, outputs %s)", options.server_name, options.server_port or "auto",

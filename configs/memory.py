@@ -28,6 +28,9 @@ class MemoryConfig:
     # Kept free inside the budget: page cache while weight files are read, GPU libraries loaded on first use,
     # allocator slack. The plan never fills the budget closer than this.
     host_reserve_gb: float = 1.5
+    # The app's own host memory on a GPU machine (Python, torch, the CUDA context and libraries), used before a job
+    # measures it (the UI hint, the check at start). A job's plan measures the real figure.
+    host_overhead_gb: float = 2.5
     # How the transformer and the Llama text encoder are stored in host RAM: "native" (bf16/fp16) or "fp8"
     # (e4m3fn + a scale per output channel, half the bytes; turned back into bf16 on the GPU before use).
     weight_storage: str = "native"

@@ -146,7 +146,9 @@ class HostPlan:
                 files.append(f"{m.name} {per_section / GB:.1f} GB per section")
             elif per_job:
                 files.append(f"{m.name} {per_job / GB:.1f} GB per job")
-        text = (f"{self.short()} at the peak ({self.peak_stage.name if self.peak_stage else 'no stage'}): "
+        worst = self.peak_stage
+        where = f"at the peak ({worst.name})" if worst and self.transient_bytes(worst) else "at every stage"
+        text = (f"{self.short()} {where}: "
                 f"{self.persistent_bytes / GB:.1f} GB kept in RAM ({kind}: {', '.join(held) or 'nothing'}); "
                 f"read from the weight files when needed: {', '.join(files) or 'nothing'}; the app itself "
                 f"≈ {self.overhead / GB:.1f} GB; {self.reserve / GB:.1f} GB kept free for the page cache")

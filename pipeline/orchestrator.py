@@ -36,7 +36,7 @@ from pipeline.images import to_model_tensor
 from pipeline.jobs import Job
 from pipeline.logcapture import capture_logs
 from pipeline.preview import preview_image
-from pipeline.prompt_cache import PromptCache, cache_key, cached_or_encode
+from pipeline.prompt_cache import cache_key, cached_or_encode, default_cache
 from pipeline.request import PreparedRequest, Request, prepare
 from pipeline.sampling import sample_section
 from pipeline.text import encode_prompt
@@ -270,7 +270,7 @@ class JobRun:
 
         key = cache_key(r.prompt, r.negative_prompt if r.cfg > 1.0 else None, c.revisions,
                         self.memory.weight_storage, c.crop_start)
-        texts, hit = cached_or_encode(PromptCache(self.outputs / ".cache" / "prompts"), key, encode)
+        texts, hit = cached_or_encode(default_cache(), key, encode)
         if hit:
             log.info("prompt embeddings from the cache: the text encoders were not loaded")
         self._timed("text encoders", time.monotonic() - t)

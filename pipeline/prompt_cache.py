@@ -4,9 +4,11 @@ are not read at all).
 Key: a sha256 of everything the embeddings depend on: the prompt, the negative prompt (only when CFG > 1 encodes
 it; otherwise the negative embeddings are zeros), the text encoders' and tokenizers' revisions, how the Llama is
 stored (fp8 changes the embeddings), the template and its crop_start, the token limits. One safetensors file per
-key in `<outputs>/.cache/prompts/`, in float32 exactly as the text stage returns them, so a cached run gives the
-same bits as an encoded one. Bounded: once the folder is larger than `max_bytes` (configs/memory.py,
-prompt_cache_mb), the least recently used files are deleted. A damaged or unreadable file is a miss.
+key in the user cache (`$STEADYFRAME_CACHE_DIR/prompts`, else `$XDG_CACHE_HOME/steadyframe/prompts`, else
+`~/.cache/steadyframe/prompts`; `STEADYFRAME_PROMPT_CACHE` names another folder, or `off`), in float32 exactly as
+the text stage returns them, so a cached run gives the same bits as an encoded one. Bounded: once the folder is
+larger than `max_bytes` (configs/memory.py, prompt_cache_mb), the least recently used files are deleted. A damaged
+or unreadable file is a miss.
 """
 from __future__ import annotations
 
@@ -26,6 +28,21 @@ log = logging.getLogger(__name__)
 
 TEXT_ROLES = ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
 FIELDS = ("llama", "mask", "pooled")
+
+
+def prompt_cache_dir(environ=None) -> Path | None:
+    """Where the prompt cache lives (read at call time), or None when it is off."""
+    env = os.environ if environ is None else environ
+    chosen = env.get("STEADYFRAME_PROMPT_CACHE", "")
+    if chosen.lower() in ("off", "0", "false", "no"):
+        return None
+    if chosen:
+        return Path(chosen).expanduser()
+    root = env.get("STEADYFRAME_CACHE_DIR")
+    if root:
+        return Path(root).expanduser() / "prompts"
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "steadyframe" / "prompts"
 
 
 def cache_key(prompt: str, negative: str | None, revisions: dict, storage: str, crop_start: int) -> str:
@@ -107,8 +124,15 @@ class PromptCache:
         return gone
 
 
-def cached_or_encode(cache: PromptCache, key: str, encode) -> tuple[dict[str, TextEmbeddings], bool]:
-    """(embeddings, hit): from the cache, or from `encode()` (then stored)."""
+def default_cache() -> PromptCache | None:
+    folder = prompt_cache_dir()
+    return PromptCache(folder) if folder is not None else None
+
+
+def cached_or_encode(cache: PromptCache | None, key: str, encode) -> tuple[dict[str, TextEmbeddings], bool]:
+    """(embeddings, hit): from the cache, or from `encode()` (then stored). No cache: always encoded."""
+    if cache is None:
+        return encode(), False
     texts = cache.get(key)
     if texts is not None:
         return texts, True
