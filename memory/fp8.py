@@ -46,7 +46,7 @@ def quantize_into(q: torch.Tensor, scale: torch.Tensor, w: torch.Tensor) -> None
     scale.copy_(s)
     rows = max(1, ROWS_PER_PIECE_BYTES // max(1, 4 * w.shape[1]))
     for r in range(0, w.shape[0], rows):
-        piece = w[r:r + rows].float().div_(s[r:r + rows, None]).clamp_(-FP8_MAX, FP8_MAX)
+        piece = torch.div(w[r:r + rows].float(), s[r:r + rows, None]).clamp_(-FP8_MAX, FP8_MAX)   # w untouched
         q[r:r + rows].copy_(piece)
 
 
