@@ -6,8 +6,10 @@
 - A chunk in the files: each tensor is read (pread) into a small ring of pinned staging buffers and copied from
   there to its place on the device; the next piece is read while the previous one is in flight. A tensor whose
   dtype differs from the model's (or that fp8 storage rounds) goes through a device scratch and is converted there.
-- On the CPU a chunk whose idle views are the real values (a plain RAM buffer, a zero-copy map of the file) is
-  used as it is; otherwise its values are materialised in a CPU buffer for the stage.
+- On the CPU a plain chunk in RAM is used as it is; any other chunk is materialised for the stage in a CPU buffer
+  laid out like a device buffer (file bytes pread straight into it). Computing from the mapped file itself would
+  avoid that copy, but safetensors data is only 8-byte aligned, and CPU kernels round differently on unaligned
+  weights: the video would then depend on the host budget.
 """
 from __future__ import annotations
 
@@ -103,12 +105,17 @@ def load_chunk(chunk: Chunk, device: torch.device, staging: Staging | None = Non
                non_blocking: bool = True) -> torch.Tensor | None:
     """A device copy of `chunk`, bound; returns its buffer (None on the CPU when the idle views are used)."""
     if device.type == "cpu":
-        if chunk.direct:
+        if chunk.home == "ram" and not chunk.fp8:
             chunk.bind_idle()
             return None
         buf = torch.empty(chunk.nbytes, dtype=torch.uint8)
         for entry, view in zip(chunk.entries, chunk.views(buf)):
-            view.copy_(chunk.value(entry))
+            src = entry.source
+            if chunk.home == "file" and isinstance(src, TensorSource) and src.dtype == entry.dtype \
+                    and not chunk.is_fp8(entry):
+                src.file.read_into(buf[entry.offset:entry.offset + entry.nbytes], src.offset)
+            else:
+                view.copy_(chunk.value(entry))
         chunk.bind(buf)
         return buf
     buf = torch.empty(chunk.nbytes, dtype=torch.uint8, device=device)

@@ -2,8 +2,7 @@
 
 `model_host` describes one model for memory/hostplan.py: its chunks' stored sizes, the bytes read from its files,
 which chunks its stage streams (they need pinned RAM while it runs) and what a file-homed chunk costs in RAM while
-its stage runs (on a CPU run, mapped file pages are page cache the kernel can reclaim: only converted chunks
-count). `realize` moves chunks: first the ones leaving RAM (so the peak while re-arranging stays low), then
+its stage runs. `realize` moves chunks: first the ones leaving RAM (so the peak while re-arranging stays low), then
 the ones coming in (read from the files straight into their host buffers, whose page-cache copies are then
 evicted: the RAM copy is the one that counts).
 """
@@ -24,10 +23,10 @@ def model_host(name: str, pack: HostPack, streamed_blocks: set[int], device_type
     chunks = pack.chunks
     streamed = frozenset(i + 1 for i in streamed_blocks)
     stored = tuple(c.stored_nbytes(c.fp8) for c in chunks)
-    if device_type == "cpu":      # a CPU stage maps the file-homed chunks it uses (page cache, reclaimable) or
-        transient = tuple(0 if c.file_direct else c.nbytes for c in chunks)    # materialises converted ones
-    else:                         # a GPU stage reads resident chunks straight to the device; streamed ones need RAM
-        transient = tuple(stored[i] if i in streamed else 0 for i in range(len(chunks)))
+    # streamed chunks need RAM while their stage runs; a GPU stage reads resident ones straight to the device, a
+    # CPU stage into a buffer for the stage (memory/chunkload.py says why not the mapped file itself)
+    transient = tuple(stored[i] if i in streamed else c.nbytes if device_type == "cpu" else 0
+                      for i, c in enumerate(chunks))
     files = tuple(c.file_bytes for c in chunks) if pack.files is not None else None
     return ModelHost(name, stored, files, transient, streamed)
 

@@ -90,12 +90,11 @@ def nominal_models(preset, mode: str, cap_gb: float, preserved_gb: float, device
             streamed = plan_residency(plain[1:], plain[0] + int(small["text_encoder_2"] * 1e9), int(cap_gb * GB),
                                       TEXT_RESERVE).streamed
         chunks = frozenset(i + 1 for i in streamed)
-        transient = tuple((chunk_bytes[i] if i in chunks else 0) if gpu else (plain[i] if quant else 0)
-                          for i in range(len(plain)))
+        transient = tuple((chunk_bytes[i] if i in chunks else 0) if gpu else plain[i] for i in range(len(plain)))
         out.append(ModelHost(name, chunk_bytes, tuple(plain) if files else None, transient, chunks))
     for name, size in small.items():
         b = int(size * 1e9)
-        out.append(ModelHost(name, (b,), (b,) if files else None, (0,)))
+        out.append(ModelHost(name, (b,), (b,) if files else None, (0 if gpu else b,)))
     return out
 
 

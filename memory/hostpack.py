@@ -222,22 +222,6 @@ class Chunk:
     def _refresh_idle(self) -> None:
         self.host_views = [self._idle_view(e) for e in self.entries]
 
-    @property
-    def direct(self) -> bool:
-        """True if the idle views are the real values in the model's dtype (usable on the CPU without a copy)."""
-        return not any(self._is_placeholder(v) for v in self.host_views)
-
-    @property
-    def file_direct(self) -> bool:
-        """Would a CPU stage use this chunk straight from the mapped files (no dtype conversion, no fp8)?"""
-        return self.files is not None and all(
-            isinstance(e.source, torch.Tensor) or (e.source.dtype == e.dtype and not self.is_fp8(e))
-            for e in self.entries)
-
-    @staticmethod
-    def _is_placeholder(t: torch.Tensor) -> bool:
-        return t.numel() > 1 and all(s == 0 for s in t.stride())
-
     # ---- binding ------------------------------------------------------------------------------------------------
     def bind(self, flat: torch.Tensor) -> None:
         """Point every tensor of the chunk at its view of `flat` (a device copy in the device layout)."""

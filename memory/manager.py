@@ -89,6 +89,7 @@ class MemoryManager:
     vae_policy: VaeDecodePolicy = field(default_factory=VaeDecodePolicy)
     host_ram_gb: float | None = MEMORY.host_ram_gb      # None: what this machine can spare (hostbudget.py)
     weight_storage: str = MEMORY.weight_storage         # "native" or "fp8" (transformer and Llama in host RAM)
+    host_overhead: int | None = None      # bytes the process holds besides the weights; None: measured per job
     host_plan: HostPlan | None = None
     arrange_s: float = 0.0
     arrange_read: int = 0
@@ -173,9 +174,11 @@ class MemoryManager:
         hosts = [model_host(k, packs[k], streamed[k], self.device.type) for k in models]
         budget, why = self.host_budget()
         w = self.workload
-        overhead = (process_overhead(sum(p.host_bytes for p in packs.values()), self.device.type == "cuda")
-                    + job_working_bytes(frames, w.height, w.width, w.window)
-                    + (2 * MEMORY.staging_mb << 20 if self.device.type == "cuda" else 0))
+        overhead = self.host_overhead
+        if overhead is None:
+            overhead = (process_overhead(sum(p.host_bytes for p in packs.values()), self.device.type == "cuda")
+                        + job_working_bytes(frames, w.height, w.width, w.window)
+                        + (2 * MEMORY.staging_mb << 20 if self.device.type == "cuda" else 0))
         plan = plan_host(hosts, [s for s in stages if any(k in models for k in s.models)], sections, budget,
                          overhead, int(MEMORY.host_reserve_gb * GB), self.pin)
         more, seconds = realize(plan, packs, self.pin)
