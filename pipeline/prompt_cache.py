@@ -61,7 +61,7 @@ class PromptCache:
         return self.folder / f"{key}.safetensors"
 
     def get(self, key: str) -> dict[str, TextEmbeddings] | None:
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         path = self._path(key)
         if not path.is_file():
@@ -74,7 +74,7 @@ class PromptCache:
                                         truncated=meta.get(f"{kind}.truncated") == "1")
                    for kind in ("cond", "uncond")}
             os.utime(path)                                   # recently used
-        except (OSError, KeyError, ValueError, RuntimeError) as e:   # damaged: encode again
+        except (OSError, KeyError, ValueError, RuntimeError, SafetensorError) as e:   # damaged: encode again
             log.warning("prompt cache: %s is unreadable (%s); encoding the prompt again", path.name, e)
             return None
         return out
