@@ -19,7 +19,7 @@ import torch
 
 from configs.memory import MEMORY
 from memory import fp8
-from memory.hostpack import Chunk
+from memory.chunk import Chunk
 from memory.weightfiles import TensorSource
 
 log = logging.getLogger(__name__)

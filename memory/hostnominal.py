@@ -32,7 +32,8 @@ def _chunk_sizes(kind: str, config_items: tuple, dtype_bytes: int) -> tuple[tupl
     import torch
 
     from memory import fp8
-    from memory.hostpack import _align, block_list
+    from memory.chunk import _align
+    from memory.hostpack import block_list
 
     with torch.device("meta"):
         if kind == "transformer":

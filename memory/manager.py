@@ -63,6 +63,7 @@ class StageRecord:
     vae_attempts: list[dict] = field(default_factory=list)
     leftover_bytes: int = 0            # allocated after − before (tensors the caller still holds, e.g. outputs)
     file_bytes: int = 0                # read from the weight files in this stage (chunks not kept in RAM)
+    host_transient_bytes: int = 0      # host RAM given to streamed chunks from the files for this stage only
 
     def as_dict(self) -> dict:
         return {"name": self.name, "models": list(self.models), "seconds": round(self.ended - self.started, 4),
@@ -71,6 +72,7 @@ class StageRecord:
                 "placement": self.placement, "streamed_bytes_per_pass": self.streamed_bytes_per_pass,
                 "stream_misses": self.stream_misses, "attention": self.attention, "vae_attempts": self.vae_attempts,
                 "leftover_bytes": self.leftover_bytes, "file_bytes": self.file_bytes,
+                "host_transient_bytes": self.host_transient_bytes,
                 "host_rss_before": self.before.host_rss if self.before else None,
                 "host_rss_after": self.after.host_rss if self.after else None}
 
@@ -210,6 +212,7 @@ class MemoryManager:
                 if c.home == "file":
                     transient.append(c)
                     record.file_bytes += c.to_ram(c.fp8)
+                    record.host_transient_bytes += c.host_nbytes
                     c.set_pinned(self.pin)
             resident = p.resident_chunks()
             record.file_bytes += sum(c.file_bytes for c in resident if c.home == "file")
@@ -369,7 +372,11 @@ class MemoryManager:
 
     def host_summary(self) -> dict:
         plan = self.host_plan
+        pinned = plan.persistent_bytes if plan and plan.pinned else 0
+        transient = max((r.host_transient_bytes for r in self.records), default=0) if self.pin else 0
+        staging = self._staging.nbytes if self._staging is not None else 0
         return {"budget_gb": round(plan.budget / GB, 3) if plan else self.host_ram_gb,
+                "pinned_peak_bytes": pinned + transient + staging,
                 "weight_storage": self.weight_storage, "arrange_s": round(self.arrange_s, 4),
                 "arrange_read_bytes": self.arrange_read,
                 "file_bytes_in_stages": sum(r.file_bytes for r in self.records),

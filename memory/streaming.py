@@ -26,7 +26,7 @@ from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 
 from memory.chunkload import finish_stored
-from memory.hostpack import Chunk
+from memory.chunk import Chunk
 
 log = logging.getLogger(__name__)
 
