@@ -250,7 +250,7 @@ class Chunk:
         value = value if value.dtype == entry.dtype else value.to(entry.dtype)
         return fp8.round_trip(value) if self.is_fp8(entry) else value
 
-    def to_ram(self, quantized: bool) -> int:
+    def to_ram(self, quantized: bool, device: torch.device | None = None) -> int:
         """Give the chunk a host buffer (plain or fp8) filled from where its values are now; returns the bytes
         read from the weight files. A pinned chunk stays pinned."""
         if self.home == "ram" and self.fp8 == quantized:
@@ -269,7 +269,7 @@ class Chunk:
             if quantized and e.quantizable:
                 w = values[i] if values is not None else self._file_value(e)
                 read += e.source.nbytes if values is None and isinstance(e.source, TensorSource) else 0
-                fp8.quantize_into(dst.view(fp8.FP8).view(e.shape), self.scale_view(host, e), w)
+                fp8.quantize_into(dst.view(fp8.FP8).view(e.shape), self.scale_view(host, e), w, device)
             elif values is not None:
                 dst.view(e.dtype).view(e.shape).copy_(values[i])
             else:
@@ -314,18 +314,18 @@ class Chunk:
         self._refresh_idle()
         self.bind_idle()
 
-    def set_fp8(self, quantized: bool) -> int:
+    def set_fp8(self, quantized: bool, device: torch.device | None = None) -> int:
         """Choose plain or fp8 storage; a file-homed chunk only remembers it (its device copies are rounded).
         Returns the bytes read from the weight files."""
         if self.home == "ram" and self.fp8 and not quantized and self.files is not None:
             pinned = self.pinned
             self.to_file()                               # fp8 cannot be undone: read the full values again
             self.fp8 = False
-            read = self.to_ram(False)
+            read = self.to_ram(False, device)
             self.set_pinned(pinned)
             return read
         if self.home == "ram":
-            return self.to_ram(quantized)
+            return self.to_ram(quantized, device)
         self.fp8 = quantized
         self.host_nbytes = self._layout(quantized)
         self._refresh_idle()

@@ -40,8 +40,15 @@ def row_scales(w: torch.Tensor) -> torch.Tensor:
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
-def quantize_into(q: torch.Tensor, scale: torch.Tensor, w: torch.Tensor) -> None:
-    """Write e4m3fn values into `q` (same shape as w, dtype FP8) and the row scales into `scale` (float32, rows)."""
+def quantize_into(q: torch.Tensor, scale: torch.Tensor, w: torch.Tensor, device: torch.device | None = None) -> None:
+    """Write e4m3fn values into `q` (same shape as w, dtype FP8) and the row scales into `scale` (float32, rows).
+    With a GPU `device` the arithmetic runs there (fast; the device path of file-homed chunks quantizes there too,
+    so a weight gets the same bits whichever home it has) and the results are copied into q and scale."""
+    if device is not None and torch.device(device).type != "cpu" and w.device.type == "cpu":
+        qd, sd = quantize(w.to(device))
+        q.copy_(qd)
+        scale.copy_(sd)
+        return
     s = row_scales(w)
     scale.copy_(s)
     rows = max(1, ROWS_PER_PIECE_BYTES // max(1, 4 * w.shape[1]))

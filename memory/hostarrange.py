@@ -31,7 +31,7 @@ def model_host(name: str, pack: HostPack, streamed_blocks: set[int], device_type
     return ModelHost(name, stored, files, transient, streamed)
 
 
-def realize(plan: HostPlan, packs: dict[str, HostPack], pinned: bool) -> tuple[int, float]:
+def realize(plan: HostPlan, packs: dict[str, HostPack], pinned: bool, device=None) -> tuple[int, float]:
     """Give every chunk the home the plan says; returns (bytes read from the weight files, seconds)."""
     t0 = time.perf_counter()
     for name, pack in packs.items():
@@ -43,7 +43,7 @@ def realize(plan: HostPlan, packs: dict[str, HostPack], pinned: bool) -> tuple[i
         for chunk, home in zip(pack.chunks, plan.homes(name)):
             if home == "ram":
                 was_file = chunk.home == "file"
-                read += chunk.to_ram(chunk.fp8)
+                read += chunk.to_ram(chunk.fp8, device)
                 chunk.set_pinned(pinned)
                 if was_file:
                     chunk.drop_pages(cache=True)

@@ -167,7 +167,7 @@ class MemoryManager:
         read = 0
         for pack in packs.values():
             if pack.can_quantize():
-                read += sum(c.set_fp8(self.weight_storage == "fp8") for c in pack.chunks)
+                read += sum(c.set_fp8(self.weight_storage == "fp8", self.device) for c in pack.chunks)
         streamed: dict[str, set[int]] = {k: set() for k in models}
         for s in stages:
             names = [k for k in s.models if k in models]
@@ -183,7 +183,7 @@ class MemoryManager:
                         + (2 * MEMORY.staging_mb << 20 if self.device.type == "cuda" else 0))
         plan = plan_host(hosts, [s for s in stages if any(k in models for k in s.models)], sections, budget,
                          overhead, int(MEMORY.host_reserve_gb * GB), self.pin)
-        more, seconds = realize(plan, packs, self.pin)
+        more, seconds = realize(plan, packs, self.pin, self.device)
         self.host_plan = plan
         self.arrange_s += seconds
         self.arrange_read += read + more
@@ -211,7 +211,7 @@ class MemoryManager:
             for c in chunks:
                 if c.home == "file":
                     transient.append(c)
-                    record.file_bytes += c.to_ram(c.fp8)
+                    record.file_bytes += c.to_ram(c.fp8, self.device)
                     record.host_transient_bytes += c.host_nbytes
                     c.set_pinned(self.pin)
             resident = p.resident_chunks()
