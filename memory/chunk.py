@@ -364,6 +364,12 @@ class Chunk:
             self._pinned_ptr = None
         self.pinned = False
 
+    def will_need(self) -> None:
+        """Start reading this chunk's file ranges ahead (the next chunk's disk reads overlap this one's copies)."""
+        for e in self.entries:
+            if isinstance(e.source, TensorSource):
+                e.source.file.will_need(e.source.offset, e.source.nbytes)
+
     def drop_pages(self, cache: bool) -> None:
         """Give back the file pages this chunk touched (and with `cache`, evict them from the page cache)."""
         for e in self.entries:

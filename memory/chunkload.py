@@ -137,7 +137,12 @@ def load_chunks(chunks: list[Chunk], device: torch.device, non_blocking: bool = 
     device = torch.device(device)
     if device.type != "cpu" and staging is None and any(c.home == "file" for c in chunks):
         staging = Staging(device)
-    out = [load_chunk(c, device, staging, non_blocking) for c in chunks]
+    out = []
+    for i, c in enumerate(chunks):
+        ahead = next((n for n in chunks[i + 1:] if n.home == "file"), None)
+        if ahead is not None:
+            ahead.will_need()              # one chunk of read-ahead: small enough for a tight page cache
+        out.append(load_chunk(c, device, staging, non_blocking))
     return [b for b in out if b is not None]
 
 

@@ -124,6 +124,11 @@ class WeightFile:
             raw = raw.clone()
         return raw.view(src.dtype).view(src.shape)
 
+    def will_need(self, offset: int, nbytes: int) -> None:
+        """Ask the kernel to start reading a range now (asynchronously), so a later pread finds it in the cache."""
+        if nbytes > 0 and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, offset, nbytes, os.POSIX_FADV_WILLNEED)
+
     def drop(self, offset: int, nbytes: int, cache: bool) -> None:
         """Unmap the touched pages of a range from this process; with `cache`, evict them from the page cache."""
         if nbytes <= 0:
