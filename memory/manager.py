@@ -164,16 +164,13 @@ class MemoryManager:
         if self.weight_storage not in ("native", "fp8"):
             raise ValueError(f"weight storage: {self.weight_storage!r} is not 'native' or 'fp8'")
         packs = {k: HostPack.of(m) for k, m in models.items()}
-        read = 0
-        for pack in packs.values():
-            if pack.can_quantize():
-                read += sum(c.set_fp8(self.weight_storage == "fp8", self.device) for c in pack.chunks)
+        quantized = {k: self.weight_storage == "fp8" and p.can_quantize() for k, p in packs.items()}
         streamed: dict[str, set[int]] = {k: set() for k in models}
         for s in stages:
             names = [k for k in s.models if k in models]
             for k, p in self.budget.place({k: models[k] for k in names}, {k: packs[k] for k in names}).items():
                 streamed[k] |= set(p.streamed)
-        hosts = [model_host(k, packs[k], streamed[k], self.device.type) for k in models]
+        hosts = [model_host(k, packs[k], streamed[k], self.device.type, quantized[k]) for k in models]
         budget, why = self.host_budget()
         w = self.workload
         overhead = self.host_overhead
@@ -183,10 +180,10 @@ class MemoryManager:
                         + (2 * MEMORY.staging_mb << 20 if self.device.type == "cuda" else 0))
         plan = plan_host(hosts, [s for s in stages if any(k in models for k in s.models)], sections, budget,
                          overhead, int(MEMORY.host_reserve_gb * GB), self.pin)
-        more, seconds = realize(plan, packs, self.pin, self.device)
+        read, seconds = realize(plan, packs, quantized, self.pin, self.device)
         self.host_plan = plan
         self.arrange_s += seconds
-        self.arrange_read += read + more
+        self.arrange_read += read
         log.info("%s", why)
         log.info("host RAM plan: %s", plan.describe())
         return plan
