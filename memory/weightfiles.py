@@ -3,7 +3,7 @@
 A folder of a real repo holds one `*.safetensors` file or several shards listed by a `*.safetensors.index.json`
 (`weight_map`: tensor name -> file). For each tensor we keep a `TensorSource` (file, byte offset, size, dtype,
 shape), parsed from the 8-byte header length and the JSON header of each file (no tensor bytes are read). Then:
-- `read_into(dst, source)`: `pread` the bytes into a host buffer (a pinned chunk, a staging buffer): one copy,
+- `read_into(dst, source)`: `pread` (Windows: seek + readinto) the bytes into a host buffer (a pinned chunk, a staging buffer): one copy,
   from the page cache or the disk straight into its final place;
 - `view(source)`: a zero-copy tensor over a private memory map of the file (pages are read when touched, and
   count as file-backed RSS, which the kernel can reclaim);
@@ -69,15 +69,20 @@ class WeightFile:
         self._lock = threading.Lock()
         self.tensors = self._parse_header()
 
+    def _pread(self, n: int, offset: int) -> bytes:
+        buf = bytearray(n)
+        got = self._read_at(memoryview(buf), offset) if n else 0
+        return bytes(buf[:got])
+
     def _parse_header(self) -> dict[str, TensorSource]:
-        head = os.pread(self.fd, 8, 0)
+        head = self._pread(8, 0)
         if len(head) < 8:
             raise WeightFileError(f"{self.path}: too short to be a safetensors file")
         (n,) = struct.unpack("<Q", head)
         if not 0 < n <= MAX_HEADER or 8 + n > self.size:
             raise WeightFileError(f"{self.path}: not a safetensors file (header length {n})")
         try:
-            header = json.loads(os.pread(self.fd, n, 8))
+            header = json.loads(self._pread(n, 8))
         except ValueError as e:
             raise WeightFileError(f"{self.path}: damaged safetensors header ({e})") from None
         header.pop("__metadata__", None)
@@ -105,10 +110,17 @@ class WeightFile:
         view = memoryview(dst.numpy()).cast("B")
         done = 0
         while done < len(view):
-            n = os.preadv(self.fd, [view[done:done + READ_PIECE]], offset + done)
+            n = self._read_at(view[done:done + READ_PIECE], offset + done)
             if n <= 0:
                 raise WeightFileError(f"{self.path}: unexpected end of file at byte {offset + done}")
             done += n
+
+    def _read_at(self, view: memoryview, offset: int) -> int:
+        if hasattr(os, "preadv"):                      # Linux, BSD, macOS: no seek, no lock
+            return os.preadv(self.fd, [view], offset)
+        with self._lock, open(self.path, "rb", buffering=0) as f:     # Windows
+            f.seek(offset)
+            return f.readinto(view)
 
     def _mapped(self) -> torch.Tensor:
         with self._lock:
