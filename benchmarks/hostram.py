@@ -9,8 +9,9 @@
      b     inside a cgroup v2 with memory.max = 24 GiB, --host-ram-gb 24, bf16
      c     inside memory.max = 16 GiB, --host-ram-gb 16, fp8 storage
      cold  (b) after `sync; echo 3 > /proc/sys/vm/drop_caches`, stopped after the first sampling step
+     b2    (b), then the same job again in the same process (the prompt cache skips the text encoders)
      fp8step  one transformer step (real shapes, random inputs) with bf16 and with fp8 weights: relative error
-   `--config all` runs a, b, c, cold and fp8step in turn; `--report` combines RESULTS/*.json into a table, with the
+   `--config all` runs all of them in turn; `--report` combines RESULTS/*.json into a table, with the
    relative error of (c)'s latents against (a)'s (whole job, and the first section generated).
    Every config starts with the weight files evicted from the page cache (what it reads is charged to its own
    cgroup, as on a machine with that much RAM); `cold` drops the whole page cache. Per config: end-to-end job time, per-stage times, load and host-arrangement time, time to the first step (since
@@ -59,6 +60,7 @@ class Config:
     storage: str = "native"
     cgroup_gb: float | None = None
     cold: bool = False
+    jobs: int = 1                          # > 1: the same job again in the same process (the prompt is cached)
 
 
 CONFIGS = {
@@ -67,6 +69,7 @@ CONFIGS = {
     "c": Config("c", "cgroup 16 GiB, --host-ram-gb 16, fp8", 16, "fp8", cgroup_gb=16),
     "cold": Config("cold", "(b) with the page cache dropped, until the first step", 24, cgroup_gb=24, cold=True),
     "fp8step": Config("fp8step", "one transformer step, bf16 vs fp8 weights", None),
+    "b2": Config("b2", "(b), then the same job again (its prompt cached)", 24, cgroup_gb=24, jobs=2),
 }
 TINY_CONFIGS = {
     "a": Config("a", "no host limit", None),
@@ -74,6 +77,7 @@ TINY_CONFIGS = {
     "c": Config("c", "the smallest plan, fp8", "tight", "fp8", cgroup_gb=3),
     "cold": Config("cold", "(b) with the page cache dropped, until the first step", "tight", cold=True),
     "fp8step": Config("fp8step", "one transformer step, native vs fp8 weights", None),
+    "b2": Config("b2", "(b), then the same job again (its prompt cached)", "tight", jobs=2),
 }
 
 
@@ -241,19 +245,34 @@ def child(cfg: Config, model_dir: Path, result: Path, tiny: bool) -> None:
     memory = _memory(cfg, tiny)
     request = _job_request(tiny)
     arrange_s = _arrange(memory, comps, cfg, request)
-    cancel, first_step, outputs = CancelToken(), None, result.parent / "jobs" / cfg.name
-    t0 = time.perf_counter()
-    for ev in generate(request, comps, memory, cancel=cancel, outputs=outputs):
-        if first_step is None and isinstance(ev, Progress) and ev.stage == "sampling" and ev.step >= 1:
-            first_step = _since_start()
-            if cfg.cold:
-                cancel.cancel()
-        last = ev
-    job_s = time.perf_counter() - t0
+    outputs = result.parent / "jobs" / cfg.name
+
+    def run_job(memory):
+        cancel, first_step, last = CancelToken(), None, None
+        t0 = time.perf_counter()
+        for ev in generate(request, comps, memory, cancel=cancel, outputs=outputs):
+            if first_step is None and isinstance(ev, Progress) and ev.stage == "sampling" and ev.step >= 1:
+                first_step = _since_start()
+                if cfg.cold:
+                    cancel.cancel()
+            last = ev
+        return last, time.perf_counter() - t0, first_step
+
+    last, job_s, first_step = run_job(memory)
+    repeats = []
+    for _ in range(cfg.jobs - 1):                   # a new manager per job, as the app makes
+        again = _memory(cfg, tiny)
+        again.host_ram_gb, again.host_overhead = memory.host_ram_gb, memory.host_overhead
+        r_last, r_s, _ = run_job(again)
+        r_info = json.loads((Path(r_last.job_dir) / "job.json").read_text()) if r_last.job_dir else {}
+        repeats.append({"job_s": r_s, "status": type(r_last).__name__, "timings": r_info.get("timings"),
+                        "stages": [st["name"] for st in r_info.get("memory", {}).get("stages", [])],
+                        "video_sha256": hashlib.sha256("".join(x["frames_sha256"] for x in r_info["sections"])
+                                                       .encode()).hexdigest() if r_info.get("sections") else None})
     out = {"config": cfg.name, "what": cfg.what, "device": torch.cuda.get_device_name() if torch.cuda.is_available()
            else "cpu", "torch": torch.__version__, "video_written": video, "python_started_s": started,
            "load_s": load_s, "arrange_s": arrange_s, "job_s": job_s, "first_step_since_start_s": first_step,
-           "status": type(last).__name__, "message": getattr(last, "message", "")}
+           "status": type(last).__name__, "message": getattr(last, "message", ""), "repeats": repeats}
     job_dir = getattr(last, "job_dir", None)
     if job_dir:
         info = json.loads((Path(job_dir) / "job.json").read_text())
@@ -455,6 +474,10 @@ def report(results: Path) -> dict:
         print(f"\nfp8 vs bf16, one transformer step: relative error {fp8['step_relative_error']:.4f}")
     if errors:
         print(f"fp8 (c) vs bf16 (a) latents: whole job {errors['job']:.4f}, first section {errors['first_section']:.4f}")
+    for name, r in rows.items():
+        for i, rep in enumerate(r.get("repeats") or [], 2):
+            print(f"\n({name}) job {i}: {rep['job_s']:.1f} s, stages {', '.join(dict.fromkeys(rep['stages']))}; "
+                  f"same video as job 1: {rep['video_sha256'] == r.get('video_sha256')}")
     for name, r in rows.items():
         plan = (r.get("host") or {}).get("plan") or {}
         if plan.get("text"):
