@@ -18,7 +18,7 @@ from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
 from ui import hints, jobs_gallery, plots  # noqa: E402
 from ui.api import JobApi, hide_ui_endpoints  # noqa: E402
 from ui import settings as st  # noqa: E402
-from ui.cli import launch_options, parse_args, security_warnings  # noqa: E402
+from ui.cli import host_budget_problem, launch_options, parse_args, security_warnings, weight_storage  # noqa: E402
 from ui.guard import HandlerGuard  # noqa: E402
 from ui.layout import CSS, Layout, build_layout  # noqa: E402
 from ui.models import ComponentCache  # noqa: E402
@@ -57,12 +57,14 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
     device = default_device()
     outputs = Path(args.outputs).expanduser().resolve()
     if runner is None:
-        runner = JobRunner(ComponentCache(preset.name, args.model_dir), outputs, args.vram_cap_gb, device)
+        runner = JobRunner(ComponentCache(preset.name, args.model_dir), outputs, args.vram_cap_gb, device,
+                           host_ram_gb=getattr(args, "host_ram_gb", None), weight_storage=weight_storage(args))
 
     live = HandlerGuard(LIVE_CALLS_MAX)          # un-queued handlers: bounded work, bounded concurrency
 
     def preserved_text(preserved_gb):
-        return "**Memory plan:** " + hints.preserved_hint(preset, args.vram_cap_gb, preserved_gb, device.type)
+        return "**Memory plan:** " + hints.preserved_hint(preset, args.vram_cap_gb, preserved_gb, device.type,
+                                                          getattr(args, "host_ram_gb", None), weight_storage(args))
 
     with gr.Blocks(title="SteadyFrame", analytics_enabled=False) as app:
         ui: Layout = build_layout(preset, _device_text(device), preserved_text(MEMORY.preserved_gb),
@@ -258,6 +260,12 @@ def main(argv=None) -> int:
     missing = missing_weights_message(get_preset(args.preset), DEFAULTS.mode, args.model_dir)
     if missing:
         log.warning(missing)
+    from memory import default_device
+
+    problem = host_budget_problem(args, default_device().type)
+    if problem:
+        log.error("%s", problem)
+        return 2
     app = build_app(args)
     options = launch_options(args)
     app.launch(**options.kwargs(), css=CSS, prevent_thread_lock=True)

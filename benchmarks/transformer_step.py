@@ -88,7 +88,7 @@ def run_sync_swap(tr, inputs, device, cap_gb, preserved_gb, warmup, steps, pinne
     `.to("cpu")` after each block (`pinned=False`), or a blocking copy from the pinned host pack (`pinned=True`)."""
     from memory import HostPack, MemoryManager
     from memory.attention import AttentionGuard
-    from memory.hostpack import load_chunks, unload_chunks
+    from memory.chunkload import load_chunks, unload_chunks
     from pipeline.denoiser import FramepackDenoiser
 
     mm = MemoryManager(device=device, cap_gb=cap_gb, preserved_gb=preserved_gb, plan_on_cpu=device.type == "cpu")

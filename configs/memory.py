@@ -17,6 +17,30 @@ class MemoryConfig:
     pin_host_memory: bool = True
     # Streamed transformer blocks copied ahead of the one computing. Measured on an H100: 2 gained nothing over 1.
     prefetch_depth: int = 1
+    # Host RAM budget (--host-ram-gb). None: this machine's RAM (or the memory limit of its cgroup/container)
+    # minus a margin for the OS and other programs such as a browser: a share of it, within [min, max] GB.
+    host_ram_gb: float | None = None
+    host_os_margin_share: float = 0.2
+    host_os_margin_min_gb: float = 4.0
+    host_os_margin_max_gb: float = 16.0
+    # Inside a cgroup limit the OS lives outside the limit: only this much of it is kept back.
+    host_cgroup_margin_gb: float = 0.5
+    # Kept free inside the budget: page cache while weight files are read, GPU libraries loaded on first use,
+    # allocator slack. The plan never fills the budget closer than this.
+    host_reserve_gb: float = 1.5
+    # The app's own host memory on a GPU machine (Python, torch, the CUDA context and libraries), used before a job
+    # measures it (the UI hint, the check at start). A job's plan measures the real figure.
+    host_overhead_gb: float = 2.5
+    # How the transformer and the Llama text encoder are stored in host RAM: "native" (bf16/fp16) or "fp8"
+    # (e4m3fn + a scale per output channel, half the bytes; turned back into bf16 on the GPU before use).
+    weight_storage: str = "native"
+    # Pinned buffers that carry weight-file reads to the GPU (two of them).
+    staging_mb: int = 64
+    # Prompt embeddings kept on disk (outputs/.cache/prompts) so a repeated prompt skips the text encoders.
+    prompt_cache_mb: int = 512
+
+
+WEIGHT_STORAGES = ("native", "fp8")
 
 
 MEMORY = MemoryConfig()

@@ -63,7 +63,7 @@ def is_transformer(model) -> bool:
 
 def _dtype_bytes(model) -> int:
     p = next(model.parameters(), None)
-    return p.element_size() if p is not None else 2
+    return p.element_size() if p is not None else 2   # meta tensors (weights in the files) have a dtype too
 
 
 @dataclass
@@ -84,7 +84,8 @@ class MemoryBudget:
         act = activation_bytes(self.workload.tokens, hidden, _dtype_bytes(model))
         return plan_residency([c.nbytes for c in pack.blocks], pack.rest.nbytes, self.cap_bytes,
                               self.preserved_bytes, min_resident=1, activation_bytes=act,
-                              slot_count=self.slot_count)
+                              slot_count=self.slot_count,
+                              stage_bytes=max((c.host_nbytes for c in pack.blocks if c.fp8), default=0))
 
     def place(self, models: dict[str, torch.nn.Module], packs: dict[str, HostPack]) -> dict[str, Placement]:
         out = {name: Placement(name, pack) for name, pack in packs.items()}

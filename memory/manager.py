@@ -5,7 +5,12 @@ blocks per the budget's plan), runs the body with attention guarded against the 
 completely (asserting that no tensor of theirs is left on the device), trims the allocator (rocm.trim) and records
 a snapshot with a status line, so the load order and the memory at every stage boundary can be read back (tests
 assert it; job.json keeps it). Weights live in one host pack per model (memory/hostpack.py): loading is one
-pinned copy per chunk, unloading copies nothing back.
+pinned copy per chunk (or a read from the weight files), unloading copies nothing back.
+
+Host RAM has its own budget (`host_ram_gb`): `arrange_host()` (once per job, before the first stage) makes the
+host plan (memory/hostplan.py: which chunks stay in RAM, which are read from the files when needed) and moves the
+chunks there; a budget too small for any plan is refused then, before any weight is read. After a stage, the file
+pages its models touched are given back (and evicted from the page cache for models used once per job).
 """
 from __future__ import annotations
 
@@ -20,7 +25,11 @@ import torch
 from configs.memory import MEMORY
 from memory.attention import AttentionGuard
 from memory.budget import DEFAULT_PREFETCH_DEPTH, MemoryBudget, Placement, Workload
-from memory.hostpack import HostPack, load_chunks, unload_chunks
+from memory.chunkload import Staging, load_chunks, unload_chunks
+from memory.hostarrange import model_host, realize
+from memory.hostbudget import default_host_budget, job_working_bytes, process_overhead
+from memory.hostpack import HostPack
+from memory.hostplan import HostPlan, StageUse, plan_host
 from memory.snapshot import GB, MemorySnapshot, host_rss_bytes, take_snapshot
 from memory.streaming import BlockStreamer
 from memory.vae import MIOPEN_SCRATCH_LIMIT, VaeDecodePolicy
@@ -53,6 +62,8 @@ class StageRecord:
     attention: dict[str, str] = field(default_factory=dict)
     vae_attempts: list[dict] = field(default_factory=list)
     leftover_bytes: int = 0            # allocated after − before (tensors the caller still holds, e.g. outputs)
+    file_bytes: int = 0                # read from the weight files in this stage (chunks not kept in RAM)
+    host_transient_bytes: int = 0      # host RAM given to streamed chunks from the files for this stage only
 
     def as_dict(self) -> dict:
         return {"name": self.name, "models": list(self.models), "seconds": round(self.ended - self.started, 4),
@@ -60,7 +71,8 @@ class StageRecord:
                 "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
                 "placement": self.placement, "streamed_bytes_per_pass": self.streamed_bytes_per_pass,
                 "stream_misses": self.stream_misses, "attention": self.attention, "vae_attempts": self.vae_attempts,
-                "leftover_bytes": self.leftover_bytes,
+                "leftover_bytes": self.leftover_bytes, "file_bytes": self.file_bytes,
+                "host_transient_bytes": self.host_transient_bytes,
                 "host_rss_before": self.before.host_rss if self.before else None,
                 "host_rss_after": self.after.host_rss if self.after else None}
 
@@ -77,9 +89,16 @@ class MemoryManager:
     workload: Workload = field(default_factory=Workload)
     plan_on_cpu: bool = False          # apply the cap's plan on a CPU run too (tests: streaming without a GPU)
     vae_policy: VaeDecodePolicy = field(default_factory=VaeDecodePolicy)
+    host_ram_gb: float | None = MEMORY.host_ram_gb      # None: what this machine can spare (hostbudget.py)
+    weight_storage: str = MEMORY.weight_storage         # "native" or "fp8" (transformer and Llama in host RAM)
+    host_overhead: int | None = None      # bytes the process holds besides the weights; None: measured per job
+    host_plan: HostPlan | None = None
+    arrange_s: float = 0.0
+    arrange_read: int = 0
     _loaded: dict[str, torch.nn.Module] = field(default_factory=dict)
     _current: StageRecord | None = None
-    _live: tuple | None = None          # (placements, held) of the stage in progress
+    _live: tuple | None = None          # (placements, held, packs) of the stage in progress
+    _staging: Staging | None = None
 
     def __post_init__(self):
         self.device = torch.device(self.device)
@@ -120,14 +139,54 @@ class MemoryManager:
             self._pack(model)
         return time.perf_counter() - t0
 
+    @property
+    def pin(self) -> bool:
+        return self.pin_host_memory and self.device.type == "cuda"
+
     def _pack(self, model: torch.nn.Module) -> HostPack:
         pack = HostPack.of(model)
-        pin = self.pin_host_memory and self.device.type == "cuda"
-        if pack.pinned != pin:
-            if not pin and self.device.type == "cuda":
+        if pack.pinned != self.pin and any(c.home == "ram" for c in pack.chunks):
+            if not self.pin and self.device.type == "cuda":
                 log.info("host memory pinning is off: host→device copies are pageable (several times slower)")
-            pack.set_pinned(pin)
+            pack.set_pinned(self.pin)
         return pack
+
+    def host_budget(self) -> tuple[int, str]:
+        """(bytes, explanation) of the host-RAM budget."""
+        if self.host_ram_gb is None:
+            return default_host_budget()
+        return int(self.host_ram_gb * GB), f"host RAM budget {self.host_ram_gb:g} GB (--host-ram-gb)"
+
+    def arrange_host(self, models: dict[str, torch.nn.Module], stages: list[StageUse] | tuple[StageUse, ...],
+                     sections: int = 1, frames: int = 0) -> HostPlan:
+        """Plan where the weights of a job's models live on the host and put them there. Raises
+        memory.hostplan.HostBudgetError (naming the minimum) before reading any weight if the budget cannot work."""
+        if self.weight_storage not in ("native", "fp8"):
+            raise ValueError(f"weight storage: {self.weight_storage!r} is not 'native' or 'fp8'")
+        packs = {k: HostPack.of(m) for k, m in models.items()}
+        quantized = {k: self.weight_storage == "fp8" and p.can_quantize() for k, p in packs.items()}
+        streamed: dict[str, set[int]] = {k: set() for k in models}
+        for s in stages:
+            names = [k for k in s.models if k in models]
+            for k, p in self.budget.place({k: models[k] for k in names}, {k: packs[k] for k in names}).items():
+                streamed[k] |= set(p.streamed)
+        hosts = [model_host(k, packs[k], streamed[k], self.device.type, quantized[k]) for k in models]
+        budget, why = self.host_budget()
+        w = self.workload
+        overhead = self.host_overhead
+        if overhead is None:
+            overhead = (process_overhead(sum(p.host_bytes for p in packs.values()), self.device.type == "cuda")
+                        + job_working_bytes(frames, w.height, w.width, w.window)
+                        + (2 * MEMORY.staging_mb << 20 if self.device.type == "cuda" else 0))
+        plan = plan_host(hosts, [s for s in stages if any(k in models for k in s.models)], sections, budget,
+                         overhead, int(MEMORY.host_reserve_gb * GB), self.pin)
+        read, seconds = realize(plan, packs, quantized, self.pin, self.device)
+        self.host_plan = plan
+        self.arrange_s += seconds
+        self.arrange_read += read
+        log.info("%s", why)
+        log.info("host RAM plan: %s", plan.describe())
+        return plan
 
     # ---- the slot -----------------------------------------------------------------------------------------------
     def snapshot(self, label: str) -> MemorySnapshot:
@@ -138,32 +197,56 @@ class MemoryManager:
     def loaded(self) -> list[str]:
         return list(self._loaded)
 
-    def _load(self, placements: dict[str, Placement], held: list) -> None:
+    def _load(self, placements: dict[str, Placement], held: list, record: StageRecord) -> None:
         """Resident chunks to device buffers, streamers attached; `held` collects both as it goes (so a failure
-        halfway is unloaded completely)."""
-        buffers, streamers = held
+        halfway is unloaded completely). Streamed chunks whose home is the files get RAM for the stage."""
+        buffers, streamers, transient = held
+        if self.device.type == "cuda" and self._staging is None:
+            self._staging = Staging(self.device)
         for p in placements.values():
-            buffers += load_chunks(p.resident_chunks(), self.device, non_blocking=p.pack.pinned)
+            modules, chunks = p.streamed_modules()
+            for c in chunks:
+                if c.home == "file":
+                    transient.append(c)
+                    record.file_bytes += c.to_ram(c.fp8, self.device)
+                    record.host_transient_bytes += c.host_nbytes
+                    c.set_pinned(self.pin)
+            resident = p.resident_chunks()
+            record.file_bytes += sum(c.file_bytes for c in resident if c.home == "file")
+            buffers += load_chunks(resident, self.device, staging=self._staging)
             if p.streamed:
-                modules, chunks = p.streamed_modules()
                 streamer = BlockStreamer(modules, chunks, self.device, self.prefetch_depth)
                 streamers.append(streamer)
                 streamer.attach()
         synchronize(self.device)
 
     def _unload(self, placements: dict[str, Placement], held: list, record: StageRecord) -> list[str]:
-        buffers, streamers = held
+        buffers, streamers, transient = held
         synchronize(self.device)
         for s in streamers:
             record.stream_misses += s.misses
             s.detach()
         for p in placements.values():
             unload_chunks(p.pack.chunks)
+        for c in transient:
+            c.to_file()
+            c.drop_pages(cache=True)
         buffers.clear()
         streamers.clear()
+        transient.clear()
         if self.device.type == "cpu":
             return []
         return [f"{name}/{t}" for name, p in placements.items() for t in p.pack.device_tensors()]
+
+    def _give_back_pages(self, packs: dict[str, HostPack]) -> None:
+        """File pages the stage touched go back; a model used once per job is evicted from the page cache too."""
+        for name, pack in packs.items():
+            if pack.files is None:
+                continue
+            once = self.host_plan is not None and self.host_plan.uses(name) <= 1
+            for c in pack.chunks:
+                if c.home == "file":
+                    c.drop_pages(cache=once)
 
     @contextmanager
     def stage(self, name: str, **models: torch.nn.Module) -> Iterator[StageRecord]:
@@ -184,12 +267,12 @@ class MemoryManager:
         record.placement = {k: p.describe() for k, p in placements.items()}
         record.streamed_bytes_per_pass = sum(c.nbytes for p in placements.values() for c in p.streamed_modules()[1])
         self._loaded, self._current = dict(models), record
-        held: list = [[], []]
+        held: list = [[], [], []]
         self._live = (placements, held, packs)
         leftovers: list[str] = []
         try:
             t0 = time.perf_counter()
-            self._load(placements, held)
+            self._load(placements, held, record)
             record.load_s = time.perf_counter() - t0
             log.info(self.snapshot(f"in {name}").status_line())
             with AttentionGuard(self.device, self._attention_budget(), label=name) as guard:
@@ -202,6 +285,7 @@ class MemoryManager:
             t0 = time.perf_counter()
             placements = self._live[0]            # stream_more() may have re-placed the models
             leftovers = self._unload(placements, held, record)
+            self._give_back_pages(packs)
             record.unload_s = time.perf_counter() - t0
             self._loaded, self._current, self._live = {}, None, None
             rocm.trim(f"after {name}")
@@ -230,6 +314,13 @@ class MemoryManager:
         trial = budget.place(self._loaded, packs)
         if sum(len(p.streamed) for p in trial.values()) <= before:
             return False
+        extra = sum(c.stored_nbytes(c.fp8) for p in trial.values() for c in p.streamed_modules()[1]
+                    if c.home == "file")
+        plan = self.host_plan
+        if extra and plan is not None and plan.peak + extra + plan.reserve > plan.budget:
+            log.warning("out of GPU memory in %s: streaming more would need %.1f GB more host RAM than the host "
+                        "budget allows", self._current.name, extra / GB)
+            return False
         self._unload(placements, held, self._current)
         rocm.trim("before re-planning")
         log.warning("out of GPU memory in %s: preserved memory %.1f → %.1f GB, reloading with more weights "
@@ -237,7 +328,7 @@ class MemoryManager:
         self.preserved_gb = preserved
         self._current.placement = {k: p.describe() for k, p in trial.items()}
         self._live = (trial, held, packs)
-        self._load(trial, held)
+        self._load(trial, held, self._current)
         return True
 
     def _attention_budget(self) -> int:
@@ -273,4 +364,17 @@ class MemoryManager:
                 "peak_allocated": max([r.peak_allocated for r in self.records] or [0]),
                 "host_rss": host_rss_bytes(),
                 "switch_s": round(sum(r.load_s + r.unload_s for r in self.records), 4),
+                "host": self.host_summary(),
                 "stages": [r.as_dict() for r in self.records]}
+
+    def host_summary(self) -> dict:
+        plan = self.host_plan
+        pinned = plan.persistent_bytes if plan and plan.pinned else 0
+        transient = max((r.host_transient_bytes for r in self.records), default=0) if self.pin else 0
+        staging = self._staging.nbytes if self._staging is not None else 0
+        return {"budget_gb": round(plan.budget / GB, 3) if plan else self.host_ram_gb,
+                "pinned_peak_bytes": pinned + transient + staging,
+                "weight_storage": self.weight_storage, "arrange_s": round(self.arrange_s, 4),
+                "arrange_read_bytes": self.arrange_read,
+                "file_bytes_in_stages": sum(r.file_bytes for r in self.records),
+                "plan": plan.as_dict() if plan else None}

@@ -32,6 +32,7 @@ class ResidencyPlan:
     streamed: tuple[int, ...]
     activation_bytes: int = 0            # estimate for the workload (0: unknown)
     slot_count: int = 2                  # device slots the streamer holds (prefetch depth + 1)
+    stage_bytes: int = 0                 # fp8 storage: the stored bytes beside each slot
 
     @property
     def resident_bytes(self) -> int:
@@ -54,7 +55,8 @@ class ResidencyPlan:
         """Device memory of the streaming slots (one per block in flight, each the size of the largest)."""
         if not self.streamed:
             return 0
-        return min(self.slot_count, len(self.streamed)) * max(self.block_bytes[i] for i in self.streamed)
+        biggest = max(self.block_bytes[i] for i in self.streamed)
+        return min(self.slot_count, len(self.streamed)) * (biggest + self.stage_bytes)
 
     @property
     def working_bytes(self) -> int:
@@ -87,7 +89,7 @@ class ResidencyPlan:
 
 def plan_residency(block_bytes: list[int] | tuple[int, ...], other_bytes: int, cap_bytes: int,
                    preserved_bytes: int, *, min_resident: int = 0, activation_bytes: int = 0,
-                   slot_count: int = 2) -> ResidencyPlan:
+                   slot_count: int = 2, stage_bytes: int = 0) -> ResidencyPlan:
     budget = cap_bytes - preserved_bytes - other_bytes
     resident, used = [], 0
     for i, size in enumerate(block_bytes):
@@ -98,7 +100,7 @@ def plan_residency(block_bytes: list[int] | tuple[int, ...], other_bytes: int, c
     chosen = set(resident)
     streamed = tuple(i for i in range(len(block_bytes)) if i not in chosen)
     return ResidencyPlan(cap_bytes, preserved_bytes, other_bytes, tuple(block_bytes), tuple(resident), streamed,
-                         activation_bytes, slot_count)
+                         activation_bytes, slot_count, stage_bytes)
 
 
 def framepack_tokens(height: int, width: int, window: int, image_tokens: int = 729, text_tokens: int = 256) -> int:
@@ -138,11 +140,14 @@ REAL_TRANSFORMER_CONFIG = (("has_image_proj", True), ("has_clean_x_embedder", Tr
                            ("pooled_projection_dim", 768), ("text_embed_dim", 4096))
 
 
-def describe_preserved(preset, cap_gb: float, preserved_gb: float, device_type: str) -> str:
-    """What the preserved-memory slider means on this machine, in one line (the UI shows it live)."""
+def describe_preserved(preset, cap_gb: float, preserved_gb: float, device_type: str,
+                       host_ram_gb: float | None = None, weight_storage: str = "native") -> str:
+    """What the preserved-memory slider means on this machine, in one line (the UI shows it live), with the host
+    side: how much host RAM a default job takes of the budget and what is read from the weight files."""
+    host = describe_host(preset, cap_gb, preserved_gb, device_type, host_ram_gb, weight_storage)
     if device_type != "cuda":
         return (f"CPU run: no GPU, so nothing is capped or streamed (the slider only matters on a GPU; "
-                f"a {cap_gb:g} GB cap with {preserved_gb:g} GB preserved would apply there).")
+                f"a {cap_gb:g} GB cap with {preserved_gb:g} GB preserved would apply there). {host}")
     if preset.tiny:
         cfg = preset.tiny_configs["transformer"]
         items = tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in cfg.items()))
@@ -154,4 +159,27 @@ def describe_preserved(preset, cap_gb: float, preserved_gb: float, device_type: 
     plan = plan_residency(sizes, other, int(cap_gb * GB), int(preserved_gb * GB), min_resident=1,
                           activation_bytes=act)
     warn = plan.warnings()
-    return plan.describe() + (f". Warning: {warn[0]}" if warn else "")
+    return plan.describe() + (f". Warning: {warn[0]}" if warn else "") + f". {host}"
+
+
+def describe_host(preset, cap_gb: float, preserved_gb: float, device_type: str, host_ram_gb: float | None = None,
+                  weight_storage: str = "native") -> str:
+    """'Host: 21.3 of 24.0 GB (...)' for a default-length job, or why the budget cannot work."""
+    from memory.hostnominal import nominal_plan
+    from memory.hostplan import HostBudgetError
+
+    try:
+        plan = nominal_plan(preset, "original", cap_gb, preserved_gb, device_type, host_ram_gb, weight_storage)
+    except HostBudgetError as e:
+        return f"Host RAM: {e}"
+    held = "pinned" if plan.pinned else "in RAM"
+    per_section = sum(plan.file_reads(m.name)[1] for m in plan.models)
+    per_job = plan.file_reads_per_job - per_section * plan.sections
+    files = []
+    if per_section:
+        files.append(f"{per_section / GB:.1f} GB read from the weight files per section")
+    if per_job:
+        files.append(f"{per_job / GB:.1f} GB per job")
+    storage = ", weights in fp8" if weight_storage == "fp8" else ""
+    return (f"Host: {plan.peak / GB:.1f} of {plan.budget / GB:.1f} GB ({plan.persistent_bytes / GB:.1f} GB "
+            f"{held}{storage}" + (f"; {', '.join(files)}" if files else "") + ")")

@@ -11,6 +11,8 @@ Mechanics (CUDA and ROCm; on the CPU the same code runs with plain copies and no
   The next `depth` blocks are already being copied, overlapping this block's compute.
 - After it runs: an event is recorded on the compute stream, the parameters are pointed back at the host views,
   and the freed slot is given the block after the last one in flight (that copy starts once the event has passed).
+- A chunk stored in fp8 is copied (half the bytes) into a staging buffer of its slot and turned back into the
+  model's dtype in the slot on the side stream, before the copy event: the block computes in bf16 as before.
   The host never waits for the GPU; slots are never freed while in use, so no `record_stream` is needed.
 A block called out of order (another model calling it directly, a skipped step that breaks the cycle) is loaded
 synchronously and the prefetch restarts from there; `misses` counts it.
@@ -23,7 +25,8 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 
-from memory.hostpack import Chunk
+from memory.chunkload import finish_stored
+from memory.chunk import Chunk
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +53,20 @@ class BlockStreamer:
     def __init__(self, modules: list[nn.Module], chunks: list[Chunk], device: torch.device, depth: int = 1):
         if not chunks:
             raise ValueError("nothing to stream")
+        if any(c.home != "ram" for c in chunks):
+            raise ValueError("streamed chunks must be in host RAM (the memory manager gives them RAM for the stage)")
         self.modules, self.chunks = list(modules), list(chunks)
         self.device = torch.device(device)
         self.depth = max(1, min(depth, len(chunks) - 1)) if len(chunks) > 1 else 0
         self.n_slots = self.depth + 1
         self.slot_bytes = max(c.nbytes for c in chunks)
+        self.stage_bytes = max((c.host_nbytes for c in chunks if c.fp8), default=0)
         self.cuda = self.device.type == "cuda"
         self.misses = 0
         self.copies = 0
         self.bytes_copied = 0
         self._slots: list[torch.Tensor] = []
+        self._stages: list[torch.Tensor] = []                # fp8: the stored bytes, per slot
         self._views: list[list[list[torch.Tensor]]] = []      # [slot][chunk] -> views
         self._ready: dict[int, tuple[int, object]] = {}       # chunk index -> (slot, copy event)
         self._released: list[object] = []                    # per slot: event after its last compute
@@ -71,12 +78,14 @@ class BlockStreamer:
 
     @property
     def device_bytes(self) -> int:
-        return self.n_slots * self.slot_bytes
+        return self.n_slots * (self.slot_bytes + self.stage_bytes)
 
     # ---- stage entry / exit -------------------------------------------------------------------------------
     def attach(self) -> None:
         self._slots = [torch.empty(self.slot_bytes, dtype=torch.uint8, device=self.device)
                        for _ in range(self.n_slots)]
+        self._stages = [torch.empty(self.stage_bytes, dtype=torch.uint8, device=self.device)
+                        for _ in range(self.n_slots)] if self.stage_bytes else []
         self._views = [[c.views(slot) for c in self.chunks] for slot in self._slots]
         self._released = [None] * self.n_slots
         if self.cuda:
@@ -96,7 +105,7 @@ class BlockStreamer:
             HookRegistry.check_if_exists_or_initialize(module).remove_hook(HOOK_NAME, recurse=False)
         for c in self.chunks:
             c.bind_views(c.host_views)
-        self._slots, self._views, self._ready, self._bound = [], [], {}, {}
+        self._slots, self._stages, self._views, self._ready, self._bound = [], [], [], {}, {}
         self._released, self._stream, self._attached = [], None, False
         log.debug("streamer detached: %d copies, %.2f GB, %d misses", self.copies, self.bytes_copied / 1e9,
                   self.misses)
@@ -111,15 +120,23 @@ class BlockStreamer:
             with torch.cuda.stream(self._stream):
                 if self._released[s] is not None:
                     self._stream.wait_event(self._released[s])
-                slot[:chunk.nbytes].copy_(chunk.host, non_blocking=True)
+                self._copy(chunk, s, slot, non_blocking=chunk.pinned)
                 event = torch.cuda.Event()
                 event.record(self._stream)
         else:
-            slot[:chunk.nbytes].copy_(chunk.host)
+            self._copy(chunk, s, slot, non_blocking=False)
             event = None
         self._ready[k] = (s, event)
         self.copies += 1
         self.bytes_copied += chunk.nbytes
+
+    def _copy(self, chunk: Chunk, s: int, slot: torch.Tensor, non_blocking: bool) -> None:
+        if not chunk.fp8:
+            slot[:chunk.nbytes].copy_(chunk.host, non_blocking=non_blocking)
+            return
+        stored = self._stages[s][:chunk.host_nbytes]
+        stored.copy_(chunk.host, non_blocking=non_blocking)
+        finish_stored(chunk, stored, slot[:chunk.nbytes])
 
     def _restart(self, k: int) -> None:
         """Drop what is in flight and start loading from chunk k (all slots are free afterwards)."""

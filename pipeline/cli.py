@@ -42,6 +42,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("outputs"), help="folder for job folders (default: outputs)")
     p.add_argument("--vram-cap-gb", type=float, default=MEMORY.vram_cap_gb, help="hard VRAM cap (default 20)")
     p.add_argument("--no-pin", action="store_true", help="do not page-lock host copies (when host RAM is short)")
+    p.add_argument("--host-ram-gb", type=float, default=MEMORY.host_ram_gb,
+                   help="host RAM this program may use; weights that do not fit are read from the weight files when "
+                        "needed (default: this machine's RAM minus a margin for the OS and a browser; logged)")
+    p.add_argument("--fp8", action="store_true",
+                   help="keep the transformer and the Llama text encoder in fp8 in host RAM (half the RAM and "
+                        "half the bytes streamed per step; weights rounded to 3 mantissa bits, see README)")
     p.add_argument("--device", help="cuda, cuda:1 or cpu (default: the GPU if there is one)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, warnings only")
     p.add_argument("-v", "--verbose", action="store_true", help="stage messages (memory status, timings)")
@@ -142,7 +148,22 @@ class Runner:
 
         device = self.args.device or default_device()
         return MemoryManager(device=device, cap_gb=self.args.vram_cap_gb, preserved_gb=request.preserved_gb,
-                             pin_host_memory=not self.args.no_pin)
+                             pin_host_memory=not self.args.no_pin, host_ram_gb=self.args.host_ram_gb,
+                             weight_storage="fp8" if self.args.fp8 else "native")
+
+    def host_problem(self, request) -> str | None:
+        """Why the host-RAM budget cannot work for this request (checked before any model loads), or None."""
+        from memory import default_device
+        from memory.hostnominal import nominal_plan
+        from memory.hostplan import HostBudgetError
+
+        device = torch_device_type(self.args.device or default_device())
+        try:
+            nominal_plan(PRESETS[self.args.preset], request.mode, self.args.vram_cap_gb, request.preserved_gb,
+                         device, self.args.host_ram_gb, "fp8" if self.args.fp8 else "native")
+        except HostBudgetError as e:
+            return f"--host-ram-gb: {e}"
+        return None
 
     def run(self, request) -> tuple[int, object]:
         from pipeline.errors import InputError
@@ -155,6 +176,10 @@ class Runner:
         except InputError as e:
             print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
             return EXIT_INPUT, Failed(str(e), "", None, None)
+        problem = self.host_problem(request)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return EXIT_INPUT, Failed(problem, "", None, None)
         self._say_rounding(prepared.request)
         return self._drive(lambda cancel: generate(request, self.components(request.mode), self.memory(request),
                                                    cancel=cancel, outputs=self.args.out), request.mode)
@@ -186,6 +211,10 @@ class Runner:
             print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
             return EXIT_INPUT, Failed(str(e), "", None, None)
         self.args.preset = self.args.preset or info["models"]["preset"]
+        problem = self.host_problem(request)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return EXIT_INPUT, Failed(problem, "", None, None)
         return self._drive(lambda cancel: resume(job_dir, self.components(request.mode), self.memory(request),
                                                  cancel=cancel), request.mode)
 
@@ -242,6 +271,12 @@ class Runner:
             raise KeyboardInterrupt
         print("\nstopping after this step (Ctrl-C again to abort)...", file=sys.stderr)
         cancel.cancel()
+
+
+def torch_device_type(device) -> str:
+    import torch
+
+    return torch.device(device).type
 
 
 def _progress_bar():
@@ -302,7 +337,10 @@ def run_batch(runner: Runner, path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.host_ram_gb is not None and not args.host_ram_gb > 0:
+        parser.error("--host-ram-gb: must be more than 0 (GB of host RAM this program may use)")
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     if not args.verbose:

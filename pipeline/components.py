@@ -3,7 +3,9 @@
 Real weights are stored in the standard Hugging Face cache (HF_HOME / HF_HUB_CACHE) unless `model_dir` points at a
 folder laid out like the repos: `<model_dir>/<owner>/<repo>/<subfolder>/...` (e.g.
 `<model_dir>/hunyuanvideo-community/HunyuanVideo/vae/config.json`). Only safetensors weights are loaded (no pickle).
-Everything is loaded on the CPU; memory/ moves one stage's models to the GPU at a time.
+The models are built empty and their weights stay in the (memory-mapped) files until memory/ reads each part
+straight into its place (host RAM per the host plan, or the GPU for a stage): no full copy at load time
+(memory/loader.py). Files that do not match the class exactly fall back to the library's loader (a RAM copy).
 """
 from __future__ import annotations
 
@@ -105,10 +107,18 @@ def resolve(preset: ModelPreset, mode: str, role: str, src: ComponentSource, mod
         raise _not_found(preset, mode, role, src, where, reason) from e
 
 
-def _load_role(role: str, folder: Path, src: ComponentSource):
+def _model_class(role: str):
     from diffusers import AutoencoderKLHunyuanVideo, HunyuanVideoFramepackTransformer3DModel
-    from transformers import AutoTokenizer, CLIPTextModel, CLIPTokenizer, LlamaModel, SiglipImageProcessorPil, \
-        SiglipVisionModel
+    from transformers import CLIPTextModel, LlamaModel, SiglipVisionModel
+
+    return {"text_encoder": LlamaModel, "text_encoder_2": CLIPTextModel, "image_encoder": SiglipVisionModel,
+            "vae": AutoencoderKLHunyuanVideo, "transformer": HunyuanVideoFramepackTransformer3DModel}.get(role)
+
+
+def _load_role(role: str, folder: Path, src: ComponentSource):
+    from transformers import AutoTokenizer, CLIPTokenizer, SiglipImageProcessorPil
+
+    from memory.loader import IncompatibleWeights, load_from_files
 
     dt = _dtype(src.dtype)
     if role == "tokenizer":
@@ -117,17 +127,17 @@ def _load_role(role: str, folder: Path, src: ComponentSource):
         return CLIPTokenizer.from_pretrained(folder)
     if role == "feature_extractor":      # the PIL processor: no torchvision (see pipeline/tiny.py)
         return SiglipImageProcessorPil.from_pretrained(folder)
-    if role == "text_encoder":
-        return LlamaModel.from_pretrained(folder, dtype=dt, use_safetensors=True)
-    if role == "text_encoder_2":
-        return CLIPTextModel.from_pretrained(folder, dtype=dt, use_safetensors=True)
-    if role == "image_encoder":
-        return SiglipVisionModel.from_pretrained(folder, dtype=dt, use_safetensors=True)
-    if role == "vae":
-        return AutoencoderKLHunyuanVideo.from_pretrained(folder, torch_dtype=dt, use_safetensors=True)
-    if role == "transformer":
-        return HunyuanVideoFramepackTransformer3DModel.from_pretrained(folder, torch_dtype=dt, use_safetensors=True)
-    raise KeyError(role)
+    cls = _model_class(role)
+    if cls is None:
+        raise KeyError(role)
+    try:
+        return load_from_files(cls, folder, dt)
+    except IncompatibleWeights as e:
+        log.warning("%s: %s; loading it with %s.from_pretrained instead (a full copy in host RAM)", role, e,
+                    cls.__name__)
+    if hasattr(cls, "load_config"):
+        return cls.from_pretrained(folder, torch_dtype=dt, use_safetensors=True)
+    return cls.from_pretrained(folder, dtype=dt, use_safetensors=True)
 
 
 def load_components(preset: ModelPreset | str, mode: str = "original", model_dir: str | Path | None = None

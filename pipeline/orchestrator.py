@@ -24,6 +24,7 @@ import torch
 import rocm
 from configs.video import DECODE_SPEED
 from memory import MemoryManager
+from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError
 from memory.snapshot import host_rss_bytes
 from pipeline import sections as sec
 from pipeline.checkpoint import save_checkpoint
@@ -36,6 +37,7 @@ from pipeline.images import to_model_tensor
 from pipeline.jobs import Job
 from pipeline.logcapture import capture_logs
 from pipeline.preview import preview_image
+from pipeline.prompt_cache import cache_key, cached_or_encode, default_cache
 from pipeline.request import PreparedRequest, Request, prepare
 from pipeline.sampling import sample_section
 from pipeline.text import encode_prompt
@@ -193,6 +195,9 @@ class JobRun:
 
     def _run(self, drain) -> Iterator[Event]:
         c, r = self.c, self.r
+        # where the weights live on the host this job (RAM or read from the files); refuses a budget that cannot work
+        self.memory.arrange_host(c.models(), FRAMEPACK_STAGES, self.plan.count, self.plan.frame_counts()[-1])
+        yield from drain()
         yield self.progress("text encoders")
         texts = self._encode_text()
         yield from drain()
@@ -273,13 +278,23 @@ class JobRun:
     def _encode_text(self):
         c, r = self.c, self.r
         t = time.monotonic()
-        with self.memory.stage("text encoders", text_encoder=c.text_encoder, text_encoder_2=c.text_encoder_2):
-            pos = encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2, r.prompt,
-                                c.crop_start, self.device)
-            neg = (encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2, r.negative_prompt,
-                                 c.crop_start, self.device) if r.cfg > 1.0 else pos.zeros_like())
+
+        def encode():
+            with self.memory.stage("text encoders", text_encoder=c.text_encoder, text_encoder_2=c.text_encoder_2):
+                pos = encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2, r.prompt,
+                                    c.crop_start, self.device)
+                neg = (encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2,
+                                     r.negative_prompt, c.crop_start, self.device) if r.cfg > 1.0
+                       else pos.zeros_like())
+            return {"cond": pos.to("cpu", torch.float32), "uncond": neg.to("cpu", torch.float32)}
+
+        key = cache_key(r.prompt, r.negative_prompt if r.cfg > 1.0 else None, c.revisions,
+                        self.memory.weight_storage, c.crop_start)
+        texts, hit = cached_or_encode(default_cache(), key, encode)
+        if hit:
+            log.info("prompt embeddings from the cache: the text encoders were not loaded")
         self._timed("text encoders", time.monotonic() - t)
-        return {"cond": pos.to("cpu", torch.float32), "uncond": neg.to("cpu", torch.float32)}
+        return texts
 
     @torch.no_grad()
     def _encode_latents(self):
@@ -377,7 +392,9 @@ class JobRun:
     def _fail(self, error: Exception, detail: str) -> Failed:
         log.info("convolution fallback this job: %s", self.fallback.report())
         message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-        if rocm.classify_error(error) == "oom":
+        if isinstance(error, HostBudgetError):
+            message = str(error)
+        elif rocm.classify_error(error) == "oom":
             message = oom_advice(self.memory.records, self.memory, self.last_video is not None)
         if self.job is not None:
             self.job.finish("failed", None, error=message, timings=self._timings(), memory=self.memory.summary())

@@ -16,6 +16,8 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+# Every job encodes its prompt (tests assert the stages a job runs); tests/test_prompt_cache.py turns the cache on.
+os.environ.setdefault("STEADYFRAME_PROMPT_CACHE", "off")
 
 
 def make_image(width: int = 96, height: int = 80, seed: int = 0, mode: str = "RGB"):

@@ -122,7 +122,9 @@ def test_the_app_says_at_start_what_is_missing_and_logs_a_failed_job_as_error(tm
     make_image(96, 80).save(tmp_path / "start.png")
     env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
     log_path = tmp_path / "app.log"
-    with app_process(tmp_path / "outputs", log_path=log_path, env=env, preset="hunyuan") as (url, _):
+    # --host-ram-gb: the real preset's plan must fit (on a CPU the whole transformer sits in RAM)
+    with app_process(tmp_path / "outputs", "--host-ram-gb", "64", log_path=log_path, env=env,
+                     preset="hunyuan") as (url, _):
         import urllib.request
 
         with urllib.request.urlopen(url + "config", timeout=30) as r:

@@ -37,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "one day; they are all deleted when the app stops; outputs/ is never touched)")
     p.add_argument("--vram-cap-gb", type=float, default=MEMORY.vram_cap_gb,
                    help=f"hard cap on GPU memory this app may use (default {MEMORY.vram_cap_gb:g} GB)")
+    p.add_argument("--host-ram-gb", type=float, default=MEMORY.host_ram_gb,
+                   help="host RAM this app may use; weights that do not fit are read from the weight files when "
+                        "needed (default: this machine's RAM minus a margin for the OS and a browser; logged)")
+    p.add_argument("--fp8", action="store_true",
+                   help="keep the transformer and the Llama text encoder in fp8 in host RAM (half the RAM and half "
+                        "the bytes streamed per step; weights rounded to 3 mantissa bits, see README)")
     return p
 
 
@@ -80,11 +86,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(str(e))
     if args.vram_cap_gb <= 0:
         parser.error("--vram-cap-gb: must be more than 0")
+    if args.host_ram_gb is not None and not args.host_ram_gb > 0:
+        parser.error("--host-ram-gb: must be more than 0 (GB of host RAM this app may use)")
     if not args.temp_max_age >= 1:
         parser.error("--temp-max-age: must be at least 1 second")
     if args.port is not None and not 0 < args.port < 65536:
         parser.error("--port: must be between 1 and 65535")
     return args
+
+
+def weight_storage(args: argparse.Namespace) -> str:
+    return "fp8" if getattr(args, "fp8", False) else "native"
+
+
+def host_budget_problem(args: argparse.Namespace, device_type: str) -> str | None:
+    """Why no job can run under --host-ram-gb (even at the smallest preserved memory, which streams the least),
+    checked at start before any model loads; None if a plan fits. Also logs the budget and where it comes from."""
+    from configs import get_preset
+    from memory.hostbudget import default_host_budget
+    from memory.hostnominal import nominal_plan
+    from memory.hostplan import HostBudgetError
+
+    if args.host_ram_gb is None:
+        log.info("%s", default_host_budget()[1])
+    try:
+        plan = nominal_plan(get_preset(args.preset), "original", args.vram_cap_gb, MEMORY.preserved_min_gb,
+                            device_type, args.host_ram_gb, weight_storage(args))
+    except HostBudgetError as e:
+        cpu = (" Without a GPU the whole transformer sits in RAM, and the real models are far too slow to be useful "
+               "anyway: --preset tiny runs anywhere.") if device_type == "cpu" else ""
+        return f"--host-ram-gb: {e}{cpu}"
+    log.info("host RAM plan of a 5 s job (estimated before loading): %s", plan.describe())
+    return None
 
 
 @dataclass(frozen=True)

@@ -76,15 +76,17 @@ def hints_markdown(plan: str, problems: list[tuple[str, str]]) -> str:
     return "\n\n".join(lines)
 
 
-def preserved_hint(preset, cap_gb: float, preserved_gb, device_type: str) -> str:
-    """What the preserved-memory slider means here (memory.plan.describe_preserved), never raising."""
+def preserved_hint(preset, cap_gb: float, preserved_gb, device_type: str, host_ram_gb: float | None = None,
+                   weight_storage: str = "native") -> str:
+    """What the preserved-memory slider means here, GPU and host side (memory.plan.describe_preserved), never
+    raising."""
     from memory.plan import describe_preserved
 
     value = number(preserved_gb)
     if value is None or not 0 <= value <= MEMORY.preserved_max_gb:
         return f"(enter a number between 0 and {MEMORY.preserved_max_gb:g} GB)"
     try:
-        return describe_preserved(preset, float(cap_gb), value, device_type)
+        return describe_preserved(preset, float(cap_gb), value, device_type, host_ram_gb, weight_storage)
     except Exception as e:  # the hint must never break the page
         log.warning("could not describe the memory plan: %s", e, exc_info=True)
         return f"(the memory plan could not be computed: {type(e).__name__})"

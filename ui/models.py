@@ -1,7 +1,8 @@
 """The loaded models, cached per (preset, mode).
 
 The transformer differs per mode (original vs F1), so a mode switch needs other components. For the tiny preset
-both sets stay cached (a few MB). For real weights only one set is kept: each is ~42 GB of host RAM.
+both sets stay cached (a few MB). For real weights only one set is kept: what it holds in host RAM (up to ~42 GB,
+under the host-RAM budget; the rest is read from the weight files) is freed when the other mode's set loads.
 """
 from __future__ import annotations
 

@@ -61,10 +61,13 @@ _END = object()
 
 
 class JobRunner:
-    def __init__(self, models, outputs: Path, vram_cap_gb: float, device=None):
+    def __init__(self, models, outputs: Path, vram_cap_gb: float, device=None, host_ram_gb: float | None = None,
+                 weight_storage: str = "native"):
         self.models = models                    # ui.models.ComponentCache
         self.outputs = Path(outputs)
         self.vram_cap_gb = vram_cap_gb
+        self.host_ram_gb = host_ram_gb          # None: what the machine can spare (memory.hostbudget)
+        self.weight_storage = weight_storage
         self.device = device                    # None: memory.default_device()
         self._tickets: dict[str, Ticket] = {}
         self._errors: dict[str, str] = {}
@@ -242,7 +245,8 @@ class JobRunner:
             out.put(failure)
             return
         memory = MemoryManager(device=self.device or default_device(), cap_gb=self.vram_cap_gb,
-                               preserved_gb=request.preserved_gb)
+                               preserved_gb=request.preserved_gb, host_ram_gb=self.host_ram_gb,
+                               weight_storage=self.weight_storage)
         if ticket.resume is not None:
             from pipeline.resume import resume
 

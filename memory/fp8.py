@@ -1,0 +1,85 @@
+"""fp8 weight storage: e4m3fn values with one float32 scale per output channel, turned back into the model's dtype
+on the device just before use (so matmuls and attention run in bf16/fp16 as before).
+
+Only the weights of `nn.Linear` layers are stored in fp8 (they are ~99 % of the transformer's and the Llama's
+bytes); norms, biases, embeddings, convolutions and buffers keep their dtype. Per output channel (a row of the
+weight): scale = max|row| / 448 (e4m3fn's largest value), q = row / scale rounded to the nearest e4m3fn value.
+The stored bytes are half of bf16's plus 4 bytes per row. Quantizing and dequantizing are the same arithmetic on
+the CPU and the GPU (fp32 division and multiplication, round-to-nearest-even), so a weight turned into fp8 on the
+host or on the device gives the same bits.
+
+Error (e4m3fn keeps 3 mantissa bits): every element within 2^-4 of its value relative to its row's scale grid;
+on normally distributed weights the relative error (Frobenius norm) is about 2.3 % per matrix. What that does to
+one transformer step and to a section's latents is measured in tests/test_fp8.py (tiny preset) and in
+benchmarks/hostram.py (full size; BENCHMARKS.md).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8).max)      # 448
+ROWS_PER_PIECE_BYTES = 64 << 20            # fp32 temporaries while quantizing are bounded by this
+
+
+def quantizable(module: nn.Module, name: str, tensor: torch.Tensor) -> bool:
+    """Is this tensor stored in fp8 when fp8 storage is on? (the 2-D weight of a Linear layer)"""
+    return isinstance(module, nn.Linear) and name == "weight" and tensor.dim() == 2 and tensor.is_floating_point()
+
+
+def stored_bytes(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(bytes of the fp8 values, bytes of the scales) for a weight of `shape` (out, in)."""
+    return shape[0] * shape[1], shape[0] * 4
+
+
+def row_scales(w: torch.Tensor) -> torch.Tensor:
+    """float32 scale per row: max|row| / 448 (1 for an all-zero row)."""
+    amax = w.abs().amax(dim=1).float() if w.numel() else torch.zeros(w.shape[0], device=w.device)
+    scale = amax / FP8_MAX
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
+def quantize_into(q: torch.Tensor, scale: torch.Tensor, w: torch.Tensor, device: torch.device | None = None) -> None:
+    """Write e4m3fn values into `q` (same shape as w, dtype FP8) and the row scales into `scale` (float32, rows).
+    With a GPU `device` the arithmetic runs there (fast; the device path of file-homed chunks quantizes there too,
+    so a weight gets the same bits whichever home it has) and the results are copied into q and scale."""
+    if device is not None and torch.device(device).type != "cpu" and w.device.type == "cpu":
+        qd, sd = quantize(w.to(device))
+        q.copy_(qd)
+        scale.copy_(sd)
+        return
+    s = row_scales(w)
+    scale.copy_(s)
+    rows = max(1, ROWS_PER_PIECE_BYTES // max(1, 4 * w.shape[1]))
+    for r in range(0, w.shape[0], rows):
+        piece = torch.div(w[r:r + rows].float(), s[r:r + rows, None]).clamp_(-FP8_MAX, FP8_MAX)   # w untouched
+        q[r:r + rows].copy_(piece)
+
+
+def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    q = torch.empty(w.shape, dtype=FP8, device=w.device)
+    scale = torch.empty(w.shape[0], dtype=torch.float32, device=w.device)
+    quantize_into(q, scale, w)
+    return q, scale
+
+
+def dequantize_into(dst: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
+    """dst (the model's dtype) = q · scale, computed in float32 and rounded once (no temporary of dst's size)."""
+    dst.copy_(q)                      # exact: every e4m3fn value is a bf16/fp16/fp32 value
+    dst.mul_(scale[:, None])          # bf16 × fp32 is computed in fp32 and rounded once to bf16
+
+
+def round_trip(w: torch.Tensor) -> torch.Tensor:
+    """What a weight becomes after fp8 storage (for error measurements and the file-to-device path)."""
+    q, scale = quantize(w)
+    out = torch.empty_like(w)
+    dequantize_into(out, q, scale)
+    return out
+
+
+def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
+    """‖approx − exact‖ / ‖exact‖ (Frobenius, in float64)."""
+    a, e = approx.double(), exact.double()
+    denom = e.norm().item()
+    return (a - e).norm().item() / denom if denom else float((a - e).norm().item())

@@ -1,0 +1,116 @@
+"""The host plan from the models' nominal sizes, before anything is loaded: for the UI's live hint under the
+preserved-memory slider and for the up-front check of --host-ram-gb (app start, CLI) that refuses a budget no plan
+fits before a single weight is read.
+
+Sizes: the transformer and the Llama are built on the meta device with the real configs (exact bytes per chunk,
+and their fp8 sizes); CLIP, the VAE and SigLIP are one chunk of their preset size. The process's own memory is not
+known yet: the larger of what it holds now and an estimate (configs/memory.py, host_overhead_gb on a GPU). The plan
+a job makes measures it instead (MemoryManager.arrange_host).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from configs.memory import MEMORY
+from memory.hostbudget import default_host_budget, job_working_bytes, rss_breakdown
+from memory.hostplan import FRAMEPACK_STAGES, HostPlan, ModelHost, plan_host
+from memory.plan import (GB, REAL_TRANSFORMER_CONFIG, activation_bytes, framepack_tokens, plan_residency)
+
+REAL_LLAMA_CONFIG = (("vocab_size", 128320), ("hidden_size", 4096), ("intermediate_size", 14336),
+                     ("num_hidden_layers", 32), ("num_attention_heads", 32), ("num_key_value_heads", 8))
+TEXT_RESERVE = 2 * GB            # as memory/budget.py: the text stage streams the Llama only past cap − this
+NOMINAL_SECTIONS, NOMINAL_FRAMES = 4, 145     # a 5 s video at 30 fps (the default length)
+
+
+def _items(cfg) -> tuple:
+    return tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in dict(cfg).items()))
+
+
+@lru_cache(maxsize=16)
+def _chunk_sizes(kind: str, config_items: tuple, dtype_bytes: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(bytes per chunk in the model's dtype, bytes per chunk in fp8 storage); chunk 0 is the rest, then blocks."""
+    import torch
+
+    from memory import fp8
+    from memory.chunk import _align
+    from memory.hostpack import block_list
+
+    with torch.device("meta"):
+        if kind == "transformer":
+            from diffusers import HunyuanVideoFramepackTransformer3DModel
+
+            model = HunyuanVideoFramepackTransformer3DModel(**dict(config_items))
+        else:
+            from transformers import LlamaConfig, LlamaModel
+
+            model = LlamaModel(LlamaConfig(**dict(config_items)))
+    blocks = block_list(model)
+    in_blocks = {id(m) for b in blocks for m in b.modules()}
+    groups = [[m for m in model.modules() if id(m) not in in_blocks]] + [list(b.modules()) for b in blocks]
+    plain, stored = [], []
+    for modules in groups:
+        a = b = 0
+        for m in modules:
+            for name, p in m._parameters.items():
+                if p is None:
+                    continue
+                a += _align(p.numel() * dtype_bytes)
+                if fp8.quantizable(m, name, p):
+                    values, scales = fp8.stored_bytes(tuple(p.shape))
+                    b += _align(values) + _align(scales)
+                else:
+                    b += _align(p.numel() * dtype_bytes)
+        plain.append(a)
+        stored.append(b)
+    return tuple(plain), tuple(stored)
+
+
+def nominal_models(preset, mode: str, cap_gb: float, preserved_gb: float, device_type: str,
+                   weight_storage: str = "native") -> list[ModelHost]:
+    gpu = device_type == "cuda"
+    quant = weight_storage == "fp8"
+    if preset.tiny:
+        cfg = preset.tiny_configs
+        tr = _chunk_sizes("transformer", _items(cfg["transformer"]), 4)
+        llama = _chunk_sizes("llama", _items(cfg["llama"]), 4)
+        small = {"text_encoder_2": 0.001, "vae": 0.001, "image_encoder": 0.001}
+    else:
+        tr = _chunk_sizes("transformer", REAL_TRANSFORMER_CONFIG, 2)
+        llama = _chunk_sizes("llama", REAL_LLAMA_CONFIG, 2)
+        small = {r: getattr(preset, r).size_gb for r in ("text_encoder_2", "vae", "image_encoder")}
+    files = not preset.tiny
+    out = []
+    for name, (plain, stored) in (("text_encoder", llama), ("transformer", tr)):
+        chunk_bytes = stored if quant else plain
+        streamed: tuple[int, ...] = ()
+        if gpu and name == "transformer":
+            act = 0 if preset.tiny else activation_bytes(framepack_tokens(608, 640, 9))
+            streamed = plan_residency(plain[1:], plain[0], int(cap_gb * GB), int(preserved_gb * GB),
+                                      min_resident=1, activation_bytes=act).streamed
+        elif gpu and sum(plain) + small["text_encoder_2"] * 1e9 + TEXT_RESERVE > cap_gb * GB:
+            streamed = plan_residency(plain[1:], plain[0] + int(small["text_encoder_2"] * 1e9), int(cap_gb * GB),
+                                      TEXT_RESERVE).streamed
+        chunks = frozenset(i + 1 for i in streamed)
+        transient = tuple((chunk_bytes[i] if i in chunks else 0) if gpu else plain[i] for i in range(len(plain)))
+        out.append(ModelHost(name, chunk_bytes, tuple(plain) if files else None, transient, chunks))
+    for name, size in small.items():
+        b = int(size * 1e9)
+        out.append(ModelHost(name, (b,), (b,) if files else None, (0 if gpu else b,)))
+    return out
+
+
+def nominal_overhead(device_type: str) -> int:
+    rss = rss_breakdown()
+    now = rss["anon"] + rss["file"] + rss["shmem"]
+    estimate = MEMORY.host_overhead_gb * GB if device_type == "cuda" else 0
+    return int(max(now, estimate) + job_working_bytes(NOMINAL_FRAMES, 608, 640, 9)
+               + (2 * MEMORY.staging_mb << 20 if device_type == "cuda" else 0))
+
+
+def nominal_plan(preset, mode: str, cap_gb: float, preserved_gb: float, device_type: str,
+                 host_ram_gb: float | None = None, weight_storage: str = "native") -> HostPlan:
+    """The host plan of a default-length job; raises HostBudgetError (with the minimum) if none fits."""
+    budget = int(host_ram_gb * GB) if host_ram_gb is not None else default_host_budget()[0]
+    models = nominal_models(preset, mode, cap_gb, preserved_gb, device_type, weight_storage)
+    return plan_host(models, FRAMEPACK_STAGES, NOMINAL_SECTIONS, budget, nominal_overhead(device_type),
+                     int(MEMORY.host_reserve_gb * GB), pinned=device_type == "cuda" and MEMORY.pin_host_memory)
