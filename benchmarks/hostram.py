@@ -225,6 +225,23 @@ def fp8_step(model_dir: Path, tiny: bool) -> dict:
             "placement_native": out["native_placement"], "placement_fp8": out["fp8_placement"]}
 
 
+def _job_fingerprint(job_dir) -> dict:
+    """What tells two runs of one job apart, stage by stage: the latents' hash (the sampling's result), the VAE
+    decode attempts (tiling, memory available, retries: tiles change pixels), and the frames' hash."""
+    if not job_dir:
+        return {}
+    folder = Path(job_dir)
+    info = json.loads((folder / "job.json").read_text())
+    latents = folder / "latents.safetensors"
+    stages = info.get("memory", {}).get("stages", [])
+    return {"latents_sha256": hashlib.sha256(latents.read_bytes()).hexdigest() if latents.is_file() else None,
+            "vae_attempts": [a for s in stages for a in s.get("vae_attempts", [])],
+            "vae_tilings": [(a.get("tiling"), a.get("fallback"), a.get("ok")) for s in stages
+                            for a in s.get("vae_attempts", [])],
+            "video_sha256": hashlib.sha256("".join(x["frames_sha256"] for x in info["sections"]).encode())
+            .hexdigest() if info.get("sections") else None}
+
+
 def child(cfg: Config, model_dir: Path, result: Path, tiny: bool) -> None:
     started = _since_start()
     import torch
@@ -267,8 +284,7 @@ def child(cfg: Config, model_dir: Path, result: Path, tiny: bool) -> None:
         r_info = json.loads((Path(r_last.job_dir) / "job.json").read_text()) if r_last.job_dir else {}
         repeats.append({"job_s": r_s, "status": type(r_last).__name__, "timings": r_info.get("timings"),
                         "stages": [st["name"] for st in r_info.get("memory", {}).get("stages", [])],
-                        "video_sha256": hashlib.sha256("".join(x["frames_sha256"] for x in r_info["sections"])
-                                                       .encode()).hexdigest() if r_info.get("sections") else None})
+                        **_job_fingerprint(r_last.job_dir)})
     out = {"config": cfg.name, "what": cfg.what, "device": torch.cuda.get_device_name() if torch.cuda.is_available()
            else "cpu", "torch": torch.__version__, "video_written": video, "python_started_s": started,
            "load_s": load_s, "arrange_s": arrange_s, "job_s": job_s, "first_step_since_start_s": first_step,
@@ -281,9 +297,7 @@ def child(cfg: Config, model_dir: Path, result: Path, tiny: bool) -> None:
                    vram_peak_reserved=max((s["peak_reserved"] for s in stages), default=0),
                    file_bytes_in_stages=sum(s.get("file_bytes", 0) for s in stages),
                    stages=[{k: s[k] for k in ("name", "seconds", "load_s", "file_bytes", "peak_reserved")}
-                           for s in stages],
-                   video_sha256=hashlib.sha256("".join(s["frames_sha256"] for s in info["sections"]).encode())
-                   .hexdigest() if info.get("sections") else None)
+                           for s in stages], **_job_fingerprint(job_dir))
     if isinstance(last, Failed):
         out["detail"] = last.detail[-3000:]
     assert isinstance(last, (Done, Failed))
@@ -477,7 +491,9 @@ def report(results: Path) -> dict:
     for name, r in rows.items():
         for i, rep in enumerate(r.get("repeats") or [], 2):
             print(f"\n({name}) job {i}: {rep['job_s']:.1f} s, stages {', '.join(dict.fromkeys(rep['stages']))}; "
-                  f"same video as job 1: {rep['video_sha256'] == r.get('video_sha256')}")
+                  f"same video as job 1: {rep['video_sha256'] == r.get('video_sha256')}; same latents: "
+                  f"{rep.get('latents_sha256') == r.get('latents_sha256')}; same VAE decode tilings and retries: "
+                  f"{rep.get('vae_tilings') == r.get('vae_tilings')}")
     for name, r in rows.items():
         plan = (r.get("host") or {}).get("plan") or {}
         if plan.get("text"):
