@@ -230,11 +230,20 @@ def _job_fingerprint(job_dir) -> dict:
     decode attempts (tiling, memory available, retries: tiles change pixels), and the frames' hash."""
     if not job_dir:
         return {}
+    import torch
+
     folder = Path(job_dir)
     info = json.loads((folder / "job.json").read_text())
     latents = folder / "latents.safetensors"
     stages = info.get("memory", {}).get("stages", [])
-    return {"latents_sha256": hashlib.sha256(latents.read_bytes()).hexdigest() if latents.is_file() else None,
+    digest = None
+    if latents.is_file():                    # the tensors only: the file's metadata names the job
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(latents))
+        digest = hashlib.sha256(b"".join(tensors[k].contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+                                         for k in sorted(tensors))).hexdigest()
+    return {"latents_sha256": digest,
             "vae_attempts": [a for s in stages for a in s.get("vae_attempts", [])],
             "vae_tilings": [(a.get("tiling"), a.get("fallback"), a.get("ok")) for s in stages
                             for a in s.get("vae_attempts", [])],
