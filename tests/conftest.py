@@ -2,15 +2,12 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[1]      # the repository (pytest puts it on sys.path: `pythonpath`)
 
 # Nothing at test time touches the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -66,8 +63,11 @@ def client(server, tmp_path_factory):
 
 
 def run_job(request, components, outputs, memory=None, cancel=None):
-    """Run a job to its end; returns (events, final event)."""
+    """Prepare `request` as the UI and the CLI do (checked, images decoded once) and run the job to its end;
+    returns (events, final event)."""
     from pipeline.orchestrator import generate
+    from pipeline.request import prepare
 
-    events = list(generate(request, components, memory, cancel=cancel, outputs=outputs))
+    prepared = prepare(request, components.preset.default_resolution)
+    events = list(generate(prepared, components, memory, cancel=cancel, outputs=outputs))
     return events, events[-1]
