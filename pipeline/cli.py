@@ -10,6 +10,7 @@ import traceback
 from pathlib import Path
 
 from configs import DEFAULTS, MEMORY, PRESETS
+from pipeline import cli_log
 from configs.generation import MODES, SAMPLERS
 
 log = logging.getLogger("pipeline.cli")
@@ -260,7 +261,7 @@ class Runner:
                 bar = None
             # Always in the log file (and the record keeps the cause); on the terminal only with -v.
             log.error("the job could not run: %s", e, exc_info=True, extra={"terminal": self.args.verbose})
-            where = log_file_note()
+            where = cli_log.log_file_note()
             print(f"error: {e}" + ("" if self.args.verbose else f" (-v shows the traceback{where})"),
                   file=sys.stderr)
             return EXIT_FAILED, Failed(str(e), traceback.format_exc())
@@ -345,58 +346,12 @@ def run_batch(runner: Runner, path: Path) -> int:
     return EXIT_OK if results and done == len(results) else EXIT_FAILED
 
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-_log_file: list[Path] = []          # the log file of this process, once setup_logging() opened it
-
-
-def log_path() -> Path:
-    """The command line's log file: <cache>/logs/cli.log (common.paths), two files of 2 MB at most."""
-    from common.paths import cache_root
-
-    return cache_root() / "logs" / "cli.log"
-
-
-def log_file_note() -> str:
-    return f"; it is in {_log_file[0]}" if _log_file else ""
-
-
-class _TerminalFilter(logging.Filter):
-    """Records logged with extra={"terminal": False} (a traceback without -v) go to the log file only."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return getattr(record, "terminal", True)
-
-
-def setup_logging(args: argparse.Namespace) -> None:
-    """The terminal shows warnings (-v: stage messages and tracebacks too); the log file keeps every message and
-    every traceback, whatever the flags."""
-    from logging.handlers import RotatingFileHandler
-
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format=LOG_FORMAT,
-                        datefmt="%H:%M:%S")
-    root = logging.getLogger()
-    for handler in root.handlers:
-        handler.addFilter(_TerminalFilter())
-        if not args.verbose:
-            handler.setLevel(logging.WARNING)       # the progress bar tells the story; -v shows stage messages
-    path = log_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        file_handler = RotatingFileHandler(path, maxBytes=2 << 20, backupCount=1, encoding="utf-8")
-    except OSError as e:
-        log.warning("no log file (%s): %s", path, e)
-        return
-    file_handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    root.addHandler(file_handler)
-    _log_file[:] = [path]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.host_ram_gb is not None and not args.host_ram_gb > 0:
         parser.error("--host-ram-gb: must be more than 0 (GB of host RAM this program may use)")
-    setup_logging(args)
+    cli_log.setup_logging(args.quiet, args.verbose)
     runner = Runner(args)
     if args.command == "generate":
         return runner.run(request_from_args(args))[0]

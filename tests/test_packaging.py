@@ -80,3 +80,13 @@ def test_a_benchmark_runs_as_a_script_without_installing(tmp_path):
                        text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     assert "--tiny" in r.stdout
+
+
+def test_every_long_test_named_in_conftest_exists():
+    from tests.conftest import LONG_TESTS
+
+    for key in LONG_TESTS:
+        file, _, test = key.partition("::")
+        path = ROOT / "tests" / file
+        assert path.is_file(), key
+        assert not test or f"def {test.split('[')[0]}" in path.read_text("utf-8"), key

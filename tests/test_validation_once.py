@@ -31,11 +31,9 @@ def decodes(monkeypatch):
 
 
 def _cli_runner(tiny_original, *argv):
-    args = build_parser().parse_args(argv)
-    runner = Runner(args)
-    runner._components[tiny_original.mode] = tiny_original       # the loaded models (no second build)
-    args.device = "cpu"
-    return runner, args
+    """The CLI's runner for `argv` (the tiny preset: its models are built in code, no image involved)."""
+    args = build_parser().parse_args([*argv, "--device", "cpu"])
+    return Runner(args), args
 
 
 def test_the_cli_decodes_the_image_once_per_job(tiny_original, tmp_path, decodes):

@@ -75,15 +75,18 @@ class JobRunner:
         self._gpu = threading.Lock()
 
     # ---- sessions -----------------------------------------------------------------------------------------------
-    def reserve(self, session: str, request, resume: ResumeRequest | None = None) -> Ticket:
-        """A ticket for the session's next job. `request`: a PreparedRequest (pipeline.prepare, as the API does),
-        or a Request, prepared here (raises InputError naming the field). A session has at most one unfinished
-        job; a job folder is resumed by one ticket at a time."""
-        prepared = request if isinstance(request, PreparedRequest) or request is None else \
-            prepare(request, self.models.preset.default_resolution)
-        if resume is not None:
-            prepared = resume.prepared
-        folder = resume.job_dir if resume is not None else None
+    def reserve(self, session: str, job) -> Ticket:
+        """A ticket for the session's next job. `job`: a Request (checked and its images decoded here; raises
+        InputError naming the field), a PreparedRequest (pipeline.prepare, as the API does) or a ResumeRequest
+        (reserve_resume). A session has at most one unfinished job; a job folder is resumed by one ticket at a
+        time."""
+        if isinstance(job, ResumeRequest):
+            prepared, resuming = job.prepared, job
+        elif isinstance(job, PreparedRequest):
+            prepared, resuming = job, None
+        else:
+            prepared, resuming = prepare(job, self.models.preset.default_resolution), None
+        folder = resuming.job_dir if resuming is not None else None
         with self._lock:
             old = self._tickets.get(session)
             if old is not None and not old.finished:
@@ -91,7 +94,7 @@ class JobRunner:
             if folder is not None and any(not t.finished and folder in (t.resume, t.job_dir)
                                           for t in self._tickets.values()):
                 raise SessionBusy(f"job {folder.name} is already running or waiting to run")
-            ticket = self._tickets[session] = Ticket(session, prepared, resume)
+            ticket = self._tickets[session] = Ticket(session, prepared, resuming)
             self._errors.pop(session, None)
             return ticket
 
@@ -104,7 +107,7 @@ class JobRunner:
         job_dir = Path(job_dir).resolve()
         if job_dir.parent != self.outputs.resolve() or not job_dir.is_dir():
             raise InputError("job folder", f"{job_dir.name} is not a job folder of this app's outputs")
-        return self.reserve(session, None, resume=prepare_resume(job_dir))   # a damaged job.json: InputError
+        return self.reserve(session, prepare_resume(job_dir))       # a damaged job.json: InputError
 
     def forget(self, ticket: Ticket) -> None:
         """Drop a finished ticket (API calls: nothing refers to it afterwards)."""
