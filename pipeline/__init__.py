@@ -5,7 +5,7 @@ Imports are lazy so that `python -m pipeline` can apply the ROCm environment pro
 from __future__ import annotations
 
 _EXPORTS = {
-    "generate": "pipeline.orchestrator", "CancelToken": "pipeline.cancel", "resume": "pipeline.resume",
+    "generate": "pipeline.orchestrator", "CancelToken": "pipeline.cancel",
     "prepare_resume": "pipeline.resume", "PreparedRequest": "pipeline.request",
     "Request": "pipeline.request", "prepare": "pipeline.request",
     "load_components": "pipeline.components", "Components": "pipeline.components",
