@@ -24,9 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+if not __package__:          # `python3 benchmarks/<this>.py`: run again as a module (benchmarks/_script.py)
+    import _script
+
+    _script.as_module(__file__)
 
 import rocm  # noqa: E402
 

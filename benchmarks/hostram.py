@@ -43,12 +43,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+if not __package__:          # `python3 benchmarks/<this>.py`: run again as a module (benchmarks/_script.py)
+    import _script
+
+    _script.as_module(__file__)
+
+from common.units import GIB  # noqa: E402
 
 log = logging.getLogger("benchmarks.hostram")
-GIB = 1024 ** 3
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -164,8 +166,10 @@ def _memory(cfg: Config, tiny: bool):
 
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     budget = None if cfg.budget_gb in (None, "tight") else float(cfg.budget_gb)
-    return MemoryManager(device=device, cap_gb=20.0, preserved_gb=6.0, host_ram_gb=budget,
-                         weight_storage=cfg.storage)
+    memory = MemoryManager(device=device, cap_gb=20.0, preserved_gb=6.0, host_ram_gb=budget,
+                           weight_storage=cfg.storage)
+    memory.apply_cap()
+    return memory
 
 
 def _arrange(memory, comps, cfg: Config, request) -> float:
@@ -256,7 +260,9 @@ def child(cfg: Config, model_dir: Path, result: Path, tiny: bool) -> None:
     import torch
 
     from pipeline.events import Done, Failed, Progress
-    from pipeline.orchestrator import CancelToken, generate
+    from pipeline.cancel import CancelToken
+    from pipeline.orchestrator import generate
+    from pipeline.request import prepare
 
     if cfg.name == "fp8step":
         result.write_text(json.dumps(fp8_step(model_dir, tiny), indent=1))
@@ -271,12 +277,13 @@ def child(cfg: Config, model_dir: Path, result: Path, tiny: bool) -> None:
     memory = _memory(cfg, tiny)
     request = _job_request(tiny)
     arrange_s = _arrange(memory, comps, cfg, request)
+    prepared = prepare(request, comps.preset.default_resolution)
     outputs = result.parent / "jobs" / cfg.name
 
     def run_job(memory):
         cancel, first_step, last = CancelToken(), None, None
         t0 = time.perf_counter()
-        for ev in generate(request, comps, memory, cancel=cancel, outputs=outputs):
+        for ev in generate(prepared, comps, memory, cancel=cancel, outputs=outputs):
             if first_step is None and isinstance(ev, Progress) and ev.stage == "sampling" and ev.step >= 1:
                 first_step = _since_start()
                 if cfg.cold:
@@ -413,9 +420,10 @@ def run_config(cfg: Config, model_dir: Path, results: Path, tiny: bool, timeout:
         import shutil
 
         shutil.rmtree(prompts)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", STEADYFRAME_PROMPT_CACHE=str(prompts),
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", cfg.name, "--model-dir", str(model_dir),
+    from benchmarks._script import repo_env
+
+    env = repo_env(dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", STEADYFRAME_PROMPT_CACHE=str(prompts)))
+    cmd = [sys.executable, "-m", "benchmarks.hostram", "--child", cfg.name, "--model-dir", str(model_dir),
            "--out", str(results)] + (["--tiny"] if tiny else [])
     peaks: dict = {}
     stop = threading.Event()

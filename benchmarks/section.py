@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,12 +25,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+if not __package__:          # `python3 benchmarks/<this>.py`: run again as a module (benchmarks/_script.py)
+    import _script
+
+    _script.as_module(__file__)
+
+from common.units import GIB  # noqa: E402
 
 log = logging.getLogger("benchmarks.section")
-GB = 1024 ** 3
 
 
 def _image(height: int, width: int):
@@ -95,10 +96,9 @@ def calibrate_vae(tiny: bool, out: Path) -> None:
 
 def _inject_vae_oom(memory) -> None:
     """Fault injection (rocm's test seam) during VAE decode only: tier 1 of every conv3d raises OOM."""
-    import rocm
     from rocm import Fault, FaultPlan
 
-    fallback = rocm.get_default_fallback()
+    fallback = memory.conv_fallback
     decode = memory.decode_vae
 
     def decode_with_oom(vae, z):
@@ -108,10 +108,8 @@ def _inject_vae_oom(memory) -> None:
     memory.decode_vae = decode_with_oom
 
 
-def _conv_report() -> dict:
-    import rocm
-
-    stats = rocm.get_default_fallback().stats()
+def _conv_report(memory) -> dict:
+    stats = memory.conv_fallback.stats()
     return {"calls_per_tier": stats.calls_per_tier, "exhausted": stats.exhausted, "report": stats.report()}
 
 
@@ -158,7 +156,7 @@ def main(argv=None) -> None:
     from pipeline import sections as sec
     from pipeline.events import Done, Failed
     from pipeline.orchestrator import generate
-    from pipeline.request import Request
+    from pipeline.request import Request, prepare
 
     video = _ensure_video_writer()
     if args.vae_cudnn_benchmark or args.vae_channels_last:
@@ -180,9 +178,10 @@ def main(argv=None) -> None:
         _inject_vae_oom(memory)
     request = Request(image=_image(height, width), prompt="a red fox runs through fresh snow", seconds=args.seconds,
                       steps=args.steps, teacache=0.0, seed=31337)
+    prepared = prepare(request, comps.preset.default_resolution)
     with tempfile.TemporaryDirectory() as outputs:
         t0 = time.perf_counter()
-        events = list(generate(request, comps, memory, outputs=outputs))
+        events = list(generate(prepared, comps, memory, outputs=outputs))
         total_s = time.perf_counter() - t0
     end = events[-1]
     if isinstance(end, Failed):
@@ -213,7 +212,7 @@ def main(argv=None) -> None:
                "peak_reserved_below_cap": cap is None or max(r.peak_reserved for r in memory.records) <= cap,
                "frames": end.frames, "stages": stages, "inject_vae_oom": args.inject_vae_oom, "split": split,
                "vae_speed": {"cudnn_benchmark": args.vae_cudnn_benchmark, "channels_last": args.vae_channels_last},
-               "conv_fallback": _conv_report()}
+               "conv_fallback": _conv_report(memory)}
     args.out.write_text(json.dumps(summary, indent=1, default=str))
     print(f"\n{summary['device']}, torch {summary['torch']}, cap {args.cap_gb:g} GB, preserved "
           f"{args.preserved_gb:g} GB, {plan.count} sections × {args.steps} steps, {end.frames} frames")
@@ -224,17 +223,17 @@ def main(argv=None) -> None:
         if s["vae_attempts"]:
             notes = f"{s['frames']} frames, {s['vae_attempts'][-1]['tiling']}"
         elif s["streamed_bytes_per_pass"]:
-            notes = f"{s['streamed_bytes_per_pass'] / GB:.1f} GB streamed per pass"
+            notes = f"{s['streamed_bytes_per_pass'] / GIB:.1f} GB streamed per pass"
         print(f"| {s['name']} | {s['section']} | {s['seconds']:.2f} | {s['load_s']:.3f} | {s['unload_s']:.3f} | "
-              f"{s['peak_allocated'] / GB:.2f} | {s['peak_reserved'] / GB:.2f} | "
-              f"{(s['host_rss_after'] or 0) / GB:.1f} | {notes} |")
+              f"{s['peak_allocated'] / GIB:.2f} | {s['peak_reserved'] / GIB:.2f} | "
+              f"{(s['host_rss_after'] or 0) / GIB:.1f} | {notes} |")
     print("\n| part of the job | s | share |\n|---|---|---|")
     for name, seconds in split["parts"].items():
         print(f"| {name} | {seconds:.2f} | {100 * seconds / total_s:.1f}% |")
     print(f"| **end to end** | {total_s:.2f} | **{split['ratio']:.3f}× the transformer's sampling** |")
     print(f"(video writing on the background thread: {split['video_background_s']:.2f} s of work, overlapped)")
     print(f"\nend to end {total_s:.1f} s; switching models {switch_s:.2f} s = {100 * switch_s / total_s:.1f}%; "
-          f"peak reserved {summary['peak_reserved'] / GB:.2f} GB (cap {args.cap_gb:g}); one-time pack+pin "
+          f"peak reserved {summary['peak_reserved'] / GIB:.2f} GB (cap {args.cap_gb:g}); one-time pack+pin "
           f"{prepare_s:.1f} s; build {build_s:.1f} s")
 
 

@@ -17,20 +17,21 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+if not __package__:          # `python3 benchmarks/<this>.py`: run again as a module (benchmarks/_script.py)
+    import _script
+
+    _script.as_module(__file__)
+
+from common.units import GIB  # noqa: E402
 
 from rocm.allocator import synchronize  # noqa: E402
 
 log = logging.getLogger("benchmarks.transformer_step")
-GB = 1024 ** 3
 
 
 def section_inputs(tr, height: int, width: int, window: int, image_tokens: int, seed: int = 0):
@@ -74,6 +75,7 @@ def run_config(name, tr, inputs, device, cap_gb, preserved_gb, depth, warmup, st
 
     mm = MemoryManager(device=device, cap_gb=cap_gb, preserved_gb=preserved_gb, prefetch_depth=depth,
                        plan_on_cpu=device.type == "cpu")
+    mm.apply_cap()
     with mm.stage("transformer", transformer=tr) as rec:
         times, out = time_steps(FramepackDenoiser(tr, 0.0, steps), inputs, device, warmup, steps)
     return {"config": name, "output": out, "cap_gb": cap_gb, "preserved_gb": preserved_gb, "prefetch_depth": depth,
@@ -92,6 +94,7 @@ def run_sync_swap(tr, inputs, device, cap_gb, preserved_gb, warmup, steps, pinne
     from pipeline.denoiser import FramepackDenoiser
 
     mm = MemoryManager(device=device, cap_gb=cap_gb, preserved_gb=preserved_gb, plan_on_cpu=device.type == "cpu")
+    mm.apply_cap()
     pack = HostPack.of(tr)
     plan = mm.budget.transformer_plan(tr, pack)
     if device.type == "cuda":
@@ -166,10 +169,10 @@ def main(argv=None) -> None:
     pack = HostPack.of(tr)
     pin_s = pack.set_pinned(device.type == "cuda")
     inputs = section_inputs(tr, height, width, 9, image_tokens)
-    total_gb = torch.cuda.get_device_properties(device).total_memory / GB if device.type == "cuda" else 1e3
+    total_gb = torch.cuda.get_device_properties(device).total_memory / GIB if device.type == "cuda" else 1e3
     if args.tiny:       # caps that stream half / all but one of the tiny model's blocks, 1 GB preserved
         def cap(n):
-            return 1.0 + (pack.rest.nbytes + sum(c.nbytes for c in pack.blocks[:n])) / GB
+            return 1.0 + (pack.rest.nbytes + sum(c.nbytes for c in pack.blocks[:n])) / GIB
         caps = {"cap A": (cap(max(1, len(pack.blocks) // 2)), 1.0), "cap B": (cap(1), 1.0)}
     else:
         caps = {"20 GB cap": (20.0, 6.0), "12 GB cap": (12.0, 6.0)}
@@ -199,8 +202,8 @@ def main(argv=None) -> None:
     print("| config | s/step | × resident | peak allocated GiB | peak reserved GiB | streamed GiB/step | "
           "output = resident |\n|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['config']} | {r['s_per_step']:.3f} | {r['x_resident']:.3f} | {r['peak_allocated'] / GB:.2f} | "
-              f"{r['peak_reserved'] / GB:.2f} | {r['streamed_bytes'] / GB:.1f} | "
+        print(f"| {r['config']} | {r['s_per_step']:.3f} | {r['x_resident']:.3f} | {r['peak_allocated'] / GIB:.2f} | "
+              f"{r['peak_reserved'] / GIB:.2f} | {r['streamed_bytes'] / GIB:.1f} | "
               f"{'exact' if r['same_output_as_resident'] else r['max_abs_diff']} |")
 
 

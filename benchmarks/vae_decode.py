@@ -28,12 +28,14 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+if not __package__:          # `python3 benchmarks/<this>.py`: run again as a module (benchmarks/_script.py)
+    import _script
+
+    _script.as_module(__file__)
+
+from common.units import GIB  # noqa: E402
 
 log = logging.getLogger("benchmarks.vae_decode")
-GB = 1024 ** 3
 SHAPES = {"first section": (9, 76, 80), "middle sections": (18, 76, 80)}      # 33 and 69 pixel frames
 TINY_SHAPES = {"first section": (5, 8, 8), "middle sections": (9, 8, 8)}    # small: the CPU's conv3d is slow
 
@@ -89,7 +91,7 @@ def run_row(vae, z, tiling, speed, dtype, device, reps: int) -> tuple[dict, torc
             _sync(device)
             (times.append if i else (lambda s: None))(time.perf_counter() - t0)
             first = first if i else time.perf_counter() - t0
-        peak = (torch.cuda.max_memory_allocated(device) - base) / GB if device.type == "cuda" else None
+        peak = (torch.cuda.max_memory_allocated(device) - base) / GIB if device.type == "cuda" else None
         return {"first_s": first, "s": statistics.median(times), "peak_gb": peak}, out
     except torch.OutOfMemoryError:
         return {"error": "oom"}, None
@@ -139,7 +141,7 @@ def main(argv=None) -> int:
     vae.to(device).eval()
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * GB / total), torch.cuda.current_device())
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * GIB / total), torch.cuda.current_device())
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
               "cap_gb": args.cap_gb if device.type == "cuda" else None, "vae_dtype": str(vae.dtype),
@@ -151,7 +153,7 @@ def main(argv=None) -> int:
         z = torch.randn(1, 16, *shape, generator=gen).to(device, vae.dtype)
         available = None
         if device.type == "cuda":
-            available = int(args.cap_gb * GB) - torch.cuda.memory_allocated(device) - (512 << 20)
+            available = int(args.cap_gb * GIB) - torch.cuda.memory_allocated(device) - (512 << 20)
         baseline = VaeDecodePolicy().plan(vae, shape, available)[0]
         rows, reference = [], None
         for label, tiling, speed, dtype in rows_to_run(baseline, args.tiny):
@@ -179,7 +181,7 @@ def main(argv=None) -> int:
         reference = None
     first = next(iter(shapes.values()))
     z = torch.randn(1, 16, *first, generator=gen).to(device, vae.dtype)
-    available = int(args.cap_gb * GB) - torch.cuda.memory_allocated(device) - (512 << 20) \
+    available = int(args.cap_gb * GIB) - torch.cuda.memory_allocated(device) - (512 << 20) \
         if device.type == "cuda" else None
     result["profile"] = profile_decode(vae, z, VaeDecodePolicy().plan(vae, first, available)[0], device)
     result["total_s"] = time.perf_counter() - started

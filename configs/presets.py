@@ -70,7 +70,7 @@ HUNYUAN = ModelPreset(
     transformer_f1=ComponentSource("lllyasviel/FramePack_F1_I2V_HY_20250503", None, "bfloat16", 25.7),
 )
 
-# Tiny configs that run the real classes (constraints in FRAMEPACK_FACTS.md, "Tiny configs").
+# Tiny configs that run the real classes (constraints in docs/FACTS.md, "Tiny configs").
 _TINY_CONFIGS = {
     "llama": dict(vocab_size=263, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024),

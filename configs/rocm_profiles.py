@@ -1,7 +1,7 @@
 """ROCm environment profiles per AMD architecture family, as frozen data.
 
 Read by ``rocm.env.apply_env_profile`` *before* ``import torch``; keep this file free of torch and of anything
-heavy. Every variable named here must be a real, working switch according to ``shared/ROCM_FACTS.md``
+heavy. Every variable named here must be a real, working switch according to ``docs/FACTS.md (ROCm)``
 (tests/test_rocm_env.py checks that against an allow-list written from that page).
 
 What each profile does and why:
@@ -12,7 +12,7 @@ What each profile does and why:
 * The MIOpen kernel cache (``MIOPEN_CUSTOM_CACHE_DIR``) in SteadyFrame's cache folder, one per torch/ROCm build,
   created by ``rocm.env``; its path is computed at run time, so it is not listed here. ``MIOPEN_USER_DB_PATH`` is
   NOT set: under FIND_MODE=FAST MIOpen never writes the find database, so pointing it elsewhere only hides the
-  user's own find-db (ROCM_FACTS.md, "How MIOpen reads its settings").
+  user's own find-db (docs/FACTS.md, "How MIOpen reads its settings").
 * ``TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1`` on the archs whose AOTriton flash / memory-efficient attention
   kernels PyTorch only offers behind that switch (consumer RDNA3/RDNA4, and gfx950): without it SDPA silently
   takes the math kernel, 29 GiB of scores at FramePack's ~18k tokens. PyTorch reads it, once, in

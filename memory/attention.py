@@ -1,7 +1,7 @@
 """Attention that never falls back to PyTorch's math kernel at full size.
 
 At FramePack's ~18k tokens the math SDPA kernel materialises the score matrix: 24 heads × 18k² × 4 B ≈ 29 GB.
-Inside a stage, `AttentionGuard` replaces `torch.nn.functional.scaled_dot_product_attention` (which diffusers'
+Inside a stage, `AttentionGuard` replaces (through the one patch registry, common/patches.py) `torch.nn.functional.scaled_dot_product_attention` (which diffusers'
 native attention backend and transformers' sdpa attention call) with a checked version: on a GPU it asks PyTorch
 which fused kernel (flash, memory-efficient, cuDNN) takes this call and runs it restricted to that kernel; when
 none applies (dtype, head size, mask kind on this device), it splits the queries into chunks whose score matrix
@@ -17,6 +17,10 @@ import os
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from common import patches
+from common.patches import Patch
+from common.units import GIB
 
 log = logging.getLogger(__name__)
 
@@ -82,22 +86,22 @@ class AttentionGuard:
         self.gate_note = gate_note
         self.choices: dict[str, str] = {}
         self._decided: dict[tuple, SDPBackend | None] = {}
-        self._original = None
-        self._installed = None
+        self._patch: Patch | None = None
+
+    @property
+    def _original(self):
+        return self._patch.original if self._patch is not None else F.scaled_dot_product_attention
 
     def __enter__(self) -> "AttentionGuard":
         if self.device.type == "cuda" or self.force_chunked:
-            self._original = F.scaled_dot_product_attention
-            self._installed = self._sdpa          # one bound-method object, so the check on exit can use `is`
-            F.scaled_dot_product_attention = self._installed
+            owner = "memory.AttentionGuard" + (f" ({self.label})" if self.label else "")
+            self._patch = patches.patch(F, "scaled_dot_product_attention", self._sdpa, owner)
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._original is not None:
-            if F.scaled_dot_product_attention is not self._installed:
-                log.warning("scaled_dot_product_attention was replaced during the stage; restoring it anyway")
-            F.scaled_dot_product_attention = self._original
-            self._original = self._installed = None
+        if self._patch is not None:
+            patches.restore(self._patch)
+            self._patch = None
 
     @staticmethod
     def _signature(q, k, v, mask, dropout_p, is_causal, enable_gqa) -> tuple:
@@ -138,8 +142,8 @@ class AttentionGuard:
         else:
             full = query.shape[:-2].numel() * query.shape[-2] * key.shape[-2] * MATH_BYTES_PER_SCORE
             rows = chunk_rows(query, key, self.chunk_budget_bytes)
-            text = (f"no fused kernel: math in chunks of {rows} query rows (≤ {self.chunk_budget_bytes / 2**30:.2f}"
-                    f" GiB each; unchunked would need {full / 2**30:.1f} GiB at this size)")
+            text = (f"no fused kernel: math in chunks of {rows} query rows (≤ {self.chunk_budget_bytes / GIB:.2f}"
+                    f" GiB each; unchunked would need {full / GIB:.1f} GiB at this size)")
             note = self._gate_note()
             if note:
                 text += f"; {note}"

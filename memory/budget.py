@@ -14,12 +14,13 @@ import torch
 
 from configs.memory import MEMORY
 from memory.hostpack import Chunk, HostPack
-from memory.plan import GB, ResidencyPlan, activation_bytes, framepack_tokens, plan_residency
+from common.units import GIB
+from memory.plan import ResidencyPlan, activation_bytes, framepack_tokens, plan_residency
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFETCH_DEPTH = MEMORY.prefetch_depth     # configs/memory.py
-TEXT_RESERVE_BYTES = 2 * GB       # activations of the text encoders (≤ ~350 tokens) + headroom
+TEXT_RESERVE_BYTES = 2 * GIB       # activations of the text encoders (≤ ~350 tokens) + headroom
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Placement:
 
     def describe(self) -> str:
         if not self.streamed:
-            return f"{self.name}: {self.pack.nbytes / GB:.2f} GB resident"
+            return f"{self.name}: {self.pack.nbytes / GIB:.2f} GB resident"
         return f"{self.name}: {self.plan.describe(self.name)}"
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from common.units import GIB
 from memory import fp8
 from memory.weightfiles import TensorSource, WeightFiles
 
@@ -345,7 +346,7 @@ class Chunk:
                 self.host = self.host.pin_memory()
                 log.warning("%s: cudaHostRegister refused; pinned a copy with PyTorch's allocator instead "
                             "(%.2f GB of page-locked RAM for %.2f GB)", self.name,
-                            2 ** (self.host_nbytes - 1).bit_length() / 1e9, self.host_nbytes / 1e9)
+                            2 ** (self.host_nbytes - 1).bit_length() / GIB, self.host_nbytes / GIB)
                 self._refresh_idle()
                 self.bind_idle()
         elif self._pinned_ptr is not None:

@@ -13,7 +13,7 @@ import time
 
 from memory.hostpack import HostPack
 from memory.hostplan import HostPlan, ModelHost
-from memory.plan import GB
+from common.units import GIB
 
 log = logging.getLogger(__name__)
 
@@ -56,5 +56,5 @@ def realize(plan: HostPlan, packs: dict[str, HostPack], quantized: dict[str, boo
                     chunk.drop_pages(cache=True)
     seconds = time.perf_counter() - t0
     if read:
-        log.info("host plan: %.2f GB read from the weight files into RAM in %.1f s", read / GB, seconds)
+        log.info("host plan: %.2f GB read from the weight files into RAM in %.1f s", read / GIB, seconds)
     return read, seconds

@@ -16,12 +16,12 @@ import os
 from pathlib import Path
 
 from configs.memory import MEMORY, MemoryConfig
-from memory.plan import GB
+from common.units import GIB
 
 log = logging.getLogger(__name__)
 
-CUDA_CONTEXT_ESTIMATE = 1 * GB        # host memory of a CUDA/ROCm context + libraries not loaded yet (estimate)
-OVERHEAD_FLOOR = GB // 4
+CUDA_CONTEXT_ESTIMATE = 1 * GIB        # host memory of a CUDA/ROCm context + libraries not loaded yet (estimate)
+OVERHEAD_FLOOR = GIB // 4
 
 
 def _read(path: Path) -> str | None:
@@ -71,15 +71,15 @@ def default_host_budget(total: int | None = None, limit: int | None = None,
                         cfg: MemoryConfig = MEMORY) -> tuple[int, str]:
     """(bytes, explanation) of the budget used when --host-ram-gb is not given."""
     total = total_ram() if total is None else total
-    margin = min(max(cfg.host_os_margin_share * total, cfg.host_os_margin_min_gb * GB), cfg.host_os_margin_max_gb * GB)
+    margin = min(max(cfg.host_os_margin_share * total, cfg.host_os_margin_min_gb * GIB), cfg.host_os_margin_max_gb * GIB)
     budget = int(total - margin)
-    text = (f"host RAM budget {budget / GB:.1f} GB = {total / GB:.1f} GB of RAM − {margin / GB:.1f} GB for the OS "
+    text = (f"host RAM budget {budget / GIB:.1f} GB = {total / GIB:.1f} GB of RAM − {margin / GIB:.1f} GB for the OS "
             f"and other programs ({cfg.host_os_margin_share:.0%}, {cfg.host_os_margin_min_gb:g}–"
             f"{cfg.host_os_margin_max_gb:g} GB)")
     limit = cgroup_memory_limit() if limit is None else limit
-    if limit and limit - cfg.host_cgroup_margin_gb * GB < budget:
-        budget = int(limit - cfg.host_cgroup_margin_gb * GB)
-        text = (f"host RAM budget {budget / GB:.1f} GB = this cgroup's memory limit {limit / GB:.1f} GB − "
+    if limit and limit - cfg.host_cgroup_margin_gb * GIB < budget:
+        budget = int(limit - cfg.host_cgroup_margin_gb * GIB)
+        text = (f"host RAM budget {budget / GIB:.1f} GB = this cgroup's memory limit {limit / GIB:.1f} GB − "
                 f"{cfg.host_cgroup_margin_gb:g} GB")
     return max(budget, 0), text + "; change it with --host-ram-gb"
 

@@ -14,11 +14,12 @@ from functools import lru_cache
 from configs.memory import MEMORY
 from memory.hostbudget import default_host_budget, job_working_bytes, rss_breakdown
 from memory.hostplan import FRAMEPACK_STAGES, HostPlan, ModelHost, plan_host
-from memory.plan import (GB, REAL_TRANSFORMER_CONFIG, activation_bytes, framepack_tokens, plan_residency)
+from common.units import GB, GIB
+from memory.plan import (REAL_TRANSFORMER_CONFIG, activation_bytes, framepack_tokens, plan_residency)
 
 REAL_LLAMA_CONFIG = (("vocab_size", 128320), ("hidden_size", 4096), ("intermediate_size", 14336),
                      ("num_hidden_layers", 32), ("num_attention_heads", 32), ("num_key_value_heads", 8))
-TEXT_RESERVE = 2 * GB            # as memory/budget.py: the text stage streams the Llama only past cap − this
+TEXT_RESERVE = 2 * GIB            # as memory/budget.py: the text stage streams the Llama only past cap − this
 NOMINAL_SECTIONS, NOMINAL_FRAMES = 4, 145     # a 5 s video at 30 fps (the default length)
 
 
@@ -85,16 +86,16 @@ def nominal_models(preset, mode: str, cap_gb: float, preserved_gb: float, device
         streamed: tuple[int, ...] = ()
         if gpu and name == "transformer":
             act = 0 if preset.tiny else activation_bytes(framepack_tokens(608, 640, 9))
-            streamed = plan_residency(plain[1:], plain[0], int(cap_gb * GB), int(preserved_gb * GB),
+            streamed = plan_residency(plain[1:], plain[0], int(cap_gb * GIB), int(preserved_gb * GIB),
                                       min_resident=1, activation_bytes=act).streamed
-        elif gpu and sum(plain) + small["text_encoder_2"] * 1e9 + TEXT_RESERVE > cap_gb * GB:
-            streamed = plan_residency(plain[1:], plain[0] + int(small["text_encoder_2"] * 1e9), int(cap_gb * GB),
+        elif gpu and sum(plain) + small["text_encoder_2"] * GB + TEXT_RESERVE > cap_gb * GIB:
+            streamed = plan_residency(plain[1:], plain[0] + int(small["text_encoder_2"] * GB), int(cap_gb * GIB),
                                       TEXT_RESERVE).streamed
         chunks = frozenset(i + 1 for i in streamed)
         transient = tuple((chunk_bytes[i] if i in chunks else 0) if gpu else plain[i] for i in range(len(plain)))
         out.append(ModelHost(name, chunk_bytes, tuple(plain) if files else None, transient, chunks))
     for name, size in small.items():
-        b = int(size * 1e9)
+        b = int(size * GB)           # the presets' sizes are the hub's decimal GB
         out.append(ModelHost(name, (b,), (b,) if files else None, (0 if gpu else b,)))
     return out
 
@@ -102,7 +103,7 @@ def nominal_models(preset, mode: str, cap_gb: float, preserved_gb: float, device
 def nominal_overhead(device_type: str) -> int:
     rss = rss_breakdown()
     now = rss["anon"] + rss["file"] + rss["shmem"]
-    estimate = MEMORY.host_overhead_gb * GB if device_type == "cuda" else 0
+    estimate = MEMORY.host_overhead_gb * GIB if device_type == "cuda" else 0
     return int(max(now, estimate) + job_working_bytes(NOMINAL_FRAMES, 608, 640, 9)
                + (2 * MEMORY.staging_mb << 20 if device_type == "cuda" else 0))
 
@@ -110,7 +111,7 @@ def nominal_overhead(device_type: str) -> int:
 def nominal_plan(preset, mode: str, cap_gb: float, preserved_gb: float, device_type: str,
                  host_ram_gb: float | None = None, weight_storage: str = "native") -> HostPlan:
     """The host plan of a default-length job; raises HostBudgetError (with the minimum) if none fits."""
-    budget = int(host_ram_gb * GB) if host_ram_gb is not None else default_host_budget()[0]
+    budget = int(host_ram_gb * GIB) if host_ram_gb is not None else default_host_budget()[0]
     models = nominal_models(preset, mode, cap_gb, preserved_gb, device_type, weight_storage)
     return plan_host(models, FRAMEPACK_STAGES, NOMINAL_SECTIONS, budget, nominal_overhead(device_type),
-                     int(MEMORY.host_reserve_gb * GB), pinned=device_type == "cuda" and MEMORY.pin_host_memory)
+                     int(MEMORY.host_reserve_gb * GIB), pinned=device_type == "cuda" and MEMORY.pin_host_memory)

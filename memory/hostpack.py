@@ -25,6 +25,7 @@ import weakref
 import torch
 from torch import nn
 
+from common.units import GIB
 from memory.chunk import ALIGN, Chunk, _unregister
 from memory.weightfiles import WeightFiles
 
@@ -77,7 +78,7 @@ class HostPack:
                             type(model).__name__)
             pack = cls(model)
             model.__dict__[_ATTR] = pack
-            log.info("%s: packed %.2f GB into %d host chunk(s) in %.2f s", type(model).__name__, pack.nbytes / 1e9,
+            log.info("%s: packed %.2f GB into %d host chunk(s) in %.2f s", type(model).__name__, pack.nbytes / GIB,
                      len(pack.chunks), pack.pack_s)
         return pack
 
@@ -132,7 +133,7 @@ class HostPack:
         seconds = time.perf_counter() - t0
         self.pin_s += seconds
         if changed:
-            log.info("%s: %.2f GB of host chunks %s in %.2f s", self.name, sum(c.host_nbytes for c in changed) / 1e9,
+            log.info("%s: %.2f GB of host chunks %s in %.2f s", self.name, sum(c.host_nbytes for c in changed) / GIB,
                      "pinned" if pinned else "unpinned", seconds)
         return seconds
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memory.plan import GB
+from common.units import GIB
 
 PER_JOB, PER_SECTION = "job", "section"
 
@@ -134,24 +134,24 @@ class HostPlan:
         return sum(self.file_reads(m.name)[0] for m in self.models)
 
     def short(self) -> str:
-        return f"host: {self.peak / GB:.1f} of {self.budget / GB:.1f} GB"
+        return f"host: {self.peak / GIB:.1f} of {self.budget / GIB:.1f} GB"
 
     def describe(self) -> str:
         kind = "pinned" if self.pinned else "pageable"
-        held = [f"{m.name} {self.ram_bytes(m.name) / GB:.1f}" for m in self.models if self.ram_bytes(m.name)]
+        held = [f"{m.name} {self.ram_bytes(m.name) / GIB:.1f}" for m in self.models if self.ram_bytes(m.name)]
         files = []
         for m in self.models:
             per_job, per_section = self.file_reads(m.name)
             if per_section:
-                files.append(f"{m.name} {per_section / GB:.1f} GB per section")
+                files.append(f"{m.name} {per_section / GIB:.1f} GB per section")
             elif per_job:
-                files.append(f"{m.name} {per_job / GB:.1f} GB per job")
+                files.append(f"{m.name} {per_job / GIB:.1f} GB per job")
         worst = self.peak_stage
         where = f"at the peak ({worst.name})" if worst and self.transient_bytes(worst) else "at every stage"
         text = (f"{self.short()} {where}: "
-                f"{self.persistent_bytes / GB:.1f} GB kept in RAM ({kind}: {', '.join(held) or 'nothing'}); "
+                f"{self.persistent_bytes / GIB:.1f} GB kept in RAM ({kind}: {', '.join(held) or 'nothing'}); "
                 f"read from the weight files when needed: {', '.join(files) or 'nothing'}; the app itself "
-                f"≈ {self.overhead / GB:.1f} GB; {self.reserve / GB:.1f} GB kept free for the page cache")
+                f"≈ {self.overhead / GIB:.1f} GB; {self.reserve / GIB:.1f} GB kept free for the page cache")
         return text + "".join(f". {n}" for n in self.notes)
 
     def as_dict(self) -> dict:
@@ -212,12 +212,12 @@ def _refusal(models, stages, budget: int, minimum: int, overhead: int, reserve: 
     worst = max(stages, key=lambda s: _transient(models, frozenset(), s), default=None)
     need = _transient(models, frozenset(), worst) if worst else 0
     fixed = sum(m.nbytes for m in models if not m.file_backed)
-    parts = [f"the app itself ≈ {overhead / GB:.1f} GB", f"{reserve / GB:.1f} GB kept free for the page cache"]
+    parts = [f"the app itself ≈ {overhead / GIB:.1f} GB", f"{reserve / GIB:.1f} GB kept free for the page cache"]
     if need:
-        parts.insert(0, f"{need / GB:.1f} GB of {worst.name} weights that must sit in RAM while it runs (the "
+        parts.insert(0, f"{need / GIB:.1f} GB of {worst.name} weights that must sit in RAM while it runs (the "
                         f"blocks streamed to the GPU every step)")
     if fixed:
-        parts.insert(0, f"{fixed / GB:.1f} GB of models that have no weight files")
-    return (f"host RAM budget {budget / GB:.1f} GB is too small: this job needs at least {minimum / GB:.1f} GB "
+        parts.insert(0, f"{fixed / GIB:.1f} GB of models that have no weight files")
+    return (f"host RAM budget {budget / GIB:.1f} GB is too small: this job needs at least {minimum / GIB:.1f} GB "
             f"({'; '.join(parts)}). Raise --host-ram-gb, or stream less (lower the preserved memory or raise the "
             f"VRAM cap: fewer blocks streamed), or store the weights in fp8 (--fp8, half the bytes).")

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from common.units import GIB
 from memory.hostpack import HostPack
 from memory.weightfiles import WeightFileError, WeightFiles
 
@@ -70,6 +71,6 @@ def load_from_files(cls, folder: str | Path, dtype: torch.dtype) -> nn.Module:
             target = torch.float32 if _keep_fp32(model, full) else dtype
             p.data = torch.empty(p.shape, dtype=target, device="meta")
     pack = HostPack.from_files(model, files)
-    log.info("%s: %.2f GB in %d weight file(s), %d chunk(s); nothing read yet", cls.__name__, files.nbytes / 1e9,
+    log.info("%s: %.2f GB in %d weight file(s), %d chunk(s); nothing read yet", cls.__name__, files.nbytes / GIB,
              len(files.files), len(pack.chunks))
     return model

@@ -30,10 +30,12 @@ from memory.hostarrange import model_host, realize
 from memory.hostbudget import default_host_budget, job_working_bytes, process_overhead
 from memory.hostpack import HostPack
 from memory.hostplan import HostPlan, StageUse, plan_host
-from memory.snapshot import GB, MemorySnapshot, host_rss_bytes, take_snapshot
+from common.units import GIB
+from memory.snapshot import MemorySnapshot, host_rss_bytes, take_snapshot
 from memory.streaming import BlockStreamer
 from memory.vae import MIOPEN_SCRATCH_LIMIT, VaeDecodePolicy
 from rocm.allocator import synchronize
+from rocm.conv_fallback import ConvFallback, new_conv_fallback
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,9 @@ class MemoryManager:
     host_ram_gb: float | None = MEMORY.host_ram_gb      # None: what this machine can spare (hostbudget.py)
     weight_storage: str = MEMORY.weight_storage         # "native" or "fp8" (transformer and Llama in host RAM)
     host_overhead: int | None = None      # bytes the process holds besides the weights; None: measured per job
+    # The tiered convolution fallback of this manager's stages (rocm/), passed explicitly to the VAE decode and
+    # used by the orchestrator around its conv stages; one per manager, never looked up from a module global.
+    conv_fallback: ConvFallback = field(default_factory=new_conv_fallback)
     host_plan: HostPlan | None = None
     arrange_s: float = 0.0
     arrange_read: int = 0
@@ -106,30 +111,33 @@ class MemoryManager:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device.type == "cuda" and torch.version.hip is not None and self.vae_policy.scratch_limit is None:
             self.vae_policy.scratch_limit = MIOPEN_SCRATCH_LIMIT
-        self.apply_cap()
+        self.cap_applied = False
 
     # ---- budget -------------------------------------------------------------------------------------------------
     @property
     def cap_bytes(self) -> int | None:
-        return int(self.cap_gb * GB) if self.device.type == "cuda" else None
+        return int(self.cap_gb * GIB) if self.device.type == "cuda" else None
 
     @property
     def budget(self) -> MemoryBudget:
-        cap = self.cap_bytes if self.cap_bytes is not None or not self.plan_on_cpu else int(self.cap_gb * GB)
-        return MemoryBudget(cap, int(self.preserved_gb * GB), self.prefetch_depth, self.workload)
+        cap = self.cap_bytes if self.cap_bytes is not None or not self.plan_on_cpu else int(self.cap_gb * GIB)
+        return MemoryBudget(cap, int(self.preserved_gb * GIB), self.prefetch_depth, self.workload)
 
     def set_workload(self, height: int, width: int, window: int) -> None:
         """The bucket and latent window of the job (the plan's activation estimate uses them)."""
         self.workload = Workload(height, width, window)
 
     def apply_cap(self) -> None:
-        """Enforce the cap: past it, an allocation raises out-of-memory instead of growing (CUDA and ROCm)."""
+        """Enforce the cap: past it, an allocation raises out-of-memory instead of growing (CUDA and ROCm).
+        An explicit call (the orchestrator makes it when a job starts), not a side effect of building a manager:
+        it sets a process-wide limit of the device."""
         if self.device.type != "cuda":
             return
         total = torch.cuda.get_device_properties(self.device).total_memory
-        fraction = min(1.0, self.cap_gb * GB / total)
+        fraction = min(1.0, self.cap_gb * GIB / total)
         torch.cuda.set_per_process_memory_fraction(fraction, self.device)
-        log.info("VRAM cap %.1f GB (%.0f%% of %.1f GB)", self.cap_gb, 100 * fraction, total / GB)
+        self.cap_applied = True
+        log.info("VRAM cap %.1f GB (%.0f%% of %.1f GB)", self.cap_gb, 100 * fraction, total / GIB)
 
     # ---- host side ----------------------------------------------------------------------------------------------
     def prepare(self, **models: torch.nn.Module) -> float:
@@ -155,7 +163,7 @@ class MemoryManager:
         """(bytes, explanation) of the host-RAM budget."""
         if self.host_ram_gb is None:
             return default_host_budget()
-        return int(self.host_ram_gb * GB), f"host RAM budget {self.host_ram_gb:g} GB (--host-ram-gb)"
+        return int(self.host_ram_gb * GIB), f"host RAM budget {self.host_ram_gb:g} GB (--host-ram-gb)"
 
     def arrange_host(self, models: dict[str, torch.nn.Module], stages: list[StageUse] | tuple[StageUse, ...],
                      sections: int = 1, frames: int = 0) -> HostPlan:
@@ -179,7 +187,7 @@ class MemoryManager:
                         + job_working_bytes(frames, w.height, w.width, w.window)
                         + (2 * MEMORY.staging_mb << 20 if self.device.type == "cuda" else 0))
         plan = plan_host(hosts, [s for s in stages if any(k in models for k in s.models)], sections, budget,
-                         overhead, int(MEMORY.host_reserve_gb * GB), self.pin)
+                         overhead, int(MEMORY.host_reserve_gb * GIB), self.pin)
         read, seconds = realize(plan, packs, quantized, self.pin, self.device)
         self.host_plan = plan
         self.arrange_s += seconds
@@ -310,7 +318,7 @@ class MemoryManager:
         before = sum(len(p.streamed) for p in placements.values())
         step = max(2.0, 0.25 * self.cap_gb)
         preserved = self.preserved_gb + step
-        budget = MemoryBudget(self.budget.cap_bytes, int(preserved * GB), self.prefetch_depth, self.workload)
+        budget = MemoryBudget(self.budget.cap_bytes, int(preserved * GIB), self.prefetch_depth, self.workload)
         trial = budget.place(self._loaded, packs)
         if sum(len(p.streamed) for p in trial.values()) <= before:
             return False
@@ -319,7 +327,7 @@ class MemoryManager:
         plan = self.host_plan
         if extra and plan is not None and plan.peak + extra + plan.reserve > plan.budget:
             log.warning("out of GPU memory in %s: streaming more would need %.1f GB more host RAM than the host "
-                        "budget allows", self._current.name, extra / GB)
+                        "budget allows", self._current.name, extra / GIB)
             return False
         self._unload(placements, held, self._current)
         rocm.trim("before re-planning")
@@ -348,7 +356,7 @@ class MemoryManager:
 
             available = psutil.virtual_memory().available // 2
         try:
-            return self.vae_policy.decode(vae, latents, max(0, available))
+            return self.vae_policy.decode(vae, latents, max(0, available), conv=self.conv_fallback)
         finally:
             if self._current is not None:
                 self._current.vae_attempts.extend(self.vae_policy.attempts)
@@ -372,7 +380,7 @@ class MemoryManager:
         pinned = plan.persistent_bytes if plan and plan.pinned else 0
         transient = max((r.host_transient_bytes for r in self.records), default=0) if self.pin else 0
         staging = self._staging.nbytes if self._staging is not None else 0
-        return {"budget_gb": round(plan.budget / GB, 3) if plan else self.host_ram_gb,
+        return {"budget_gb": round(plan.budget / GIB, 3) if plan else self.host_ram_gb,
                 "pinned_peak_bytes": pinned + transient + staging,
                 "weight_storage": self.weight_storage, "arrange_s": round(self.arrange_s, 4),
                 "arrange_read_bytes": self.arrange_read,

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from common.units import GIB
 
-GB = 1024 ** 3
 
 # Live tensors at the peak of a step, in units of tokens × hidden × dtype bytes (single block: input, norm, attention
 # output, MLP hidden 4×, the 5× concatenation, GELU temporaries; plus the section's constants). Measured on the H100
@@ -70,20 +70,20 @@ class ResidencyPlan:
     def warnings(self) -> list[str]:
         out = []
         if self.activation_bytes and self.cap_bytes - self.resident_bytes < self.working_bytes:
-            out.append(f"preserved memory {self.preserved_bytes / GB:.1f} GB is below the estimated working set "
-                       f"{self.working_bytes / GB:.1f} GB (activations {self.activation_bytes / GB:.1f} GB + "
-                       f"streaming slots {self.slot_bytes / GB:.1f} GB): expect out-of-memory; raise it")
+            out.append(f"preserved memory {self.preserved_bytes / GIB:.1f} GB is below the estimated working set "
+                       f"{self.working_bytes / GIB:.1f} GB (activations {self.activation_bytes / GIB:.1f} GB + "
+                       f"streaming slots {self.slot_bytes / GIB:.1f} GB): expect out-of-memory; raise it")
         if self.resident_bytes > self.cap_bytes:
-            out.append(f"the always-resident part alone ({self.resident_bytes / GB:.1f} GB) exceeds the cap")
+            out.append(f"the always-resident part alone ({self.resident_bytes / GIB:.1f} GB) exceeds the cap")
         return out
 
     def describe(self, label: str = "transformer") -> str:
         n = len(self.block_bytes)
-        act = (f"; activations ≈ {self.activation_bytes / GB:.1f} GB + slots {self.slot_bytes / GB:.1f} GB"
+        act = (f"; activations ≈ {self.activation_bytes / GIB:.1f} GB + slots {self.slot_bytes / GIB:.1f} GB"
                if self.activation_bytes else "")
-        return (f"cap {self.cap_bytes / GB:.1f} GB, preserved {self.preserved_bytes / GB:.1f} GB → "
-                f"{self.resident_bytes / GB:.1f} GB of the {self.total_bytes / GB:.1f} GB {label} resident "
-                f"({len(self.resident)}/{n} blocks), {self.streamed_bytes / GB:.1f} GB streamed per step "
+        return (f"cap {self.cap_bytes / GIB:.1f} GB, preserved {self.preserved_bytes / GIB:.1f} GB → "
+                f"{self.resident_bytes / GIB:.1f} GB of the {self.total_bytes / GIB:.1f} GB {label} resident "
+                f"({len(self.resident)}/{n} blocks), {self.streamed_bytes / GIB:.1f} GB streamed per step "
                 f"({len(self.streamed)} blocks){act}")
 
 
@@ -156,7 +156,7 @@ def describe_preserved(preset, cap_gb: float, preserved_gb: float, device_type: 
     else:
         sizes, other = transformer_sizes(REAL_TRANSFORMER_CONFIG, 2)
         act = activation_bytes(framepack_tokens(608, 640, 9))
-    plan = plan_residency(sizes, other, int(cap_gb * GB), int(preserved_gb * GB), min_resident=1,
+    plan = plan_residency(sizes, other, int(cap_gb * GIB), int(preserved_gb * GIB), min_resident=1,
                           activation_bytes=act)
     warn = plan.warnings()
     return plan.describe() + (f". Warning: {warn[0]}" if warn else "") + f". {host}"
@@ -177,9 +177,9 @@ def describe_host(preset, cap_gb: float, preserved_gb: float, device_type: str, 
     per_job = plan.file_reads_per_job - per_section * plan.sections
     files = []
     if per_section:
-        files.append(f"{per_section / GB:.1f} GB read from the weight files per section")
+        files.append(f"{per_section / GIB:.1f} GB read from the weight files per section")
     if per_job:
-        files.append(f"{per_job / GB:.1f} GB per job")
+        files.append(f"{per_job / GIB:.1f} GB per job")
     storage = ", weights in fp8" if weight_storage == "fp8" else ""
-    return (f"Host: {plan.peak / GB:.1f} of {plan.budget / GB:.1f} GB ({plan.persistent_bytes / GB:.1f} GB "
+    return (f"Host: {plan.peak / GIB:.1f} of {plan.budget / GIB:.1f} GB ({plan.persistent_bytes / GIB:.1f} GB "
             f"{held}{storage}" + (f"; {', '.join(files)}" if files else "") + ")")

@@ -6,8 +6,8 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
+from common.units import GIB
 
-GB = 1024 ** 3
 
 
 def host_rss_bytes() -> int:
@@ -32,10 +32,10 @@ class MemorySnapshot:
 
     def status_line(self) -> str:
         if self.free is None:
-            return (f"[{self.label}] CPU run: no GPU memory in use | host RSS {self.host_rss / GB:.2f} GB")
+            return (f"[{self.label}] CPU run: no GPU memory in use | host RSS {self.host_rss / GIB:.2f} GB")
         pct = f" ({100 * self.allocated / self.cap:.0f}% of cap)" if self.cap else ""
-        return (f"[{self.label}] free {self.free / GB:.2f} GB | allocated {self.allocated / GB:.2f} GB{pct} | "
-                f"reserved {self.reserved / GB:.2f} GB | host RSS {self.host_rss / GB:.2f} GB")
+        return (f"[{self.label}] free {self.free / GIB:.2f} GB | allocated {self.allocated / GIB:.2f} GB{pct} | "
+                f"reserved {self.reserved / GIB:.2f} GB | host RSS {self.host_rss / GIB:.2f} GB")
 
     def as_dict(self) -> dict:
         return asdict(self)

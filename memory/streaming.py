@@ -25,6 +25,7 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 
+from common.units import GIB
 from memory.chunkload import finish_stored
 from memory.chunk import Chunk
 
@@ -76,10 +77,6 @@ class BlockStreamer:
         self._stream = None
         self._attached = False
 
-    @property
-    def device_bytes(self) -> int:
-        return self.n_slots * (self.slot_bytes + self.stage_bytes)
-
     # ---- stage entry / exit -------------------------------------------------------------------------------
     def attach(self) -> None:
         self._slots = [torch.empty(self.slot_bytes, dtype=torch.uint8, device=self.device)
@@ -107,7 +104,7 @@ class BlockStreamer:
             c.bind_views(c.host_views)
         self._slots, self._stages, self._views, self._ready, self._bound = [], [], [], {}, {}
         self._released, self._stream, self._attached = [], None, False
-        log.debug("streamer detached: %d copies, %.2f GB, %d misses", self.copies, self.bytes_copied / 1e9,
+        log.debug("streamer detached: %d copies, %.2f GB, %d misses", self.copies, self.bytes_copied / GIB,
                   self.misses)
 
     # ---- per block -----------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ the pixels of one full-frame tile, and 16-frame temporal tiles decode 5 latent f
 the least total work whose memory estimate fits the free part of the cap, and on out-of-memory retries with the
 least work among clearly smaller tiles; when no smaller tile is left, the smallest runs once more with the rocm
 conv fallback active (tiered convolution down to the CPU). On ROCm the tile also keeps MIOpen's GEMM scratch under
-the size where MIOpen drops to its naive solver (ROCM_FACTS.md).
+the size where MIOpen drops to its naive solver (docs/FACTS.md).
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+
+from common.units import GIB
 
 log = logging.getLogger(__name__)
 
@@ -120,28 +122,17 @@ def is_oom(exc: BaseException) -> bool:
     return rocm.classify_error(exc) == "oom"
 
 
-def _default_fallback():
-    import rocm
-
-    return rocm.get_default_fallback().active()
-
-
-def _default_first_tries():
-    """Attempts before the last: an out-of-memory inside a convolution must reach this policy (smaller tiles),
-    not move the conv fallback (active around the decode for MIOpen errors) to a slower tier."""
-    import rocm
-
-    return rocm.get_default_fallback().passing_oom()
-
-
 @dataclass
 class VaeDecodePolicy:
     """Chooses tiles, retries smaller on OOM, hands the last try to the rocm conv fallback."""
     act_factor: float = ACT_FACTOR
     scratch_limit: int | None = None                       # MIOpen's GEMM scratch limit (set on ROCm)
     fault: Callable[[VaeTiling], None] | None = None       # test seam: may raise OOM for a tiling
-    fallback: Callable[[], contextlib.AbstractContextManager] = _default_fallback
-    first_tries: Callable[[], contextlib.AbstractContextManager] = _default_first_tries
+    # Test seams: the scope of the last try and of the tries before it. Default: the decode's conv fallback
+    # (`decode(conv=...)`): `active()` for the last try; `passing_oom()` before it, so that an out-of-memory inside a
+    # convolution reaches this policy (smaller tiles) instead of moving the conv fallback to a slower tier.
+    fallback: Callable[[], contextlib.AbstractContextManager] | None = None
+    first_tries: Callable[[], contextlib.AbstractContextManager] | None = None
     attempts: list[dict] = field(default_factory=list)     # of the last decode, for the record
 
     def plan(self, vae, shape: tuple[int, int, int], available: int | None) -> list[VaeTiling]:
@@ -166,7 +157,9 @@ class VaeDecodePolicy:
                 return order
             order.append(smaller[0])
 
-    def decode(self, vae, z: torch.Tensor, available: int | None) -> torch.Tensor:
+    def decode(self, vae, z: torch.Tensor, available: int | None, conv=None) -> torch.Tensor:
+        """Decode with the tilings of `plan()`. `conv`: the job's rocm.ConvFallback (passed explicitly by the memory
+        manager, never looked up); None: no conv fallback around the tries."""
         shape = tuple(z.shape[2:])
         order = self.plan(vae, shape, available)
         saved = {a: getattr(vae, a) for a in _VAE_ATTRS if hasattr(vae, a)}
@@ -175,7 +168,7 @@ class VaeDecodePolicy:
             for i, tiling in enumerate(order):
                 last = i == len(order) - 1
                 try:
-                    return self._attempt(vae, z, tiling, shape, available, fallback=False)
+                    return self._attempt(vae, z, tiling, shape, available, conv, fallback=False)
                 except Exception as e:
                     if not is_oom(e):
                         raise
@@ -183,22 +176,29 @@ class VaeDecodePolicy:
                     if last:
                         log.warning("VAE decode: out of memory at the smallest tiles (%s); handing over to the "
                                     "rocm conv fallback", tiling.describe())
-                        return self._attempt(vae, z, tiling, shape, available, fallback=True)
+                        return self._attempt(vae, z, tiling, shape, available, conv, fallback=True)
         finally:
             for a, v in saved.items():
                 setattr(vae, a, v)
 
-    def _attempt(self, vae, z, tiling: VaeTiling, shape, available, fallback: bool) -> torch.Tensor:
+    def _scope(self, conv, fallback: bool) -> contextlib.AbstractContextManager:
+        seam = self.fallback if fallback else self.first_tries
+        if seam is not None:
+            return seam()
+        if conv is None:
+            return contextlib.nullcontext()
+        return conv.active() if fallback else conv.passing_oom()
+
+    def _attempt(self, vae, z, tiling: VaeTiling, shape, available, conv, fallback: bool) -> torch.Tensor:
         channels = vae.config.block_out_channels[0]
         est = memory_estimate(tiling, shape, channels, torch.finfo(vae.dtype).bits // 8, self.act_factor)
         self.attempts.append({"tiling": tiling.describe(), "estimate": est, "available": available,
                               "work": work(tiling, shape), "fallback": fallback, "ok": False})
         log.info("VAE decode of %s latents: %s (estimate %.2f GB of %s free)%s", shape, tiling.describe(),
-                 est / 1e9, f"{available / 1e9:.2f} GB" if available is not None else "unlimited",
+                 est / GIB, f"{available / GIB:.2f} GB" if available is not None else "unlimited",
                  " with the rocm conv fallback" if fallback else "")
         tiling.apply(vae)
-        scope = self.fallback() if fallback else self.first_tries()
-        with scope:
+        with self._scope(conv, fallback):
             if self.fault is not None:
                 self.fault(tiling)
             pixels = vae.decode(z).sample

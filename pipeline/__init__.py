@@ -5,7 +5,8 @@ Imports are lazy so that `python -m pipeline` can apply the ROCm environment pro
 from __future__ import annotations
 
 _EXPORTS = {
-    "generate": "pipeline.orchestrator", "CancelToken": "pipeline.orchestrator",
+    "generate": "pipeline.orchestrator", "CancelToken": "pipeline.cancel",
+    "prepare_resume": "pipeline.resume", "PreparedRequest": "pipeline.request",
     "Request": "pipeline.request", "prepare": "pipeline.request",
     "load_components": "pipeline.components", "Components": "pipeline.components",
     "InputError": "pipeline.errors", "WeightsNotFound": "pipeline.errors",

@@ -1,11 +1,18 @@
-"""`python -m pipeline ...`: the ROCm environment profile is applied before torch is imported."""
+"""`python -m pipeline ...` and the `steadyframe-cli` command: the ROCm environment profile is applied before torch
+is imported."""
 import sys
 
-import rocm
 
-rocm.apply_env_profile()
-rocm.configure_host_heap()       # fixed glibc thresholds: RSS given back between sections and jobs
+def run() -> int:
+    import rocm
 
-from pipeline.cli import main  # noqa: E402  (after the environment profile, on purpose)
+    rocm.apply_env_profile()
+    rocm.configure_host_heap()       # fixed glibc thresholds: RSS given back between sections and jobs
 
-sys.exit(main())
+    from pipeline.cli import main    # after the environment profile, on purpose
+
+    return main()
+
+
+if __name__ == "__main__":
+    sys.exit(run())

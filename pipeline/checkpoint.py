@@ -7,9 +7,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save
 
-from pipeline.jobs import atomic_write_bytes
-
-CHECKPOINT = "latents.safetensors"
+from common.files import atomic_write_bytes
+from pipeline.jobs import CHECKPOINT
 
 
 def save_checkpoint(job, section, history: torch.Tensor, real: torch.Tensor, start_latent: torch.Tensor,

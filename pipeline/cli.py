@@ -6,9 +6,11 @@ import json
 import logging
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 from configs import DEFAULTS, MEMORY, PRESETS
+from pipeline import cli_log
 from configs.generation import MODES, SAMPLERS
 
 log = logging.getLogger("pipeline.cli")
@@ -78,7 +80,8 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pipeline", description="FramePack image-to-video, headless.")
+    prog = "steadyframe-cli" if Path(sys.argv[0]).name == "steadyframe-cli" else "python -m pipeline"
+    parser = argparse.ArgumentParser(prog=prog, description="FramePack image-to-video, headless.")
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="make one video")
     _add_settings(g)
@@ -166,22 +169,27 @@ class Runner:
         return None
 
     def run(self, request) -> tuple[int, object]:
+        """Run one job: `request` is a Request (checked here, before any model loads) or a PreparedRequest (a
+        batch line, checked when the file was read); either way its images are decoded once."""
         from pipeline.errors import InputError
         from pipeline.events import Failed
         from pipeline.orchestrator import generate
-        from pipeline.request import prepare
+        from pipeline.request import PreparedRequest, prepare
 
-        try:
-            prepared = prepare(request, PRESETS[self.args.preset].default_resolution)   # before models load
-        except InputError as e:
-            print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
-            return EXIT_INPUT, Failed(str(e), "", None, None)
+        prepared = request
+        if not isinstance(prepared, PreparedRequest):
+            try:
+                prepared = prepare(request, PRESETS[self.args.preset].default_resolution)   # before models load
+            except InputError as e:
+                print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
+                return EXIT_INPUT, Failed(str(e))
+        request = prepared.request
         problem = self.host_problem(request)
         if problem:
             print(f"error: {problem}", file=sys.stderr)
-            return EXIT_INPUT, Failed(problem, "", None, None)
-        self._say_rounding(prepared.request)
-        return self._drive(lambda cancel: generate(request, self.components(request.mode), self.memory(request),
+            return EXIT_INPUT, Failed(problem)
+        self._say_rounding(request)
+        return self._drive(lambda cancel: generate(prepared, self.components(request.mode), self.memory(request),
                                                    cancel=cancel, outputs=self.args.out), request.mode)
 
     def _say_rounding(self, request) -> None:
@@ -203,19 +211,20 @@ class Runner:
             return EXIT_OK, None
         from pipeline.errors import InputError
         from pipeline.events import Failed
-        from pipeline.resume import resume, resume_request
+        from pipeline.resume import prepare_resume, resume
 
         try:
-            request, info = resume_request(job_dir)
+            job = prepare_resume(job_dir)             # job.json and settings checked, images decoded: once
         except InputError as e:
             print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
-            return EXIT_INPUT, Failed(str(e), "", None, None)
-        self.args.preset = self.args.preset or info["models"]["preset"]
+            return EXIT_INPUT, Failed(str(e))
+        request = job.request
+        self.args.preset = self.args.preset or job.preset
         problem = self.host_problem(request)
         if problem:
             print(f"error: {problem}", file=sys.stderr)
-            return EXIT_INPUT, Failed(problem, "", None, None)
-        return self._drive(lambda cancel: resume(job_dir, self.components(request.mode), self.memory(request),
+            return EXIT_INPUT, Failed(problem)
+        return self._drive(lambda cancel: resume(job, self.components(request.mode), self.memory(request),
                                                  cancel=cancel), request.mode)
 
     def _drive(self, start, mode: str) -> tuple[int, object]:
@@ -223,7 +232,7 @@ class Runner:
         happening (loading the models, each stage) and counts the steps of all sections (TeaCache-skipped ones
         too: every step is reported)."""
         from pipeline.events import Done, Failed, LogLine, Progress, SectionVideo
-        from pipeline.orchestrator import CancelToken
+        from pipeline.cancel import CancelToken
 
         cancel = CancelToken()
         previous = signal.signal(signal.SIGINT, lambda *_: self._interrupt(cancel))
@@ -246,14 +255,16 @@ class Runner:
                     bar.write(f"section {ev.section}/{ev.sections}: {ev.frames} frames -> {ev.path}")
                 elif isinstance(ev, LogLine) and ev.level != "info":
                     bar.write(f"{ev.level}: {ev.message}")
-        except Exception as e:  # loading failed (e.g. weights missing): a clear line; -v adds the traceback
+        except Exception as e:  # loading failed (e.g. weights missing): a clear line; the traceback is logged
             if bar is not None:
                 bar.close()
                 bar = None
-            if self.args.verbose:
-                log.error("the job could not run", exc_info=True)
-            print(f"error: {e}" + ("" if self.args.verbose else " (-v shows the traceback)"), file=sys.stderr)
-            return EXIT_FAILED, Failed(str(e), "", None, None)
+            # Always in the log file (and the record keeps the cause); on the terminal only with -v.
+            log.error("the job could not run: %s", e, exc_info=True, extra={"terminal": self.args.verbose})
+            where = cli_log.log_file_note()
+            print(f"error: {e}" + ("" if self.args.verbose else f" (-v shows the traceback{where})"),
+                  file=sys.stderr)
+            return EXIT_FAILED, Failed(str(e), traceback.format_exc())
         finally:
             signal.signal(signal.SIGINT, previous)
             if bar is not None:
@@ -287,7 +298,7 @@ def _progress_bar():
 
 def read_batch(path: Path, default_resolution: int) -> tuple[list[tuple[int, object]], list[tuple[int, str, str]]]:
     """Every job of a JSON-lines file, checked before any of them runs (a bad line is refused at once, not after
-    the jobs before it): ([(line number, Request)], [(line number, "invalid", reason)])."""
+    the jobs before it): ([(line number, PreparedRequest)], [(line number, "invalid", reason)])."""
     from pipeline.errors import InputError
     from pipeline.request import prepare
 
@@ -297,8 +308,7 @@ def read_batch(path: Path, default_resolution: int) -> tuple[list[tuple[int, obj
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
-            request = request_from_json(json.loads(line), path.parent)
-            prepare(request, default_resolution)
+            prepared = prepare(request_from_json(json.loads(line), path.parent), default_resolution)
         except InputError as e:
             invalid.append((number, "invalid", cli_message(e, KEY_OF_FIELD)))
             continue
@@ -306,7 +316,7 @@ def read_batch(path: Path, default_resolution: int) -> tuple[list[tuple[int, obj
             reason = f"not a JSON object ({type(e).__name__}: {str(e)[:200]})"
             invalid.append((number, "invalid", reason))
             continue
-        jobs.append((number, request))
+        jobs.append((number, prepared))
     return jobs, invalid
 
 
@@ -321,9 +331,9 @@ def run_batch(runner: Runner, path: Path) -> int:
     if invalid and jobs:
         print(f"{len(invalid)} invalid line(s) skipped; running the other {len(jobs)} job(s)", file=sys.stderr)
     results = list(invalid)
-    for number, request in jobs:
-        print(f"line {number}: {request.prompt[:60]!r}")
-        code, last = runner.run(request)
+    for number, prepared in jobs:
+        print(f"line {number}: {prepared.request.prompt[:60]!r}")
+        code, last = runner.run(prepared)
         status = {EXIT_OK: "done", EXIT_STOPPED: "stopped"}.get(code, "failed")
         where = str(getattr(last, "video", None) or getattr(last, "message", ""))
         results.append((number, status, where))
@@ -341,11 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.host_ram_gb is not None and not args.host_ram_gb > 0:
         parser.error("--host-ram-gb: must be more than 0 (GB of host RAM this program may use)")
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    if not args.verbose:
-        for handler in logging.getLogger().handlers:
-            handler.setLevel(logging.WARNING)       # the progress bar tells the story; -v shows stage messages
+    cli_log.setup_logging(args.quiet, args.verbose)
     runner = Runner(args)
     if args.command == "generate":
         return runner.run(request_from_args(args))[0]

@@ -69,6 +69,15 @@ def _not_found(preset: ModelPreset, mode: str, role: str, src: ComponentSource, 
     )
 
 
+def download_errors() -> tuple[type[BaseException], ...]:
+    """The errors a download can end with: huggingface_hub's (HTTP, offline, missing entries: all OSError), the
+    HTTP client's, Xet's, and the file system's."""
+    import httpx
+    from huggingface_hub import errors
+
+    return (OSError, httpx.HTTPError, getattr(errors, "XetDownloadError", OSError))
+
+
 def _local_folder(model_dir: Path, src: ComponentSource) -> Path | None:
     base = model_dir / src.repo
     folder = base / src.subfolder if src.subfolder else base
@@ -100,7 +109,8 @@ def resolve(preset: ModelPreset, mode: str, role: str, src: ComponentSource, mod
         return folder, f"local:{folder}"
     try:
         return _snapshot_folder(src)
-    except Exception as e:  # huggingface_hub raises many kinds (offline, 404, connection, disk)
+    except download_errors() as e:   # offline, 404, gated, connection, disk: "could not be downloaded" (any other
+        # error is a bug, and keeps its own type and traceback)
         where = f"the Hugging Face cache ({hf_cache_dir()})"
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
         reason = "HF_HUB_OFFLINE is set" if offline else f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"

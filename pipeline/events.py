@@ -1,10 +1,15 @@
-"""The typed events a generation yields, one type per kind of news. A UI or the CLI turns them into updates."""
+"""The typed events of a job, one type per kind of news: what a generation yields (Progress ... Done / Failed) and
+what the UI's job runner adds around it (MemoryReport after a job, Cancelled for a job that never started). A UI or
+the CLI turns them into updates. Light: no torch, no diffusers (numpy only)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,25 @@ class Done:
 
 @dataclass(frozen=True)
 class Failed:
-    message: str                # short, for the user: what went wrong and what to change
-    detail: str                 # the traceback, for the log
-    job_dir: Path | None
-    partial_video: Path | None  # the video made before the failure, if any
+    message: str                        # short, for the user: what went wrong and what to change
+    detail: str = ""                    # the traceback, for the log
+    job_dir: Path | None = None         # None: refused before a job folder existed
+    partial_video: Path | None = None   # the video made before the failure, if any
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Sent after a job (UI runner): the memory timeline and stage records of its MemoryManager."""
+    timeline: list
+    records: list
+    device: str
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """The session pressed End while its job was still waiting: nothing ran."""
+    message: str = "Cancelled before it started."
 
 
 Event = Progress | Preview | LogLine | SectionVideo | Done | Failed
+RunnerEvent = Event | MemoryReport | Cancelled

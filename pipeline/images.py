@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from common.units import MIB
 from configs.generation import BUCKETS_640, LIMITS
 from pipeline.errors import InputError
 
@@ -90,7 +91,7 @@ def _open(source, field: str) -> Image.Image:
         if size == 0:
             raise refused("{file} is empty (0 bytes)", readable)
         if size > LIMITS.upload_bytes_max:
-            raise refused(f"{{file}} is {size / 2**20:.0f} MB; the limit is {LIMITS.upload_bytes_max // 2**20} MB")
+            raise refused(f"{{file}} is {size / MIB:.0f} MB; the limit is {LIMITS.upload_bytes_max // MIB} MB")
         data = path
     try:
         with warnings.catch_warnings():
@@ -136,10 +137,6 @@ def resize_center_crop(img: Image.Image, height: int, width: int) -> Image.Image
     img = img.resize(size, Image.LANCZOS) if size != img.size else img
     left, top = (img.width - width) // 2, (img.height - height) // 2
     return img.crop((left, top, left + width, top + height))
-
-
-def to_uint8_array(img: Image.Image) -> np.ndarray:
-    return np.asarray(img, dtype=np.uint8)
 
 
 def to_model_tensor(img: Image.Image):

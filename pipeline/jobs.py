@@ -1,21 +1,22 @@
 """One folder per job under outputs/: input images, a video per section, final.mp4 and job.json.
 
-Job ids are generated (time + random), never taken from user text. Every file is written atomically (temp file +
+Job ids are generated (time + random), never taken from user text. Every file is written atomically (common/files.py: temp file +
 rename), so a crash never leaves a half-written file under a real name. job.json says what state the job is in:
 running, done, stopped or failed.
 """
 from __future__ import annotations
 
 import json
-import os
 import platform
 import secrets
-import shutil
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from common.files import atomic_copy, atomic_write_bytes, atomic_write_json
+
+CHECKPOINT = "latents.safetensors"       # the latest section's latents and random state (pipeline/checkpoint.py)
 PACKAGES = ("torch", "diffusers", "transformers", "accelerate", "huggingface_hub", "safetensors", "av", "gradio",
             "pillow", "numpy")
 
@@ -39,23 +40,6 @@ def package_versions() -> dict[str, str | None]:
 
 def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def atomic_write_json(path: Path, obj) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=2, default=str).encode("utf-8"))
 
 
 @dataclass
@@ -108,11 +92,7 @@ class Job:
     def finish(self, status: str, final: Path | None, *, error: str | None = None, timings: dict | None = None,
                memory: dict | None = None) -> None:
         if final is not None and final.name != "final.mp4":
-            target = self.path("final.mp4")
-            tmp = self.path(".final.mp4.tmp")
-            shutil.copyfile(final, tmp)
-            os.replace(tmp, target)
-            final = target
+            final = atomic_copy(final, self.path("final.mp4"))
         self.update(status=status, final=final.name if final else None, error=error,
                     finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), timings=timings or self.info["timings"],
                     memory=memory or self.info["memory"])

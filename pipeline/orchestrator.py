@@ -12,7 +12,6 @@ the start image, of the end image, then each section's noise), so the same seed 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Iterator
 import torch
 
 import rocm
+from common.units import MIB
 from configs.video import DECODE_SPEED
 from memory import MemoryManager
 from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError
@@ -31,14 +31,15 @@ from pipeline.checkpoint import save_checkpoint
 from pipeline.components import Components
 from pipeline.decode_speed import decode_speed
 from pipeline.denoiser import FramepackDenoiser
-from pipeline.errors import InputError, JobStopped
+from pipeline.cancel import CancelToken
+from pipeline.errors import JobStopped
 from pipeline.events import Done, Event, Failed, LogLine, Preview, Progress, SectionVideo
 from pipeline.images import to_model_tensor
 from pipeline.jobs import Job
 from pipeline.logcapture import capture_logs
 from pipeline.preview import preview_image
 from pipeline.prompt_cache import cache_key, cached_or_encode, default_cache
-from pipeline.request import PreparedRequest, Request, prepare
+from pipeline.request import PreparedRequest
 from pipeline.sampling import sample_section
 from pipeline.text import encode_prompt
 from pipeline.video_writer import SectionWriter, WrittenSection
@@ -56,35 +57,17 @@ def oom_advice(records, memory: MemoryManager, kept_video: bool) -> str:
             f"that use the GPU.")
 
 
-class CancelToken:
-    """Set from any thread; the job stops at its next step and keeps what it made."""
-
-    def __init__(self):
-        self._event = threading.Event()
-
-    def cancel(self) -> None:
-        self._event.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._event.is_set()
-
-    def check(self) -> None:
-        if self._event.is_set():
-            raise JobStopped()
-
-
-def generate(request: Request, components: Components, memory: MemoryManager | None = None, *,
+def generate(prepared: PreparedRequest, components: Components, memory: MemoryManager | None = None, *,
              cancel: CancelToken | None = None, outputs: str | Path = "outputs") -> Iterator[Event]:
-    """Run one job. Always ends with exactly one Done or Failed event."""
-    try:
-        prepared = prepare(request, components.preset.default_resolution)
-    except InputError as e:
-        yield Failed(str(e), "", None, None)
-        return
-    if request.mode != components.mode:
-        yield Failed(f"mode: the loaded models are for mode '{components.mode}', not '{request.mode}'", "", None,
-                     None)
+    """Run one job. Always ends with exactly one Done or Failed event.
+
+    `prepared` comes from `pipeline.prepare(request, components.preset.default_resolution)`, which the caller (UI,
+    API, CLI) runs once to refuse bad input before anything loads: the request is checked and its images decoded
+    there, never again here."""
+    if not isinstance(prepared, PreparedRequest):
+        raise TypeError(f"generate() takes a PreparedRequest (from pipeline.prepare), not {type(prepared).__name__}")
+    if prepared.request.mode != components.mode:
+        yield Failed(f"mode: the loaded models are for mode '{components.mode}', not '{prepared.request.mode}'")
         return
     run = JobRun(prepared, components, memory or MemoryManager(), cancel or CancelToken(), Path(outputs))
     yield from run.events()
@@ -107,13 +90,15 @@ class JobRun:
 
     def __init__(self, prepared: PreparedRequest, components: Components, memory: MemoryManager,
                  cancel: CancelToken, outputs: Path, resume: ResumeState | None = None):
-        self.p, self.c, self.memory, self.cancel, self.outputs = prepared, components, memory, cancel, outputs
+        self.prepared, self.models, self.memory, self.cancel, self.outputs = (prepared, components, memory, cancel,
+                                                                              outputs)
         self.resume = resume
-        self.r = prepared.request
-        self.plan = sec.make_plan(self.r.mode, self.r.seconds, self.r.latent_window, self.r.fps)
+        self.request = prepared.request
+        self.plan = sec.make_plan(self.request.mode, self.request.seconds, self.request.latent_window,
+                                  self.request.fps)
         self.device = memory.device
-        memory.set_workload(prepared.height, prepared.width, self.r.latent_window)
-        self.generator = torch.Generator("cpu").manual_seed(self.r.seed)
+        memory.set_workload(prepared.height, prepared.width, self.request.latent_window)
+        self.generator = torch.Generator("cpu").manual_seed(self.request.seed)
         self.timings: dict[str, float] = {}
         self.t0 = time.monotonic()
         self.step_times: list[float] = []
@@ -121,20 +106,20 @@ class JobRun:
         self.writer: SectionWriter | None = None    # started with the job (events())
         self.last_video: Path | None = None
         rocm.apply_torch_settings()                     # cudnn.benchmark off on ROCm (no-op elsewhere)
-        self.fallback = rocm.get_default_fallback()     # tiered convolutions for every conv of every stage (rocm/)
+        self.fallback = memory.conv_fallback            # tiered convolutions for every conv of every stage (rocm/)
         self.fallback.reset_stats()
         self.fallback.forget_transient()
 
     # ---- events -------------------------------------------------------------------------------------------------
     def progress(self, stage: str, section: int = 0, step: int = 0, message: str = "") -> Progress:
-        return Progress(stage, section, self.plan.count, step, self.r.steps, time.monotonic() - self.t0,
+        return Progress(stage, section, self.plan.count, step, self.request.steps, time.monotonic() - self.t0,
                         self.eta(section, step), message or stage)
 
     def eta(self, section: int, step: int) -> float | None:
         if not self.step_times:
             return None
-        per_step = sum(self.step_times[-self.r.steps:]) / len(self.step_times[-self.r.steps:])
-        remaining = (self.plan.count - max(section, 1)) * self.r.steps + (self.r.steps - step)
+        per_step = sum(self.step_times[-self.request.steps:]) / len(self.step_times[-self.request.steps:])
+        remaining = (self.plan.count - max(section, 1)) * self.request.steps + (self.request.steps - step)
         decode = self.timings.get("VAE decode", 0.0) / max(section - 1, 1)
         return remaining * per_step + (self.plan.count - section + 1) * decode
 
@@ -142,7 +127,7 @@ class JobRun:
         self.timings[name] = self.timings.get(name, 0.0) + seconds
 
     def events(self) -> Iterator[Event]:
-        r = self.r
+        r = self.request
         meta = {"comment": f"prompt: {r.prompt} | seed: {r.seed}", "title": r.prompt[:200], "description": r.prompt}
         self.writer = SectionWriter(r.mode, sec.overlap_frames(r.latent_window), fps=r.fps, crf=r.crf, metadata=meta)
         try:
@@ -158,20 +143,13 @@ class JobRun:
 
             error, detail = None, ""
             try:
-                if self.resume:
-                    self.job = self.resume.job
-                    self.job.update(status="running", resumed=self.job.info.get("resumed", 0) + 1)
-                    log.info("resuming after section %d", self.resume.sections_done)
-                else:
-                    self.job = Job.create(self.outputs, self.r.settings(), self._model_info())
-                    self.job.save_image("input.png", self.p.image)
-                    if self.p.end_image is not None:
-                        self.job.save_image("end.png", self.p.end_image)
-                for w in self.p.warnings:
+                self._open_job()
+                for w in self.prepared.warnings:
                     yield LogLine("warning", w)
+                r = self.request
                 log.info("job %s: %d section(s) of %d latent frames at %dx%d, %s mode, %s sampler, seed %d",
-                         self.job.id, self.plan.count, self.plan.window, self.p.width, self.p.height, self.r.mode,
-                         self.r.sampler, self.r.seed)
+                         self.job.id, self.plan.count, self.plan.window, self.prepared.width, self.prepared.height,
+                         r.mode, r.sampler, r.seed)
                 yield from drain()
                 yield from self._run(drain)
                 status = "done"
@@ -189,12 +167,13 @@ class JobRun:
             ending = self._fail(error, detail) if error is not None else self._finish(status)
             error = None                               # (its traceback holds the failed stage's tensors)
             rocm.trim("after the job", host=True)      # now that a failure's traceback (and what it held) is gone
-            log.info("host RSS after the job: %.1f MiB (freed memory given back)", host_rss_bytes() / 2**20)
+            log.info("host RSS after the job: %.1f MiB (freed memory given back)", host_rss_bytes() / MIB)
             yield from drain()
             yield ending
 
     def _run(self, drain) -> Iterator[Event]:
-        c, r = self.c, self.r
+        c, r = self.models, self.request
+        self.memory.apply_cap()              # the VRAM cap (a process-wide device limit) holds from here on
         # where the weights live on the host this job (RAM or read from the files); refuses a budget that cannot work
         self.memory.arrange_host(c.models(), FRAMEPACK_STAGES, self.plan.count, self.plan.frame_counts()[-1])
         yield from drain()
@@ -202,15 +181,7 @@ class JobRun:
         texts = self._encode_text()
         yield from drain()
         self.cancel.check()
-        if self.resume:
-            start_latent, end_latent = self.resume.start_latent, self.resume.end_latent
-            history, done = self.resume.history, self.resume.sections_done
-            self.generator.set_state(self.resume.rng_state)
-        else:
-            yield self.progress("VAE encode")
-            start_latent, end_latent = self._encode_latents()
-            history, done = sec.empty_history(self.plan, start_latent), 0
-            yield from drain()
+        start_latent, end_latent, history, done = yield from self._starting_point(drain)
         self.cancel.check()
         yield self.progress("image encoder")
         image_embeds = self._encode_image()
@@ -248,16 +219,6 @@ class JobRun:
             yield from drain()
             yield from self._written()
 
-    def _rebuild_video(self, done: int, drain) -> Iterator[Event]:
-        """Decode the finished sections again (resume), so the blends match an uninterrupted run exactly."""
-        for section in self.plan.sections[:done]:
-            yield self.progress("VAE decode", section.index + 1, self.r.steps,
-                                f"resuming: decoding section {section.index + 1}/{done} again")
-            real = sec.real_latents_after(self.plan, section, self.resume.real, done)
-            self.writer.submit(self._decode(sec.latents_to_decode(self.plan, section, real)))
-            yield from drain()
-        self.last_video = self.job.path(self.job.info["videos"][-1]) if self.job.info["videos"] else None
-
     def _stream_steps(self, sampler, section: int) -> Iterator[Event]:
         """Drive the sampling generator, turning each step into progress and preview events."""
         last = time.monotonic()
@@ -274,9 +235,44 @@ class JobRun:
         except StopIteration as done:
             return done.value
 
+    # ---- a new job or a resumed one: every difference between the two is in these three methods ---------------
+    def _open_job(self) -> None:
+        """A new job gets a folder with its prepared images; a resumed one goes on in its own folder."""
+        if self.resume:
+            self.job = self.resume.job
+            self.job.update(status="running", resumed=self.job.info.get("resumed", 0) + 1)
+            log.info("resuming after section %d", self.resume.sections_done)
+            return
+        self.job = Job.create(self.outputs, self.request.settings(), self._model_info())
+        self.job.save_image("input.png", self.prepared.image)
+        if self.prepared.end_image is not None:
+            self.job.save_image("end.png", self.prepared.end_image)
+
+    def _starting_point(self, drain):
+        """(start latent, end latent, latent history, sections done): a new job encodes its images (VAE encode);
+        a resumed one takes them, and the random generator's state, from its checkpoint."""
+        if self.resume:
+            self.generator.set_state(self.resume.rng_state)
+            return (self.resume.start_latent, self.resume.end_latent, self.resume.history,
+                    self.resume.sections_done)
+        yield self.progress("VAE encode")
+        start_latent, end_latent = self._encode_latents()
+        yield from drain()
+        return start_latent, end_latent, sec.empty_history(self.plan, start_latent), 0
+
+    def _rebuild_video(self, done: int, drain) -> Iterator[Event]:
+        """Decode the finished sections again (resume), so the blends match an uninterrupted run exactly."""
+        for section in self.plan.sections[:done]:
+            yield self.progress("VAE decode", section.index + 1, self.request.steps,
+                                f"resuming: decoding section {section.index + 1}/{done} again")
+            real = sec.real_latents_after(self.plan, section, self.resume.real, done)
+            self.writer.submit(self._decode(sec.latents_to_decode(self.plan, section, real)))
+            yield from drain()
+        self.last_video = self.job.path(self.job.info["videos"][-1]) if self.job.info["videos"] else None
+
     # ---- stages -------------------------------------------------------------------------------------------------
     def _encode_text(self):
-        c, r = self.c, self.r
+        c, r = self.models, self.request
         t = time.monotonic()
 
         def encode():
@@ -298,7 +294,7 @@ class JobRun:
 
     @torch.no_grad()
     def _encode_latents(self):
-        vae = self.c.vae
+        vae = self.models.vae
         t = time.monotonic()
         with self.memory.stage("VAE encode", vae=vae), self.fallback.active():
             def encode(img):
@@ -306,8 +302,8 @@ class JobRun:
                 dist = vae.encode(x).latent_dist
                 return (dist.sample(generator=self.generator) * vae.config.scaling_factor).float().cpu()
 
-            start = encode(self.p.image)
-            end = encode(self.p.end_image) if self.p.end_image is not None else None
+            start = encode(self.prepared.image)
+            end = encode(self.prepared.end_image) if self.prepared.end_image is not None else None
         self._timed("VAE encode", time.monotonic() - t)
         return start, end
 
@@ -316,7 +312,7 @@ class JobRun:
         """SigLIP embedding of the start image. With an end image, the conditioning is the blend
         (1 − a)·start + a·end with a = request.end_embed_weight (default 0.5, FramePack's end-frame PR #167 idea).
         diffusers' pipeline computes that blend and then ignores it (a = 0); a = 0 reproduces it exactly."""
-        c = self.c
+        c = self.models
         t = time.monotonic()
         with self.memory.stage("image encoder", image_encoder=c.image_encoder), self.fallback.active():
             def embed(img):
@@ -325,17 +321,17 @@ class JobRun:
                 inputs = inputs.to(device=self.device, dtype=c.image_encoder.dtype)
                 return c.image_encoder(**inputs).last_hidden_state.float().cpu()
 
-            embeds = embed(self.p.image)
-            a = self.r.end_embed_weight
-            if self.p.end_image is not None and a > 0:
-                embeds = (1.0 - a) * embeds + a * embed(self.p.end_image)
+            embeds = embed(self.prepared.image)
+            a = self.request.end_embed_weight
+            if self.prepared.end_image is not None and a > 0:
+                embeds = (1.0 - a) * embeds + a * embed(self.prepared.end_image)
         self._timed("image encoder", time.monotonic() - t)
         return embeds
 
     @torch.no_grad()
     def _decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Pixels (1, 3, T, H, W) in [-1, 1] on the CPU, in the VAE's dtype (the writer blends them in float32)."""
-        vae = self.c.vae
+        vae = self.models.vae
         t = time.monotonic()
         with self.memory.stage("VAE decode", vae=vae):
             z = latents.to(self.device, vae.dtype) / vae.config.scaling_factor
@@ -363,7 +359,7 @@ class JobRun:
                                           "frames_sha256": written.frames_sha256,
                                           "elapsed_s": round(time.monotonic() - self.t0, 3)})
         self.job.update(timings=self._timings(), memory=self.memory.summary())
-        return SectionVideo(written.path, written.frames, written.frames / self.r.fps, written.section,
+        return SectionVideo(written.path, written.frames, written.frames / self.request.fps, written.section,
                             self.plan.count)
 
     # ---- endings ------------------------------------------------------------------------------------------------
@@ -375,7 +371,7 @@ class JobRun:
         return out
 
     def _model_info(self) -> dict:
-        c = self.c
+        c = self.models
         return {"preset": c.preset.name, "mode": c.mode,
                 "repos": {role: src.repo + (f"/{src.subfolder}" if src.subfolder else "")
                           for role, src in c.preset.sources(c.mode).items()},

@@ -22,12 +22,9 @@ def latents_to_rgb(latents: torch.Tensor) -> torch.Tensor:
     return rgb.clamp(0.0, 1.0)
 
 
-def preview_image(latents: torch.Tensor, upscale: int = 1) -> np.ndarray:
+def preview_image(latents: torch.Tensor) -> np.ndarray:
     """All frames of the first batch item side by side: H × (T·W) × 3 uint8."""
     rgb = latents_to_rgb(latents[:1])[0]                                   # (3, T, H, W)
     c, t, h, w = rgb.shape
     strip = rgb.permute(2, 1, 3, 0).reshape(h, t * w, c)                  # (H, T·W, 3)
-    img = (strip * 255.0 + 0.5).to(torch.uint8).cpu().numpy()
-    if upscale > 1:
-        img = img.repeat(upscale, axis=0).repeat(upscale, axis=1)
-    return img
+    return (strip * 255.0 + 0.5).to(torch.uint8).cpu().numpy()

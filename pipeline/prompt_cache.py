@@ -21,6 +21,9 @@ from pathlib import Path
 
 import torch
 
+from common.files import atomic_path
+from common.paths import cache_root
+from common.units import MIB
 from configs.memory import MEMORY
 from pipeline.text import CLIP_MAX_TOKENS, LLAMA_MAX_TOKENS, PROMPT_TEMPLATE, TextEmbeddings
 
@@ -38,11 +41,7 @@ def prompt_cache_dir(environ=None) -> Path | None:
         return None
     if chosen:
         return Path(chosen).expanduser()
-    root = env.get("STEADYFRAME_CACHE_DIR")
-    if root:
-        return Path(root).expanduser() / "prompts"
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "steadyframe" / "prompts"
+    return cache_root(env) / "prompts"
 
 
 def cache_key(prompt: str, negative: str | None, revisions: dict, storage: str, crop_start: int) -> str:
@@ -86,14 +85,12 @@ class PromptCache:
                    for n in FIELDS}
         meta = {f"{kind}.truncated": "1" if texts[kind].truncated else "0" for kind in ("cond", "uncond")}
         path = self._path(key)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            save_file(tensors, str(tmp), metadata=meta)
-            os.replace(tmp, path)
+            with atomic_path(path, fsync=False) as tmp:          # a cache: a lost entry is encoded again
+                save_file(tensors, str(tmp), metadata=meta)
         except OSError as e:
             log.warning("prompt cache: could not write %s (%s)", path, e)
-            tmp.unlink(missing_ok=True)
             return
         self.evict()
 
@@ -120,7 +117,7 @@ class PromptCache:
             gone += 1
         if gone:
             log.info("prompt cache: %d old entr%s deleted (limit %.0f MB)", gone, "y" if gone == 1 else "ies",
-                     self.max_bytes / 2**20)
+                     self.max_bytes / MIB)
         return gone
 
 

@@ -4,41 +4,59 @@ The folder holds the settings (job.json), the prepared images and, after every f
 history with the random generator's state (latents.safetensors). Resuming re-encodes the prompt and the image
 (deterministic), decodes the finished sections again so the cross-fades match, and samples the remaining sections
 with the saved generator state: the final video equals that of an uninterrupted run with the same seed.
+
+Like a new job, a resume is checked once, before any model loads: `prepare_resume(job_dir)` reads job.json,
+checks its settings and decodes the images (a `ResumeRequest`); `resume(...)` takes that and runs it.
 """
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from memory import MemoryManager
-from pipeline.checkpoint import CHECKPOINT, load_checkpoint
-from pipeline.components import Components
 from pipeline.errors import InputError
-from pipeline.events import Event, Failed
-from pipeline.jobs import Job, load_job
-from pipeline.orchestrator import CancelToken, JobRun, ResumeState
-from pipeline.request import Request, prepare, setting_problems
+from pipeline.jobs import CHECKPOINT, load_job
+from pipeline.request import PreparedRequest, Request, prepare, setting_problems
+
+@dataclass(frozen=True)
+class ResumeRequest:
+    """A job folder checked for resuming: its request with the images decoded, and the preset it was made with."""
+    job_dir: Path
+    prepared: PreparedRequest
+    preset: str
+
+    @property
+    def request(self) -> Request:
+        return self.prepared.request
+
+
+def _damaged(job_dir: Path, why: str) -> InputError:
+    return InputError("job folder", f"{job_dir.name}/job.json is damaged or incomplete; it cannot be resumed "
+                                    f"({why}): start the job again")
 
 
 def resume_request(job_dir: Path) -> tuple[Request, dict]:
-    """The request a job folder was started with, and its job.json. Raises InputError when it cannot resume."""
+    """The request a job folder was started with, and its job.json. Raises InputError when it cannot resume.
+    Only a file that is not a job's record is called damaged; any other error is a bug and keeps its traceback."""
     job_dir = Path(job_dir)
     if not (job_dir / "job.json").is_file():
         raise InputError("job folder", f"{job_dir} has no job.json; pick a folder under outputs/")
     try:
         info = load_job(job_dir)
-        settings, preset = dict(info["settings"]), str(info["models"]["preset"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        raise InputError("job folder", f"{job_dir.name}/job.json is damaged or incomplete; it cannot be "
-                                       f"resumed: start the job again") from None
-    info["models"]["preset"] = preset
+    except (OSError, ValueError) as e:          # unreadable, not JSON, not an object, too large or deep
+        raise _damaged(job_dir, str(e).splitlines()[0][:200]) from None
+    settings, models = info.get("settings"), info.get("models")
+    if not isinstance(settings, dict):
+        raise _damaged(job_dir, "no settings")
+    if not isinstance(models, dict) or not isinstance(models.get("preset"), str):
+        raise _damaged(job_dir, "no model preset")
     if info.get("status") == "done":
         raise InputError("job folder", f"{job_dir.name} is already complete ({info.get('final')})")
     if not (job_dir / CHECKPOINT).is_file():
         raise InputError("job folder", f"{job_dir.name} has no finished section to continue from; start it again")
     names = {f.name for f in dataclasses.fields(Request)}
-    settings = {k: v for k, v in settings.items() if k in names}
+    settings = {k: v for k, v in settings.items() if k in names and k not in ("image", "end_image")}
     problems = setting_problems(settings)
     if problems:       # a hand-edited job.json: refused here, before any model loads
         raise InputError("job folder", f"{job_dir.name}/job.json: {next(iter(problems.values()))}; fix that value "
@@ -47,19 +65,41 @@ def resume_request(job_dir: Path) -> tuple[Request, dict]:
     return Request(image=job_dir / "input.png", end_image=end if end.exists() else None, **settings), info
 
 
-def resume(job_dir: str | Path, components: Components, memory: MemoryManager | None = None, *,
-           cancel: CancelToken | None = None) -> Iterator[Event]:
-    """Continue the job in `job_dir`; yields the same events as generate()."""
+def prepare_resume(job_dir: str | Path) -> ResumeRequest:
+    """Check a job folder for resuming and decode its images (once). Raises InputError naming what is wrong."""
+    from configs import PRESETS
+
     job_dir = Path(job_dir)
-    try:
-        request, info = resume_request(job_dir)
-        prepared = prepare(request, components.preset.default_resolution, images_prepared=True)
-    except InputError as e:
-        yield Failed(str(e), "", None, None)
+    request, info = resume_request(job_dir)
+    preset = info["models"]["preset"]
+    default_resolution = PRESETS[preset].default_resolution if preset in PRESETS else 640
+    prepared = prepare(request, default_resolution, images_prepared=True)
+    return ResumeRequest(job_dir, prepared, preset)
+
+
+def resume(job: ResumeRequest, components, memory=None, *, cancel=None) -> Iterator:
+    """Continue the checked job folder `job` (from prepare_resume); yields the same events as generate()."""
+    from memory import MemoryManager
+    from pipeline.cancel import CancelToken
+    from pipeline.checkpoint import load_checkpoint
+    from pipeline.events import Failed
+    from pipeline.jobs import Job
+    from pipeline.orchestrator import JobRun, ResumeState
+
+    if not isinstance(job, ResumeRequest):
+        raise TypeError(f"resume() takes a ResumeRequest (from pipeline.prepare_resume), not {type(job).__name__}")
+    job_dir = job.job_dir
+    if job.request.mode != components.mode or job.preset != components.preset.name:
+        yield Failed(f"job folder: {job_dir.name} was made with the {job.preset} preset in {job.request.mode} "
+                     f"mode; load those models to resume it")
         return
-    if request.mode != components.mode or info["models"]["preset"] != components.preset.name:
-        yield Failed(f"job folder: {job_dir.name} was made with the {info['models']['preset']} preset in "
-                     f"{request.mode} mode; load those models to resume it", "", None, None)
+    try:
+        info = load_job(job_dir)         # again: the record as it is now (its settings were checked when prepared)
+    except (OSError, ValueError) as e:
+        yield Failed(str(_damaged(job_dir, str(e).splitlines()[0][:200])))
+        return
+    if info.get("status") == "done":
+        yield Failed(f"job folder: {job_dir.name} is already complete ({info.get('final')})")
         return
     for stale in job_dir.glob(".*"):          # temp files of writes the crash cut short
         if stale.is_file() and (stale.name.endswith(".tmp") or ".partial." in stale.name):
@@ -67,5 +107,5 @@ def resume(job_dir: str | Path, components: Components, memory: MemoryManager | 
     tensors, meta = load_checkpoint(job_dir)
     state = ResumeState(Job(job_dir, info), tensors["history"], tensors["real"], tensors["start_latent"],
                         tensors.get("end_latent"), tensors["rng_state"], int(meta["sections_done"]))
-    run = JobRun(prepared, components, memory or MemoryManager(), cancel or CancelToken(), job_dir.parent, state)
+    run = JobRun(job.prepared, components, memory or MemoryManager(), cancel or CancelToken(), job_dir.parent, state)
     yield from run.events()

@@ -16,13 +16,13 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from common.files import atomic_path
 from configs.generation import LIMITS
 from configs.video import ENCODING, VideoEncoding
 
@@ -75,37 +75,32 @@ def write_segments(segments: list[bytes], path: Path, *, fps: int = 30, metadata
     if not segments:
         raise ValueError("no segments to write")
     path = Path(path)
-    tmp = path.with_name(f".{path.stem}.partial{path.suffix}")
-    try:
-        with av.open(str(tmp), mode="w", format="mp4", options={"movflags": "+faststart"}) as container:
-            for key, value in (metadata or {}).items():
-                container.metadata[key] = value if isinstance(value, str) else json.dumps(value)
-            out, header, start = None, None, Fraction(0)          # start: seconds before the segment
-            for segment in segments:
-                with av.open(io.BytesIO(segment)) as source:
-                    stream = source.streams.video[0]
-                    if out is None:
-                        out, header = container.add_stream_from_template(stream), stream.codec_context.extradata
-                    elif stream.codec_context.extradata != header:
-                        raise ValueError("segments were encoded with different stream headers; encode them again")
-                    offset = start / stream.time_base
-                    if offset.denominator != 1:
-                        raise ValueError(f"a segment boundary at {start} s is not on the time base "
-                                         f"{stream.time_base}")
-                    count = 0
-                    for packet in source.demux(stream):
-                        if packet.size == 0:
-                            continue
-                        count += 1
-                        packet.pts += int(offset)
-                        packet.dts += int(offset)
-                        packet.stream = out
-                        container.mux(packet)
-                start += Fraction(count, fps)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_path(path) as tmp, \
+            av.open(str(tmp), mode="w", format="mp4", options={"movflags": "+faststart"}) as container:
+        for key, value in (metadata or {}).items():
+            container.metadata[key] = value if isinstance(value, str) else json.dumps(value)
+        out, header, start = None, None, Fraction(0)          # start: seconds before the segment
+        for segment in segments:
+            with av.open(io.BytesIO(segment)) as source:
+                stream = source.streams.video[0]
+                if out is None:
+                    out, header = container.add_stream_from_template(stream), stream.codec_context.extradata
+                elif stream.codec_context.extradata != header:
+                    raise ValueError("segments were encoded with different stream headers; encode them again")
+                offset = start / stream.time_base
+                if offset.denominator != 1:
+                    raise ValueError(f"a segment boundary at {start} s is not on the time base "
+                                     f"{stream.time_base}")
+                count = 0
+                for packet in source.demux(stream):
+                    if packet.size == 0:
+                        continue
+                    count += 1
+                    packet.pts += int(offset)
+                    packet.dts += int(offset)
+                    packet.stream = out
+                    container.mux(packet)
+            start += Fraction(count, fps)
     return path
 
 

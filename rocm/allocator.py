@@ -3,7 +3,7 @@
 ``trim()`` runs the garbage collector and ``torch.cuda.empty_cache()`` (frees PyTorch's cached, unused blocks;
 never memory held by live tensors). PyTorch's default (native) allocator uses plain hipMalloc/hipFree, so trimming
 a stream-ordered pool would not release anything there; only with ``backend:hipMallocAsync`` is the pool used, and
-its ``empty_cache`` already trims it (ROCM_FACTS.md) - ``pool_trimmed`` says whether that was the case.
+its ``empty_cache`` already trims it (docs/FACTS.md) - ``pool_trimmed`` says whether that was the case.
 On CPU it only runs the garbage collector.
 """
 
@@ -15,9 +15,9 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from common.units import GIB
 
 logger = logging.getLogger(__name__)
-GIB = 2**30
 
 
 def synchronize(device) -> None:

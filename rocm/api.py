@@ -1,7 +1,8 @@
 """The names users of the AMD field notes know, as thin wrappers around ``rocm.ConvFallback``.
 
-They share one default ``ConvFallback``, created on first use (never at import). Prefer passing your own
-``ConvFallback`` object around in new code; these exist so that the field notes' recipes run as written
+They share one default ``ConvFallback``, created on first use (never at import). It exists only for this API: the
+app never uses it (each ``memory.MemoryManager`` holds its own ``ConvFallback`` and passes it explicitly). These
+exist so that the field notes' recipes run as written
 (tests/test_rocm_seed_api.py runs each of them):
 
     initialize_miopen_fallback(use_monkey_patch=True, verbose=True)   # patches F.conv2d / F.conv3d
@@ -25,8 +26,7 @@ import logging
 import sys
 import threading
 
-from rocm.conv_fallback import ConvFallback
-from rocm.faults import FaultPlan
+from rocm.conv_fallback import ConvFallback, new_conv_fallback
 from rocm.policy import BypassConfig, BypassStrategy, Conv2dBypassConfig, FallbackStrategy
 from rocm.safe_conv import SafeConv2d, SafeConv3d, bypass_report, patch_model, patched_layers, unpatch_model
 
@@ -48,7 +48,7 @@ def get_default_fallback() -> ConvFallback:
     """The shared ``ConvFallback`` of the field-notes API (reads the fault plan from STEADYFRAME_CONV_FAULTS)."""
     with _default.lock:
         if _default.instance is None:
-            _default.instance = ConvFallback(fault_plan=FaultPlan.from_env())
+            _default.instance = new_conv_fallback()
         return _default.instance
 
 

@@ -17,9 +17,9 @@ from typing import Callable, Mapping
 
 from configs.rocm_profiles import AOTRITON_EXPERIMENTAL_VAR
 from rocm.env import aotriton_gated
+from common.units import GIB
 
 logger = logging.getLogger(__name__)
-GIB = 2**30
 
 
 def aotriton_note(backend: str, arch: str | None, environ: Mapping[str, str]) -> str | None:

@@ -7,8 +7,9 @@ file per arch + torch + HIP + driver build (``rocm.verdicts``), so a bad shape g
 next time. Inside ``probing()`` (on ROCm by default) the first use of a signature runs in a child process with a
 timeout first; a probe that cannot decide raises ``ProbeUndecided`` instead of running the tier in-process.
 
-It is an object, not a global: ``install()`` patches ``torch.nn.functional.conv2d/conv3d`` (which ``nn.Conv2d``
-/ ``nn.Conv3d`` call) and ``uninstall()`` restores them; ``active()`` holds the patch for a block. The blocks are
+It is an object, not a global: ``active()`` patches ``torch.nn.functional.conv2d/conv3d`` (which ``nn.Conv2d``
+/ ``nn.Conv3d`` call) for a block, through the one patch registry (``common.patches``); the app uses only that,
+inside a stage's scope. ``install()`` / ``uninstall()`` (the field-notes API, rocm.api) hold the patch until undone. The blocks are
 counted: the patch comes off when the last ``active()`` block (in any thread) has ended and no ``install()``
 holds it, so one thread leaving its block cannot pull the patch from under another.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 from torch.autograd.function import once_differentiable
 
+from common import patches
 from rocm import tiers as tier_ops
 from rocm.arch import Runtime, detect_runtime
 from rocm.conv_plan import conv_plan
@@ -156,22 +158,18 @@ class ConvFallback:
         import torch.nn.functional as F
 
         if self._saved is None:
-            self._saved = (F.conv2d, F.conv3d)
-            F.conv2d, F.conv3d = self._entries["conv2d"], self._entries["conv3d"]
+            self._saved = tuple(patches.patch(F, op, self._entries[op], "rocm.ConvFallback")
+                                for op in ("conv2d", "conv3d"))
             from rocm.env import apply_torch_settings
 
             apply_torch_settings()
             logger.debug("conv fallback installed")
 
     def _unpatch(self) -> None:
-        import torch.nn.functional as F
-
         if self._saved is None:
             return
-        if F.conv2d is not self._entries["conv2d"] or F.conv3d is not self._entries["conv3d"]:
-            logger.warning("F.conv2d/conv3d were replaced after the conv fallback was installed; "
-                           "restoring the functions it found")
-        F.conv2d, F.conv3d = self._saved
+        for p in reversed(self._saved):
+            patches.restore(p)
         self._saved = None
         self.flush()
 
@@ -399,3 +397,8 @@ class ConvFallback:
         self._stats.record(sig, None, failed, tried)
         self.current = None
         raise ConvFallbackExhausted(f"every tier {tiers} failed for {sig.short()}: {failed}") from last_exc
+
+
+def new_conv_fallback() -> ConvFallback:
+    """A fallback with the arch profile's defaults; its fault plan (the test seam) from STEADYFRAME_CONV_FAULTS."""
+    return ConvFallback(fault_plan=FaultPlan.from_env())

@@ -25,9 +25,9 @@ from rocm.env import apply_env_profile, check_environment
 from rocm.paths import cache_dir
 from rocm.tiers import TIER_NAMES
 from rocm.verdicts import list_files, reset as reset_verdicts, verdict_path
+from common.units import GIB
 
 logger = logging.getLogger(__name__)
-GIB = 2**30
 
 # Decoder convs of HunyuanVideo's VAE at diffusers' default tile (256 px, 16 frames => 5 latent frames), causal
 # padding included: (name, input shape, weight shape).

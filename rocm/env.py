@@ -181,7 +181,7 @@ def check_environment(environ: Mapping[str, str] | None = None, *, gfx: str | No
         elif var == AOTRITON_EXPERIMENTAL_VAR:
             out += _aotriton_warnings(value, gfx)
         elif var.startswith("MIOPEN_") and var not in facts.KNOWN_VARS:
-            out.append(EnvWarning(var, value, "not in ROCM_FACTS.md: unchecked (it may do nothing).", "info"))
+            out.append(EnvWarning(var, value, "not in docs/FACTS.md: unchecked (it may do nothing).", "info"))
     alloc_set = [v for v in ALLOC_CONF_VARS if v in env]
     if len({env[v] for v in alloc_set}) > 1:
         out.append(EnvWarning(", ".join(alloc_set), None, "several allocator variables with different values: "
@@ -229,7 +229,7 @@ def apply_env_profile(environ: MutableMapping[str, str] | None = None, *,
                       topology_nodes: Path | str | None = None) -> EnvReport:
     """Apply the profile of the detected AMD architecture family to ``environ`` (default ``os.environ``).
 
-    Call before ``import torch``. Sets only variables listed in ROCM_FACTS.md, never one the user already set.
+    Call before ``import torch``. Sets only variables listed in docs/FACTS.md, never one the user already set.
     ``STEADYFRAME_ROCM_PROFILE=off`` skips it. ``topology_nodes`` points at a fake KFD topology (tests).
     """
     env = os.environ if environ is None else environ

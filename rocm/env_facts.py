@@ -1,4 +1,4 @@
-"""What MIOpen/ROCr/PyTorch variables exist and which values they take, from shared/ROCM_FACTS.md only.
+"""What MIOpen/ROCr/PyTorch variables exist and which values they take, from docs/FACTS.md (ROCm) only.
 
 Pure data plus one parser; used by ``rocm.env.check_environment``.
 """

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Mapping
 
+from common.paths import cache_root
 from configs.rocm_profiles import DEFAULTS
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     """SteadyFrame's rocm cache folder: ``$STEADYFRAME_CACHE_DIR/rocm``, else ``$XDG_CACHE_HOME/steadyframe/rocm``,
     else ``~/.cache/steadyframe/rocm``. Not created here."""
-    env = os.environ if environ is None else environ
-    root = env.get(DEFAULTS.cache_env_var)
-    if root:
-        return Path(root).expanduser() / DEFAULTS.cache_subdir
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "steadyframe" / DEFAULTS.cache_subdir
+    return cache_root(environ) / DEFAULTS.cache_subdir
 
 
 def safe_name(text: str) -> str:

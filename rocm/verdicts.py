@@ -10,7 +10,7 @@ A verdict records the tiers that failed (with the reason) and the first tier tha
 * Out-of-memory failures stay in memory only: they depend on what else was resident at the time, and persisting
   one would pin a shape to a slower tier forever.
 
-Writes are atomic (temp file + ``os.replace``) and merge with what other processes wrote. ``list_files`` and
+Writes are atomic (``common.files``: temp file + rename) and merge with what other processes wrote. ``list_files`` and
 ``reset`` serve ``python -m rocm doctor`` (which lists them, and clears them with ``--reset``).
 """
 
@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.files import atomic_write_json
 from rocm.paths import safe_name
 
 logger = logging.getLogger(__name__)
@@ -151,17 +150,11 @@ class VerdictStore:
             merged.update({k: self._persisted[k] for k in self._dirty})
             payload = {"format": FORMAT, "build": self.build,
                        "verdicts": {k: v.to_json() for k, v in sorted(merged.items())}}
-            tmp = None
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    json.dump(payload, fh, indent=1)
-                os.replace(tmp, self.path)
+                atomic_write_json(self.path, payload, indent=1, fsync=False)
             except OSError as exc:
                 logger.warning("could not write conv verdicts to %s: %s", self.path, exc)
-                if tmp is not None and os.path.exists(tmp):
-                    os.unlink(tmp)
                 return
             self._persisted = merged
             for key, verdict in merged.items():

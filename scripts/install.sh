@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs SteadyFrame's Python dependencies into the active Python environment.
+# Installs SteadyFrame (editable: `pip install -e .`, the dependencies from pyproject.toml) into the active Python
+# environment, with the console scripts `steadyframe` (the app) and `steadyframe-cli` (generate/batch/resume).
 #
 #   bash scripts/install.sh          # the app
-#   bash scripts/install.sh --dev    # the app + test tools
+#   bash scripts/install.sh --dev    # the app + test tools (`pip install -e .[dev]`)
 #
 # PyTorch: an installed torch (ROCm, CUDA or CPU build) is always kept. Only when none is importable does this
 # script install the CPU build, from PyTorch's CPU index when it is reachable (never the multi-GB CUDA wheels).
@@ -25,18 +26,19 @@ else
     fi
 fi
 
-req=requirements.txt
-[ "${1:-}" = "--dev" ] && req=requirements-dev.txt
-# Nothing to do when these requirements were installed into this environment before and nothing changed: the
-# second `bash scripts/install.sh && python app.py` starts the app at once.
+target=. kind=app
+[ "${1:-}" = "--dev" ] && target=".[dev]" kind=dev
+# Nothing to do when this was installed into this environment before and nothing changed (the dependencies live in
+# pyproject.toml; the install is editable, so code changes need no reinstall): the second
+# `bash scripts/install.sh && python app.py` starts the app at once.
 prefix=$("$PY" -c 'import sys; print(sys.prefix)')
-stamp="$prefix/.steadyframe-install-$(basename "$req" .txt)"
-wanted=$(cat requirements.txt "$req" | sha256sum | cut -c1-64)
+stamp="$prefix/.steadyframe-install-$kind"
+wanted=$(cat pyproject.toml | sha256sum | cut -c1-64)-$(pwd)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
-    echo "install: $req already installed in $prefix and unchanged; nothing to do"
+    echo "install: steadyframe ($kind) already installed in $prefix and unchanged; nothing to do"
     exit 0
 fi
-"$PY" -m pip install -r "$req"
+"$PY" -m pip install -e "$target"
 echo "$wanted" > "$stamp"
 # Guard: nothing above may have replaced the torch build that was there.
 "$PY" -c "import torch; print('install: torch', torch.__version__, '| CUDA/HIP:', torch.version.cuda or torch.version.hip or 'none')"

@@ -2,15 +2,12 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[1]      # the repository (pytest puts it on sys.path: `pythonpath`)
 
 # Nothing at test time touches the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -18,6 +15,66 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 # Every job encodes its prompt (tests assert the stages a job runs); tests/test_prompt_cache.py turns the cache on.
 os.environ.setdefault("STEADYFRAME_PROMPT_CACHE", "off")
+
+
+# The long tests: marked `slow` (the quick loop `python -m pytest -m "not slow"` skips them) and given their own time
+# limit (pytest-timeout; every other test gets pyproject.toml's default). Keys: a file, or "file::test" (a prefix of
+# the test's name). Durations measured on a 2-core machine without a GPU (`--durations`), in the comments.
+LONG_TESTS = {
+    "test_resume.py": 900,                                          # kills and resumes CLI jobs: 30-90 s each
+    "test_browser.py": 1200,                                        # the app in its own process + Chromium
+    "test_server_soak.py": 1800,                                    # twenty jobs in a row
+    "test_server_fuzz.py": 1200,
+    "test_server_idle.py": 900,
+    "test_server_survival.py": 900,
+    "test_server_inputs.py": 900,
+    "test_server_security.py": 900,
+    "test_server_resume.py": 900,
+    "test_newcomer.py::test_cli_progress_bar_names_the_stage": 600,     # 58 s
+    "test_newcomer.py::test_installer_does_nothing": 600,              # 29 s
+    "test_newcomer.py::test_the_app_says_at_start": 600,               # 19 s
+    "test_cli.py": 600,                                             # the CLI in its own process: 8-20 s each
+    # Whole tiny jobs, child processes and benchmarks (each 5-40 s idle, up to 100 s on a busy machine): the full
+    # suite runs them; the quick loop keeps the logic, planning, checks and unit tests.
+    "test_prompt_cache.py": 600,
+    "test_generate.py": 600,
+    "test_app_runner.py": 600,
+    "test_parity_diffusers.py": 600,
+    "test_fp8.py": 600,
+    "test_host_loading.py": 600,
+    "test_oom.py": 600,
+    "test_rocm_probe.py": 600,
+    "test_rocm_persistence.py": 600,
+    "test_rocm_benchmark.py": 600,
+    "test_vae_decode_benchmark.py": 600,
+    "test_rocm_coverage.py": 600,
+    "test_validation_once.py": 600,
+    "test_errors_cause.py::test_the_cli_logs": 600,
+    "test_patches.py::test_a_job_": 600,
+    "test_patches.py::test_the_job_uses": 600,
+    "test_video.py::test_a_job_samples": 600,
+    "test_memory_stages.py::test_job_": 600,
+    "test_rocm_doctor.py::test_json_report_with_small_probe": 600,
+    "test_newcomer.py::test_cli_messages": 600,
+    "test_newcomer.py::test_resuming_a_complete_job": 600,
+    "test_newcomer.py::test_a_failed_job_pops_up": 600,
+}
+
+
+def long_test_limit(item) -> int | None:
+    name = f"{item.path.name}::{item.name}"
+    return next((limit for key, limit in LONG_TESTS.items()
+                 if name.startswith(key if "::" in key else key + "::")), None)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        limit = long_test_limit(item)
+        if limit is None:
+            continue
+        item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(limit))
 
 
 def make_image(width: int = 96, height: int = 80, seed: int = 0, mode: str = "RGB"):
@@ -66,8 +123,11 @@ def client(server, tmp_path_factory):
 
 
 def run_job(request, components, outputs, memory=None, cancel=None):
-    """Run a job to its end; returns (events, final event)."""
+    """Prepare `request` as the UI and the CLI do (checked, images decoded once) and run the job to its end;
+    returns (events, final event)."""
     from pipeline.orchestrator import generate
+    from pipeline.request import prepare
 
-    events = list(generate(request, components, memory, cancel=cancel, outputs=outputs))
+    prepared = prepare(request, components.preset.default_resolution)
+    events = list(generate(prepared, components, memory, cancel=cancel, outputs=outputs))
     return events, events[-1]

@@ -8,8 +8,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:   # plain `pytest` (not `python -m pytest`) does not put the repo on sys.path
-    sys.path.insert(0, str(REPO))
 
 # gfx_target_version values as the KFD topology reports them (major*10000 + minor*100 + stepping)
 GFX = {"gfx1010": 100100, "gfx1030": 100300, "gfx1100": 110000, "gfx1151": 110501, "gfx90a": 90010,

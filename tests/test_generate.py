@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from pipeline.checkpoint import load_checkpoint
+from pipeline.cancel import CancelToken
 from pipeline.events import Done, Failed, LogLine, Preview, Progress, SectionVideo
-from pipeline.orchestrator import CancelToken, generate
-from pipeline.request import Request
+from pipeline.orchestrator import generate
+from pipeline.request import Request, prepare
 from pipeline.sections import make_plan
 from pipeline.video import read_frames, read_metadata, write_mp4
 from tests.conftest import make_image, run_job
@@ -113,7 +114,7 @@ def test_teacache_skips_steps_and_cfg_runs_negative_branch(tiny_original, tmp_pa
 def test_stop_keeps_the_video_made_so_far(tiny_original, tmp_path):
     cancel = CancelToken()
     events = []
-    for ev in generate(_request(seconds=3.6), tiny_original, cancel=cancel, outputs=tmp_path):
+    for ev in generate(prepare(_request(seconds=3.6), 64), tiny_original, cancel=cancel, outputs=tmp_path):
         events.append(ev)
         if isinstance(ev, Progress) and ev.section == 2 and ev.step == 1:
             cancel.cancel()

@@ -14,15 +14,15 @@ import torch
 
 from memory import HostPack, MemoryManager
 from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError, StageUse
-from memory.plan import GB
+from common.units import GIB
 from pipeline.components import MODEL_ROLES, load_components
 from pipeline.events import Done, Failed
 from pipeline.request import Request
 from tests.conftest import ROOT, make_image, run_job
 from tests.test_loading import HUNYUAN_FP32, save_like_repos
 
-OVERHEAD = GB // 2                      # injected, so the budgets below are exact (a job measures its own)
-RESERVE = int(1.5 * GB)                 # configs/memory.py host_reserve_gb
+OVERHEAD = GIB // 2                      # injected, so the budgets below are exact (a job measures its own)
+RESERVE = int(1.5 * GIB)                 # configs/memory.py host_reserve_gb
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_every_budget_gives_the_same_video(saved, tmp_path):
     minimum = info.value.minimum
     # a CPU stage reads its file-homed weights into a buffer for the stage: the largest stage's model counts
     assert minimum == OVERHEAD + RESERVE + roomy.host_plan.model("transformer").nbytes
-    comps, tight, b = _job(saved, tmp_path / "b", host_ram_gb=minimum / GB)
+    comps, tight, b = _job(saved, tmp_path / "b", host_ram_gb=minimum / GIB)
     assert isinstance(b, Done), getattr(b, "detail", b)
     low = tight.host_plan
     assert low.persistent_bytes < plan.persistent_bytes and low.file_reads_per_job > 0
@@ -89,7 +89,7 @@ def test_streamed_blocks_from_the_files_get_ram_for_their_stage_only(saved):
     reference = _step(ref_tr, inputs)
     tr = load_components(HUNYUAN_FP32, "original", model_dir=saved).transformer
     pack = HostPack.of(tr)
-    cap_gb = (pack.rest.nbytes + pack.blocks[0].nbytes) / GB
+    cap_gb = (pack.rest.nbytes + pack.blocks[0].nbytes) / GIB
     mm = MemoryManager(device="cpu", cap_gb=cap_gb, preserved_gb=0, plan_on_cpu=True)
     with mm.stage("transformer", transformer=tr) as rec:
         assert pack.blocks[1].home == "ram" and pack.blocks[0].home == "file"   # the streamed block, for now

@@ -147,12 +147,11 @@ def test_unicode_prompt_kept(good_png):
     assert prepare(Request(image=good_png, prompt=prompt), 64).prompt == prompt
 
 
-def test_bad_input_through_generate_creates_no_job_folder(tiny_original, tmp_path):
-    from pipeline.events import Failed
+def test_bad_input_is_refused_before_a_job_folder_exists(tiny_original, tmp_path):
+    """The orchestrator takes only prepared requests: bad input stops at prepare(), before a job folder exists."""
     from tests.conftest import run_job
 
     out = tmp_path / "outputs"
-    events, last = run_job(Request(image=tmp_path / "missing.png", prompt="x"), tiny_original, out)
-    assert isinstance(last, Failed) and len(events) == 1
-    assert last.message.startswith("image:") and last.job_dir is None
-    assert not out.exists() or not any(out.iterdir())
+    with pytest.raises(InputError, match="^image: file not found"):
+        run_job(Request(image=tmp_path / "missing.png", prompt="x"), tiny_original, out)
+    assert not out.exists()

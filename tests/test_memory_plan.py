@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from configs.presets import HUNYUAN, TINY
-from memory.plan import (GB, REAL_TRANSFORMER_CONFIG, activation_bytes, describe_preserved, framepack_tokens,
+from common.units import GIB
+from memory.plan import (REAL_TRANSFORMER_CONFIG, activation_bytes, describe_preserved, framepack_tokens,
                          plan_residency, transformer_sizes)
 
 
@@ -15,16 +16,16 @@ def real_sizes():
 
 def _plan(sizes, cap_gb, preserved_gb, **kw):
     blocks, other = sizes
-    return plan_residency(blocks, other, int(cap_gb * GB), int(preserved_gb * GB), min_resident=1, **kw)
+    return plan_residency(blocks, other, int(cap_gb * GIB), int(preserved_gb * GIB), min_resident=1, **kw)
 
 
 def test_real_transformer_sizes(real_sizes):
     blocks, other = real_sizes
     assert len(blocks) == 60                                  # 20 dual + 40 single blocks
     assert len(set(blocks[:20])) == 1 and len(set(blocks[20:])) == 1
-    assert blocks[0] == pytest.approx(0.633 * GB, rel=0.01)   # a dual block in bf16
-    assert blocks[20] == pytest.approx(0.264 * GB, rel=0.01)  # a single block
-    assert other == pytest.approx(0.771 * GB, rel=0.01)       # embedders, refiner, output layers
+    assert blocks[0] == pytest.approx(0.633 * GIB, rel=0.01)   # a dual block in bf16
+    assert blocks[20] == pytest.approx(0.264 * GIB, rel=0.01)  # a single block
+    assert other == pytest.approx(0.771 * GIB, rel=0.01)       # embedders, refiner, output layers
     assert (sum(blocks) + other) / 1e9 == pytest.approx(25.7, abs=0.1)
 
 
@@ -33,15 +34,15 @@ def test_cap_20_preserved_6_keeps_the_dual_blocks_and_two_singles(real_sizes):
     # budget for blocks: 20 − 6 − 0.77 = 13.23 GiB → 20 dual (12.66) + 2 single (0.53)
     assert plan.resident == tuple(range(22))
     assert plan.streamed == tuple(range(22, 60))
-    assert plan.resident_bytes <= 14 * GB
-    assert plan.streamed_bytes / GB == pytest.approx(10.0, abs=0.05)
+    assert plan.resident_bytes <= 14 * GIB
+    assert plan.streamed_bytes / GIB == pytest.approx(10.0, abs=0.05)
     assert not plan.fully_resident
 
 
 def test_cap_12_preserved_6_keeps_eight_dual_blocks(real_sizes):
     plan = _plan(real_sizes, 12, 6)
     assert plan.resident == tuple(range(8))
-    assert plan.streamed_bytes / GB == pytest.approx(18.1, abs=0.05)
+    assert plan.streamed_bytes / GIB == pytest.approx(18.1, abs=0.05)
 
 
 def test_large_cap_is_fully_resident_and_preserved_at_cap_keeps_block_zero(real_sizes):
@@ -61,7 +62,7 @@ def test_tokens_and_activation_estimate():
     # + 729 SigLIP + 256 text tokens
     assert framepack_tokens(608, 640, 9) == 9 * 1520 + 2 * 1520 + 380 + 400 + 729 + 256 == 18485
     act = activation_bytes(framepack_tokens(608, 640, 9))
-    assert 1.5 * GB < act < 3 * GB
+    assert 1.5 * GIB < act < 3 * GIB
     assert activation_bytes(framepack_tokens(608, 640, 18)) > act
 
 
@@ -69,7 +70,7 @@ def test_working_set_and_warnings(real_sizes):
     act = activation_bytes(framepack_tokens(608, 640, 9))
     ok = _plan(real_sizes, 20, 6, activation_bytes=act, slot_count=2)
     assert ok.slot_bytes == 2 * real_sizes[0][20]         # slots are sized by the largest *streamed* block
-    assert ok.peak_estimate <= 20 * GB and not ok.warnings()
+    assert ok.peak_estimate <= 20 * GIB and not ok.warnings()
     tight = _plan(real_sizes, 20, 1, activation_bytes=act)
     assert tight.warnings() and "preserved memory" in tight.warnings()[0]
 

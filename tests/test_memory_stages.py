@@ -91,20 +91,34 @@ def test_budget_and_workload_are_explicit(tiny_original):
     assert b.budget.workload.tokens > a.budget.workload.tokens
 
 
-def test_pinning_off_keeps_pageable_copies(tiny_original):
-    mm = MemoryManager(device="cpu", pin_host_memory=False)
-    with mm.stage("VAE encode", vae=tiny_original.vae) as rec:
-        pass
-    assert rec.pin_s >= 0 and not any(p.is_pinned() for p in tiny_original.vae.parameters())
-    assert mm.summary()["pin_host_memory"] is False
-
-
-def test_prepare_packs_ahead(tiny_original):
+def test_the_pinning_flag_decides_whether_host_copies_are_pinned(tiny_original, monkeypatch):
+    """Observed without a GPU: what the manager asks the host packs for. With the flag on and a GPU device they
+    are asked to pin; with it off (--no-pin), or on a CPU run, never."""
     from memory import HostPack
 
+    asked = []
+    monkeypatch.setattr(HostPack, "set_pinned", lambda self, pinned: asked.append(pinned) or 0.0)
+    vae = tiny_original.vae
+    on = MemoryManager(device="cuda:0", pin_host_memory=True)
+    on.prepare(vae=vae)
+    assert asked == [True] and on.pin
+    off = MemoryManager(device="cuda:0", pin_host_memory=False)
+    off.prepare(vae=vae)
+    cpu = MemoryManager(device="cpu", pin_host_memory=True)
+    cpu.prepare(vae=vae)
+    assert asked == [True] and not off.pin and not cpu.pin
+    assert off.summary()["pin_host_memory"] is False and on.summary()["pin_host_memory"] is True
+
+
+def test_prepare_packs_ahead():
+    from memory import HostPack
+    from memory.hostpack import _ATTR
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    assert _ATTR not in model.__dict__                     # not packed yet
     mm = MemoryManager(device="cpu")
-    seconds = mm.prepare(**tiny_original.models())
-    assert seconds >= 0
-    assert all(HostPack.of(m).intact() for m in tiny_original.models().values())
-    with torch.no_grad():
-        pass
+    seconds = mm.prepare(model=model)
+    pack = model.__dict__[_ATTR]
+    assert pack.intact() and seconds >= pack.pack_s > 0     # packed now, and the time says so
+    mm.prepare(model=model)
+    assert HostPack.of(model) is pack                       # packed once: a later stage finds it ready

@@ -7,7 +7,7 @@ from diffusers import HunyuanVideoFramepackTransformer3DModel
 
 from memory import HostPack, MemoryManager
 from memory.hostpack import block_list
-from memory.plan import GB
+from common.units import GIB
 from memory.streaming import BlockStreamer
 from pipeline.denoiser import FramepackDenoiser
 from pipeline.text import encode_prompt
@@ -44,7 +44,7 @@ def deep_transformer(tiny_original):
 
 
 def _cap_gb(pack, n_resident):
-    return (pack.rest.nbytes + sum(c.nbytes for c in pack.blocks[:n_resident])) / GB
+    return (pack.rest.nbytes + sum(c.nbytes for c in pack.blocks[:n_resident])) / GIB
 
 
 def test_pack_is_the_only_host_copy(deep_transformer):
@@ -131,7 +131,7 @@ def test_text_encoder_streams_when_it_does_not_fit(tiny_original):
     c = tiny_original
     ref = encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2, "a cat", c.crop_start, "cpu")
     llama, clip = HostPack.of(c.text_encoder), HostPack.of(c.text_encoder_2)
-    cap_gb = (llama.rest.nbytes + llama.blocks[0].nbytes + clip.nbytes) / GB + 2.0   # 2 GB text reserve
+    cap_gb = (llama.rest.nbytes + llama.blocks[0].nbytes + clip.nbytes) / GIB + 2.0   # 2 GB text reserve
     mm = MemoryManager(device="cpu", cap_gb=cap_gb, plan_on_cpu=True)
     with mm.stage("text encoders", text_encoder=c.text_encoder, text_encoder_2=c.text_encoder_2) as rec:
         out = encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2, "a cat", c.crop_start,

@@ -133,11 +133,10 @@ def test_vae_decode_oom_everywhere_fails_keeping_the_first_section(tiny_original
 def test_vae_decode_conv_oom_goes_to_smaller_tiles_first_then_the_conv_tiers(tiny_original, tmp_path):
     """Every native (tier-1) conv3d of the decoder runs out of memory. The first tries let the OOM reach the tile
     policy (no tier change, no verdict); the last try hands it to the conv fallback, whose tier 2 answers."""
-    import rocm
     from rocm import Fault, FaultPlan
 
-    fallback = rocm.get_default_fallback()
     memory = MemoryManager(device="cpu")
+    fallback = memory.conv_fallback                         # the job's fallback, passed explicitly (no global)
     real_decode = memory.decode_vae
 
     def decode_with_faults(vae, z):

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 
 import pytest
-
-from rocm_helpers import REPO
 
 pytest.importorskip("diffusers")
 
 
 def test_conv_tiers_small_cpu(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("conv_tiers", REPO / "benchmarks" / "conv_tiers.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = importlib.import_module("benchmarks.conv_tiers")
     out = tmp_path / "bench.json"
     assert bench.main(["--device", "cpu", "--small", "--out", str(out), "--tiers", "1,3", "--tier4",
                        "--reps", "1", "--warmup", "0", "--budget-s", "2", "--e2e"]) == 0

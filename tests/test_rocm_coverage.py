@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-import rocm
+from memory import MemoryManager
 from pipeline.events import Done
 from pipeline.request import Request
 from rocm.conv_fallback import ConvFallback
@@ -16,17 +16,15 @@ from tests.conftest import make_image, run_job
 
 @pytest.fixture
 def failing_tier1():
-    """A default fallback (in memory only) whose tier 1 fails like MIOpen for every convolution."""
-    fb = ConvFallback(persist=False, probe=None, fault_plan=FaultPlan([Fault(tier=1, kind="miopen_unknown")]))
-    rocm.set_default_fallback(fb)
-    yield fb
-    rocm.set_default_fallback(None)
+    """A fallback (in memory only) whose tier 1 fails like MIOpen for every convolution."""
+    return ConvFallback(persist=False, probe=None, fault_plan=FaultPlan([Fault(tier=1, kind="miopen_unknown")]))
 
 
 def test_every_convolution_of_a_job_goes_through_the_fallback(tiny_original, tmp_path, failing_tier1):
     request = Request(image=make_image(96, 80), prompt="a lamp flickers", seconds=1.2, steps=2, seed=3,
                       teacache=0.0, resolution=64)
-    _, last = run_job(request, tiny_original, tmp_path)
+    memory = MemoryManager(device="cpu", conv_fallback=failing_tier1)     # the job's fallback, passed explicitly
+    _, last = run_job(request, tiny_original, tmp_path, memory=memory)
     assert isinstance(last, Done), getattr(last, "detail", last)
     stats = failing_tier1.stats()
     assert 1 not in stats.calls_per_tier and stats.exhausted == 0        # every conv was answered by tier 2

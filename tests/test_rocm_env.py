@@ -6,7 +6,7 @@ import pytest
 
 from rocm_helpers import make_topology, run_python
 
-# Allow-list written from shared/ROCM_FACTS.md ("Variables" table and "PyTorch on ROCm"): the variables that
+# Allow-list written from docs/FACTS.md (ROCm) ("Variables" table and "PyTorch on ROCm"): the variables that
 # exist, and the values they accept. HSA_OVERRIDE_GFX_VERSION exists but is a debug aid the profile must never set.
 FIND_MODES = {"1", "2", "3", "5", "6", "7", "NORMAL", "FAST", "HYBRID", "DYNAMIC_HYBRID", "TRUST_VERIFY",
               "TRUST_VERIFY_FULL"}
@@ -45,7 +45,7 @@ def _valid_alloc_conf(text: str) -> bool:
 
 def _check_allowed(var: str, value: str):
     assert var not in NEVER_SET, var
-    assert var in ALLOWED, f"profile sets {var}, which ROCM_FACTS.md does not list"
+    assert var in ALLOWED, f"profile sets {var}, which docs/FACTS.md does not list"
     allowed = ALLOWED[var]
     if allowed == "alloc":
         assert _valid_alloc_conf(value), value

@@ -1,4 +1,4 @@
-"""Section planning: pure bookkeeping, checked against FRAMEPACK_FACTS.md without models."""
+"""Section planning: pure bookkeeping, checked against docs/FACTS.md without models."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,7 +25,7 @@ def test_latent_paddings(n, expected):
 
 
 def test_frame_counts_match_framepack():
-    # FRAMEPACK_FACTS: output after n sections: 33, 69, 105, 145 ... at window 9 (original mode, 4 sections).
+    # docs/FACTS.md: output after n sections: 33, 69, 105, 145 ... at window 9 (original mode, 4 sections).
     assert sec.SectionPlan("original", 9, 4).frame_counts() == [33, 69, 105, 145]
     assert sec.SectionPlan("original", 9, 1).frame_counts() == [37]        # start latent + one window
     assert sec.SectionPlan("f1", 9, 3).frame_counts() == [37, 73, 109]

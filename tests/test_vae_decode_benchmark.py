@@ -1,17 +1,12 @@
 """benchmarks/vae_decode.py runs end to end on the CPU with the tiny VAE (its logic; the numbers come from a GPU)."""
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_vae_decode_benchmark_tiny(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("vae_decode", REPO / "benchmarks" / "vae_decode.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = importlib.import_module("benchmarks.vae_decode")
     out = tmp_path / "vae.json"
     assert bench.main(["--tiny", "--out", str(out), "--reps", "1", "--shapes", "1",
                        "--rows", "channels_last;tiling whole frames, 16-frame temporal tiles"]) == 0

@@ -108,11 +108,11 @@ class JobApi:
 
         job = st.request_from_values(values)
         try:
-            prepare(job, self.default_resolution)
+            prepared = prepare(job, self.default_resolution)       # checked and decoded once, here
         except InputError as e:
             log.info("API input rejected: %s", e)
             raise gr.Error(str(e), title="Please check the input", print_exception=False) from None
-        return self._run(self._reserve(request, lambda session: self.runner.reserve(session, job)), progress)
+        return self._run(self._reserve(request, lambda session: self.runner.reserve(session, prepared)), progress)
 
     def resume(self, job_id, request: gr.Request, progress=gr.Progress()):
         """Continue a stopped or interrupted job from its last finished section; returns the video and a summary.

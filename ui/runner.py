@@ -19,31 +19,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.events import Done, Failed, LogLine, Progress, SectionVideo
-from pipeline.orchestrator import CancelToken
+from pipeline.cancel import CancelToken
+from pipeline.events import Cancelled, Done, Failed, LogLine, MemoryReport, Progress, SectionVideo
+from pipeline.request import PreparedRequest, prepare
+from pipeline.resume import ResumeRequest, prepare_resume
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class MemoryReport:
-    """Sent after a job: the memory timeline and stage records of its MemoryManager."""
-    timeline: list
-    records: list
-    device: str
-
-
-@dataclass(frozen=True)
-class Cancelled:
-    """The session pressed End while its job was still waiting: nothing ran."""
-    message: str = "Cancelled before it started."
+__all__ = ["Cancelled", "JobRunner", "MemoryReport", "SessionBusy", "Ticket"]   # (the events: pipeline.events)
 
 
 @dataclass
 class Ticket:
     session: str
-    request: object = None                     # the validated pipeline Request
-    resume: Path | None = None                 # a job folder to continue (pipeline.resume) instead of a new job
+    prepared: PreparedRequest | None = None    # the checked request, its images decoded once (at submit)
+    resuming: ResumeRequest | None = None      # a checked job folder to continue instead of a new job
     job_dir: Path | None = None                # the job's folder, once the pipeline has said it
     id: str = field(default_factory=lambda: secrets.token_hex(8))
     cancel: CancelToken = field(default_factory=CancelToken)
@@ -51,6 +41,16 @@ class Ticket:
     started: bool = False
     finished: bool = False
     detached: bool = False                     # its tab was closed while it ran: forgotten when it ends
+
+    @property
+    def request(self):
+        """The validated pipeline Request."""
+        return self.prepared.request if self.prepared is not None else None
+
+    @property
+    def resume(self) -> Path | None:
+        """The job folder this ticket continues (None: a new job)."""
+        return self.resuming.job_dir if self.resuming is not None else None
 
 
 class SessionBusy(RuntimeError):
@@ -75,39 +75,39 @@ class JobRunner:
         self._gpu = threading.Lock()
 
     # ---- sessions -----------------------------------------------------------------------------------------------
-    def reserve(self, session: str, request, resume: Path | None = None) -> Ticket:
-        """A ticket for the session's next job. A session has at most one unfinished job; a job folder is
-        resumed by one ticket at a time."""
+    def reserve(self, session: str, job) -> Ticket:
+        """A ticket for the session's next job. `job`: a Request (checked and its images decoded here; raises
+        InputError naming the field), a PreparedRequest (pipeline.prepare, as the API does) or a ResumeRequest
+        (reserve_resume). A session has at most one unfinished job; a job folder is resumed by one ticket at a
+        time."""
+        if isinstance(job, ResumeRequest):
+            prepared, resuming = job.prepared, job
+        elif isinstance(job, PreparedRequest):
+            prepared, resuming = job, None
+        else:
+            prepared, resuming = prepare(job, self.models.preset.default_resolution), None
+        folder = resuming.job_dir if resuming is not None else None
         with self._lock:
             old = self._tickets.get(session)
             if old is not None and not old.finished:
                 raise SessionBusy("this tab already has a job running or waiting; press End to stop it")
-            if resume is not None and any(not t.finished and resume in (t.resume, t.job_dir)
+            if folder is not None and any(not t.finished and folder in (t.resume, t.job_dir)
                                           for t in self._tickets.values()):
-                raise SessionBusy(f"job {resume.name} is already running or waiting to run")
-            ticket = self._tickets[session] = Ticket(session, request, resume)
+                raise SessionBusy(f"job {folder.name} is already running or waiting to run")
+            ticket = self._tickets[session] = Ticket(session, prepared, resuming)
             self._errors.pop(session, None)
             return ticket
 
     def reserve_resume(self, session: str, job_dir: Path) -> Ticket:
         """A ticket that continues the interrupted job in `job_dir`, a folder of this runner's outputs. Raises
         pipeline.errors.InputError when the folder cannot be resumed (the message says why), SessionBusy as
-        reserve() does. The folder is checked again when the job runs (it may have finished meanwhile)."""
+        reserve() does. The folder's status is read again when the job runs (it may have finished meanwhile)."""
         from pipeline.errors import InputError
-        from pipeline.resume import resume_request
 
         job_dir = Path(job_dir).resolve()
         if job_dir.parent != self.outputs.resolve() or not job_dir.is_dir():
             raise InputError("job folder", f"{job_dir.name} is not a job folder of this app's outputs")
-        try:
-            request, _ = resume_request(job_dir)
-        except InputError:
-            raise
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:   # a damaged job.json
-            log.info("cannot resume %s: %r", job_dir, e)
-            raise InputError("job folder", f"{job_dir.name}: its job.json is damaged or incomplete "
-                                           f"({type(e).__name__}: {e}); start the job again") from None
-        return self.reserve(session, request, resume=job_dir)
+        return self.reserve(session, prepare_resume(job_dir))       # a damaged job.json: InputError
 
     def forget(self, ticket: Ticket) -> None:
         """Drop a finished ticket (API calls: nothing refers to it afterwards)."""
@@ -215,7 +215,7 @@ class JobRunner:
                 self._run_job(ticket, request, out, t0)
         except Exception as e:  # the worker must always end its stream; the details go to the log
             log.error("job runner failed: %s", e, exc_info=True)
-            out.put(Failed(f"{type(e).__name__}: {e}".splitlines()[0][:300], traceback.format_exc(), None, None))
+            out.put(Failed(f"{type(e).__name__}: {e}".splitlines()[0][:300], traceback.format_exc()))
         finally:
             self.release(ticket)
             out.put(_END)
@@ -238,7 +238,7 @@ class JobRunner:
             except WeightsNotFound as e:
                 components = None
                 log.error("job %s cannot run: %s", ticket.id, e)       # the terminal hears it too, not only the page
-                failure = Failed(str(e), traceback.format_exc(), None, None)
+                failure = Failed(str(e), traceback.format_exc())
         for line in lines:
             out.put(line)
         if components is None:
@@ -247,12 +247,12 @@ class JobRunner:
         memory = MemoryManager(device=self.device or default_device(), cap_gb=self.vram_cap_gb,
                                preserved_gb=request.preserved_gb, host_ram_gb=self.host_ram_gb,
                                weight_storage=self.weight_storage)
-        if ticket.resume is not None:
+        if ticket.resuming is not None:
             from pipeline.resume import resume
 
-            events = resume(ticket.resume, components, memory, cancel=ticket.cancel)
+            events = resume(ticket.resuming, components, memory, cancel=ticket.cancel)
         else:
-            events = generate(request, components, memory, cancel=ticket.cancel, outputs=self.outputs)
+            events = generate(ticket.prepared, components, memory, cancel=ticket.cancel, outputs=self.outputs)
         try:
             for event in events:
                 if isinstance(event, SectionVideo):

@@ -1,0 +1,25 @@
+"""The cancel token a job checks at every step. Light (threading only), so a UI can hold one without importing
+torch or diffusers."""
+from __future__ import annotations
+
+import threading
+
+from pipeline.errors import JobStopped
+
+
+class CancelToken:
+    """Set from any thread; the job stops at its next step and keeps what it made."""
+
+    def __init__(self):
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def check(self) -> None:
+        if self._event.is_set():
+            raise JobStopped()

@@ -1,0 +1,94 @@
+"""Errors keep their cause: the CLI's model-loading failure keeps its traceback (log file always, terminal with -v);
+a bug in resume is not called a damaged job.json; "could not be downloaded" is said for download errors only."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+import pipeline.components as components
+import pipeline.resume
+from configs import PRESETS
+from pipeline.errors import InputError, WeightsNotFound
+from pipeline.jobs import CHECKPOINT
+from tests.conftest import make_image
+from tests.test_cli import cli
+
+
+def test_the_cli_logs_the_loading_traceback_always_and_shows_it_with_verbose(tmp_path, monkeypatch):
+    image = tmp_path / "in.png"
+    make_image(100, 100).save(image)
+    monkeypatch.setenv("STEADYFRAME_CACHE_DIR", str(tmp_path / "cache"))
+    args = ("generate", "--image", image, "--model-dir", tmp_path / "no-models", "--out", tmp_path / "o",
+            "--host-ram-gb", 64)
+    quiet = cli(*args)
+    log_file = tmp_path / "cache" / "logs" / "cli.log"
+    assert quiet.returncode == 1 and "Traceback" not in quiet.stderr
+    assert "-v shows the traceback" in quiet.stderr and str(log_file) in quiet.stderr
+    logged = log_file.read_text()
+    assert "Traceback" in logged and "WeightsNotFound" in logged and "the job could not run" in logged
+    verbose = cli(*args, "-v")
+    assert verbose.returncode == 1 and "Traceback" in verbose.stderr and "WeightsNotFound" in verbose.stderr
+
+
+def _resumable(folder, settings=None):
+    folder.mkdir()
+    make_image(64, 64).save(folder / "input.png")
+    (folder / "job.json").write_text(json.dumps({"status": "stopped", "settings": settings or {"seed": 1},
+                                                 "models": {"preset": "tiny"}}))
+    (folder / CHECKPOINT).write_bytes(b"x")
+    return folder
+
+
+def test_a_type_error_in_resume_is_not_called_a_damaged_job_json(tmp_path, monkeypatch):
+    job = _resumable(tmp_path / "job")
+    assert pipeline.resume.prepare_resume(job).request.seed == 1            # the folder itself is fine
+
+    def bug(settings, default_resolution=640):
+        raise TypeError("unsupported operand type(s) (a bug, not the file)")
+
+    monkeypatch.setattr(pipeline.resume, "setting_problems", bug)
+    with pytest.raises(TypeError, match="a bug, not the file"):
+        pipeline.resume.prepare_resume(job)
+
+
+def test_the_ui_runner_does_not_call_a_bug_a_damaged_job_json(tmp_path, monkeypatch, tiny_original):
+    import torch
+
+    from ui.models import ComponentCache
+    from ui.runner import JobRunner
+
+    runner = JobRunner(ComponentCache("tiny", loader=lambda *a: tiny_original), tmp_path, vram_cap_gb=20,
+                       device=torch.device("cpu"))
+    job = _resumable(tmp_path / "20250101-000000-abcdef")
+    monkeypatch.setattr(pipeline.resume, "prepare", lambda *a, **k: (_ for _ in ()).throw(TypeError("a bug")))
+    with pytest.raises(TypeError, match="a bug"):
+        runner.reserve_resume("tab", job)
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / "job.json").write_text('{"settings": ')
+    with pytest.raises(InputError, match="damaged or incomplete"):
+        runner.reserve_resume("tab", tmp_path / "damaged")
+
+
+@pytest.mark.parametrize("error", [OSError("No space left on device"), httpx.ConnectError("connection refused")])
+def test_download_errors_say_the_weights_could_not_be_downloaded(monkeypatch, error):
+    def fail(src):
+        raise error
+
+    monkeypatch.setattr(components, "_snapshot_folder", fail)
+    preset = PRESETS["hunyuan"]
+    role, src = next(iter(preset.sources("original").items()))
+    with pytest.raises(WeightsNotFound, match="could not be downloaded"):
+        components.resolve(preset, "original", role, src, None)
+
+
+def test_other_errors_while_fetching_weights_keep_their_type(monkeypatch):
+    def bug(src):
+        raise TypeError("snapshot_download() got an unexpected keyword argument (a bug)")
+
+    monkeypatch.setattr(components, "_snapshot_folder", bug)
+    preset = PRESETS["hunyuan"]
+    role, src = next(iter(preset.sources("original").items()))
+    with pytest.raises(TypeError, match="a bug"):
+        components.resolve(preset, "original", role, src, None)
