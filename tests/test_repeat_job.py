@@ -20,14 +20,14 @@ from safetensors.torch import load_file
 from configs.presets import HUNYUAN
 from memory import HostPack, MemoryManager
 from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError
-from memory.plan import GB
+from common.units import GIB
 from pipeline.components import _dtype, load_components
 from pipeline.events import Done
 from pipeline.request import Request
 from tests.conftest import make_image, run_job
 
 REAL_DTYPES = dataclasses.replace(HUNYUAN, default_resolution=64)     # the real dtypes at the tiny resolution
-OVERHEAD = GB // 2                   # injected: the budget below is then exact (a job measures its own otherwise)
+OVERHEAD = GIB // 2                   # injected: the budget below is then exact (a job measures its own otherwise)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_the_same_job_twice_in_one_process_gives_the_same_video(saved, tmp_path,
     assert comps.text_encoder.dtype == torch.float16 and comps.vae.dtype == torch.float16
     assert comps.image_encoder.dtype == torch.float16 and comps.transformer.dtype == torch.bfloat16
     tr = HostPack.of(comps.transformer)
-    cap_gb = (tr.rest.nbytes + tr.blocks[0].nbytes) / GB            # one block resident, the others streamed
+    cap_gb = (tr.rest.nbytes + tr.blocks[0].nbytes) / GIB            # one block resident, the others streamed
 
     def manager(host_ram_gb):                                       # a new manager per job, as the app makes
         return MemoryManager(device="cpu", cap_gb=cap_gb, preserved_gb=0, plan_on_cpu=True,
@@ -64,7 +64,7 @@ def test_the_same_job_twice_in_one_process_gives_the_same_video(saved, tmp_path,
 
     with pytest.raises(HostBudgetError) as refused:
         manager(0.001).arrange_host(comps.models(), FRAMEPACK_STAGES, 1, 37)
-    tight = refused.value.minimum / GB                              # the smallest budget: everything in the files
+    tight = refused.value.minimum / GIB                              # the smallest budget: everything in the files
     request = Request(image=make_image(64, 64), prompt="a red fox runs through fresh snow", seconds=1.2, steps=2,
                       teacache=0.0, seed=31337)
     runs = []
