@@ -1,7 +1,12 @@
-"""Generation defaults (those of the original FramePack app) and the limits every request is checked against."""
+"""Generation defaults (those of the original FramePack app) and the limits every request is checked against.
+
+The controls' defaults and limits are declared in configs/controls.py (one row per control); `DEFAULTS` and
+`LIMITS` give them by name (`DEFAULTS.seconds`, `LIMITS.seconds`), with the limits that are not a control's."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import field, make_dataclass
+
+from configs.controls import CONTROLS, MODES, SAMPLERS, TEACACHE_CHOICES  # noqa: F401 (re-exported)
 
 # FramePack's 640 bucket table, (height, width).
 BUCKETS_640: tuple[tuple[int, int], ...] = (
@@ -9,48 +14,21 @@ BUCKETS_640: tuple[tuple[int, int], ...] = (
     (640, 608), (672, 576), (704, 544), (768, 512), (832, 480), (864, 448), (960, 416),
 )
 
-MODES = ("original", "f1")
-SAMPLERS = ("unipc", "unipc_bh2", "euler")   # pipeline/samplers.py; unipc = FramePack's (bh1)
-TEACACHE_CHOICES = (0.0, 0.1, 0.15, 0.2)
+# Every control but the images, with its default (resolution: None = the preset's).
+GenerationDefaults = make_dataclass(
+    "GenerationDefaults", [(c.name, object, field(default=c.default)) for c in CONTROLS if c.kind != "image"],
+    frozen=True)
 
-
-@dataclass(frozen=True)
-class GenerationDefaults:
-    prompt: str = ""
-    negative_prompt: str = ""
-    seed: int = 31337
-    seconds: float = 5.0
-    latent_window: int = 9
-    steps: int = 25
-    cfg: float = 1.0               # real CFG; > 1 runs the negative prompt too (twice the compute)
-    gs: float = 10.0               # distilled guidance
-    rescale: float = 0.0           # CFG rescale (only with cfg > 1)
-    mode: str = "original"         # "original" (inverted anti-drifting) or "f1" (forward)
-    sampler: str = "unipc"
-    teacache: float = 0.15         # threshold; 0 turns TeaCache off
-    resolution: int = 640          # bucket base; the tiny preset uses its own (see presets)
-    crf: int = 16
-    fps: int = 30
-
-
-@dataclass(frozen=True)
-class Limits:
-    seconds: tuple[float, float] = (1.0, 120.0)        # the same everywhere: UI slider, API, CLI, batch
-    steps: tuple[int, int] = (1, 100)
-    crf: tuple[int, int] = (0, 51)
-    gs: tuple[float, float] = (1.0, 32.0)
-    cfg: tuple[float, float] = (1.0, 32.0)
-    rescale: tuple[float, float] = (0.0, 1.0)
-    latent_window: tuple[int, int] = (1, 33)
-    teacache: tuple[float, float] = (0.0, 1.0)
-    resolution: tuple[int, int] = (64, 1280)
-    image_side: tuple[int, int] = (64, 8192)
-    image_pixels_max: int = 8192 * 8192                # decompression-bomb guard
-    upload_bytes_max: int = 64 * 1024 * 1024
-    prompt_chars_max: int = 4000                       # longer prompts are truncated with a warning
-    seed: tuple[int, int] = (0, 2**63 - 1)
-    fps: tuple[int, int] = (1, 120)
-
+# Each control's (lowest, highest), inclusive and the same everywhere (page, API, CLI, batch), and the limits on
+# what a request brings in.
+Limits = make_dataclass(
+    "Limits", [(c.name, tuple, field(default=c.limits)) for c in CONTROLS if c.limits] + [
+        ("image_side", tuple, field(default=(64, 8192))),
+        ("image_pixels_max", int, field(default=8192 * 8192)),              # decompression-bomb guard
+        ("upload_bytes_max", int, field(default=64 * 1024 * 1024)),
+        ("prompt_chars_max", int, field(default=4000)),                     # longer prompts are cut, with a warning
+    ], frozen=True)
 
 DEFAULTS = GenerationDefaults()
 LIMITS = Limits()
+GenerationDefaults.__module__ = Limits.__module__ = __name__

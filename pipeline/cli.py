@@ -9,26 +9,17 @@ import sys
 import traceback
 from pathlib import Path
 
-from configs import DEFAULTS, MEMORY, PRESETS
+from configs import MEMORY, PRESETS
+from configs.controls import CONTROLS, Control
 from pipeline import cli_log
-from configs.generation import MODES, SAMPLERS
 
 log = logging.getLogger("pipeline.cli")
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_STOPPED = 0, 1, 2, 130
 
-# The option that sets each field a request check can name (pipeline.request / pipeline.images field names).
-OPTION_OF_FIELD = {"image": "--image", "end image": "--end-image", "prompt": "--prompt",
-                   "negative prompt": "--negative-prompt", "seconds": "--seconds", "seed": "--seed", "steps": "--steps",
-                   "mode": "--mode", "sampler": "--sampler", "distilled CFG (gs)": "--gs", "CFG": "--cfg",
-                   "CFG rescale": "--rescale", "latent window": "--window", "TeaCache threshold": "--teacache",
-                   "resolution": "--resolution", "crf": "--crf", "preserved memory (GB)": "--preserved-gb",
-                   "end-frame embedding weight": "--end-embed-weight", "job folder": "job_dir"}
-# The batch file's key for each of those fields (its lines use the Request's field names).
-KEY_OF_FIELD = {"end image": "end_image", "negative prompt": "negative_prompt", "distilled CFG (gs)": "gs",
-                "CFG": "cfg", "CFG rescale": "rescale", "latent window": "latent_window",
-                "TeaCache threshold": "teacache", "preserved memory (GB)": "preserved_gb",
-                "end-frame embedding weight": "end_embed_weight"}
+# The option (and the batch file's key) that sets each field a request check can name (configs/controls.py).
+OPTION_OF_FIELD = {**{c.field_name: c.option for c in CONTROLS if c.option}, "job folder": "job_dir"}
+KEY_OF_FIELD = {c.field_name: c.name for c in CONTROLS}
 
 
 def cli_message(error, names: dict[str, str]) -> str:
@@ -41,7 +32,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="hunyuan = real weights (~42 GB, downloaded once); tiny = random tiny models, no download")
     p.add_argument("--model-dir", type=Path, help="folder laid out like the repos (<dir>/<owner>/<repo>/...); "
                                                   "nothing is downloaded when given")
-    p.add_argument("--out", type=Path, default=Path("outputs"), help="folder for job folders (default: outputs)")
+    p.add_argument("--outputs", "--out", dest="outputs", type=Path, default=Path("outputs"),
+                   help="folder for job folders (default: outputs)")
     p.add_argument("--vram-cap-gb", type=float, default=MEMORY.vram_cap_gb, help="hard VRAM cap (default 20)")
     p.add_argument("--no-pin", action="store_true", help="do not page-lock host copies (when host RAM is short)")
     p.add_argument("--host-ram-gb", type=float, default=MEMORY.host_ram_gb,
@@ -55,36 +47,35 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="stage messages (memory status, timings)")
 
 
-def _add_settings(p: argparse.ArgumentParser) -> None:
-    d = DEFAULTS
-    p.add_argument("--image", required=True, help="start image (PNG, JPEG, WebP ...)")
-    p.add_argument("--prompt", default=d.prompt)
-    p.add_argument("--end-image", help="optional end frame (original mode)")
-    p.add_argument("--negative-prompt", default=d.negative_prompt, help="used when --cfg > 1")
-    p.add_argument("--seconds", type=float, default=d.seconds, help="total video length (default 5)")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--mode", choices=MODES, default=d.mode, help="original (anti-drifting) or f1 (forward)")
-    p.add_argument("--sampler", choices=SAMPLERS, default=d.sampler)
-    p.add_argument("--gs", type=float, default=d.gs, help="distilled CFG (default 10)")
-    p.add_argument("--cfg", type=float, default=d.cfg, help="real CFG; > 1 uses the negative prompt (2× slower)")
-    p.add_argument("--rescale", type=float, default=d.rescale, help="CFG rescale (0–1)")
-    p.add_argument("--window", type=int, default=d.latent_window, help="latent window (default 9)")
-    p.add_argument("--teacache", type=float, default=d.teacache, help="TeaCache threshold, 0 = off")
-    p.add_argument("--resolution", type=int, help="bucket base (default: 640, tiny preset 64)")
-    p.add_argument("--crf", type=int, default=d.crf, help="MP4 quality 0–51 (lower is better, default 16)")
-    p.add_argument("--preserved-gb", type=float, default=MEMORY.preserved_gb,
-                   help="GPU memory kept free of resident weights (larger = less VRAM, slower)")
-    p.add_argument("--end-embed-weight", type=float, default=0.5,
-                   help="share of the end image in the image conditioning (0–1)")
+def _option_type(c: Control):
+    return {"int": int, "float": float}.get(c.kind, str)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def add_settings(p: argparse.ArgumentParser, controls: tuple[Control, ...] = CONTROLS) -> None:
+    """One option per control of the table (configs/controls.py), named like the app's API (--latent-window for
+    latent_window), with its older spelling as an alias."""
+    for c in controls:
+        if c.option is None:
+            continue
+        notes = []
+        if c.default_text:
+            notes.append(f"default: {c.default_text}")
+        elif c.kind not in ("image", "text") and c.default is not None:
+            notes.append(f"default {c.default:g}" if c.is_number else f"default {c.default}")
+        if c.is_number and c.limits and c.limits[1] < 10**6:
+            notes.append(f"range {c.limits[0]:g}–{c.limits[1]:g}")
+        text = c.help + (f" ({'; '.join(notes)})" if notes else "")
+        p.add_argument(c.option, *c.cli_aliases, dest=c.name, type=_option_type(c), default=c.default,
+                       required=c.required, choices=c.choices if c.kind == "choice" else None,
+                       help=text.replace("%", "%%"))
+
+
+def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentParser:
     prog = "steadyframe-cli" if Path(sys.argv[0]).name == "steadyframe-cli" else "python -m pipeline"
     parser = argparse.ArgumentParser(prog=prog, description="FramePack image-to-video, headless.")
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="make one video")
-    _add_settings(g)
+    add_settings(g, controls)
     _add_common(g)
     b = sub.add_parser("batch", help="run the jobs of a JSON-lines file, one job per line")
     b.add_argument("jobs", type=Path, help="each line: a JSON object with generate's settings, e.g. "
@@ -100,35 +91,17 @@ def build_parser() -> argparse.ArgumentParser:
 def request_from_args(a: argparse.Namespace):
     from pipeline.request import Request
 
-    return Request(image=a.image, prompt=a.prompt, end_image=a.end_image, negative_prompt=a.negative_prompt,
-                   seconds=a.seconds, seed=a.seed, steps=a.steps, mode=a.mode, sampler=a.sampler, gs=a.gs,
-                   cfg=a.cfg, rescale=a.rescale, latent_window=a.window, teacache=a.teacache,
-                   resolution=a.resolution, crf=a.crf, preserved_gb=a.preserved_gb,
-                   end_embed_weight=a.end_embed_weight)
+    return Request.from_mapping({c.name: getattr(a, c.name) for c in Request.CONTROLS if c.option})
 
 
 def request_from_json(obj: dict, base: Path):
     """A batch line -> Request; relative image paths are relative to the jobs file."""
-    import dataclasses
-
     from pipeline.errors import InputError
     from pipeline.request import Request
 
     if not isinstance(obj, dict):
         raise InputError("job", "each line must be a JSON object")
-    names = {f.name for f in dataclasses.fields(Request)}
-    aliases = {"window": "latent_window"}
-    fields = {aliases.get(k, k): v for k, v in obj.items()}
-    unknown = sorted(set(fields) - names)
-    if unknown:
-        raise InputError(unknown[0], f"unknown setting; known: {', '.join(sorted(names))}")
-    if "image" not in fields:
-        raise InputError("image", "missing; give the start image's path")
-    for key in ("image", "end_image"):
-        if isinstance(fields.get(key), str):
-            path = Path(fields[key]).expanduser()
-            fields[key] = path if path.is_absolute() else base / path
-    return Request(**fields)
+    return Request.from_mapping(obj, base=base)
 
 
 class Runner:
@@ -190,7 +163,7 @@ class Runner:
             return EXIT_INPUT, Failed(problem)
         self._say_rounding(request)
         return self._drive(lambda cancel: generate(prepared, self.components(request.mode), self.memory(request),
-                                                   cancel=cancel, outputs=self.args.out), request.mode)
+                                                   cancel=cancel, outputs=self.args.outputs), request.mode)
 
     def _say_rounding(self, request) -> None:
         """The length is whole sections: say what --seconds becomes when it is not one."""

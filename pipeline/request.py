@@ -5,45 +5,71 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping
 
 from PIL import Image
 
-from configs.generation import DEFAULTS, LIMITS, MODES, SAMPLERS
-from configs.memory import MEMORY
+from configs.controls import CONTROLS, Control
+from configs.generation import LIMITS
 from pipeline.errors import InputError
 from pipeline.images import load_image, nearest_bucket, resize_center_crop
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Request:
-    image: Any                                  # path, bytes, PIL image or H×W×C array
-    prompt: str = DEFAULTS.prompt
-    end_image: Any = None                       # original mode only
-    negative_prompt: str = DEFAULTS.negative_prompt
-    seconds: float = DEFAULTS.seconds
-    seed: int = DEFAULTS.seed
-    steps: int = DEFAULTS.steps
-    gs: float = DEFAULTS.gs
-    cfg: float = DEFAULTS.cfg
-    rescale: float = DEFAULTS.rescale
-    latent_window: int = DEFAULTS.latent_window
-    mode: str = DEFAULTS.mode
-    sampler: str = DEFAULTS.sampler
-    teacache: float = DEFAULTS.teacache
-    resolution: int | None = None               # None: the preset's default (640 for the real models)
-    crf: int = DEFAULTS.crf
-    preserved_gb: float = MEMORY.preserved_gb
-    # How much of the end image's SigLIP embedding is blended into the image conditioning (see orchestrator).
-    end_embed_weight: float = 0.5
-    fps: int = DEFAULTS.fps
+class RequestBase:
+    """What every Request does; its fields come from configs/controls.py (one per control, see `request_class`)."""
+
+    CONTROLS: tuple[Control, ...] = CONTROLS
 
     def settings(self) -> dict:
         """Everything but the images, for job.json and reuse."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("image",
-                                                                                                   "end_image")}
+        return {c.name: getattr(self, c.name) for c in self.CONTROLS if c.kind != "image"}
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], *, base: Path | None = None, unknown: str = "refuse",
+                     **given):
+        """A Request from control values by name (job.json's "settings", a batch line, the CLI's options, the
+        page's values); old option spellings are accepted ("window" for latent_window). Nothing is checked here
+        but the names: `prepare` checks the values.
+
+        `base`: image paths that are relative are relative to it (a batch file's folder). `unknown`: "refuse"
+        raises InputError naming an unknown key, "ignore" leaves it out (a job.json of another version).
+        `given`: fields set here, over `values` (e.g. a job folder's images)."""
+        if not isinstance(values, Mapping):
+            raise InputError("job", "the settings must be a mapping of names to values (a JSON object)")
+        keys = {key: c.name for c in cls.CONTROLS for key in c.keys}
+        fields = {}
+        for key, value in values.items():
+            if key in keys:
+                fields[keys[key]] = value
+            elif unknown == "refuse":
+                known = ", ".join(c.name for c in cls.CONTROLS)
+                raise InputError(str(key), f"unknown setting; known: {known}")
+        fields.update(given)
+        for c in cls.CONTROLS:
+            if c.required and fields.get(c.name) is None:
+                raise InputError(c.field_name, f"missing; give the {c.label.lower()}'s path"
+                                 if c.kind == "image" else "missing")
+            if c.kind == "image" and base is not None and isinstance(fields.get(c.name), (str, Path)):
+                path = Path(fields[c.name]).expanduser()
+                fields[c.name] = path if path.is_absolute() else Path(base) / path
+        return cls(**fields)
+
+
+def request_class(controls: tuple[Control, ...] = CONTROLS, name: str = "Request") -> type:
+    """A frozen dataclass with one field per control (the required ones first), defaults from the table."""
+    required = [(c.name, Any) for c in controls if c.required]
+    optional = [(c.name, Any, dataclasses.field(default=c.default)) for c in controls if not c.required]
+    cls = dataclasses.make_dataclass(name, required + optional, bases=(RequestBase,), frozen=True,
+                                     namespace={"CONTROLS": controls})
+    cls.__module__ = __name__
+    return cls
+
+
+# A generation request: the images (a path, bytes, a PIL image or an H×W×C array) and every setting.
+Request = request_class()
 
 
 @dataclass(frozen=True)
@@ -114,42 +140,54 @@ def _text(name: str, value) -> tuple[str, list[str]]:
     return value, warnings
 
 
-def _check_settings(r: Request, default_resolution: int) -> tuple[int, str, str, list[str]]:
-    """Every field but the images; returns (resolution, prompt, negative prompt, warnings). Bounded work."""
-    _number("seconds", r.seconds, float, *LIMITS.seconds)
-    _number("steps", r.steps, int, *LIMITS.steps)
-    _number("crf", r.crf, int, *LIMITS.crf)
-    _number("distilled CFG (gs)", r.gs, float, *LIMITS.gs)
-    _number("CFG", r.cfg, float, *LIMITS.cfg)
-    _number("CFG rescale", r.rescale, float, *LIMITS.rescale)
-    _number("latent window", r.latent_window, int, *LIMITS.latent_window)
-    _number("TeaCache threshold", r.teacache, float, *LIMITS.teacache)
-    _number("seed", r.seed, int, *LIMITS.seed)
-    _number("preserved memory (GB)", r.preserved_gb, float, 0.0, MEMORY.preserved_max_gb)
-    _number("end-frame embedding weight", r.end_embed_weight, float, 0.0, 1.0)
-    _number("fps", r.fps, int, *LIMITS.fps)
-    _choice("mode", r.mode, MODES)
-    _choice("sampler", r.sampler, SAMPLERS)
-    resolution = default_resolution if r.resolution is None else _number("resolution", r.resolution, int,
-                                                                          *LIMITS.resolution)
-    if resolution % 16:
-        raise InputError("resolution", f"{resolution} is not a multiple of 16")
-    prompt, warnings = _text("prompt", r.prompt)
-    negative, more = _text("negative prompt", r.negative_prompt)
-    return resolution, prompt, negative, warnings + more
+def check_value(c: Control, value, preset: Mapping[str, Any] | None = None) -> tuple[Any, list[str]]:
+    """One control's value checked against its row of the table: (the value as the pipeline uses it, warnings).
+    Raises InputError naming the field. Bounded work."""
+    name = c.field_name
+    if c.kind == "text":
+        return _text(name, value)
+    if c.kind == "choice":
+        return _choice(name, value, c.choices), []
+    if c.kind == "image":
+        return value, []
+    if value is None and c.preset_default:
+        value = (preset or {}).get(c.name, value)
+    if value is None and c.default is None and not c.preset_default:
+        return None, []
+    lo, hi = c.limits if c.limits else (-math.inf, math.inf)
+    value = _number(name, value, int if c.kind == "int" else float, lo, hi)
+    if c.multiple_of and value % c.multiple_of:
+        raise InputError(name, f"{value} is not a multiple of {c.multiple_of}")
+    return value, []
+
+
+def check_settings(values: Mapping[str, Any], preset: Mapping[str, Any] | None = None,
+                   controls: tuple[Control, ...] = CONTROLS) -> tuple[dict[str, Any], list[str]]:
+    """Every control but the images, in the table's order: (the checked values by name, warnings). A control
+    missing from `values` gets its default; `preset` gives the defaults that depend on the model preset
+    (`{"resolution": 640}`). Raises InputError naming the first bad field."""
+    checked, warnings = {}, []
+    for c in controls:
+        if c.kind != "image":
+            checked[c.name], more = check_value(c, values.get(c.name, c.default), preset)
+            warnings += more
+    return checked, warnings
+
+
+def preset_values(default_resolution: int) -> dict[str, Any]:
+    return {"resolution": default_resolution}
 
 
 def setting_problems(settings: dict, default_resolution: int = 640) -> dict[str, str]:
     """Which of `settings` (Request field names, e.g. a job.json's "settings") cannot be used, each with the
     reason; unknown names are left out. For restoring saved settings value by value."""
-    names = {f.name for f in dataclasses.fields(Request)} - {"image", "end_image"}
     problems = {}
-    for name, value in settings.items():
-        if name in names:
+    for c in CONTROLS:
+        if c.name in settings and c.kind != "image":
             try:
-                _check_settings(Request(image=None, **{name: value}), default_resolution)
+                check_value(c, settings[c.name], preset_values(default_resolution))
             except InputError as e:
-                problems[name] = str(e)
+                problems[c.name] = str(e)
     return problems
 
 
@@ -159,20 +197,19 @@ def prepare(request: Request, default_resolution: int = 640, *, images_prepared:
     `images_prepared`: the images were prepared (bucketed) before, e.g. those a job folder keeps for resuming;
     they are used as they are."""
     r = request
-    resolution, prompt, negative, warnings = _check_settings(r, default_resolution)
+    settings, warnings = check_settings(r.settings(), preset_values(default_resolution), r.CONTROLS)
     if r.end_image is not None and r.mode != "original":
         raise InputError("end image", "only the original mode supports an end frame; choose mode 'original' or "
                                       "remove the end image")
     start = load_image(r.image, "image", check_size=not images_prepared)
-    height, width = start.size[::-1] if images_prepared else nearest_bucket(start.height, start.width, resolution)
+    height, width = (start.size[::-1] if images_prepared
+                     else nearest_bucket(start.height, start.width, settings["resolution"]))
     image = resize_center_crop(start, height, width)
     end = None
     if r.end_image is not None:
         end = resize_center_crop(load_image(r.end_image, "end image", check_size=not images_prepared), height,
                                  width)
-    r = dataclasses.replace(r, prompt=prompt, negative_prompt=negative, resolution=resolution,
-                            seconds=float(r.seconds), steps=int(r.steps), crf=int(r.crf), seed=int(r.seed),
-                            latent_window=int(r.latent_window))
+    r = dataclasses.replace(r, **settings)
     for w in warnings:
         log.warning(w)
-    return PreparedRequest(r, image, end, height, width, prompt, tuple(warnings))
+    return PreparedRequest(r, image, end, height, width, r.prompt, tuple(warnings))

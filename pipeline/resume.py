@@ -10,7 +10,6 @@ checks its settings and decodes the images (a `ResumeRequest`); `resume(...)` ta
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -55,14 +54,14 @@ def resume_request(job_dir: Path) -> tuple[Request, dict]:
         raise InputError("job folder", f"{job_dir.name} is already complete ({info.get('final')})")
     if not (job_dir / CHECKPOINT).is_file():
         raise InputError("job folder", f"{job_dir.name} has no finished section to continue from; start it again")
-    names = {f.name for f in dataclasses.fields(Request)}
-    settings = {k: v for k, v in settings.items() if k in names and k not in ("image", "end_image")}
-    problems = setting_problems(settings)
+    end = job_dir / "end.png"
+    request = Request.from_mapping(settings, unknown="ignore", image=job_dir / "input.png",
+                                   end_image=end if end.exists() else None)
+    problems = setting_problems(request.settings())
     if problems:       # a hand-edited job.json: refused here, before any model loads
         raise InputError("job folder", f"{job_dir.name}/job.json: {next(iter(problems.values()))}; fix that value "
                                        f"or start the job again")
-    end = job_dir / "end.png"
-    return Request(image=job_dir / "input.png", end_image=end if end.exists() else None, **settings), info
+    return request, info
 
 
 def prepare_resume(job_dir: str | Path) -> ResumeRequest:

@@ -182,7 +182,7 @@ def test_cli_messages_name_the_option_and_the_resolved_path(tmp_path):
     assert "Upload" not in r.stderr
     make_image(100, 80).save(tmp_path / "a.png")
     r = cli("generate", "--preset", "tiny", "--image", tmp_path / "a.png", "--window", 0, "--out", tmp_path / "o")
-    assert r.returncode == 2 and "--window: 0 is out of range" in r.stderr
+    assert r.returncode == 2 and "--latent-window: 0 is out of range" in r.stderr
     sub = tmp_path / "jobs"
     sub.mkdir()
     (sub / "jobs.jsonl").write_text(json.dumps({"image": "nope.png"}) + "\n" +

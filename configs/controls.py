@@ -1,0 +1,153 @@
+"""The generation controls, each declared once.
+
+One row per setting of a job: its name, type, default, limits, help, how the page shows it, its command-line
+option. Everything else is derived from this table:
+
+- `configs.generation.DEFAULTS` / `LIMITS` (the numbers below, by name),
+- `pipeline.request.Request` (one field per row), its checks (`pipeline.request.check_settings`) and
+  `Request.from_mapping` (job.json, resume, batch lines, the CLI's values),
+- the command line's options (`pipeline.cli.add_settings`),
+- the page's controls and the `/video` API's parameters (`ui/`),
+- the README's table of controls (`python -m configs.readme --write README.md`; tests/test_controls.py fails
+  when it is out of date).
+
+Adding a setting = adding a row here (and using it in the pipeline). Data only: nothing here imports the rest.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from configs.memory import MEMORY
+
+MODES = ("original", "f1")
+SAMPLERS = ("unipc", "unipc_bh2", "euler")   # pipeline/samplers.py; unipc = FramePack's (bh1)
+TEACACHE_CHOICES = (0.0, 0.1, 0.15, 0.2)
+KINDS = ("image", "text", "int", "float", "choice")
+WIDGETS = ("image", "textbox", "number", "slider", "radio", "dropdown")
+
+
+@dataclass(frozen=True)
+class Control:
+    """One generation setting. `name` is the Request field and the name everywhere a program passes it: the
+    `/video` API parameter, the key in job.json's "settings" and in batch lines."""
+    name: str
+    kind: str                               # one of KINDS
+    default: Any = None                     # None for a number: `preset_default` or "not set"
+    limits: tuple | None = None             # (lowest, highest), inclusive; checked for every way in
+    choices: tuple = ()                     # kind "choice": the allowed values; a number: the values the page offers
+    choice_labels: tuple = ()               # ((value, text), ...) where the page shows a value by another text
+    multiple_of: int | None = None
+    label: str = ""                         # what the page calls it (its messages name the field so)
+    field: str = ""                         # what the pipeline's messages call it; default: name with spaces
+    help: str = ""                          # one line: --help, the API's docstring, the README
+    widget: str | None = None               # one of WIDGETS; None: neither on the page nor in the /video API
+    widget_label: str = ""                  # the label on the page when it says more than `label`
+    info: str = ""                          # the note under the widget
+    step: float | None = None               # slider step
+    ui_limits: tuple | None = None          # the widget's range when narrower than `limits`
+    advanced: bool = False                  # under the page's "Advanced"
+    cli: str | None = ""                    # the option; "": --name-with-dashes; None: no option
+    cli_aliases: tuple = ()                 # older spellings, still accepted
+    required: bool = False
+    preset_default: bool = False            # default None = the model preset's `default_<name>`
+    elem_id: str = ""                       # the page element's id; default: name with dashes
+    default_text: str = ""                  # the default as the README says it, when not the value itself
+
+    @property
+    def option(self) -> str | None:
+        """The command line's option, e.g. "--latent-window"; None when the command line has none."""
+        if self.cli is None:
+            return None
+        return self.cli or "--" + self.name.replace("_", "-")
+
+    @property
+    def field_name(self) -> str:
+        return self.field or self.name.replace("_", " ")
+
+    @property
+    def api_name(self) -> str | None:
+        """The /video API's parameter (the page's controls are the API's inputs)."""
+        return self.name if self.widget else None
+
+    @property
+    def element_id(self) -> str:
+        return self.elem_id or self.name.replace("_", "-")
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Names a mapping may use for it: the name and the old option spellings ("window" for latent_window)."""
+        return (self.name,) + tuple(a.lstrip("-").replace("-", "_") for a in self.cli_aliases)
+
+    @property
+    def is_number(self) -> bool:
+        return self.kind in ("int", "float")
+
+    def widget_range(self) -> tuple | None:
+        return self.ui_limits or self.limits
+
+
+CONTROLS: tuple[Control, ...] = (
+    # The order is the /video API's (and the page handlers') order of parameters.
+    Control("image", "image", required=True, label="Start image", widget="image", elem_id="start-image",
+            help="the start image (PNG, JPEG, WebP ...)"),
+    Control("end_image", "image", label="End image", widget="image", help="optional end frame (original mode only)",
+            widget_label="End image (optional, original mode only)"),
+    Control("prompt", "text", "", label="Prompt", widget="textbox",
+            help="what should happen; longer than 4000 characters is cut (a warning says so)"),
+    Control("negative_prompt", "text", "", label="Negative prompt", widget="textbox", advanced=True,
+            widget_label="Negative prompt (used only when CFG > 1)", help="used only when CFG > 1"),
+    Control("seed", "int", 31337, (0, 2**63 - 1), label="Seed", widget="number",
+            help="the random seed (same seed and settings = same video)"),
+    Control("seconds", "float", 5.0, (1.0, 120.0), label="Total video length", widget="slider", step=0.1,
+            widget_label="Total video length (seconds)", help="length of the video in seconds (whole sections)"),
+    Control("mode", "choice", "original", choices=MODES, label="Mode", widget="radio",
+            choice_labels=(("original", "Original (inverted anti-drifting; supports an end frame)"),
+                           ("f1", "F1 (forward; no end frame)")),
+            help="original (inverted anti-drifting; supports an end frame) or f1 (forward)"),
+    Control("steps", "int", 25, (1, 100), label="Steps", widget="slider", step=1,
+            info="Changing this is not recommended.", help="sampling steps per section"),
+    Control("gs", "float", 10.0, (1.0, 32.0), label="Distilled CFG scale", field="distilled CFG (gs)",
+            widget="slider", step=0.01, help="distilled CFG scale"),
+    Control("cfg", "float", 1.0, (1.0, 32.0), label="CFG scale", field="CFG", widget="slider", step=0.01,
+            advanced=True, widget_label="CFG scale (real guidance)",
+            info="1 = off (the distilled model needs none); > 1 doubles the cost.",
+            help="real CFG scale (1 = off); > 1 uses the negative prompt (twice the compute)"),
+    Control("rescale", "float", 0.0, (0.0, 1.0), label="CFG rescale", field="CFG rescale", widget="slider",
+            step=0.01, advanced=True, help="CFG rescale (only with CFG > 1)"),
+    Control("latent_window", "int", 9, (1, 33), label="Latent window size", field="latent window",
+            widget="slider", step=1, advanced=True, cli_aliases=("--window",),
+            info="Latent frames per section (9 = 33 video frames); changing it is not recommended.",
+            help="latent frames per section"),
+    Control("sampler", "choice", "unipc", choices=SAMPLERS, label="Sampler", widget="dropdown", advanced=True,
+            help="unipc (FramePack's), unipc_bh2 or euler (diffusers')"),
+    Control("resolution", "int", None, (64, 1280), multiple_of=16, preset_default=True, label="Resolution",
+            widget="slider", step=16, advanced=True, widget_label="Resolution (bucket base, multiple of 16)",
+            default_text="the preset's (640; tiny 64)", help="bucket base resolution (a multiple of 16)"),
+    Control("teacache", "float", 0.15, (0.0, 1.0), choices=TEACACHE_CHOICES, choice_labels=((0.0, "off"),),
+            label="TeaCache threshold", field="TeaCache threshold", widget="dropdown", advanced=True,
+            info="Skips transformer steps that change little: faster, slightly lossy.",
+            help="TeaCache threshold (0 = off)"),
+    Control("preserved_gb", "float", MEMORY.preserved_gb, (0.0, MEMORY.preserved_max_gb),
+            ui_limits=(MEMORY.preserved_min_gb, MEMORY.preserved_max_gb), label="GPU inference preserved memory",
+            field="preserved memory (GB)", widget="slider", step=0.1,
+            widget_label="GPU inference preserved memory (GB)",
+            info="Part of the VRAM cap kept free of resident transformer weights. Larger = fewer weights resident, "
+                 "more streamed per step = slower; raise it if you run out of memory.",
+            help="GPU memory kept free of resident transformer weights, GiB (larger = less VRAM, slower)"),
+    Control("crf", "int", 16, (0, 51), label="MP4 compression (CRF)", widget="slider", step=1,
+            info="Lower = better quality, bigger files. 0 = lossless (browsers may not play it).",
+            help="MP4 compression (0 = lossless, 51 = smallest)"),
+    # Not on the page: the end image's share of the SigLIP image conditioning (see pipeline/orchestrator.py).
+    Control("end_embed_weight", "float", 0.5, (0.0, 1.0), label="End-frame embedding weight",
+            field="end-frame embedding weight", help="share of the end image in the image conditioning"),
+    Control("fps", "int", 30, (1, 120), label="Frames per second", cli=None,
+            help="frames per second of the video (job.json and batch lines only)"),
+)
+
+
+def control(name: str, controls: tuple[Control, ...] = CONTROLS) -> Control:
+    for c in controls:
+        if c.name == name:
+            return c
+    raise KeyError(name)
