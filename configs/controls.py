@@ -132,8 +132,8 @@ CONTROLS: tuple[Control, ...] = (
             ui_limits=(MEMORY.preserved_min_gb, MEMORY.preserved_max_gb), label="GPU inference preserved memory",
             field="preserved memory (GB)", widget="slider", step=0.1,
             widget_label="GPU inference preserved memory (GB)",
-            info="Part of the VRAM cap kept free of resident transformer weights. Larger = fewer weights resident, "
-                 "more streamed per step = slower; raise it if you run out of memory.",
+            info="Part of the VRAM cap kept free of resident transformer weights (at most the cap). Larger = fewer "
+                 "weights resident, more streamed per step = slower; raise it if you run out of memory.",
             help="GPU memory kept free of resident transformer weights, GiB (larger = less VRAM, slower)"),
     Control("crf", "int", 16, (0, 51), label="MP4 compression (CRF)", widget="slider", step=1,
             info="Lower = better quality, bigger files. 0 = lossless (browsers may not play it).",
