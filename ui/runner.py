@@ -314,10 +314,11 @@ class JobRunner:
                 pass
 
     # ---- running --------------------------------------------------------------------------------------------------
-    def run(self, ticket: Ticket) -> Iterator[list]:
+    def run(self, ticket: Ticket, tick_s: float | None = None) -> Iterator[list]:
         """Run the ticket's request and yield lists of events as they come (whatever piled up since the last
         list, so a slow browser never falls behind). A list holds at most one SectionVideo, as its last item, so
-        every section's video reaches the browser. If the browser goes away (this generator is closed early) the
+        every section's video reaches the browser. With `tick_s`, an empty list comes after that long without
+        events (the page moves its clock on). If the browser goes away (this generator is closed early) the
         job still runs to its end and is saved in outputs/."""
         events: queue.Queue = queue.Queue()
         worker = threading.Thread(target=self._work, args=(ticket, events),
@@ -327,7 +328,11 @@ class JobRunner:
         finished = False
         try:
             while not finished:
-                batch = [events.get()]
+                try:
+                    batch = [events.get(timeout=tick_s)]
+                except queue.Empty:
+                    yield []
+                    continue
                 while batch[-1] is not _END and not isinstance(batch[-1], SectionVideo):
                     try:
                         batch.append(events.get_nowait())
