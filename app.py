@@ -22,7 +22,7 @@ from ui.cli import host_budget_problem, launch_options, parse_args, security_war
 from ui.context import LIVE_CALLS_MAX, AppContext, preserved_max_gb, preserved_text  # noqa: E402
 from ui.examples import write_examples  # noqa: E402
 from ui.guard import HandlerGuard  # noqa: E402
-from ui.layout import CSS, build_layout  # noqa: E402
+from ui.layout import build_layout  # noqa: E402
 from ui.models import ComponentCache  # noqa: E402
 from ui.panel_jobs import JobsPanel  # noqa: E402
 from ui.panel_run import JOBS_MAX, RunPanel  # noqa: E402
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         return 2
     app = build_app(args)
     options = launch_options(args)
-    app.launch(**options.kwargs(), css=CSS, prevent_thread_lock=True)
+    app.launch(**options.kwargs(), prevent_thread_lock=True)
     log.info("serving on %s (preset %s, outputs %s); Ctrl-C stops the app", app.local_url, args.preset,
              Path(args.outputs).resolve())
     if app.share_url:

@@ -29,8 +29,9 @@ range; use a value between 1 and 120` (a file over 64 MB is refused by the clien
 sent); a job that fails raises it with the reason and what to change, e.g. `Out of GPU memory in
 transformer … Try: more preserved memory …` (the job folder keeps what was made).
 
-Long jobs: `job = client.submit(..., api_name="/video")`; `job.status()` has the queue position (`rank`) and the
-progress (`progress_data[0].desc`, e.g. "sampling · section 2/4 · step 7/25 · elapsed 3 min 10 s · ETA 6 min");
+Long jobs: `job = client.submit(..., api_name="/video")`; `job.status()` has the progress
+(`progress_data[0].desc`, e.g. "sampling · section 2/4 · step 7/25 · elapsed 3 min 10 s · ETA 6 min", or while it
+waits "Waiting for the GPU: you are 2nd in line (1 job ahead of yours). …");
 `client.predict(api_name="/stop")` from the same `Client` ends its running job at the next step, and
 `job.result()` then returns the video made so far with status "stopped" (a call still waiting in the queue is
 dropped with `job.cancel()`). A job that was stopped or interrupted (killed, power loss) continues from its

@@ -132,13 +132,15 @@ class LaunchOptions:
     temp_max_age_s: float = TEMP_MAX_AGE_S
 
     def kwargs(self) -> dict:
-        """Blocks.launch() keyword arguments. The lifespan deletes Gradio's temporary copies of uploads and shown
-        videos once older than temp_max_age_s (ui/tempfiles.py says why not Gradio's own delete_cache)."""
+        """Blocks.launch() keyword arguments, the page's style included. The lifespan deletes Gradio's temporary
+        copies of uploads and shown videos once older than temp_max_age_s (ui/tempfiles.py says why not Gradio's
+        own delete_cache)."""
+        from ui.layout import CSS
         from ui.tempfiles import cleanup_lifespan
 
         return {"server_name": self.server_name, "server_port": self.server_port, "share": self.share,
                 "inbrowser": self.inbrowser, "auth": self.auth, "allowed_paths": self.allowed_paths,
-                "max_file_size": self.max_file_size, "show_error": True,
+                "max_file_size": self.max_file_size, "show_error": True, "css": CSS,
                 "app_kwargs": {"lifespan": cleanup_lifespan(self.temp_max_age_s)}}
 
 

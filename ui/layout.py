@@ -114,10 +114,6 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
             prompt = gr.Textbox(label="Prompt", lines=2, value=d["prompt"], elem_id="prompt",
                                 placeholder="Describe the motion, e.g. " + st.EXAMPLE_PROMPTS[0])
             prompt_tokens = gr.HTML("", elem_id="prompt-tokens")
-            if examples:
-                gr.Examples(examples=examples, inputs=[image, prompt], label="Examples: click one to load its image "
-                            "and prompt", elem_id="examples", examples_per_page=6)
-            gr.Examples(examples=[[p] for p in st.EXAMPLE_PROMPTS], inputs=[prompt], label="Example prompts")
             with gr.Column(elem_id="actions"):
                 with gr.Row():
                     start = gr.Button("Start", variant="primary", elem_id="start-btn")
@@ -125,6 +121,10 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                 status = gr.Markdown("", elem_id="status")
                 progress = gr.HTML(progress_html(None), elem_id="progress")
             hints = gr.Markdown("", elem_id="hints")
+            if examples:
+                gr.Examples(examples=examples, inputs=[image, prompt], label="Examples: click one to load its image "
+                            "and prompt", elem_id="examples", examples_per_page=6)
+            gr.Examples(examples=[[p] for p in st.EXAMPLE_PROMPTS], inputs=[prompt], label="Example prompts")
             seconds = gr.Slider(*lim["seconds"], value=d["seconds"], step=0.1, label="Total video length (seconds)",
                                 elem_id="seconds")
             mode = gr.Radio(MODE_CHOICES, value=d["mode"], label="Mode", elem_id="mode")

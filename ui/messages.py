@@ -19,6 +19,7 @@ FIELD_LABELS = {
 }
 _CLASS_NAME = re.compile(r"\b(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|NotFound|Busy)"
                          r"(?=:\s)[:]\s*")
+_CLASS_IN_BRACKETS = re.compile(r"\s*\((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Warning)\)")
 
 
 def label(field: str) -> str:
@@ -36,4 +37,5 @@ def input_error(error) -> str:
 
 def plain(text: str) -> str:
     """`text` without Python class names ('RuntimeError: disk full' -> 'disk full')."""
-    return _CLASS_NAME.sub("", str(text)).strip() or "an unexpected error (see the log)"
+    text = _CLASS_IN_BRACKETS.sub("", _CLASS_NAME.sub("", str(text)))
+    return text.strip() or "an unexpected error (see the log)"

@@ -47,9 +47,9 @@ def long_job_note(ctx: AppContext, seconds, window, mode, steps) -> str:
     count = section_count(seconds, window, mode)
     expected = expected_time(ctx, seconds, window, mode, steps)
     if count is None or count <= LONG_JOB_SECTIONS:
-        return f"⏱ {expected[0].upper()}{expected[1:]}." if expected else ""
+        return f"ℹ {expected[0].upper()}{expected[1:]}." if expected else ""
     when = expected or "expected time not known yet (no job has been timed since the app started)"
-    return f"⏱ **Long job: {count} sections**, {when}. Start asks you to confirm."
+    return f"⚠ **Long job: {count} sections**, {when}. Start asks you to confirm."
 
 
 def wire(app: gr.Blocks, ctx: AppContext) -> None:

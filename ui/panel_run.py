@@ -63,7 +63,7 @@ class RunPanel:
             self._confirmed[session] = key
         expected = expected_time(self.ctx, job.seconds, job.latent_window, job.mode, job.steps) or \
             "the expected time is not known yet (no job has been timed since the app started)"
-        return (f"⏱ This video has **{count} sections**: {expected}. Press **Start** again to start it, or "
+        return (f"⚠ This video has **{count} sections**: {expected}. Press **Start** again to start it, or "
                 "shorten it.")
 
     def submit(self, request: gr.Request, *values):
