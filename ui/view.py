@@ -139,7 +139,7 @@ class JobView:
         if isinstance(event, Progress):
             self.progress = self._shown = event
             self.progress_at = time.monotonic()
-            if self.waiting is not None:
+            if self.waiting is not None or not self.status:
                 self.waiting = None
                 self.status = "Running…"
                 self._changed.add("status")
