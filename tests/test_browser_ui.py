@@ -134,6 +134,8 @@ def test_reuse_settings_restores_the_upload_and_the_reused_job_starts(server, br
         assert (job / "upload.png").read_bytes() == (images / "start.png").read_bytes()   # the user's file, kept
 
         # 9d: the memory and timings report opened by itself after the job
+        page.locator("#timings").scroll_into_view_if_needed()            # (the plot is a lazy image)
+        expect(page.locator("#timings")).to_be_visible()
         expect(page.locator("#memory-plot img")).to_be_visible()
         assert "transformer" in page.locator("#timings").inner_text()
 
