@@ -20,11 +20,13 @@ def expected_time(ctx: AppContext, seconds, window, mode, steps) -> str:
     """'expected time about 3 min (at the speed of this app's last job)', or '' when nothing can be said."""
     from pipeline.request import Request
 
+    s, w, n = hints.number(seconds), hints.number(window), hints.number(steps)
+    if s is None or w is None or n is None or not isinstance(mode, str) or w != int(w) or n != int(n):
+        return ""
     try:
-        request = Request(image=None, seconds=float(seconds), latent_window=int(window), mode=str(mode),
-                          steps=int(steps))
-        expected = ctx.runner.expected_seconds(request)
-    except (TypeError, ValueError):
+        expected = ctx.runner.expected_seconds(Request(image=None, seconds=s, latent_window=int(w), mode=mode,
+                                                       steps=int(n)))
+    except (TypeError, ValueError, OverflowError):
         return ""
     if expected is None:
         return ""

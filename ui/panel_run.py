@@ -11,7 +11,7 @@ from pathlib import Path
 import gradio as gr
 
 from pipeline.errors import InputError
-from pipeline.events import Done, Failed
+from pipeline.events import Failed
 from ui import messages, plots
 from ui import settings as st
 from ui.context import AppContext

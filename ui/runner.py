@@ -269,7 +269,7 @@ class JobRunner:
             return None
         try:
             return self.rates.job_seconds(plan_of(request), int(request.steps))
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
             return None
 
     def _learn(self, ticket: Ticket, done: Done) -> None:
