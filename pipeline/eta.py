@@ -3,8 +3,10 @@
 `Remaining` follows one job's progress (stage, section, step, elapsed: what every Progress event carries) and
 estimates the time left from everything that is still to run: the sampling steps of this and the later sections,
 and the VAE decode of every section not yet decoded, at the decode time per latent frame measured in this job.
-Until the first decode of the job has finished, a section's decode is assumed to take as long as its sampling
-(`DECODE_PRIOR`): an assumption, replaced by the measurement as soon as there is one.
+Until the first decode of the job has finished, the decode time per frame is the one measured on an earlier job
+(`decode_prior`, when the caller has one: the app passes its last job's), else a section's decode is assumed to
+take as long as its sampling (`DECODE_PRIOR`) and at least as long as this job's VAE encode stage (the same model
+loaded for one frame): assumptions, replaced by the measurement as soon as there is one.
 
 `JobRates` are the speeds of a finished job (per step, per decoded latent frame, fixed stages), used to estimate
 jobs that have not started (the queue's waiting time, the expected time of a long job).
@@ -29,11 +31,13 @@ class Remaining:
     step_times: list[float] = field(default_factory=list)
     decode_s: float = 0.0                  # decode time measured so far, and the latent frames it decoded
     decoded_frames: int = 0
+    decode_prior: float | None = None      # seconds per decoded latent frame measured on an earlier job
+    encode_s: float = 0.0                  # this job's VAE encode stage
     _last: tuple | None = None             # (stage, section, step, elapsed) of the previous update
 
     @classmethod
-    def for_plan(cls, plan, steps: int) -> "Remaining":
-        return cls(plan.count, steps, decode_frames(plan))
+    def for_plan(cls, plan, steps: int, decode_prior: float | None = None) -> "Remaining":
+        return cls(plan.count, steps, decode_frames(plan), decode_prior=decode_prior)
 
     def update(self, stage: str, section: int, step: int, elapsed_s: float) -> float | None:
         """Record a progress point and return the estimated seconds left (None before sampling has timed a step)."""
@@ -46,6 +50,8 @@ class Remaining:
             elif l_stage == "VAE decode" and (stage, section, step) != (l_stage, l_section, l_step):
                 self.decode_s += spent
                 self.decoded_frames += self.frames[min(max(l_section, 1), self.sections) - 1]
+            elif l_stage == "VAE encode" and stage != l_stage:
+                self.encode_s += spent
         self._last = (stage, section, step, elapsed_s)
         return self.estimate(stage, section, step)
 
@@ -58,11 +64,13 @@ class Remaining:
         """Seconds per decoded latent frame: measured, else the prior (a section's sampling time)."""
         if self.decoded_frames:
             return self.decode_s / self.decoded_frames
+        if self.decode_prior is not None:
+            return self.decode_prior
         per_step = self.per_step
         if per_step is None:
             return None
         typical = max(self.frames[-1], 1)
-        return DECODE_PRIOR * per_step * self.steps / typical
+        return max(DECODE_PRIOR * per_step * self.steps, self.encode_s) / typical
 
     @property
     def decode_measured(self) -> bool:

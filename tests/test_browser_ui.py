@@ -95,6 +95,13 @@ def _wait_status(page, *words, timeout=180_000):
     return _status(page)
 
 
+def _start_and_wait(page, *words):
+    """Start, wait until the previous job's status is gone, then for one of `words`."""
+    page.locator("#start-btn").click()
+    page.wait_for_function("() => !/Done|Stopped|Failed/.test(document.querySelector('#status').innerText)")
+    return _wait_status(page, *words)
+
+
 def _progress(page) -> str:
     return page.locator("#progress").inner_text()
 
@@ -148,8 +155,7 @@ def test_reuse_settings_restores_the_upload_and_the_reused_job_starts(server, br
         # the start image back in the box is the upload (96×80), not the job's 64×48 crop
         page.wait_for_function("() => document.querySelector('#start-image img')?.naturalWidth === 96")
         before = set(server.jobs())
-        page.locator("#start-btn").click()
-        status = _wait_status(page, "Done", "Failed", "⚠")
+        status = _start_and_wait(page, "Done", "Failed", "⚠")
         assert "Done" in status, status
         reused = _newest_job(server, before)
         assert job_info(reused)["settings"]["prompt"] == "the job to reuse"

@@ -56,3 +56,19 @@ def test_job_rates_from_a_finished_job_estimate_a_longer_one():
     assert rates.job_seconds(plan, 4) == pytest.approx(14.0)
     assert rates.job_seconds(longer, 4) > 2 * 8.0
     assert JobRates.from_timings({"total": 3}, plan, 4) is None
+
+
+def test_before_the_first_decode_an_earlier_jobs_speed_or_the_encode_stage_is_used():
+    plan = _plan()
+    frames = [plan.decode_frames(s) for s in plan.sections]
+    known = Remaining.for_plan(plan, steps=2, decode_prior=0.5)
+    known.update("sampling", 1, 0, 0.0)
+    left = known.update("sampling", 1, 1, 0.1)
+    assert left == pytest.approx((1 + 2 * 2) * 0.1 + sum(frames) * 0.5)
+    fresh = Remaining.for_plan(plan, steps=2)
+    fresh.update("VAE encode", 0, 0, 0.0)
+    fresh.update("image encoder", 0, 0, 3.0)             # the VAE encode stage took 3 s: decodes take no less
+    fresh.update("sampling", 1, 0, 3.5)
+    left = fresh.update("sampling", 1, 1, 3.6)
+    assert fresh.encode_s == pytest.approx(3.0)
+    assert left == pytest.approx((1 + 2 * 2) * 0.1 + sum(frames) * 3.0 / frames[-1])

@@ -400,6 +400,7 @@ class JobRunner:
             out.put(LogLine("info", what))
         from memory import MemoryManager, default_device        # heavy imports: after the first message
         from pipeline.errors import WeightsNotFound
+        from pipeline.eta import Remaining
         from pipeline.logcapture import capture_logs
         from pipeline.orchestrator import generate
 
@@ -424,8 +425,15 @@ class JobRunner:
             events = resume(ticket.resume, components, memory, cancel=ticket.cancel)
         else:
             events = generate(request, components, memory, cancel=ticket.cancel, outputs=self.outputs)
+        # the ETA again, from the same events, with the decode speed of the last complete job until this job has
+        # decoded a section (the pipeline alone has no earlier job to go by)
+        eta = Remaining.for_plan(plan_of(request), int(request.steps),
+                                 decode_prior=self.rates.per_frame if self.rates is not None else None)
         try:
             for event in events:
+                if isinstance(event, Progress):
+                    event = dataclasses.replace(event, eta_s=eta.update(event.stage, event.section, event.step,
+                                                                        event.elapsed_s))
                 if isinstance(event, SectionVideo):
                     ticket.job_dir = Path(event.path).parent
                 elif isinstance(event, Progress) and event.eta_s is not None:
