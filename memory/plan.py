@@ -75,6 +75,12 @@ class ResidencyPlan:
                        f"streaming slots {self.slot_bytes / GIB:.1f} GB): expect out-of-memory; raise it")
         if self.resident_bytes > self.cap_bytes:
             out.append(f"the always-resident part alone ({self.resident_bytes / GIB:.1f} GB) exceeds the cap")
+        kept_free = self.cap_bytes - self.resident_bytes
+        if self.preserved_bytes > kept_free:
+            out.append(f"{self.preserved_bytes / GIB:.1f} GB cannot be kept free: the part of the transformer that "
+                       f"must stay on the GPU ({self.resident_bytes / GIB:.1f} GB) leaves at most "
+                       f"{max(kept_free, 0) / GIB:.1f} GB of the {self.cap_bytes / GIB:.1f} GB cap, so a larger value "
+                       f"changes nothing")
         return out
 
     def describe(self, label: str = "transformer") -> str:
@@ -159,7 +165,7 @@ def describe_preserved(preset, cap_gb: float, preserved_gb: float, device_type: 
     plan = plan_residency(sizes, other, int(cap_gb * GIB), int(preserved_gb * GIB), min_resident=1,
                           activation_bytes=act)
     warn = plan.warnings()
-    return plan.describe() + (f". Warning: {warn[0]}" if warn else "") + f". {host}"
+    return plan.describe() + (f". Warning: {'; '.join(warn)}" if warn else "") + f". {host}"
 
 
 def describe_host(preset, cap_gb: float, preserved_gb: float, device_type: str, host_ram_gb: float | None = None,

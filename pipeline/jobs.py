@@ -38,6 +38,9 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
+UPLOAD_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
+
 def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
@@ -87,6 +90,19 @@ class Job:
         image.save(buf, format="PNG")
         path = self.path(name)
         atomic_write_bytes(path, buf.getvalue())
+        return path
+
+    def keep_upload(self, name: str, source) -> Path | None:
+        """Copy the file a user gave (an image path) into the job folder as `name` + its image suffix, untouched,
+        and record it in job.json's "uploads" (the app's "Reuse settings" puts it back). Other sources (bytes,
+        arrays, PIL images) are not files of the user's: nothing is kept."""
+        if not isinstance(source, (str, Path)) or not Path(source).is_file():
+            return None
+        suffix = Path(source).suffix.lower()
+        path = self.path(name + (suffix if suffix in UPLOAD_SUFFIXES else ".img"))
+        atomic_write_bytes(path, Path(source).read_bytes())
+        self.info.setdefault("uploads", {})[name] = path.name
+        self.save()
         return path
 
     def finish(self, status: str, final: Path | None, *, error: str | None = None, timings: dict | None = None,

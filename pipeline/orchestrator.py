@@ -33,6 +33,7 @@ from pipeline.decode_speed import decode_speed
 from pipeline.denoiser import FramepackDenoiser
 from pipeline.cancel import CancelToken
 from pipeline.errors import JobStopped
+from pipeline.eta import Remaining
 from pipeline.events import Done, Event, Failed, LogLine, Preview, Progress, SectionVideo
 from pipeline.images import to_model_tensor
 from pipeline.jobs import Job
@@ -102,6 +103,7 @@ class JobRun:
         self.timings: dict[str, float] = {}
         self.t0 = time.monotonic()
         self.step_times: list[float] = []
+        self.remaining = Remaining.for_plan(self.plan, self.request.steps)    # the ETA (pipeline/eta.py)
         self.job: Job | None = None
         self.writer: SectionWriter | None = None    # started with the job (events())
         self.last_video: Path | None = None
@@ -112,16 +114,9 @@ class JobRun:
 
     # ---- events -------------------------------------------------------------------------------------------------
     def progress(self, stage: str, section: int = 0, step: int = 0, message: str = "") -> Progress:
-        return Progress(stage, section, self.plan.count, step, self.request.steps, time.monotonic() - self.t0,
-                        self.eta(section, step), message or stage)
-
-    def eta(self, section: int, step: int) -> float | None:
-        if not self.step_times:
-            return None
-        per_step = sum(self.step_times[-self.request.steps:]) / len(self.step_times[-self.request.steps:])
-        remaining = (self.plan.count - max(section, 1)) * self.request.steps + (self.request.steps - step)
-        decode = self.timings.get("VAE decode", 0.0) / max(section - 1, 1)
-        return remaining * per_step + (self.plan.count - section + 1) * decode
+        elapsed = time.monotonic() - self.t0
+        return Progress(stage, section, self.plan.count, step, self.request.steps, elapsed,
+                        self.remaining.update(stage, section, step, elapsed), message or stage)
 
     def _timed(self, name: str, seconds: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + seconds
@@ -245,8 +240,10 @@ class JobRun:
             return
         self.job = Job.create(self.outputs, self.request.settings(), self._model_info())
         self.job.save_image("input.png", self.prepared.image)
+        self.job.keep_upload("upload", self.request.image)                  # the user's file, for reuse
         if self.prepared.end_image is not None:
             self.job.save_image("end.png", self.prepared.end_image)
+            self.job.keep_upload("upload_end", self.request.end_image)
 
     def _starting_point(self, drain):
         """(start latent, end latent, latent history, sections done): a new job encodes its images (VAE encode);

@@ -44,7 +44,10 @@ class Server:
         return Client(self.url, verbose=False, download_files=str(downloads), **kw)
 
     def jobs(self) -> list[Path]:
-        return sorted(d for d in self.outputs.iterdir() if d.is_dir()) if self.outputs.exists() else []
+        """The job folders (not the app's own hidden ones: .staged, .examples)."""
+        if not self.outputs.exists():
+            return []
+        return sorted(d for d in self.outputs.iterdir() if d.is_dir() and not d.name.startswith("."))
 
 
 def tiny_runner(outputs: Path, components):

@@ -41,9 +41,9 @@ def test_list_jobs_newest_first_and_skips_unreadable(tmp_path):
     assert len(jg.list_jobs(tmp_path, limit=1)) == 1
 
     items = jg.gallery_items(entries)
-    assert items[0][0] == str(new / "input.png")
-    assert items[0][1].startswith("■ 2.4 s · seed 7 · ") and items[0][1].endswith("…")
-    assert items[1][1] == "✓ 2.4 s · seed 7 · a cat"
+    assert items[0][0] == str(new / "input.png")                  # its "video" cannot be read: the start image
+    assert items[0][1].startswith("■ stopped · no video · ")
+    assert items[1][1].startswith("✓ done · no video · ")
 
 
 def test_entry_video_details_and_reuse(tmp_path):
@@ -71,3 +71,55 @@ def test_entry_ignores_paths_in_job_json(tmp_path):
     entry = jg.read_job(d)
     assert entry.video is None and entry.settings == {} and entry.thumbnail is None
     assert jg.gallery_items([entry]) == []
+
+
+def _write_video(path, colours, size=(64, 48)):
+    import av
+    import numpy as np
+
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=30)
+        stream.width, stream.height, stream.pix_fmt = size[0], size[1], "yuv420p"
+        for colour in colours:
+            frame = np.zeros((size[1], size[0], 3), np.uint8)
+            frame[:] = colour
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+
+
+def test_the_gallery_shows_a_frame_of_the_video_with_status_length_and_time(tmp_path):
+    """The picture is the middle of the video (not the start image); a job stopped before its first video shows
+    its last preview; the caption has the status, the length made and the time."""
+    from PIL import Image
+
+    d = _job(tmp_path, "20250101-120000-aaaaaa", "done")
+    _write_video(d / "final.mp4", [(255, 0, 0)] * 5 + [(0, 0, 255)] * 5 + [(0, 255, 0)] * 5)
+    info = json.loads((d / "job.json").read_text())
+    info.update(sections=[{"section": 1, "frames": 15}], created="2025-01-01T12:00:00+0000")
+    (d / "job.json").write_text(json.dumps(info))
+    entry = jg.read_job(d)
+    picture, caption = jg.gallery_items([entry])[0]
+    assert picture == str(d / jg.THUMBNAIL)
+    r, g, b = Image.open(picture).convert("RGB").getpixel((32, 24))
+    assert b > 200 and r < 60 and g < 60, (r, g, b)                # the blue middle, not the red start
+    assert caption == "✓ done · 0.5 s · 01 Jan 12:00"
+    before = os.stat(picture).st_mtime_ns
+    assert jg.read_job(d).thumbnail == d / jg.THUMBNAIL and os.stat(picture).st_mtime_ns == before   # kept
+
+    stopped = _job(tmp_path, "20250102-120000-bbbbbb", "stopped", final=False, sections=0)
+    Image.new("RGB", (64, 48), (0, 200, 0)).save(stopped / jg.PREVIEW)
+    assert jg.read_job(stopped).thumbnail == stopped / jg.PREVIEW
+
+
+def test_the_upload_kept_by_the_job_is_what_reuse_restores(tmp_path):
+    d = _job(tmp_path, "20250101-120000-aaaaaa", "done")
+    job = Job(d, json.loads((d / "job.json").read_text()))
+    source = tmp_path / "mine.JPG"
+    make_image(300, 200).save(source, format="JPEG")
+    kept = job.keep_upload("upload", str(source))
+    assert kept.name == "upload.jpg" and kept.read_bytes() == source.read_bytes()
+    entry = jg.read_job(d)
+    assert entry.original_image == kept and entry.original_end_image is None
+    assert job.keep_upload("upload_end", make_image()) is None          # not a file of the user's: nothing kept

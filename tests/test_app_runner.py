@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from pipeline.events import Done, Failed, Preview, Progress, SectionVideo
 from pipeline.request import Request
 from tests.conftest import make_image
 from ui.models import ComponentCache
-from ui.runner import Cancelled, JobRunner, MemoryReport, SessionBusy
+from ui.runner import Cancelled, JobRunner, MemoryReport, SessionBusy, Waiting
 
 
 def _runner(tmp_path, loader):
@@ -101,7 +102,8 @@ def test_one_job_at_a_time(runner):
     ta.join(120)
     tb.join(120)
     b_events = [e for n, _, e in log if n == "b"]
-    assert isinstance(b_events[0], Progress) and b_events[0].stage == "waiting for the GPU"
+    # one job ahead, whose own ETA (it is sampling) is the wait
+    assert isinstance(b_events[0], Waiting) and b_events[0].ahead == 1 and b_events[0].wait_s is not None
     a_done = next(t for n, t, e in log if n == "a" and isinstance(e, Done))
     b_first_work = next(t for n, t, e in log if n == "b" and isinstance(e, Progress) and e.stage == "text encoders")
     assert b_first_work > a_done
@@ -137,3 +139,60 @@ def test_component_cache_keeps_one_set_for_real_weights():
     tiny = ComponentCache("tiny", loader=lambda p, mode, d: mode)
     tiny.get("original"), tiny.get("f1")
     assert tiny.loaded_modes() == ["original", "f1"]
+
+
+def _consume(runner, ticket, log, name):
+    for batch in runner.run(ticket):
+        for e in batch:
+            log.append((name, time.monotonic(), e))
+
+
+def test_jobs_run_in_the_order_they_were_reserved_and_waiting_ones_hear_their_place(runner):
+    """The streams are opened in the opposite order (as Gradio may hand the events over): the first reserved
+    job still runs first; each waiting job hears how many jobs are ahead and, once a job has been timed, the
+    estimated wait."""
+    first = runner.reserve("tab-1", _request(seconds=1.2, steps=2))
+    list(runner.run(first))                               # a finished job: the runner knows the speed now
+    assert runner.rates is not None and runner.expected_seconds(_request(seconds=1.2, steps=2)) > 0
+    a = runner.reserve("tab-a", _request(seconds=1.2, steps=2))
+    b = runner.reserve("tab-b", _request(seconds=1.2, steps=2, seed=2))
+    c = runner.reserve("tab-c", _request(seconds=1.2, steps=2, seed=3))
+    assert runner.waiting(a) is None
+    assert runner.waiting(b).ahead == 1 and runner.waiting(c).ahead == 2
+    assert 0 < runner.waiting(b).wait_s < runner.waiting(c).wait_s
+    log: list = []
+    threads = [threading.Thread(target=_consume, args=(runner, t, log, n)) for n, t in (("c", c), ("b", b))]
+    for t in threads:
+        t.start()
+        time.sleep(0.3)
+    time.sleep(0.5)
+    assert not any(isinstance(e, Progress) for _, _, e in log)     # b and c wait for a, whose stream is not open
+    _consume(runner, a, log, "a")
+    for t in threads:
+        t.join(120)
+    done_at = {n: t for n, t, e in log if isinstance(e, Done)}
+    assert done_at["a"] < done_at["b"] < done_at["c"]
+    c_waits = [e.ahead for n, _, e in log if n == "c" and isinstance(e, Waiting)]
+    assert c_waits[0] == 2 and c_waits[-1] == 1                      # told again when its place changed
+
+
+def test_the_images_are_copied_when_the_job_is_reserved(runner, tmp_path):
+    """A job's upload may be deleted (Gradio's temp sweeper) while the job waits: the job reads the runner's own
+    copy, and its folder keeps the user's file untouched."""
+    upload = tmp_path / "upload-dir" / "photo.PNG"
+    upload.parent.mkdir()
+    make_image(100, 90, seed=4).save(upload, format="PNG")
+    ticket = runner.reserve("s1", _request(image=str(upload), seconds=1.2))
+    staged = Path(ticket.request.image)
+    assert staged.is_file() and staged != upload and staged.read_bytes() == upload.read_bytes()
+    original = upload.read_bytes()
+    upload.unlink()                                                   # swept while waiting
+    events = [e for b in runner.run(ticket) for e in b]
+    done = events[-1]
+    assert isinstance(done, Done), events[-1]
+    kept = done.job_dir / "upload.png"
+    assert kept.read_bytes() == original
+    assert not staged.exists() and not staged.parent.exists()         # deleted with the ticket
+    cancelled = runner.reserve("s2", _request(image=str(kept), seconds=1.2))
+    runner.cancel("s2")
+    assert not Path(cancelled.request.image).exists()

@@ -46,8 +46,8 @@ def test_view_turns_events_into_changed_values(tmp_path):
     view.apply(Progress("text encoders", 0, 2, 0, 6, 0.1, None))
     view.apply(LogLine("info", "[before text encoders] CPU run"))
     changes = view.take_changes()
-    assert set(changes) == {"progress", "log"}
-    assert "text encoders" in changes["progress"] and "CPU run" in changes["log"]
+    assert set(changes) == {"progress", "log", "status"}          # the first progress: "Running…"
+    assert "text encoders" in changes["progress"] and "CPU run" in changes["log"] and changes["status"] == "Running…"
     assert view.take_changes() == {}
 
     view.apply(Preview(np.zeros((6, 72, 3), np.uint8), 1, 1))

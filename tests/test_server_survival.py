@@ -61,8 +61,7 @@ def test_a_tab_closed_mid_job_lets_the_job_finish_and_keeps_its_output(server, c
 
 
 def _detached(server) -> bool:
-    with server.runner._lock:
-        return any(t.detached for t in server.runner._tickets.values())
+    return bool(server.runner.sessions(detached=True))
 
 
 def test_two_clients_at_once_run_one_after_the_other(server, image, tmp_path):

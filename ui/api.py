@@ -29,8 +29,9 @@ range; use a value between 1 and 120` (a file over 64 MB is refused by the clien
 sent); a job that fails raises it with the reason and what to change, e.g. `Out of GPU memory in
 transformer … Try: more preserved memory …` (the job folder keeps what was made).
 
-Long jobs: `job = client.submit(..., api_name="/video")`; `job.status()` has the queue position (`rank`) and the
-progress (`progress_data[0].desc`, e.g. "sampling · section 2/4 · step 7/25 · elapsed 3 min 10 s · ETA 6 min");
+Long jobs: `job = client.submit(..., api_name="/video")`; `job.status()` has the progress
+(`progress_data[0].desc`, e.g. "sampling · section 2/4 · step 7/25 · elapsed 3 min 10 s · ETA 6 min", or while it
+waits "Waiting for the GPU: you are 2nd in line (1 job ahead of yours). …");
 `client.predict(api_name="/stop")` from the same `Client` ends its running job at the next step, and
 `job.result()` then returns the video made so far with status "stopped" (a call still waiting in the queue is
 dropped with `job.cancel()`). A job that was stopped or interrupted (killed, power loss) continues from its
@@ -47,8 +48,8 @@ import gradio as gr
 from pipeline.errors import InputError
 from pipeline.events import Done, Failed, LogLine, Progress
 from ui import settings as st
-from ui.runner import JobRunner, SessionBusy, Ticket
-from ui.view import done_status, progress_line
+from ui.runner import JobRunner, SessionBusy, Ticket, Waiting
+from ui.view import done_status, progress_line, waiting_text
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +63,15 @@ class JobApi:
         self.runner = runner
         self.default_resolution = default_resolution
 
-    def register(self, controls: list, *, concurrency_id: str = "gpu") -> None:
+    def register(self, controls: list, *, concurrency_id: str = "gpu", concurrency_limit: int = 1) -> None:
         """Hidden components and the /video and /resume events (call inside the gr.Blocks being built)."""
         with gr.Group(visible=False):
             trigger = gr.Button(visible=False)
             job_id = gr.Textbox(label="job_id", visible=False)
             video = gr.File(label="video", visible=False)
             summary = gr.JSON(label="summary", visible=False)
-        queue = dict(preprocess=False, concurrency_limit=1, concurrency_id=concurrency_id, show_progress="hidden")
+        queue = dict(preprocess=False, concurrency_limit=concurrency_limit, concurrency_id=concurrency_id,
+                     show_progress="hidden")
         trigger.click(self.video, controls, [video, summary], api_name="video", **queue)
         trigger.click(self.resume, job_id, [video, summary], api_name="resume", **queue)
 
@@ -152,6 +154,8 @@ class JobApi:
                 for event in batch:
                     if isinstance(event, Progress):
                         progress(event.fraction, desc=progress_line(event))
+                    elif isinstance(event, Waiting):
+                        progress(0.0, desc=waiting_text(event))
                     elif isinstance(event, LogLine) and event.level == "warning":
                         warnings.append(event.message)
                     elif isinstance(event, (Done, Failed)):

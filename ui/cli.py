@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import ipaddress
 import logging
 from dataclasses import dataclass
@@ -18,7 +19,8 @@ TEMP_MAX_AGE_S = 24 * 3600                # Gradio's cached uploads/videos (a co
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="app.py", description="SteadyFrame: FramePack-style image-to-video in your browser.")
+        prog="steadyframe" if Path(sys.argv[0]).name == "steadyframe" else "app.py",    # the console script or the file
+        description="SteadyFrame: FramePack-style image-to-video in your browser.")
     p.add_argument("--preset", choices=sorted(PRESETS), default="hunyuan",
                    help="hunyuan: the real models (about 42 GB, downloaded once); tiny: tiny random models built in "
                         "code, no download (to try the app)")
@@ -132,13 +134,15 @@ class LaunchOptions:
     temp_max_age_s: float = TEMP_MAX_AGE_S
 
     def kwargs(self) -> dict:
-        """Blocks.launch() keyword arguments. The lifespan deletes Gradio's temporary copies of uploads and shown
-        videos once older than temp_max_age_s (ui/tempfiles.py says why not Gradio's own delete_cache)."""
+        """Blocks.launch() keyword arguments, the page's style included. The lifespan deletes Gradio's temporary
+        copies of uploads and shown videos once older than temp_max_age_s (ui/tempfiles.py says why not Gradio's
+        own delete_cache)."""
+        from ui.layout import CSS
         from ui.tempfiles import cleanup_lifespan
 
         return {"server_name": self.server_name, "server_port": self.server_port, "share": self.share,
                 "inbrowser": self.inbrowser, "auth": self.auth, "allowed_paths": self.allowed_paths,
-                "max_file_size": self.max_file_size, "show_error": True,
+                "max_file_size": self.max_file_size, "show_error": True, "css": CSS,
                 "app_kwargs": {"lifespan": cleanup_lifespan(self.temp_max_age_s)}}
 
 

@@ -77,16 +77,26 @@ def hints_markdown(plan: str, problems: list[tuple[str, str]]) -> str:
 
 
 def preserved_hint(preset, cap_gb: float, preserved_gb, device_type: str, host_ram_gb: float | None = None,
-                   weight_storage: str = "native") -> str:
+                   weight_storage: str = "native", max_gb: float | None = None) -> str:
     """What the preserved-memory slider means here, GPU and host side (memory.plan.describe_preserved), never
-    raising."""
+    raising. A value that cannot work (more than the cap or the card holds, or a plan that runs out of memory)
+    starts with "⚠ … cannot work" and says why."""
     from memory.plan import describe_preserved
 
+    top = MEMORY.preserved_max_gb if max_gb is None else max_gb
     value = number(preserved_gb)
-    if value is None or not 0 <= value <= MEMORY.preserved_max_gb:
-        return f"(enter a number between 0 and {MEMORY.preserved_max_gb:g} GB)"
+    if value is None or value < 0:
+        return f"(enter a number between 0 and {top:g} GB)"
+    if value > top:
+        return (f"⚠ **{value:g} GB cannot work:** the most that can be preserved is {top:g} GB (the VRAM cap "
+                f"{cap_gb:g} GB, or your card's memory if smaller). Choose a value up to {top:g} GB.")
     try:
-        return describe_preserved(preset, float(cap_gb), value, device_type, host_ram_gb, weight_storage)
-    except Exception as e:  # the hint must never break the page
-        log.warning("could not describe the memory plan: %s", e, exc_info=True)
-        return f"(the memory plan could not be computed: {type(e).__name__})"
+        text = describe_preserved(preset, float(cap_gb), value, device_type, host_ram_gb, weight_storage)
+    except Exception:  # the hint must never break the page
+        log.warning("could not describe the memory plan", exc_info=True)
+        return "(the memory plan could not be computed; see the log)"
+    plan, _, warning = text.partition(". Warning: ")
+    if not warning:
+        return text
+    warning, host, rest = warning.partition(". Host")
+    return f"⚠ **{value:g} GB cannot work as intended:** {warning}.\n\n{plan}. {host.lstrip('. ')}{rest}"

@@ -1,8 +1,14 @@
 """Past jobs from outputs/: one entry per job folder with a job.json, newest first, for the gallery, the detail
-view, "reuse settings" and "resume"."""
+view, "reuse settings" and "resume".
+
+A job's picture in the gallery is a frame from the middle of its video (kept as thumbnail.jpg in its folder, made
+again when the video is newer), else the last latent preview of a job stopped before its first video
+(preview.png, saved by the app), else its start image; the caption says its status, length and when it ran.
+"""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +37,7 @@ class JobEntry:
         return s if isinstance(s, dict) else {}
 
     @property
-    def thumbnail(self) -> Path | None:
+    def input_image(self) -> Path | None:
         p = self.dir / "input.png"
         return p if p.is_file() else None
 
@@ -39,6 +45,34 @@ class JobEntry:
     def end_image(self) -> Path | None:
         p = self.dir / "end.png"
         return p if p.is_file() else None
+
+    def _upload(self, name: str) -> Path | None:
+        uploads = self.info.get("uploads")
+        file = uploads.get(name) if isinstance(uploads, dict) else None
+        if isinstance(file, str) and file and "/" not in file and "\\" not in file and not file.startswith("."):
+            p = self.dir / file
+            return p if p.is_file() else None
+        return None
+
+    @property
+    def original_image(self) -> Path | None:
+        """The start image as the user uploaded it (jobs since the job folder keeps it), else None."""
+        return self._upload("upload")
+
+    @property
+    def original_end_image(self) -> Path | None:
+        return self._upload("upload_end")
+
+    @property
+    def thumbnail(self) -> Path | None:
+        """The gallery picture: a frame of the video, else the last preview, else the start image."""
+        video = self.video
+        if video is not None:
+            thumb = video_thumbnail(video, self.dir / THUMBNAIL)
+            if thumb is not None:
+                return thumb
+        preview = self.dir / PREVIEW
+        return preview if preview.is_file() else self.input_image
 
     @property
     def video(self) -> Path | None:
@@ -58,13 +92,29 @@ class JobEntry:
 
         return self.status != "done" and (self.dir / CHECKPOINT).is_file()
 
+    def length_s(self) -> float | None:
+        """Seconds of video made (the last recorded section), else None."""
+        sections = self.info.get("sections")
+        fps = self.settings.get("fps", 30)
+        if isinstance(sections, list) and sections and isinstance(sections[-1], dict):
+            frames = sections[-1].get("frames")
+            if isinstance(frames, int) and isinstance(fps, (int, float)) and fps > 0:
+                return frames / fps
+        return None
+
+    def when(self) -> str:
+        """When the job was created, short: '21 Nov 20:42'."""
+        created = self.info.get("created")
+        try:
+            return time.strftime("%d %b %H:%M", time.strptime(str(created)[:19], "%Y-%m-%dT%H:%M:%S"))
+        except ValueError:
+            return "?"
+
     def caption(self) -> str:
-        s = self.settings
-        prompt = str(s.get("prompt") or "(no prompt)")
-        prompt = prompt if len(prompt) <= 40 else prompt[:39] + "…"
-        seconds = s.get("seconds")
-        length = f"{float(seconds):g} s · " if isinstance(seconds, (int, float)) else ""
-        return f"{STATUS_MARK.get(self.status, '?')} {length}seed {s.get('seed', '?')} · {prompt}"
+        """'✓ done · 2.4 s · 21 Nov 20:42' (short enough for a gallery tile; the prompt is in the details)."""
+        length = self.length_s()
+        made = f"{length:.1f} s" if length is not None else "no video"
+        return f"{STATUS_MARK.get(self.status, '?')} {self.status} · {made} · {self.when()}"
 
     def details(self) -> dict:
         """What the detail panel shows: the job's record without the bulky parts."""
@@ -105,10 +155,54 @@ def list_jobs(outputs: Path, limit: int = GALLERY_LIMIT) -> list[JobEntry]:
 
 
 def gallery_items(entries: list[JobEntry]) -> list[tuple[str, str]]:
-    """(thumbnail path, caption) for gr.Gallery; jobs without an input image are left out."""
-    return [(str(e.thumbnail), e.caption()) for e in entries if e.thumbnail is not None]
+    """(picture path, caption) for gr.Gallery; entries without a picture are left out (as in shown_entries)."""
+    pictures = ((e.thumbnail, e) for e in entries)
+    return [(str(picture), e.caption()) for picture, e in pictures if picture is not None]
 
 
 def shown_entries(entries: list[JobEntry]) -> list[JobEntry]:
-    """The entries in gallery order (the gallery's select index points into this list)."""
+    """The entries in gallery order (the gallery's select index points into this list): those with a picture."""
     return [e for e in entries if e.thumbnail is not None]
+
+
+THUMBNAIL = "thumbnail.jpg"
+PREVIEW = "preview.png"
+THUMBNAIL_WIDTH = 320
+
+
+def video_thumbnail(video: Path, target: Path) -> Path | None:
+    """A frame from the middle of `video` as a JPEG at `target` (kept while it is newer than the video); None when
+    the video cannot be read."""
+    try:
+        if target.is_file() and target.stat().st_mtime >= video.stat().st_mtime:
+            return target
+        frame = _middle_frame(video)
+    except Exception as e:  # a damaged or foreign file: the gallery shows another picture
+        log.info("no thumbnail from %s: %s", video, e)
+        return None
+    if frame is None:
+        return None
+    if frame.width > THUMBNAIL_WIDTH:
+        frame = frame.resize((THUMBNAIL_WIDTH, max(1, round(frame.height * THUMBNAIL_WIDTH / frame.width))))
+    import io
+
+    from pipeline.jobs import atomic_write_bytes
+
+    buf = io.BytesIO()
+    frame.convert("RGB").save(buf, format="JPEG", quality=85)
+    atomic_write_bytes(target, buf.getvalue())
+    return target
+
+
+def _middle_frame(video: Path):
+    import av
+
+    with av.open(str(video)) as container:
+        stream = container.streams.video[0]
+        middle = max((stream.frames or 0) // 2, 0)
+        last = None
+        for i, frame in enumerate(container.decode(stream)):
+            last = frame
+            if i >= middle:
+                break
+        return last.to_image() if last is not None else None

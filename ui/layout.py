@@ -16,9 +16,25 @@ CSS = """
                     margin: 6px 0 2px 0;}
 .sf-progress-fill {height: 100%; background: var(--color-accent); transition: width 0.2s;}
 .sf-progress-detail {color: var(--body-text-color-subdued); font-size: 0.9em; min-height: 1.2em;}
+.sf-progress-note {font-size: 0.85em; font-style: italic;}
 #preview img {image-rendering: pixelated; object-fit: contain;}
 #status {min-height: 1.5em;}
+#prompt-tokens {font-size: 0.85em; color: var(--body-text-color-subdued); margin-top: -6px;}
+.sf-tokens-over {color: var(--color-red-600, #c62828); font-weight: 600;}
+#jobs-gallery .caption-label, #jobs-gallery figcaption {white-space: normal !important; overflow: visible !important;
+    text-overflow: clip !important; font-size: 0.8em;}
+/* phones: Start, End, the status and the progress stay in a bar at the bottom of the screen */
+@media (max-width: 768px) {
+  #actions {position: fixed; left: 0; right: 0; bottom: 0; z-index: 100; margin: 0 !important; padding: 6px 10px;
+            background: var(--background-fill-primary); box-shadow: 0 -2px 10px rgba(0, 0, 0, 0.2);
+            max-height: 40vh; overflow-y: auto;}
+  .gradio-container {padding-bottom: 200px !important;}
+}
 """
+PHONE_MAX_WIDTH = 768
+# After Start on a narrow screen: bring the preview into view (the bar at the bottom keeps Start, End and progress).
+SHOW_PREVIEW_JS = (f"() => {{ if (window.innerWidth <= {PHONE_MAX_WIDTH}) "
+                   "document.querySelector('#preview')?.scrollIntoView({behavior: 'smooth', block: 'start'}); }")
 
 MODE_LABELS = {"original": "Original (inverted anti-drifting; supports an end frame)",
                "f1": "F1 (forward; no end frame)"}
@@ -46,6 +62,7 @@ class Layout:
     teacache: gr.Dropdown
     preserved_gb: gr.Slider
     preserved_info: gr.Markdown
+    prompt_tokens: gr.HTML
     crf: gr.Slider
     hints: gr.Markdown
     start: gr.Button
@@ -55,6 +72,7 @@ class Layout:
     preview: gr.Image
     video: gr.Video
     log: gr.Textbox
+    report: gr.Accordion
     memory_plot: gr.Image
     timings: gr.Markdown
     gallery: gr.Gallery
@@ -71,8 +89,15 @@ class Layout:
         return [getattr(self, name) for name in st.CONTROLS]
 
 
-def build_layout(preset, device_text: str, preserved_text: str, notice: str | None = None) -> Layout:
+def build_layout(preset, device_text: str, preserved_text: str, notice: str | None = None, *,
+                 preserved_max_gb: float | None = None, examples: list | None = None) -> Layout:
+    """`preserved_max_gb`: the preserved-memory slider's top (the cap, or the card's memory when smaller);
+    `examples`: [image path, prompt] rows (ui/examples.py)."""
     lim = st.limits()
+    lo, hi = lim["preserved_gb"]
+    if preserved_max_gb is not None:
+        hi = max(min(hi, preserved_max_gb), 0.5)
+        lim["preserved_gb"] = (min(lo, hi), hi)
     d = st.default_values(preset.default_resolution)
     gr.Markdown(f"# SteadyFrame\nImage to video, one section at a time. Models: **{preset.name}** "
                 f"({preset.description}). Device: {device_text}.")
@@ -88,12 +113,18 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                                      elem_id="end-image")
             prompt = gr.Textbox(label="Prompt", lines=2, value=d["prompt"], elem_id="prompt",
                                 placeholder="Describe the motion, e.g. " + st.EXAMPLE_PROMPTS[0])
-            gr.Examples(examples=[[p] for p in st.EXAMPLE_PROMPTS], inputs=[prompt], label="Example prompts")
-            with gr.Row():
-                start = gr.Button("Start", variant="primary", elem_id="start-btn")
-                end = gr.Button("End", variant="stop", interactive=False, elem_id="end-btn")
-            status = gr.Markdown("", elem_id="status")
+            prompt_tokens = gr.HTML("", elem_id="prompt-tokens")
+            with gr.Column(elem_id="actions"):
+                with gr.Row():
+                    start = gr.Button("Start", variant="primary", elem_id="start-btn")
+                    end = gr.Button("End", variant="stop", interactive=False, elem_id="end-btn")
+                status = gr.Markdown("", elem_id="status")
+                progress = gr.HTML(progress_html(None), elem_id="progress")
             hints = gr.Markdown("", elem_id="hints")
+            if examples:
+                gr.Examples(examples=examples, inputs=[image, prompt], label="Examples: click one to load its image "
+                            "and prompt", elem_id="examples", examples_per_page=6)
+            gr.Examples(examples=[[p] for p in st.EXAMPLE_PROMPTS], inputs=[prompt], label="Example prompts")
             seconds = gr.Slider(*lim["seconds"], value=d["seconds"], step=0.1, label="Total video length (seconds)",
                                 elem_id="seconds")
             mode = gr.Radio(MODE_CHOICES, value=d["mode"], label="Mode", elem_id="mode")
@@ -104,9 +135,11 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
             steps = gr.Slider(*lim["steps"], value=d["steps"], step=1, label="Steps", elem_id="steps",
                               info="Changing this is not recommended.")
             gs = gr.Slider(*lim["gs"], value=d["gs"], step=0.01, label="Distilled CFG scale", elem_id="gs")
-            preserved_gb = gr.Slider(*lim["preserved_gb"], value=d["preserved_gb"], step=0.1,
+            preserved_gb = gr.Slider(*lim["preserved_gb"], value=min(d["preserved_gb"], lim["preserved_gb"][1]),
+                                     step=0.1,
                                      label="GPU inference preserved memory (GB)", elem_id="preserved-gb",
-                                     info="Part of the VRAM cap kept free of resident transformer weights. "
+                                     info="Part of the VRAM cap kept free of resident transformer weights (at "
+                                          "most the cap). "
                                           "Larger = fewer weights resident, more streamed per step = slower; "
                                           "raise it if you run out of memory.")
             preserved_info = gr.Markdown(preserved_text, elem_id="preserved-info")
@@ -130,7 +163,6 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                                        value=d["teacache"], label="TeaCache threshold", elem_id="teacache",
                                        info="Skips transformer steps that change little: faster, slightly lossy.")
         with gr.Column(scale=6):
-            progress = gr.HTML(progress_html(None), elem_id="progress")
             preview = gr.Image(label="Latent preview (updates every step)", interactive=False, format="png",
                                height=200, elem_id="preview")
             video = gr.Video(label="Video (refreshes after every section)", interactive=False, autoplay=True,
@@ -138,7 +170,7 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
             with gr.Accordion("Log", open=True):
                 log = gr.Textbox(label="Stage messages", lines=10, max_lines=10, autoscroll=True,
                                  interactive=False, elem_id="log")
-    with gr.Accordion("Memory and timings of the last job", open=False, elem_id="memory-and-timings"):
+    with gr.Accordion("Memory and timings of the last job", open=False, elem_id="memory-and-timings") as report:
         memory_plot = gr.Image(label="Memory timeline", show_label=False, interactive=False, format="png",
                                elem_id="memory-plot")
         timings = gr.Markdown("_Shown after a job._", elem_id="timings")
@@ -159,8 +191,8 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
     return Layout(image=image, end_image=end_image, prompt=prompt, negative_prompt=negative_prompt, seed=seed,
                   randomize=randomize, seconds=seconds, mode=mode, steps=steps, gs=gs, cfg=cfg, rescale=rescale,
                   latent_window=latent_window, sampler=sampler, resolution=resolution, teacache=teacache,
-                  preserved_gb=preserved_gb, preserved_info=preserved_info, crf=crf, hints=hints, start=start,
+                  preserved_gb=preserved_gb, preserved_info=preserved_info, prompt_tokens=prompt_tokens, crf=crf, hints=hints, start=start,
                   end=end, status=status, progress=progress, preview=preview, video=video, log=log,
-                  memory_plot=memory_plot, timings=timings, gallery=gallery, refresh=refresh,
+                  report=report, memory_plot=memory_plot, timings=timings, gallery=gallery, refresh=refresh,
                   job_details=job_details, job_video=job_video, reuse=reuse, resume=resume, jobs_state=gr.State([]),
                   selected_job=gr.State(None))

@@ -1,17 +1,25 @@
-"""The job runner: one GPU job at a time, a cancel token per browser session, a worker thread per job.
+"""The job runner: one GPU job at a time in click order, a cancel token per browser session, a worker thread per job.
 
-Gradio's queue (concurrency_limit=1 on the generate event) orders the jobs and tells users their position. The
-runner adds what the queue cannot: the End button of a session reaches that session's job (running or still
-waiting) through a ticket registry, and the pipeline runs in its own thread that always finishes its job cleanly
-(job.json written, models unloaded) even if the browser goes away; a lock makes sure the next job starts only then.
+Jobs run in the order they were reserved (Start clicked, API call received), whatever order Gradio hands the
+events over in: the runner keeps its own line of tickets. A waiting job's stream says, while it waits, its place
+in line and the estimated wait (a `Waiting` event: the jobs ahead, their remaining or expected time at the speed
+of the last finished job). The End button of a session reaches that session's job (running or still waiting)
+through the ticket registry, and the pipeline runs in its own thread that always finishes its job cleanly
+(job.json written, models unloaded) even if the browser goes away; the next job starts only then.
 A ticket runs a new job (pipeline.generate) or continues an interrupted one from its folder (pipeline.resume): the
-same queue, End button and event stream for both. The API (ui/api.py) runs its jobs through the same runner.
+same line, End button and event stream for both. The API (ui/api.py) runs its jobs through the same runner.
+
+The images of a new job are copied into a folder the ticket owns (outputs/.staged/<ticket>) when it is reserved:
+Gradio's temporary upload may be swept (ui/tempfiles.py) while the job waits; the staged copy is read by the job,
+which keeps the user's file in its job folder (pipeline.jobs.Job.keep_upload), and deleted when the ticket ends.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import secrets
+import shutil
 import threading
 import time
 import traceback
@@ -29,6 +37,14 @@ log = logging.getLogger(__name__)
 __all__ = ["Cancelled", "JobRunner", "MemoryReport", "SessionBusy", "Ticket"]   # (the events: pipeline.events)
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """The job waits for the GPU: `ahead` jobs are before it in line (one of them may be running); `wait_s` is the
+    estimated time until it starts (None when there is nothing to estimate from yet)."""
+    ahead: int
+    wait_s: float | None
+
+
 @dataclass
 class Ticket:
     session: str
@@ -38,9 +54,14 @@ class Ticket:
     id: str = field(default_factory=lambda: secrets.token_hex(8))
     cancel: CancelToken = field(default_factory=CancelToken)
     created: float = field(default_factory=time.monotonic)
-    started: bool = False
+    staged: Path | None = None                 # the folder holding this job's copies of its images
+    claimed: bool = False                      # run() was called: a stream waits for it
+    started: bool = False                      # it holds the GPU (or held it)
     finished: bool = False
     detached: bool = False                     # its tab was closed while it ran: forgotten when it ends
+    eta_s: float | None = None                 # the latest estimate of its remaining time, and when it was made
+    eta_at: float = 0.0
+    first_since: float = 0.0                   # when it became first in line (orphan check)
 
     @property
     def request(self):
@@ -58,6 +79,17 @@ class SessionBusy(RuntimeError):
 
 
 _END = object()
+STAGED = ".staged"              # under outputs/: the staged images of waiting and running jobs (never in the gallery)
+STAGED_STALE_S = 86400          # staged folders left by an app that was killed are deleted at the next start
+WAIT_TICK_S = 1.0               # a waiting job's estimate is refreshed this often
+ORPHAN_S = 60.0                 # a ticket first in line whose stream never came (its tab died) is dropped after this
+
+
+def plan_of(request):
+    """The section plan of a request (pipeline.sections)."""
+    from pipeline import sections
+
+    return sections.make_plan(request.mode, request.seconds, request.latent_window, request.fps)
 
 
 class JobRunner:
@@ -69,17 +101,22 @@ class JobRunner:
         self.host_ram_gb = host_ram_gb          # None: what the machine can spare (memory.hostbudget)
         self.weight_storage = weight_storage
         self.device = device                    # None: memory.default_device()
+        self.rates = None                       # pipeline.eta.JobRates of the last complete job, once there is one
         self._tickets: dict[str, Ticket] = {}
+        self._line: list[Ticket] = []           # unfinished tickets in the order they were reserved
+        self._running: Ticket | None = None
         self._errors: dict[str, str] = {}
         self._lock = threading.Lock()
-        self._gpu = threading.Lock()
+        self._turn = threading.Condition(self._lock)
+        self._sweep_stale_staging()
 
     # ---- sessions -----------------------------------------------------------------------------------------------
     def reserve(self, session: str, job) -> Ticket:
-        """A ticket for the session's next job. `job`: a Request (checked and its images decoded here; raises
-        InputError naming the field), a PreparedRequest (pipeline.prepare, as the API does) or a ResumeRequest
-        (reserve_resume). A session has at most one unfinished job; a job folder is resumed by one ticket at a
-        time."""
+        """A ticket for the session's next job, last in line. `job`: a Request (checked and its images decoded
+        here; raises InputError naming the field), a PreparedRequest (pipeline.prepare, as the API does) or a
+        ResumeRequest (reserve_resume). A session has at most one unfinished job; a job folder is resumed by one
+        ticket at a time. A new job's image files are copied into the ticket's own folder (the user's upload is
+        kept in the job folder from there, whatever the temp-file sweeper does meanwhile)."""
         if isinstance(job, ResumeRequest):
             prepared, resuming = job.prepared, job
         elif isinstance(job, PreparedRequest):
@@ -87,16 +124,24 @@ class JobRunner:
         else:
             prepared, resuming = prepare(job, self.models.preset.default_resolution), None
         folder = resuming.job_dir if resuming is not None else None
-        with self._lock:
-            old = self._tickets.get(session)
-            if old is not None and not old.finished:
-                raise SessionBusy("this tab already has a job running or waiting; press End to stop it")
-            if folder is not None and any(not t.finished and folder in (t.resume, t.job_dir)
-                                          for t in self._tickets.values()):
-                raise SessionBusy(f"job {folder.name} is already running or waiting to run")
-            ticket = self._tickets[session] = Ticket(session, prepared, resuming)
-            self._errors.pop(session, None)
-            return ticket
+        ticket = Ticket(session, prepared, resuming)
+        if resuming is None:
+            ticket.prepared = dataclasses.replace(prepared, request=self._stage(ticket, prepared.request))
+        try:
+            with self._lock:
+                old = self._tickets.get(session)
+                if old is not None and not old.finished:
+                    raise SessionBusy("this tab already has a job running or waiting; press End to stop it")
+                if folder is not None and any(not t.finished and folder in (t.resume, t.job_dir)
+                                              for t in self._tickets.values()):
+                    raise SessionBusy(f"job {folder.name} is already running or waiting to run")
+                self._tickets[session] = ticket
+                self._line.append(ticket)
+                self._errors.pop(session, None)
+                return ticket
+        except SessionBusy:
+            self._unstage(ticket)
+            raise
 
     def reserve_resume(self, session: str, job_dir: Path) -> Ticket:
         """A ticket that continues the interrupted job in `job_dir`, a folder of this runner's outputs. Raises
@@ -105,7 +150,7 @@ class JobRunner:
         from pipeline.errors import InputError
 
         job_dir = Path(job_dir).resolve()
-        if job_dir.parent != self.outputs.resolve() or not job_dir.is_dir():
+        if job_dir.parent != self.outputs.resolve() or not job_dir.is_dir() or job_dir.name.startswith("."):
             raise InputError("job folder", f"{job_dir.name} is not a job folder of this app's outputs")
         return self.reserve(session, prepare_resume(job_dir))       # a damaged job.json: InputError
 
@@ -128,12 +173,12 @@ class JobRunner:
         """End: stop the session's running job at its next step (keeping its video), or drop its waiting job."""
         with self._lock:
             ticket = self._tickets.get(session)
-        if ticket is None or ticket.finished:
-            return "Nothing to stop."
-        ticket.cancel.cancel()
-        if ticket.started:
-            return "Stopping at the next step; the video made so far is kept…"
-        ticket.finished = True      # it never started: the session may start another job right away
+            if ticket is None or ticket.finished:
+                return "Nothing to stop."
+            ticket.cancel.cancel()
+            if ticket.started:
+                return "Stopping at the next step; the video made so far is kept…"
+            self._leave_line(ticket)    # it never started: the session may start another job right away
         return "Cancelled: the waiting job will not run."
 
     def drop_waiting(self, session: str) -> None:
@@ -142,7 +187,7 @@ class JobRunner:
             ticket = self._tickets.get(session)
             if ticket is not None and not ticket.started:
                 ticket.cancel.cancel()
-                ticket.finished = True
+                self._leave_line(ticket)
             if ticket is not None and ticket.finished:
                 del self._tickets[session]
             elif ticket is not None:
@@ -151,15 +196,30 @@ class JobRunner:
 
     def release(self, ticket: Ticket) -> None:
         with self._lock:
-            ticket.finished = True
+            self._leave_line(ticket)
+            if self._running is ticket:
+                self._running = None
             if ticket.detached and self._tickets.get(ticket.session) is ticket:
                 del self._tickets[ticket.session]
+
+    def _leave_line(self, ticket: Ticket) -> None:
+        """(Lock held.) The ticket is finished: out of the line, its staged images deleted, the next one woken."""
+        ticket.finished = True
+        if ticket in self._line:
+            self._line.remove(ticket)
+        self._unstage(ticket)
+        self._turn.notify_all()
 
     @property
     def open_tickets(self) -> int:
         """Tickets held for sessions (one per open tab that started a job; API calls hold one while they run)."""
         with self._lock:
             return len(self._tickets)
+
+    def sessions(self, *, detached: bool | None = None) -> list[str]:
+        """Sessions holding a ticket (only those whose tab was closed while their job ran, with detached=True)."""
+        with self._lock:
+            return [s for s, t in self._tickets.items() if detached is None or t.detached == detached]
 
     def remember_error(self, session: str, message: str) -> None:
         with self._lock:
@@ -171,23 +231,109 @@ class JobRunner:
 
     @property
     def busy(self) -> bool:
-        return self._gpu.locked()
+        with self._lock:
+            return self._running is not None
+
+    # ---- the line ---------------------------------------------------------------------------------------------------
+    def waiting(self, ticket: Ticket) -> Waiting | None:
+        """Where the ticket stands in line (None once it may run)."""
+        with self._lock:
+            return self._waiting(ticket, time.monotonic())
+
+    def _waiting(self, ticket: Ticket, now: float) -> Waiting | None:
+        if ticket not in self._line:
+            return None
+        ahead = self._line[: self._line.index(ticket)]
+        if not ahead and self._running in (None, ticket):
+            return None
+        if self._running is not None and self._running is not ticket and self._running not in ahead:
+            ahead = [self._running, *ahead]
+        wait = 0.0
+        for t in ahead:
+            left = self._time_left(t, now)
+            if left is None:
+                return Waiting(len(ahead), None)
+            wait += left
+        return Waiting(len(ahead), wait)
+
+    def _time_left(self, ticket: Ticket, now: float) -> float | None:
+        if ticket.started and ticket.eta_s is not None:
+            return max(ticket.eta_s - (now - ticket.eta_at), 0.0)
+        expected = self.expected_seconds(ticket.request)
+        if expected is not None and ticket.started:
+            return max(expected - (now - ticket.created), 0.0)
+        return expected
+
+    def expected_seconds(self, request) -> float | None:
+        """How long a whole job with this request is expected to take, at the last complete job's speed."""
+        if self.rates is None or request is None:
+            return None
+        try:
+            return self.rates.job_seconds(plan_of(request), int(request.steps))
+        except (ValueError, TypeError, OverflowError):
+            return None
+
+    def _learn(self, ticket: Ticket, done: Done) -> None:
+        from pipeline.eta import JobRates
+
+        if done.stopped or ticket.resume is not None:
+            return
+        rates = JobRates.from_timings(done.timings, plan_of(ticket.request), int(ticket.request.steps))
+        if rates is not None:
+            self.rates = rates
+
+    # ---- staged images ----------------------------------------------------------------------------------------------
+    def _stage(self, ticket: Ticket, request):
+        """The request with its image files replaced by copies in the ticket's staging folder."""
+        changes = {}
+        for name, stem in (("image", "start"), ("end_image", "end")):
+            source = getattr(request, name, None)
+            if isinstance(source, (str, Path)) and Path(source).is_file():
+                if ticket.staged is None:
+                    ticket.staged = self.outputs / STAGED / ticket.id
+                    ticket.staged.mkdir(parents=True, exist_ok=True)
+                target = ticket.staged / (stem + Path(source).suffix.lower()[:8])
+                shutil.copyfile(source, target)
+                changes[name] = str(target)
+        return dataclasses.replace(request, **changes) if changes else request
+
+    @staticmethod
+    def _unstage(ticket: Ticket) -> None:
+        if ticket.staged is not None:
+            shutil.rmtree(ticket.staged, ignore_errors=True)
+            ticket.staged = None
+
+    def _sweep_stale_staging(self) -> None:
+        folder = self.outputs / STAGED
+        if not folder.is_dir():
+            return
+        for d in folder.iterdir():
+            try:
+                if time.time() - d.stat().st_mtime > STAGED_STALE_S:
+                    shutil.rmtree(d, ignore_errors=True)
+            except OSError:
+                pass
 
     # ---- running --------------------------------------------------------------------------------------------------
-    def run(self, ticket: Ticket) -> Iterator[list]:
+    def run(self, ticket: Ticket, tick_s: float | None = None) -> Iterator[list]:
         """Run the ticket's request and yield lists of events as they come (whatever piled up since the last
         list, so a slow browser never falls behind). A list holds at most one SectionVideo, as its last item, so
-        every section's video reaches the browser. If the browser goes away (this generator is closed early) the
+        every section's video reaches the browser. With `tick_s`, an empty list comes after that long without
+        events (the page moves its clock on). If the browser goes away (this generator is closed early) the
         job still runs to its end and is saved in outputs/."""
         events: queue.Queue = queue.Queue()
         worker = threading.Thread(target=self._work, args=(ticket, events),
                                   name=f"job-{ticket.session[:8]}", daemon=True)
-        ticket.started = True
+        ticket.claimed = True
         worker.start()
         finished = False
         try:
             while not finished:
-                batch = [events.get()]
+                try:
+                    batch = [events.get(timeout=tick_s)]
+                except queue.Empty:
+                    yield []
+                    continue
                 while batch[-1] is not _END and not isinstance(batch[-1], SectionVideo):
                     try:
                         batch.append(events.get_nowait())
@@ -202,17 +348,43 @@ class JobRunner:
             if not finished:
                 log.info("the browser left; job %s runs to its end in the background", ticket.id)
 
+    def _wait_turn(self, ticket: Ticket, out: queue.Queue) -> bool:
+        """Wait until the ticket is first in line and the GPU is free, saying where it stands meanwhile; False
+        when it was cancelled while waiting."""
+        last = None
+        with self._turn:
+            while True:
+                if ticket.cancel.cancelled or ticket.finished:
+                    return False
+                self._drop_orphan()
+                if self._running is None and self._line and self._line[0] is ticket:
+                    self._running, ticket.started = ticket, True
+                    return True
+                now = time.monotonic()
+                place = self._waiting(ticket, now)
+                if place is not None and place != last:
+                    out.put(place)
+                    last = place
+                self._turn.wait(WAIT_TICK_S)
+
+    def _drop_orphan(self) -> None:
+        """(Lock held.) A ticket first in line whose stream never started (its tab died between Start and the
+        run) would hold everyone up: dropped after ORPHAN_S."""
+        head = self._line[0] if self._line else None
+        if head is None or head.claimed or self._running is not None:
+            return
+        head.first_since = head.first_since or time.monotonic()
+        if time.monotonic() - head.first_since > ORPHAN_S:
+            log.info("dropping job %s: first in line for %.0f s but its page never asked for it", head.id, ORPHAN_S)
+            head.cancel.cancel()
+            self._leave_line(head)
+
     def _work(self, ticket: Ticket, out: queue.Queue) -> None:
-        t0, request = time.monotonic(), ticket.request
         try:
-            if self._gpu.locked():
-                out.put(Progress("waiting for the GPU", 0, 0, 0, request.steps, 0.0, None,
-                                 "waiting for the previous job to finish"))
-            with self._gpu:
-                if ticket.cancel.cancelled:
-                    out.put(Cancelled())
-                    return
-                self._run_job(ticket, request, out, t0)
+            if not self._wait_turn(ticket, out):
+                out.put(Cancelled())
+                return
+            self._run_job(ticket, ticket.request, out, time.monotonic())
         except Exception as e:  # the worker must always end its stream; the details go to the log
             log.error("job runner failed: %s", e, exc_info=True)
             out.put(Failed(f"{type(e).__name__}: {e}".splitlines()[0][:300], traceback.format_exc()))
@@ -229,6 +401,7 @@ class JobRunner:
             out.put(LogLine("info", what))
         from memory import MemoryManager, default_device        # heavy imports: after the first message
         from pipeline.errors import WeightsNotFound
+        from pipeline.eta import Remaining
         from pipeline.logcapture import capture_logs
         from pipeline.orchestrator import generate
 
@@ -253,11 +426,22 @@ class JobRunner:
             events = resume(ticket.resuming, components, memory, cancel=ticket.cancel)
         else:
             events = generate(ticket.prepared, components, memory, cancel=ticket.cancel, outputs=self.outputs)
+        # the ETA again, from the same events, with the decode speed of the last complete job until this job has
+        # decoded a section (the pipeline alone has no earlier job to go by)
+        eta = Remaining.for_plan(plan_of(request), int(request.steps),
+                                 decode_prior=self.rates.per_frame if self.rates is not None else None)
         try:
             for event in events:
+                if isinstance(event, Progress):
+                    event = dataclasses.replace(event, eta_s=eta.update(event.stage, event.section, event.step,
+                                                                        event.elapsed_s))
                 if isinstance(event, SectionVideo):
                     ticket.job_dir = Path(event.path).parent
+                elif isinstance(event, Progress) and event.eta_s is not None:
+                    ticket.eta_s, ticket.eta_at = event.eta_s, time.monotonic()
                 elif isinstance(event, (Done, Failed)):
+                    if isinstance(event, Done):
+                        self._learn(ticket, event)
                     if isinstance(event, Failed) and event.job_dir is None:    # refused before a job folder existed
                         log.error("job %s failed: %s", ticket.id, event.message)
                     ticket.job_dir = event.job_dir or ticket.job_dir

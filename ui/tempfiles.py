@@ -6,6 +6,10 @@ Gradio's own `gr.Blocks(delete_cache=...)` does the same, but in 6.31 it iterate
 requests add to them: the first upload that lands during a sweep raises "Set changed size during iteration" and
 ends the cleanup task for good (tests/test_server_soak.py showed it). Here every sweep works on snapshots and any
 error is logged, never fatal.
+
+A file that a waiting or running job will read is never swept: the events in Gradio's queue (waiting or being
+processed) name their uploads, and those are skipped; once a job is reserved its images are copies in the job's
+own staging folder under outputs/ (ui/runner.py), which no sweep touches.
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ class Sweeper:
             except OSError:
                 pass                                  # gone already, or in use again (not empty)
             self.emptied.discard(folder)
-        keep: set = set()
+        keep: set = set(files_of_queued_events(blocks))
         for block in list(blocks.blocks.values()):
             keep.update(getattr(block, "keep_in_cache", ()))
         removed = 0
@@ -63,6 +67,40 @@ class Sweeper:
                 if parent.parent == cache:
                     self.emptied.add(parent)
         return removed
+
+
+def _paths(value, out: set, depth: int = 0) -> None:
+    if depth > 6:
+        return
+    if isinstance(value, dict):
+        path = value.get("path")
+        if isinstance(path, str):
+            out.add(path)
+            with contextlib.suppress(OSError):
+                out.add(str(Path(path).resolve()))
+        for v in value.values():
+            if isinstance(v, (dict, list, tuple)):
+                _paths(v, out, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _paths(v, out, depth + 1)
+
+
+def files_of_queued_events(blocks) -> set[str]:
+    """The file paths named by the events in Gradio's queue (waiting, or being processed). Gradio has no public
+    view of its queue: this reads `blocks._queue.event_ids_to_events` (Gradio 6.31) and returns nothing, with a
+    log line, if that changes."""
+    queue = getattr(blocks, "_queue", None)
+    events = getattr(queue, "event_ids_to_events", None)
+    if not isinstance(events, dict):
+        if queue is not None:
+            log.warning("temporary files: Gradio's queue has no event_ids_to_events; queued uploads are not pinned")
+        return set()
+    out: set = set()
+    for event in list(events.values()):
+        body = getattr(event, "data", None)
+        _paths(getattr(body, "data", None), out)
+    return out
 
 
 def cleanup_lifespan(max_age_s: float, every_s: float | None = None):

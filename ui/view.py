@@ -1,10 +1,12 @@
 """What the UI shows while a job runs: pipeline events in, component values out.
 
 `JobView.apply(event)` folds one event into the view; `take_changes()` returns only the values that changed
-since the last call (by component name), so each streamed update carries as little as possible.
+since the last call (by component name), so each streamed update carries as little as possible. `tick()` moves the
+elapsed time and the ETA on between events (a long VAE decode sends none), so the bar never looks frozen.
 """
 from __future__ import annotations
 
+import dataclasses
 import html
 import logging
 import time
@@ -14,7 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.events import Done, Failed, LogLine, Preview, Progress, SectionVideo
-from ui.runner import Cancelled, MemoryReport
+from ui.messages import plain
+from ui.runner import Cancelled, MemoryReport, Waiting
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +57,25 @@ def _progress_parts(p: Progress) -> list[str]:
         parts.append(f"step {p.step}/{p.steps}")
     parts.append(f"elapsed {format_seconds(p.elapsed_s)}")
     if p.eta_s is not None:
-        parts.append(f"ETA {format_seconds(p.eta_s)}")
+        parts.append(f"ETA {format_seconds(p.eta_s)}" if p.eta_s >= 0.5 else "ETA: any moment now")
     return parts
+
+
+ORIGINAL_NOTE = ("Original mode makes the end of the video first: section 1 is the last part of the video, and the "
+                 "video grows towards the start image.")
+
+
+def ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def waiting_text(w: Waiting) -> str:
+    """'Waiting for the GPU: you are 2nd in line (1 job ahead of yours). It should start in about 40 s.'"""
+    jobs = "1 job" if w.ahead == 1 else f"{w.ahead} jobs"
+    when = (f"It should start in about {format_seconds(w.wait_s)}." if w.wait_s is not None else
+            "No wait estimate yet: this app has not timed a job; it starts as soon as those finish.")
+    return f"Waiting for the GPU: you are {ordinal(w.ahead + 1)} in line ({jobs} ahead of yours). {when}"
 
 
 def progress_line(p: Progress) -> str:
@@ -63,9 +83,10 @@ def progress_line(p: Progress) -> str:
     return " · ".join(_progress_parts(p))
 
 
-def progress_html(p: Progress | None, *, idle_text: str = "Idle: upload an image, write a prompt, press Start."
-                  ) -> str:
-    """A progress bar with the stage, section i/n, step j/m, elapsed and ETA (plain HTML, no script)."""
+def progress_html(p: Progress | None, *, idle_text: str = "Idle: upload an image, write a prompt, press Start.",
+                  note: str = "") -> str:
+    """A progress bar with the stage, section i/n, step j/m, elapsed and ETA (plain HTML, no script); `note` is a
+    line under it (e.g. what the original mode does)."""
     if p is None:
         return f'<div class="sf-progress sf-idle"><div class="sf-progress-text">{html.escape(idle_text)}</div></div>'
     pct = round(100 * p.fraction, 1)
@@ -75,7 +96,8 @@ def progress_html(p: Progress | None, *, idle_text: str = "Idle: upload an image
     return (f'<div class="sf-progress" data-stage="{html.escape(p.stage)}" data-section="{p.section}" '
             f'data-step="{p.step}"><div class="sf-progress-text">{text}</div>'
             f'<div class="sf-progress-track"><div class="sf-progress-fill" style="width:{pct}%"></div></div>'
-            f'<div class="sf-progress-detail">{detail}</div></div>')
+            f'<div class="sf-progress-detail">{detail}</div>'
+            + (f'<div class="sf-progress-note">{html.escape(note)}</div>' if note else "") + '</div>')
 
 
 def done_status(done: Done, fps: int) -> str:
@@ -93,6 +115,7 @@ def done_status(done: Done, fps: int) -> str:
 @dataclass
 class JobView:
     fps: int = 30
+    mode: str = ""
     preview: np.ndarray | None = None
     video: str | None = None
     progress: Progress | None = None
@@ -101,6 +124,9 @@ class JobView:
     memory: MemoryReport | None = None
     log_lines: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     videos_seen: int = 0
+    waiting: Waiting | None = None
+    progress_at: float = 0.0                     # when the shown progress came (tick() counts from there)
+    _shown: Progress | None = None               # the progress as shown: moved on by tick()
     _changed: set = field(default_factory=set)
 
     def _log(self, level: str, message: str) -> None:
@@ -111,8 +137,17 @@ class JobView:
 
     def apply(self, event) -> None:
         if isinstance(event, Progress):
-            self.progress = event
+            self.progress = self._shown = event
+            self.progress_at = time.monotonic()
+            if self.waiting is not None or not self.status:
+                self.waiting = None
+                self.status = "Running…"
+                self._changed.add("status")
             self._changed.add("progress")
+        elif isinstance(event, Waiting):
+            self.waiting = event
+            self.status = waiting_text(event)
+            self._changed.update({"status", "progress"})
         elif isinstance(event, Preview):
             self.preview = enlarge(event.image)
             self._changed.add("preview")
@@ -135,7 +170,7 @@ class JobView:
             self._changed.add("status")
         elif isinstance(event, Failed):
             self.result = event
-            self.status = f"✗ **Failed**: {event.message}"
+            self.status = f"✗ **Failed**: {plain(event.message)}"
             if event.partial_video is not None:
                 self.video = str(event.partial_video)
                 self.status += " (the video made before the failure is kept)"
@@ -156,14 +191,33 @@ class JobView:
         else:
             log.debug("ignored event %r", event)
 
+    def tick(self, now: float | None = None) -> None:
+        """Between events: the shown elapsed time grows and the ETA shrinks by the time since the last progress."""
+        p = self.progress
+        if p is None or self.result is not None:
+            return
+        dt = max((time.monotonic() if now is None else now) - self.progress_at, 0.0)
+        self._shown = dataclasses.replace(p, elapsed_s=p.elapsed_s + dt,
+                                          eta_s=None if p.eta_s is None else p.eta_s - dt)
+        self._changed.add("progress")
+
+    def _progress_html(self) -> str:
+        if self.waiting is not None and self.progress is None:
+            return progress_html(None, idle_text=waiting_text(self.waiting))
+        note = ORIGINAL_NOTE if self.mode == "original" and self.result is None and self.progress is not None \
+            and self.progress.sections > 1 else ""
+        return progress_html(self._shown, note=note)
+
     def _finish_progress(self, stage: str) -> None:
         p = self.progress
         if p is None:
             self.progress = Progress(stage, 0, 0, 0, 0, 0.0, None, stage)
+            self.waiting = None
         else:
             done = stage == "done"
             self.progress = Progress(stage, p.sections if done else p.section, p.sections,
                                      p.steps if done else p.step, p.steps, p.elapsed_s, None, stage)
+        self._shown = self.progress
         self._changed.add("progress")
 
     @property
@@ -174,7 +228,7 @@ class JobView:
         """Values of the components that changed since the last call: names preview, video, progress, log,
         status, memory (the MemoryReport itself)."""
         values = {"preview": self.preview, "video": self.video,
-                  "progress": progress_html(self.progress), "log": self.log_text, "status": self.status,
+                  "progress": self._progress_html(), "log": self.log_text, "status": self.status,
                   "memory": self.memory}
         out = {name: values[name] for name in self._changed}
         self._changed = set()

@@ -1,0 +1,103 @@
+"""The controls' live side: explanations next to them (sections, combinations, expected time), the memory plan
+under the preserved-memory slider, the token count under the prompt, uploads checked on arrival, the random seed."""
+from __future__ import annotations
+
+import gradio as gr
+
+from configs import DEFAULTS
+from ui import hints
+from ui import settings as st
+from ui.context import AppContext, preserved_text
+from ui.uploads import check_upload
+from ui.view import format_seconds
+
+SCROLL_LOG_JS = "() => { const t = document.querySelector('#log textarea'); if (t) t.scrollTop = t.scrollHeight; }"
+LONG_JOB_SECTIONS = 20          # more sections than this: Start asks for a confirmation, with the expected time
+HIDDEN = dict(queue=False, show_progress="hidden")
+
+
+def expected_time(ctx: AppContext, seconds, window, mode, steps) -> str:
+    """'expected time about 3 min (at the speed of this app's last job)', or '' when nothing can be said."""
+    from pipeline.request import Request
+
+    s, w, n = hints.number(seconds), hints.number(window), hints.number(steps)
+    if s is None or w is None or n is None or not isinstance(mode, str) or w != int(w) or n != int(n):
+        return ""
+    try:
+        expected = ctx.runner.expected_seconds(Request(image=None, seconds=s, latent_window=int(w), mode=mode,
+                                                       steps=int(n)))
+    except (TypeError, ValueError, OverflowError):
+        return ""
+    if expected is None:
+        return ""
+    return f"expected time about {format_seconds(expected)} (at the speed of this app's last job)"
+
+
+def section_count(seconds, window, mode) -> int | None:
+    from pipeline import sections
+
+    s, w = hints.number(seconds), hints.number(window)
+    if s is None or w is None:
+        return None
+    try:
+        return sections.make_plan(mode if isinstance(mode, str) else "", s, w, DEFAULTS.fps).count
+    except ValueError:
+        return None
+
+
+def long_job_note(ctx: AppContext, seconds, window, mode, steps) -> str:
+    count = section_count(seconds, window, mode)
+    expected = expected_time(ctx, seconds, window, mode, steps)
+    if count is None or count <= LONG_JOB_SECTIONS:
+        return f"ℹ {expected[0].upper()}{expected[1:]}." if expected else ""
+    when = expected or "expected time not known yet (no job has been timed since the app started)"
+    return f"⚠ **Long job: {count} sections**, {when}. Start asks you to confirm."
+
+
+def wire(app: gr.Blocks, ctx: AppContext) -> None:
+    ui, live = ctx.ui, ctx.live
+    hint_inputs = [ui.mode, ui.end_image, ui.seconds, ui.latent_window, ui.cfg, ui.rescale, ui.negative_prompt,
+                   ui.crf, ui.teacache, ui.steps]
+
+    def show_hints(mode, end_image, seconds, window, cfg, rescale, negative, crf, teacache, steps):
+        problems = hints.combination_problems(
+            mode=mode, has_end_image=st.upload_path(end_image) is not None, cfg=cfg, rescale=rescale,
+            negative_prompt=negative, crf=crf, teacache=teacache)
+        text = hints.hints_markdown(hints.plan_hint(seconds, window, mode, DEFAULTS.fps), problems)
+        note = long_job_note(ctx, seconds, window, mode, steps)
+        return "\n\n".join(t for t in (text, note) if t)
+
+    live_hints = live.wrap(show_hints, gr.skip)
+    for component in hint_inputs:
+        component.change(live_hints, hint_inputs, ui.hints, preprocess=False, **HIDDEN)
+    app.load(live_hints, hint_inputs, ui.hints, preprocess=False, **HIDDEN)
+
+    def memory_plan(preserved_gb):
+        return preserved_text(ctx.preset, ctx.args, ctx.device, preserved_gb, ctx.preserved_max_gb)
+
+    ui.preserved_gb.change(live.wrap(memory_plan, gr.skip), ui.preserved_gb, ui.preserved_info, preprocess=False,
+                           **HIDDEN)
+
+    def token_count(prompt):
+        return ctx.tokens.markdown(prompt)
+
+    tokens = live.wrap(token_count, gr.skip)
+    ui.prompt.change(tokens, ui.prompt, ui.prompt_tokens, **HIDDEN)
+    app.load(tokens, ui.prompt, ui.prompt_tokens, **HIDDEN)
+    ui.randomize.click(live.wrap(st.random_seed, gr.skip), None, ui.seed, **HIDDEN)
+    ui.log.change(None, None, None, js=SCROLL_LOG_JS, show_progress="hidden")   # newest line in view
+
+    for control, box in (("image", ui.image), ("end_image", ui.end_image)):
+        box.upload(upload_checker(control), box, [box, ui.status], preprocess=False, concurrency_limit=2,
+                   concurrency_id="uploads", show_progress="hidden")
+
+
+def upload_checker(control: str):
+    def check_image(value):
+        kept, message = check_upload(value, control)
+        if message is None:
+            return gr.skip(), ""
+        gr.Warning(message, title="Not a usable image")
+        return None, f"⚠ {message}"
+
+    return check_image

@@ -1,0 +1,87 @@
+"""Past jobs: the gallery of job folders (a frame of each video, status, length, time), the selected job's video
+and details, "Reuse settings" (the settings and the images as the user uploaded them) and the Resume button's
+state."""
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+
+import gradio as gr
+
+from ui import jobs_gallery
+from ui import settings as st
+from ui.context import AppContext
+
+log = logging.getLogger(__name__)
+
+
+class JobsPanel:
+    def __init__(self, ctx: AppContext):
+        self.ctx, self.ui = ctx, ctx.ui
+
+    @property
+    def detail_outputs(self) -> list:
+        ui = self.ui
+        return [ui.selected_job, ui.job_video, ui.job_details, ui.reuse, ui.resume]
+
+    def refresh(self):
+        entries = jobs_gallery.shown_entries(jobs_gallery.list_jobs(self.ctx.outputs))
+        return jobs_gallery.gallery_items(entries), [str(e.dir) for e in entries]
+
+    refresh_gallery = refresh
+
+    def select_dir(self, job_dir) -> tuple:
+        """(selected job, its video, its details, Reuse, Resume) for the job folder `job_dir` as it is now."""
+        off = gr.update(interactive=False)
+        if not job_dir:
+            return None, None, None, off, off
+        entry = jobs_gallery.read_job(Path(job_dir))
+        if entry is None:
+            return None, None, {"error": "job.json could not be read"}, off, off
+        video = str(entry.video) if entry.video else None
+        return (str(entry.dir), video, entry.details(), gr.update(interactive=True),
+                gr.update(interactive=entry.resumable))
+
+    def select_job(self, job_dirs, evt: gr.SelectData):
+        index = evt.index
+        if not job_dirs or not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(job_dirs):
+            return self.select_dir(None)
+        return self.select_dir(job_dirs[index])
+
+    def reuse_settings(self, job_dir):
+        entry = jobs_gallery.read_job(Path(job_dir)) if job_dir else None
+        if entry is None:
+            raise gr.Error("Select a job in the gallery first.")
+        values = st.values_from_settings(entry.settings, self.ctx.default_resolution)
+        image = entry.original_image or entry.input_image
+        values["image"] = str(image) if image else None
+        end = entry.original_end_image or entry.end_image
+        values["end_image"] = str(end) if end else None
+        which = "the start image you uploaded" if entry.original_image else \
+            "the job's cropped start image (this job is older than keeping uploads)"
+        gr.Info(f"Settings of job {entry.id} loaded, with {which}.")
+        return [values[name] for name in st.CONTROLS]
+
+    def keep_preview(self, view) -> None:
+        """A job that ended before its first video: its last latent preview becomes its gallery picture."""
+        job_dir = getattr(view.result, "job_dir", None)
+        if view.video is not None or view.preview is None or job_dir is None or not Path(job_dir).is_dir():
+            return
+        from PIL import Image
+
+        from pipeline.jobs import atomic_write_bytes
+
+        buf = io.BytesIO()
+        Image.fromarray(view.preview).save(buf, format="PNG")
+        try:
+            atomic_write_bytes(Path(job_dir) / jobs_gallery.PREVIEW, buf.getvalue())
+        except OSError as e:
+            log.info("could not keep the last preview of %s: %s", job_dir, e)
+
+    def wire(self, app: gr.Blocks) -> None:
+        ui = self.ui
+        app.load(self.refresh_gallery, None, [ui.gallery, ui.jobs_state], show_progress="hidden")
+        ui.refresh.click(self.refresh_gallery, None, [ui.gallery, ui.jobs_state], show_progress="hidden")
+        ui.gallery.select(self.select_job, ui.jobs_state, self.detail_outputs, show_progress="hidden")
+        ui.reuse.click(self.reuse_settings, ui.selected_job, ui.controls(), show_progress="hidden")

@@ -1,0 +1,179 @@
+"""Start, Resume, End and the running job: validate at once, wait in the runner's line (click order, the place and
+the expected wait shown), then stream the job into the page. After a job: Start works again, the memory and
+timings report opens, the past jobs and the selected job's details are read again."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from pathlib import Path
+
+import gradio as gr
+
+from pipeline.errors import InputError
+from pipeline.events import Failed
+from ui import messages, plots
+from ui import settings as st
+from ui.context import AppContext
+from ui.guard import HandlerGuard
+from ui.layout import SHOW_PREVIEW_JS
+from ui.panel_controls import LONG_JOB_SECTIONS, expected_time, section_count
+from ui.panel_jobs import JobsPanel
+from ui.runner import SessionBusy
+from ui.view import JobView, progress_html, waiting_text
+
+log = logging.getLogger(__name__)
+
+STOP_CALLS_MAX = 8      # End presses handled at once (each is a lock and a flag)
+SUBMITS_MAX = 2         # Start/Resume checks (image decoding) at once; more wait in the queue
+JOBS_MAX = 16           # job streams open at once (the runner's line orders them; one runs at a time)
+TICK_S = 1.0            # the progress bar's clock moves this often between events
+
+
+class RunPanel:
+    def __init__(self, ctx: AppContext, jobs: JobsPanel):
+        self.ctx, self.jobs, self.runner, self.ui = ctx, jobs, ctx.runner, ctx.ui
+        self._confirmed: dict[str, str] = {}            # session -> the long job it was asked to confirm
+        self._lock = threading.Lock()
+
+    # ---- Start / Resume -------------------------------------------------------------------------------------------
+    def refuse(self, session, error: Exception):
+        text = messages.input_error(error) if isinstance(error, InputError) else messages.plain(str(error))
+        self.runner.remember_error(session, text)
+        log.info("job refused: %s", error)
+        title = "Please check the input" if isinstance(error, InputError) else None
+        raise gr.Error(text, title=title, print_exception=False) from None
+
+    def started(self, ticket):
+        place = self.runner.waiting(ticket)
+        text = waiting_text(place) if place is not None else "Starting…"
+        return (ticket.id, gr.update(interactive=False), gr.update(interactive=True), text,
+                progress_html(None, idle_text=text))
+
+    def needs_confirmation(self, session: str, job) -> str | None:
+        """The question for a long job (more than LONG_JOB_SECTIONS sections) the session has not confirmed yet;
+        None when it may start. Pressing Start again with the same settings confirms."""
+        count = section_count(job.seconds, job.latent_window, job.mode)
+        if count is None or count <= LONG_JOB_SECTIONS:
+            return None
+        key = hashlib.sha256(repr(sorted(job.settings().items())).encode()).hexdigest()
+        with self._lock:
+            if self._confirmed.pop(session, None) == key:
+                return None
+            self._confirmed[session] = key
+        expected = expected_time(self.ctx, job.seconds, job.latent_window, job.mode, job.steps) or \
+            "the expected time is not known yet (no job has been timed since the app started)"
+        return (f"⚠ This video has **{count} sections**: {expected}. Press **Start** again to start it, or "
+                "shorten it.")
+
+    def submit(self, request: gr.Request, *values):
+        from pipeline.request import prepare
+
+        job = st.request_from_values(dict(zip(st.CONTROLS, values)))
+        try:
+            prepared = prepare(job, self.ctx.default_resolution)        # checked and decoded once, here
+            question = self.needs_confirmation(request.session_hash, job)
+            if question is not None:
+                return None, gr.skip(), gr.skip(), question, gr.skip()
+            return self.started(self.runner.reserve(request.session_hash, prepared))
+        except (InputError, SessionBusy) as e:
+            self.refuse(request.session_hash, e)
+
+    def submit_resume(self, job_dir, request: gr.Request):
+        try:
+            if not job_dir:
+                raise InputError("job", "select a job in the gallery first")
+            return self.started(self.runner.reserve_resume(request.session_hash, Path(job_dir)))
+        except (InputError, SessionBusy) as e:
+            self.refuse(request.session_hash, e)
+
+    def show_submit_error(self, request: gr.Request):
+        message = self.runner.last_error(request.session_hash)
+        return f"⚠ {message}" if message else gr.skip()
+
+    # ---- the running job --------------------------------------------------------------------------------------------
+    def run(self, ticket_id):
+        ui = self.ui
+        ticket = self.runner.get(ticket_id)
+        if ticket is None or ticket.cancel.cancelled and not ticket.started:
+            yield {ui.status: gr.skip()}    # dropped while waiting (End or tab closed), or not started
+            return
+        view = JobView(fps=ticket.request.fps, mode=ticket.request.mode)
+        yield {ui.preview: None, ui.video: None, ui.log: "", ui.memory_plot: None,
+               ui.timings: "_Shown after the job._"}
+        for batch in self.runner.run(ticket, tick_s=TICK_S):
+            for event in batch:
+                view.apply(event)
+            if not batch:
+                view.tick()
+            yield self._updates(view)
+        if view.result is not None and getattr(view.result, "job_dir", None) is not None:
+            self.jobs.keep_preview(view)
+        if isinstance(view.result, Failed):         # the page keeps what the job made; the pop-up says Error
+            raise gr.Error(messages.plain(view.result.message), title="The job failed", print_exception=False)
+
+    def _updates(self, view: JobView) -> dict:
+        ui = self.ui
+        names = {"preview": ui.preview, "video": ui.video, "progress": ui.progress, "log": ui.log,
+                 "status": ui.status}
+        changes = view.take_changes()
+        updates = {names[k]: v for k, v in changes.items() if k in names}
+        if "memory" in changes:
+            report = changes["memory"]
+            updates[ui.memory_plot] = plots.memory_timeline_image(report.timeline, report.records, report.device)
+            updates[ui.timings] = plots.timings_markdown(report.records, getattr(view.result, "timings", None))
+            updates[ui.report] = gr.update(open=True)           # the report opens after a job
+        if view.result is not None:         # the job is over: Start works again right away
+            updates.update({ui.start: gr.update(interactive=True), ui.end: gr.update(interactive=False)})
+        return updates or {ui.status: gr.skip()}
+
+    def finish(self, ticket_id, selected_job, request: gr.Request):
+        current = self.runner.current(request.session_hash)
+        gallery, job_dirs = self.jobs.refresh()
+        details = self.jobs.select_dir(selected_job)            # the selected job as it is now (after Resume)
+        if ticket_id is None or current is not None and current.id != ticket_id and not current.finished:
+            return gr.skip(), gr.skip(), gallery, job_dirs, *details   # not started, or a newer job is under way
+        return gr.update(interactive=True), gr.update(interactive=False), gallery, job_dirs, *details
+
+    # ---- End ----------------------------------------------------------------------------------------------------
+    def stop(self, request: gr.Request):
+        message = self.runner.cancel(request.session_hash)
+        ticket = self.runner.current(request.session_hash)
+        if ticket is not None and ticket.finished:
+            return f"■ {message}", gr.update(interactive=True), gr.update(interactive=False)
+        return f"■ {message}", gr.skip(), gr.skip()
+
+    @staticmethod
+    def stop_busy():
+        return "■ The server is busy; press End again.", gr.skip(), gr.skip()
+
+    def tab_closed(self, request: gr.Request):
+        self.runner.drop_waiting(request.session_hash)
+        with self._lock:
+            self._confirmed.pop(request.session_hash, None)
+
+    # ---- wiring -----------------------------------------------------------------------------------------------------
+    def wire(self, app: gr.Blocks, ticket_state: gr.State) -> None:
+        ui = self.ui
+        run_outputs = [ui.preview, ui.video, ui.progress, ui.log, ui.status, ui.memory_plot, ui.timings, ui.report,
+                       ui.start, ui.end]
+        finish_outputs = [ui.start, ui.end, ui.gallery, ui.jobs_state, *self.jobs.detail_outputs]
+
+        def queue_job(submitted, api_name=None):
+            """After a ticket is reserved: the job waits its turn in the runner's line and streams to the page."""
+            submitted.failure(self.show_submit_error, None, ui.status, queue=False, show_progress="hidden")
+            submitted.success(self.run, ticket_state, run_outputs, concurrency_limit=JOBS_MAX, concurrency_id="gpu",
+                              show_progress="full", show_progress_on=[ui.progress], api_name=api_name) \
+                .then(self.finish, [ticket_state, ui.selected_job], finish_outputs,
+                      show_progress="hidden")      # queued: it reads the job folders
+
+        started_outputs = [ticket_state, ui.start, ui.end, ui.status, ui.progress]
+        checks = dict(show_progress="hidden", concurrency_limit=SUBMITS_MAX, concurrency_id="submit")
+        queue_job(ui.start.click(self.submit, ui.controls(), started_outputs, preprocess=False,
+                                 trigger_mode="multiple", **checks), api_name="generate")
+        ui.start.click(None, None, None, js=SHOW_PREVIEW_JS, show_progress="hidden")
+        queue_job(ui.resume.click(self.submit_resume, ui.selected_job, started_outputs, **checks))
+        # End reaches this tab's job whether it runs or waits; never waits behind the GPU queue
+        ui.end.click(HandlerGuard(STOP_CALLS_MAX).wrap(self.stop, self.stop_busy), None, [ui.status, ui.start, ui.end],
+                     queue=False, show_progress="hidden", api_name="stop")
+        app.unload(self.tab_closed)
