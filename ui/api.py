@@ -17,10 +17,9 @@ video, summary = client.predict(
 print(summary["status"], summary["frames"], video)     # done 145 /tmp/gradio/…/final.mp4 (a local copy)
 ```
 
-`/video` takes the UI's controls by name: `image`, `end_image` (original mode only), `prompt`, `negative_prompt`,
-`seed`, `seconds`, `mode` ("original" or "f1"), `steps`, `gs`, `cfg`, `rescale`, `latent_window`, `sampler`
-("unipc", "unipc_bh2" or "euler"), `resolution`, `teacache`, `preserved_gb`, `crf` (`client.view_api()` lists them with
-their defaults). It returns the video (None if the job was stopped before its first section) and a summary:
+`/video` takes the page's controls by name: the rows of the table of controls above that are on the page, by
+their "API / job.json key" (`client.view_api()` lists them with their defaults). It returns the video (None if the
+job was stopped before its first section) and a summary:
 `job_id` (its folder under outputs/), `status` ("done" or "stopped"), `frames`, `seconds`, `video`, `warnings`
 (e.g. a prompt cut to its first 4000 characters), `timings` and a one-line `message`.
 
@@ -40,11 +39,13 @@ result equals that of an uninterrupted run.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 
 import gradio as gr
 
+from configs.controls import CONTROLS as TABLE, Control
 from pipeline.errors import InputError
 from pipeline.events import Done, Failed, LogLine, Progress
 from ui import settings as st
@@ -63,8 +64,11 @@ class JobApi:
         self.runner = runner
         self.default_resolution = default_resolution
 
-    def register(self, controls: list, *, concurrency_id: str = "gpu", concurrency_limit: int = 1) -> None:
-        """Hidden components and the /video and /resume events (call inside the gr.Blocks being built)."""
+    def register(self, controls: list, *, concurrency_id: str = "gpu", concurrency_limit: int = 1,
+                 table: tuple[Control, ...] = TABLE) -> None:
+        """Hidden components and the /video and /resume events (call inside the gr.Blocks being built).
+        `controls`: the page's controls in the order of `table`'s rows that are on the page."""
+        self.table = table
         with gr.Group(visible=False):
             trigger = gr.Button(visible=False)
             job_id = gr.Textbox(label="job_id", visible=False)
@@ -72,43 +76,15 @@ class JobApi:
             summary = gr.JSON(label="summary", visible=False)
         queue = dict(preprocess=False, concurrency_limit=concurrency_limit, concurrency_id=concurrency_id,
                      show_progress="hidden")
-        trigger.click(self.video, controls, [video, summary], api_name="video", **queue)
+        trigger.click(video_endpoint(self.video, table), controls, [video, summary], api_name="video", **queue)
         trigger.click(self.resume, job_id, [video, summary], api_name="resume", **queue)
 
     # ---- endpoints ------------------------------------------------------------------------------------------------
-    # Gradio passes every value (a control left out by the client gets the UI's default); the None defaults only
-    # mark end_image as optional in the API info (the others' defaults come from their components).
-    def video(self, image, end_image=None, prompt=None, negative_prompt=None, seed=None, seconds=None, mode=None,
-              steps=None, gs=None, cfg=None, rescale=None, latent_window=None, sampler=None, resolution=None,
-              teacache=None, preserved_gb=None, crf=None, request: gr.Request = None, progress=gr.Progress()):
-        """Image to video: runs one job to its end (in the GPU queue) and returns the video and a summary.
-
-        Args:
-            image: the start image (gradio_client.handle_file(path)); PNG, JPEG or WebP
-            end_image: optional end frame (original mode only)
-            prompt: what should happen; longer than 4000 characters is cut (a warning says so)
-            negative_prompt: used only when cfg > 1
-            seed: the random seed (same seed and settings = same video)
-            seconds: length of the video
-            mode: "original" (inverted anti-drifting; supports an end frame) or "f1" (forward)
-            steps: sampling steps per section
-            gs: distilled CFG scale
-            cfg: real CFG scale (1 = off)
-            rescale: CFG rescale
-            latent_window: latent frames per section
-            sampler: "unipc" (FramePack's), "unipc_bh2" or "euler" (diffusers')
-            resolution: bucket base resolution (a multiple of 16)
-            teacache: TeaCache threshold (0 = off)
-            preserved_gb: GPU memory kept free of resident transformer weights (GB)
-            crf: MP4 compression (0 = lossless, 51 = smallest)
-        """
-        values = {"image": image, "end_image": end_image, "prompt": prompt, "negative_prompt": negative_prompt,
-                  "seed": seed, "seconds": seconds, "mode": mode, "steps": steps, "gs": gs, "cfg": cfg,
-                  "rescale": rescale, "latent_window": latent_window, "sampler": sampler, "resolution": resolution,
-                  "teacache": teacache, "preserved_gb": preserved_gb, "crf": crf}
+    def video(self, values: dict, request: gr.Request = None, progress=None):
+        """/video (see `video_endpoint`): `values` by control name."""
         from pipeline.request import prepare
 
-        job = st.request_from_values(values)
+        job = st.request_from_values(values, getattr(self, "table", TABLE))
         try:
             prepared = prepare(job, self.default_resolution)       # checked and decoded once, here
         except InputError as e:
@@ -163,6 +139,44 @@ class JobApi:
         finally:
             self.runner.forget(ticket)
         return outcome(result, warnings, ticket.request.fps)
+
+
+VIDEO_DOC = "Image to video: runs one job to its end (in the GPU queue) and returns the video and a summary."
+
+
+def video_signature(table: tuple[Control, ...] = TABLE) -> inspect.Signature:
+    """/video's parameters: one per control on the page, by its API name, in the table's order (Gradio passes
+    every value; a control left out by the client gets the page's default; the None defaults only mark the
+    optional ones in the API info), then Gradio's request and progress."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [inspect.Parameter(c.api_name, kind, default=inspect.Parameter.empty if c.required else None)
+              for c in st.page_controls(table)]
+    params += [inspect.Parameter("request", kind, default=None, annotation=gr.Request),
+               inspect.Parameter("progress", kind, default=gr.Progress())]
+    return inspect.Signature(params)
+
+
+def video_docstring(table: tuple[Control, ...] = TABLE) -> str:
+    args = "\n".join(f"    {c.api_name}: {c.help}" for c in st.page_controls(table))
+    return f"{VIDEO_DOC}\n\nArgs:\n{args}\n"
+
+
+def video_endpoint(handler, table: tuple[Control, ...] = TABLE):
+    """The /video function Gradio sees: the signature and docstring of `video_signature`/`video_docstring`; it
+    calls `handler(values by control name, request, progress)`."""
+    signature = video_signature(table)
+    rows = st.page_controls(table)
+
+    def video(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        given = bound.arguments
+        return handler({c.name: given[c.api_name] for c in rows}, given["request"], given["progress"])
+
+    video.__signature__ = signature
+    video.__annotations__ = {"request": gr.Request}
+    video.__doc__ = video_docstring(table)
+    return video
 
 
 def outcome(result, warnings: list[str], fps: int) -> tuple[str | None, dict]:

@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import re
 
-# pipeline field names (pipeline/request.py, pipeline/images.py) -> the labels of ui/layout.py
-FIELD_LABELS = {
-    "image": "Start image", "end image": "End image", "end_image": "End image", "prompt": "Prompt",
-    "negative prompt": "Negative prompt", "seconds": "Total video length", "seed": "Seed", "mode": "Mode",
-    "steps": "Steps", "distilled CFG (gs)": "Distilled CFG scale", "CFG": "CFG scale", "CFG rescale": "CFG rescale",
-    "latent window": "Latent window size", "sampler": "Sampler", "resolution": "Resolution",
-    "TeaCache threshold": "TeaCache threshold", "preserved memory (GB)": "GPU inference preserved memory",
-    "crf": "MP4 compression (CRF)", "job": "Past jobs", "job folder": "Past jobs",
-}
+from configs.controls import CONTROLS
+
+# pipeline field names (configs/controls.py `field_name`, pipeline/images.py) -> the labels on the page
+FIELD_LABELS = {**{c.field_name: c.label for c in CONTROLS}, **{c.name: c.label for c in CONTROLS},
+                "job": "Past jobs", "job folder": "Past jobs"}
 _CLASS_NAME = re.compile(r"\b(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|NotFound|Busy)"
                          r"(?=:\s)[:]\s*")
 _CLASS_IN_BRACKETS = re.compile(r"\s*\((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Warning)\)")

@@ -1,4 +1,5 @@
-"""The generation controls and the pipeline Request: names, order, conversions both ways.
+"""The generation controls and the pipeline Request: names, order, conversions both ways, all from the table of
+controls (configs/controls.py).
 
 The app passes the control values to its handlers in CONTROLS order (Gradio preprocessing off: uploads arrive as
 file payloads, which `upload_path` turns into the uploaded file's path, so the pipeline's safe loader checks them).
@@ -9,15 +10,13 @@ import random
 from pathlib import Path
 from typing import Any, Mapping
 
-from configs import DEFAULTS, LIMITS, MEMORY
+from configs.controls import CONTROLS as TABLE, Control
 
-# Request field names, in the order the handlers receive the control values.
-CONTROLS = ("image", "end_image", "prompt", "negative_prompt", "seed", "seconds", "mode", "steps", "gs", "cfg",
-            "rescale", "latent_window", "sampler", "resolution", "teacache", "preserved_gb", "crf")
-IMAGES = ("image", "end_image")
+# Request field names of the page's controls, in the order the handlers receive their values.
+CONTROLS = tuple(c.name for c in TABLE if c.widget)
+IMAGES = tuple(c.name for c in TABLE if c.widget and c.kind == "image")
 SETTINGS = tuple(name for name in CONTROLS if name not in IMAGES)
-
-INTEGER_FIELDS = ("seed", "steps", "latent_window", "resolution", "crf")
+INTEGER_FIELDS = tuple(c.name for c in TABLE if c.widget and c.kind == "int")
 
 EXAMPLE_PROMPTS = (
     "The girl dances gracefully, with clear movements, full of charm.",
@@ -25,6 +24,11 @@ EXAMPLE_PROMPTS = (
     "The man turns his head and smiles at the camera, soft daylight.",
     "Leaves sway in the wind as the camera slowly pushes in.",
 )
+
+
+def page_controls(table: tuple[Control, ...] = TABLE) -> tuple[Control, ...]:
+    """The rows of the table that are on the page (and in the /video API), in the table's order."""
+    return tuple(c for c in table if c.widget)
 
 
 def random_seed() -> int:
@@ -51,19 +55,26 @@ def _whole(value):
     return value
 
 
-def request_from_values(values: Mapping[str, Any]):
-    """A pipeline Request from the control values (by CONTROLS name). Nothing is validated here: the pipeline's
-    `prepare` does that and names the field."""
-    from pipeline.request import Request
+def request_from_values(values: Mapping[str, Any], table: tuple[Control, ...] = TABLE):
+    """A pipeline Request from the control values (by name). Nothing is validated here: the pipeline's `prepare`
+    does that and names the field."""
+    from pipeline.request import Request, request_class
 
-    kwargs = {name: values[name] for name in SETTINGS if name in values}
-    for name in INTEGER_FIELDS:
-        if name in kwargs:
-            kwargs[name] = _whole(kwargs[name])
-    for name in ("prompt", "negative_prompt"):
-        kwargs[name] = kwargs.get(name) or ""
-    return Request(image=upload_path(values.get("image")), end_image=upload_path(values.get("end_image")),
-                   **kwargs)
+    cls = Request if table is TABLE else request_class(table)
+    kwargs = {}
+    for c in page_controls(table):
+        if c.name not in values:
+            continue
+        value = values[c.name]
+        if c.kind == "image":
+            value = upload_path(value)
+        elif c.kind == "int":
+            value = _whole(value)
+        elif c.kind == "text":
+            value = value or ""
+        kwargs[c.name] = value
+    kwargs.setdefault("image", None)
+    return cls(**kwargs)
 
 
 def values_from_settings(settings: Mapping[str, Any], default_resolution: int) -> dict[str, Any]:
@@ -78,18 +89,12 @@ def values_from_settings(settings: Mapping[str, Any], default_resolution: int) -
     return {name: usable.get(name, defaults[name]) for name in SETTINGS}
 
 
-def default_values(default_resolution: int) -> dict[str, Any]:
-    """The controls' defaults, all from configs/."""
-    d = DEFAULTS
-    return {"prompt": d.prompt, "negative_prompt": d.negative_prompt, "seed": d.seed, "seconds": d.seconds,
-            "mode": d.mode, "steps": d.steps, "gs": d.gs, "cfg": d.cfg, "rescale": d.rescale,
-            "latent_window": d.latent_window, "sampler": d.sampler, "resolution": default_resolution,
-            "teacache": d.teacache, "preserved_gb": MEMORY.preserved_gb, "crf": d.crf}
+def default_values(default_resolution: int, table: tuple[Control, ...] = TABLE) -> dict[str, Any]:
+    """The controls' defaults (the table's; those that depend on the preset from it)."""
+    return {c.name: default_resolution if c.preset_default else c.default
+            for c in page_controls(table) if c.kind != "image"}
 
 
-def limits() -> dict[str, tuple]:
-    """Slider ranges, from configs/."""
-    L = LIMITS
-    return {"seconds": L.seconds, "steps": L.steps, "gs": L.gs, "cfg": L.cfg, "rescale": L.rescale,
-            "latent_window": L.latent_window, "resolution": L.resolution, "crf": L.crf,
-            "preserved_gb": (MEMORY.preserved_min_gb, MEMORY.preserved_max_gb), "seed": L.seed}
+def limits(table: tuple[Control, ...] = TABLE) -> dict[str, tuple]:
+    """Slider and number-box ranges, from the table."""
+    return {c.name: c.widget_range() for c in page_controls(table) if c.widget_range()}
