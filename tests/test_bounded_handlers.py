@@ -86,11 +86,20 @@ def test_live_hints_explain_a_length_beyond_the_limit():
     assert md.startswith("⚠") and "ℹ" not in md
 
 
-def test_preserved_memory_hint_refuses_out_of_range_values_without_computing():
+def test_preserved_memory_hint_refuses_out_of_range_values_without_computing(monkeypatch):
+    import memory.plan
+
     tiny = get_preset("tiny")
-    for value in (float("nan"), float("inf"), -1, 1e12, "x" * 1_000_000, [6]):
+    computed = []
+    real = memory.plan.describe_preserved
+    monkeypatch.setattr(memory.plan, "describe_preserved", lambda *a, **k: computed.append(a) or real(*a, **k))
+    for value in (float("nan"), float("inf"), -1, "x" * 1_000_000, [6]):
         assert hints.preserved_hint(tiny, 20, value, "cuda").startswith("(enter a number between 0 and")
+    too_big = hints.preserved_hint(tiny, 20, 1e12, "cuda", max_gb=20)      # above the cap: says so, plainly
+    assert too_big.startswith("⚠ **1e+12 GB cannot work:**") and "up to 20 GB" in too_big
+    assert computed == []                                                    # no plan was computed for any of them
     assert "resident" in hints.preserved_hint(get_preset("hunyuan"), 20, 6, "cuda")
+    assert len(computed) == 1
 
 
 def test_guard_limits_concurrent_calls_and_answers_busy_at_once():
