@@ -11,26 +11,15 @@ CI sets it, so a missing browser fails there instead of skipping silently.
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
-from tests.server_helpers import CHROMIUM, CHROMIUM_ARGS, REQUIRE_BROWSER as REQUIRED, ROOT, app_process
+from tests.browser_helpers import chromium, require_browser, fill_job, wait_status as _wait_status
+from tests.server_helpers import ROOT, app_process
 
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
 
-try:
-    from playwright.sync_api import expect, sync_playwright
-except ImportError:  # pragma: no cover - depends on the environment
-    sync_playwright = None
-
-if sync_playwright is None or not CHROMIUM.exists():
-    missing = "the playwright package" if sync_playwright is None else str(CHROMIUM)
-    if REQUIRED:
-        raise RuntimeError(f"STEADYFRAME_REQUIRE_BROWSER is set but {missing} is missing "
-                           "(apt-get install chromium; pip install -r requirements-dev.txt)")
-    pytest.skip(f"{missing} is not installed (set STEADYFRAME_REQUIRE_BROWSER=1 to make this an error)",
-                allow_module_level=True)
+expect = require_browser()
 
 # Records every change of the preview image and of the video, with the status shown at that moment.
 OBSERVER_JS = """() => {
@@ -63,10 +52,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    yield from chromium()
 
 
 @pytest.fixture(scope="module")
@@ -88,31 +74,8 @@ def _open(browser, url):
     return page
 
 
-def _set_number(page, elem_id, value):
-    box = page.locator(f"#{elem_id} input[type=number]")
-    box.fill(str(value))
-    box.press("Enter")
-
-
-def _fill_job(page, image, *, prompt="a cat walks through the grass", seconds=2.4, steps=6):
-    page.locator("#start-image input[type=file]").set_input_files(str(image))
-    page.locator("#prompt textarea").fill(prompt)
-    _set_number(page, "seconds", seconds)
-    _set_number(page, "steps", steps)
-    # the live hint recomputes the plan from the values the server received
-    n = {1.2: 1, 2.4: 2, 3.6: 3, 4.8: 4}[seconds]
-    page.wait_for_function(f"() => document.querySelector('#hints').innerText.includes('{n} section')")
-
-
-def _status(page) -> str:
-    return page.locator("#status").inner_text()
-
-
-def _wait_status(page, *words, timeout=180_000):
-    words_js = "[" + ",".join(repr(w) for w in words) + "]"
-    page.wait_for_function(f"() => {words_js}.some(w => document.querySelector('#status').innerText.includes(w))",
-                           timeout=timeout)
-    return _status(page)
+def _fill_job(page, image, *, seconds=2.4, steps=6, **kw):
+    fill_job(page, image, seconds=seconds, steps=steps, **kw)
 
 
 def _shot(page, name):

@@ -13,33 +13,21 @@ import time
 
 import pytest
 
-from tests.server_helpers import CHROMIUM, CHROMIUM_ARGS, REQUIRE_BROWSER as REQUIRED, ROOT, Gate, job_info, wait_for
+from tests.browser_helpers import chromium, require_browser, fill_job, set_number, status as _status, wait_status as _wait_status
+from tests.server_helpers import ROOT, Gate, job_info, wait_for
 
 pytestmark = pytest.mark.slow
 ARTIFACTS = ROOT / "test-artifacts" / "browser-ui"
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
 
-try:
-    from playwright.sync_api import expect, sync_playwright
-except ImportError:  # pragma: no cover - depends on the environment
-    sync_playwright = None
-
-if sync_playwright is None or not CHROMIUM.exists():
-    missing = "the playwright package" if sync_playwright is None else str(CHROMIUM)
-    if REQUIRED:
-        raise RuntimeError(f"STEADYFRAME_REQUIRE_BROWSER is set but {missing} is missing")
-    pytest.skip(f"{missing} is not installed (set STEADYFRAME_REQUIRE_BROWSER=1 to make this an error)",
-                allow_module_level=True)
+expect = require_browser()
 
 
 @pytest.fixture(scope="module")
 def browser():
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    yield from chromium()
 
 
 @pytest.fixture(scope="module")
@@ -66,33 +54,8 @@ def _shot(page, name, full=True):
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=full)
 
 
-def _set_number(page, elem_id, value):
-    box = page.locator(f"#{elem_id} input[type=number]")
-    box.fill(str(value))
-    box.press("Enter")
-
-
-def _fill(page, image, *, prompt="a cat walks through the grass", seconds=1.2, steps=3, mode=None):
-    page.locator("#start-image input[type=file]").set_input_files(str(image))
-    page.wait_for_selector("#start-image img")
-    page.locator("#prompt textarea").fill(prompt)
-    if mode == "f1":
-        page.locator("#mode label").filter(has_text="F1").click()
-    _set_number(page, "seconds", seconds)
-    _set_number(page, "steps", steps)
-    n = {1.2: 1, 2.4: 2, 3.6: 3, 4.8: 4}[seconds]
-    page.wait_for_function(f"() => document.querySelector('#hints').innerText.includes('{n} section')")
-
-
-def _status(page) -> str:
-    return page.locator("#status").inner_text()
-
-
-def _wait_status(page, *words, timeout=180_000):
-    words_js = "[" + ",".join(repr(w) for w in words) + "]"
-    page.wait_for_function(f"() => {words_js}.some(w => document.querySelector('#status').innerText.includes(w))",
-                           timeout=timeout)
-    return _status(page)
+def _fill(page, image, **kw):
+    fill_job(page, image, wait_image=True, **kw)
 
 
 def _start_and_wait(page, *words):
@@ -300,8 +263,8 @@ def test_one_click_loads_an_example_image_and_prompt_that_run(server, browser):
         page.locator("#examples").get_by_text(EXAMPLES[0][2][:30]).first.click()
         page.wait_for_function("() => document.querySelector('#start-image img')?.naturalWidth === 640")
         assert page.locator("#prompt textarea").input_value() == EXAMPLES[0][2]
-        _set_number(page, "seconds", 1.2)
-        _set_number(page, "steps", 2)
+        set_number(page, "seconds", 1.2)
+        set_number(page, "steps", 2)
         page.wait_for_function("() => document.querySelector('#hints').innerText.includes('1 section')")
         page.locator("#start-btn").click()
         assert "Done" in _wait_status(page, "Done", "Failed", "⚠")
@@ -387,7 +350,7 @@ def test_a_long_job_shows_its_expected_time_and_asks_before_it_starts(server, br
     page = _open(browser, server)
     try:
         _fill(page, images / "start.png", prompt="a very long video", seconds=1.2, steps=2)
-        _set_number(page, "seconds", 30)
+        set_number(page, "seconds", 30)
         page.wait_for_function("() => document.querySelector('#hints').innerText.includes('Long job')")
         hint = page.locator("#hints").inner_text()
         assert re.search(r"Long job: \d+ sections", hint) and "confirm" in hint, hint

@@ -1,0 +1,71 @@
+"""What the browser tests do on the page (Playwright pages of the app): fill a job, read and wait for the status."""
+from __future__ import annotations
+
+import pytest
+
+SECTIONS_OF = {1.2: 1, 2.4: 2, 3.6: 3, 4.8: 4}          # seconds -> sections at the default window (tiny preset)
+
+
+def set_number(page, elem_id, value):
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def fill_job(page, image, *, prompt="a cat walks through the grass", seconds=1.2, steps=3, mode=None,
+             wait_image=False):
+    """Upload `image`, type the prompt, set seconds and steps (and the mode), then wait until the live hint has
+    recomputed the plan from the values the server received."""
+    page.locator("#start-image input[type=file]").set_input_files(str(image))
+    if wait_image:
+        page.wait_for_selector("#start-image img")
+    page.locator("#prompt textarea").fill(prompt)
+    if mode == "f1":
+        page.locator("#mode label").filter(has_text="F1").click()
+    set_number(page, "seconds", seconds)
+    set_number(page, "steps", steps)
+    n = SECTIONS_OF[seconds]
+    page.wait_for_function(f"() => document.querySelector('#hints').innerText.includes('{n} section')")
+
+
+def status(page) -> str:
+    return page.locator("#status").inner_text()
+
+
+def wait_status(page, *words, timeout=180_000):
+    """Wait until the status shows one of `words`; returns it."""
+    words_js = "[" + ",".join(repr(w) for w in words) + "]"
+    page.wait_for_function(f"() => {words_js}.some(w => document.querySelector('#status').innerText.includes(w))",
+                           timeout=timeout)
+    return status(page)
+
+
+def chromium():
+    """Debian's Chromium driven by Playwright, headless (a generator for a pytest fixture)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.server_helpers import CHROMIUM, CHROMIUM_ARGS
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def require_browser():
+    """Playwright's `expect`, or skip the calling test module when Playwright or Chromium is missing (an error under
+    STEADYFRAME_REQUIRE_BROWSER=1, as in CI)."""
+    from tests.server_helpers import CHROMIUM, REQUIRE_BROWSER
+
+    try:
+        from playwright.sync_api import expect
+    except ImportError:  # pragma: no cover - depends on the environment
+        expect = None
+    if expect is None or not CHROMIUM.exists():
+        missing = "the playwright package" if expect is None else str(CHROMIUM)
+        if REQUIRE_BROWSER:
+            raise RuntimeError(f"STEADYFRAME_REQUIRE_BROWSER is set but {missing} is missing "
+                               "(apt-get install chromium; bash scripts/install.sh --dev)")
+        pytest.skip(f"{missing} is not installed (set STEADYFRAME_REQUIRE_BROWSER=1 to make this an error)",
+                    allow_module_level=True)
+    return expect
