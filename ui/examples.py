@@ -10,11 +10,15 @@ from PIL import Image, ImageDraw
 SIZE = (640, 480)
 
 
+def _gradient(draw: ImageDraw.ImageDraw, top, bottom, y0: int, y1: int) -> None:
+    """Rows y0..y1-1 shaded from colour `top` to `bottom`."""
+    for y in range(y0, y1):
+        t = (y - y0) / max(y1 - y0 - 1, 1)
+        draw.line([(0, y), (SIZE[0], y)], fill=tuple(round(a + (b - a) * t) for a, b in zip(top, bottom)))
+
+
 def _sky(draw: ImageDraw.ImageDraw, top, bottom, height: int) -> None:
-    w = SIZE[0]
-    for y in range(height):
-        t = y / max(height - 1, 1)
-        draw.line([(0, y), (w, y)], fill=tuple(round(a + (b - a) * t) for a, b in zip(top, bottom)))
+    _gradient(draw, top, bottom, 0, height)
 
 
 def red_balloon() -> Image.Image:
@@ -49,9 +53,7 @@ def paper_boat() -> Image.Image:
     img = Image.new("RGB", SIZE)
     d = ImageDraw.Draw(img)
     _sky(d, (150, 200, 220), (180, 215, 230), 200)
-    for y in range(200, SIZE[1]):
-        t = (y - 200) / (SIZE[1] - 200)
-        d.line([(0, y), (SIZE[0], y)], fill=(round(40 + 30 * t), round(110 + 40 * t), round(160 + 30 * t)))
+    _gradient(d, (40, 110, 160), (70, 150, 190), 200, SIZE[1])                 # the water
     for i in range(6):
         y = 240 + 40 * i
         d.arc([-40 + 30 * i, y, 260 + 30 * i, y + 30], 200, 340, fill=(200, 230, 240), width=2)
