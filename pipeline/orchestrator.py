@@ -102,7 +102,6 @@ class JobRun:
         self.generator = torch.Generator("cpu").manual_seed(self.request.seed)
         self.timings: dict[str, float] = {}
         self.t0 = time.monotonic()
-        self.step_times: list[float] = []
         self.remaining = Remaining.for_plan(self.plan, self.request.steps)    # the ETA (pipeline/eta.py)
         self.job: Job | None = None
         self.writer: SectionWriter | None = None    # started with the job (events())
@@ -216,13 +215,9 @@ class JobRun:
 
     def _stream_steps(self, sampler, section: int) -> Iterator[Event]:
         """Drive the sampling generator, turning each step into progress and preview events."""
-        last = time.monotonic()
         try:
             while True:
                 step, steps, estimate = next(sampler)
-                now = time.monotonic()
-                self.step_times.append(now - last)
-                last = now
                 self.memory.snapshot(f"sampling {section}.{step}")     # the memory timeline, per step
                 yield self.progress("sampling", section, step, f"Sampling {step}/{steps}")
                 yield Preview(preview_image(estimate), section, step)

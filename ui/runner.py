@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import queue
 import secrets
-import shutil
 import threading
 import time
 import traceback
@@ -31,6 +30,7 @@ from pipeline.cancel import CancelToken
 from pipeline.events import Cancelled, Done, Failed, LogLine, MemoryReport, Progress, SectionVideo
 from pipeline.request import PreparedRequest, prepare
 from pipeline.resume import ResumeRequest, prepare_resume
+from ui.staging import stage_images, sweep_stale, unstage
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,6 @@ class SessionBusy(RuntimeError):
 
 
 _END = object()
-STAGED = ".staged"              # under outputs/: the staged images of waiting and running jobs (never in the gallery)
-STAGED_STALE_S = 86400          # staged folders left by an app that was killed are deleted at the next start
 WAIT_TICK_S = 1.0               # a waiting job's estimate is refreshed this often
 ORPHAN_S = 60.0                 # a ticket first in line whose stream never came (its tab died) is dropped after this
 
@@ -108,7 +106,7 @@ class JobRunner:
         self._errors: dict[str, str] = {}
         self._lock = threading.Lock()
         self._turn = threading.Condition(self._lock)
-        self._sweep_stale_staging()
+        sweep_stale(self.outputs)
 
     # ---- sessions -----------------------------------------------------------------------------------------------
     def reserve(self, session: str, job) -> Ticket:
@@ -126,7 +124,8 @@ class JobRunner:
         folder = resuming.job_dir if resuming is not None else None
         ticket = Ticket(session, prepared, resuming)
         if resuming is None:
-            ticket.prepared = dataclasses.replace(prepared, request=self._stage(ticket, prepared.request))
+            staged, ticket.staged = stage_images(self.outputs, ticket.id, prepared.request)
+            ticket.prepared = dataclasses.replace(prepared, request=staged)
         try:
             with self._lock:
                 old = self._tickets.get(session)
@@ -282,37 +281,9 @@ class JobRunner:
         if rates is not None:
             self.rates = rates
 
-    # ---- staged images ----------------------------------------------------------------------------------------------
-    def _stage(self, ticket: Ticket, request):
-        """The request with its image files replaced by copies in the ticket's staging folder."""
-        changes = {}
-        for name, stem in (("image", "start"), ("end_image", "end")):
-            source = getattr(request, name, None)
-            if isinstance(source, (str, Path)) and Path(source).is_file():
-                if ticket.staged is None:
-                    ticket.staged = self.outputs / STAGED / ticket.id
-                    ticket.staged.mkdir(parents=True, exist_ok=True)
-                target = ticket.staged / (stem + Path(source).suffix.lower()[:8])
-                shutil.copyfile(source, target)
-                changes[name] = str(target)
-        return dataclasses.replace(request, **changes) if changes else request
-
-    @staticmethod
-    def _unstage(ticket: Ticket) -> None:
-        if ticket.staged is not None:
-            shutil.rmtree(ticket.staged, ignore_errors=True)
-            ticket.staged = None
-
-    def _sweep_stale_staging(self) -> None:
-        folder = self.outputs / STAGED
-        if not folder.is_dir():
-            return
-        for d in folder.iterdir():
-            try:
-                if time.time() - d.stat().st_mtime > STAGED_STALE_S:
-                    shutil.rmtree(d, ignore_errors=True)
-            except OSError:
-                pass
+    def _unstage(self, ticket: Ticket) -> None:
+        unstage(ticket.staged)
+        ticket.staged = None
 
     # ---- running --------------------------------------------------------------------------------------------------
     def run(self, ticket: Ticket, tick_s: float | None = None) -> Iterator[list]:
