@@ -94,7 +94,9 @@ CONTROLS: tuple[Control, ...] = (
     Control("end_image", "image", label="End image", widget="image", help="optional end frame (original mode only)",
             widget_label="End image (optional, original mode only)"),
     Control("prompt", "text", "", label="Prompt", widget="textbox",
-            help="what should happen; longer than 4000 characters is cut (a warning says so)"),
+            info="Changes over time with [time: text] blocks: [0s: a cat sits] [2s: the cat jumps]",
+            help="what should happen; timed: [0s: a cat sits] [2s: the cat jumps]; longer than 4000 characters "
+                 "is cut (a warning says so)"),
     Control("negative_prompt", "text", "", label="Negative prompt", widget="textbox", advanced=True,
             widget_label="Negative prompt (used only when CFG > 1)", help="used only when CFG > 1"),
     Control("seed", "int", 31337, (0, 2**63 - 1), label="Seed", widget="number",
@@ -138,6 +140,10 @@ CONTROLS: tuple[Control, ...] = (
     Control("crf", "int", 16, (0, 51), label="MP4 compression (CRF)", widget="slider", step=1,
             info="Lower = better quality, bigger files. 0 = lossless (browsers may not play it).",
             help="MP4 compression (0 = lossless, 51 = smallest)"),
+    Control("prompt_blend", "int", 0, (0, 16), label="Prompt blend (sections)", field="prompt blend",
+            widget="slider", step=1, advanced=True,
+            info="Timed prompts: sections over which one prompt blends into the next (0 = switch at once).",
+            help="sections over which a timed prompt blends into the next (0 = switch at once)"),
     # Not on the page: the end image's share of the SigLIP image conditioning (see pipeline/orchestrator.py).
     Control("end_embed_weight", "float", 0.5, (0.0, 1.0), label="End-frame embedding weight",
             field="end-frame embedding weight", help="share of the end image in the image conditioning"),

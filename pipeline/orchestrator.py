@@ -39,10 +39,12 @@ from pipeline.images import to_model_tensor
 from pipeline.jobs import Job
 from pipeline.logcapture import capture_logs
 from pipeline.preview import preview_image
-from pipeline.prompt_cache import cache_key, cached_or_encode, default_cache
+from pipeline import timeline
+from pipeline.prompt_cache import cache_key, default_cache
 from pipeline.request import PreparedRequest
 from pipeline.sampling import sample_section
 from pipeline.text import encode_prompt
+from pipeline.timeline_text import SectionTexts, encode_texts
 from pipeline.video_writer import SectionWriter, WrittenSection
 
 log = logging.getLogger(__name__)
@@ -196,7 +198,7 @@ class JobRun:
             with self.memory.stage("transformer", transformer=c.transformer), self.fallback.active():
                 yield from drain()
                 denoiser.begin_section(ctx, self.plan.indices(section), (self.plan.window, lh, lw),
-                                       image_embeds, texts, r.gs)
+                                       image_embeds, texts.for_section(section.index), r.gs)
                 sampler = sample_section(denoiser, noise.to(self.device), sampler=r.sampler, steps=r.steps,
                                          cfg=r.cfg, rescale=r.rescale, check_stop=self.cancel.check)
                 generated = yield from self._stream_steps(sampler, n)
@@ -263,26 +265,37 @@ class JobRun:
         self.last_video = self.job.path(self.job.info["videos"][-1]) if self.job.info["videos"] else None
 
     # ---- stages -------------------------------------------------------------------------------------------------
-    def _encode_text(self):
+    def _encode_text(self) -> SectionTexts:
+        """Each distinct prompt of the (timed) prompt, encoded once, the text encoders loaded once for all of them
+        (pipeline/timeline_text.py); the sections' embeddings by generation index."""
         c, r = self.models, self.request
         t = time.monotonic()
+        schedule = timeline.schedule(r.prompt, self.plan.mode, self.plan.window, self.plan.count, r.fps,
+                                     r.prompt_blend)
+        if schedule.timeline.timed:
+            log.info("prompt timeline, by section in video order:\n  %s", "\n  ".join(schedule.describe()))
 
-        def encode():
+        def encode_all(prompts):
             with self.memory.stage("text encoders", text_encoder=c.text_encoder, text_encoder_2=c.text_encoder_2):
-                pos = encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2, r.prompt,
-                                    c.crop_start, self.device)
                 neg = (encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2,
-                                     r.negative_prompt, c.crop_start, self.device) if r.cfg > 1.0
-                       else pos.zeros_like())
-            return {"cond": pos.to("cpu", torch.float32), "uncond": neg.to("cpu", torch.float32)}
+                                     r.negative_prompt, c.crop_start, self.device) if r.cfg > 1.0 else None)
+                out = []
+                for prompt in prompts:
+                    pos = encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2, prompt,
+                                        c.crop_start, self.device)
+                    out.append({"cond": pos.to("cpu", torch.float32),
+                                "uncond": (neg if neg is not None else pos.zeros_like()).to("cpu", torch.float32)})
+            return out
 
-        key = cache_key(r.prompt, r.negative_prompt if r.cfg > 1.0 else None, c.revisions,
-                        self.memory.weight_storage, c.crop_start)
-        texts, hit = cached_or_encode(default_cache(), key, encode)
-        if hit:
+        def key_of(prompt):
+            return cache_key(prompt, r.negative_prompt if r.cfg > 1.0 else None, c.revisions,
+                             self.memory.weight_storage, c.crop_start)
+
+        encoded, hits = encode_texts(schedule.texts, key_of, default_cache(), encode_all)
+        if hits == len(schedule.texts):
             log.info("prompt embeddings from the cache: the text encoders were not loaded")
         self._timed("text encoders", time.monotonic() - t)
-        return texts
+        return SectionTexts(schedule, encoded, negative_used=r.cfg > 1.0)
 
     @torch.no_grad()
     def _encode_latents(self):

@@ -16,10 +16,7 @@ import hashlib
 import json
 import logging
 import os
-import time
 from pathlib import Path
-
-import torch
 
 from common.files import atomic_path
 from common.paths import cache_root
@@ -124,18 +121,3 @@ class PromptCache:
 def default_cache() -> PromptCache | None:
     folder = prompt_cache_dir()
     return PromptCache(folder) if folder is not None else None
-
-
-def cached_or_encode(cache: PromptCache | None, key: str, encode) -> tuple[dict[str, TextEmbeddings], bool]:
-    """(embeddings, hit): from the cache, or from `encode()` (then stored). No cache: always encoded."""
-    if cache is None:
-        return encode(), False
-    texts = cache.get(key)
-    if texts is not None:
-        return texts, True
-    t0 = time.monotonic()
-    texts = encode()
-    cache.put(key, {k: TextEmbeddings(v.llama.cpu(), v.mask.cpu(), v.pooled.cpu(), v.truncated)
-                    for k, v in texts.items()})
-    log.debug("prompt encoded in %.2f s and cached", time.monotonic() - t0)
-    return texts, False

@@ -12,6 +12,7 @@ from PIL import Image
 
 from configs.controls import CONTROLS, Control
 from configs.generation import LIMITS
+from pipeline import timeline
 from pipeline.errors import InputError
 from pipeline.images import load_image, nearest_bucket, resize_center_crop
 
@@ -171,6 +172,8 @@ def check_settings(values: Mapping[str, Any], preset: Mapping[str, Any] | None =
         if c.kind != "image":
             checked[c.name], more = check_value(c, values.get(c.name, c.default), preset)
             warnings += more
+    if {"prompt", "mode", "seconds", "latent_window", "fps"} <= checked.keys():
+        timeline.check_request(checked)         # a timed prompt must fit this video (pipeline/timeline.py)
     return checked, warnings
 
 
