@@ -22,6 +22,7 @@ times is encoded once). pipeline/timeline_text.py encodes them and mixes the emb
 """
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from dataclasses import dataclass
@@ -53,9 +54,6 @@ class Timeline:
     def texts(self) -> tuple[str, ...]:
         """The distinct prompt texts, in order of first appearance (each is encoded once)."""
         return tuple(dict.fromkeys(s.text for s in self.segments))
-
-    def text_index(self, segment: int) -> int:
-        return self.texts.index(self.segments[segment].text)
 
 
 def _quote(text: str) -> str:
@@ -160,9 +158,10 @@ def segment_positions(timeline: Timeline, window: int, count: int, fps: int) -> 
             raise _error(f"{seg.written} starts at or after the video's end ({end:.2f} s: {count} section"
                          f"{'s' if count != 1 else ''} of {section_s:.2f} s); use earlier times or a longer video")
     starts = [s.start for s in timeline.segments]
-    chosen = [max(i for i, t in enumerate(starts) if t <= section_middle(window, p, fps)) for p in range(count)]
+    chosen = [bisect.bisect_right(starts, section_middle(window, p, fps)) - 1 for p in range(count)]
+    used = set(chosen)
     for i, seg in enumerate(timeline.segments):
-        if i not in chosen:
+        if i not in used:
             until = f"{starts[i + 1]:g}s" if i + 1 < len(starts) else "the end"
             raise _error(f"{seg.written} (from {seg.start:g}s until {until}) holds no section's middle, so no "
                          f"section would use it: each section lasts {section_s:.2f} s and takes the prompt in effect "
@@ -175,13 +174,14 @@ Weights = tuple[float, ...]
 
 def position_weights(timeline: Timeline, chosen: list[int], blend: int) -> list[Weights]:
     """Each video position's weights over `timeline.texts` (they sum to 1), with the blend described above."""
-    n = len(timeline.texts)
+    texts = timeline.texts
+    n, index = len(texts), {t: k for k, t in enumerate(texts)}
     out: list[Weights] = []
     change = 0                                    # the first position of the current segment
     for p, seg in enumerate(chosen):
         if p > 0 and seg != chosen[p - 1]:
             change = p
-        pure = tuple(1.0 if k == timeline.text_index(seg) else 0.0 for k in range(n))
+        pure = tuple(1.0 if k == index[timeline.segments[seg].text] else 0.0 for k in range(n))
         step = p - change
         if change == 0 or step >= blend:
             out.append(pure)

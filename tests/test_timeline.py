@@ -187,6 +187,23 @@ def test_each_distinct_prompt_is_encoded_once():
     assert not half["uncond"].llama.any()
 
 
+# ---- the page's explanations ------------------------------------------------------------------------------------
+
+def test_the_page_explains_a_timeline_or_what_is_wrong():
+    from configs import get_preset
+    from ui.hints import timeline_hint
+    from ui.prompt_tokens import TokenCounter
+
+    text = timeline_hint(CAT, 5, 9, "original", 1)
+    assert "Timed prompt, by section" in text and "3.63–4.83 s: 0.25·'a cat sits'" in text
+    assert timeline_hint(CAT, 2.4, 9, "f1", 0).startswith("⚠ Prompt: [4s: the cat lands] starts at or after")
+    assert timeline_hint("a cat [fluffy]", 5, 9, "f1", 0) == ""
+    counter = TokenCounter(get_preset("tiny"))                  # the tiny tokenizer: one token per byte
+    assert "timed prompt: 3 parts; the longest 13 / 255 tokens" in counter.markdown(CAT)
+    assert "too long" in counter.markdown("[0s: a] [2s: " + "x" * 300 + "]")
+    assert "⚠ Prompt: two prompts start at 0s" in counter.markdown("[0s: a] [0s: b]")
+
+
 # ---- tiny jobs ----------------------------------------------------------------------------------------------------
 
 def _record_section_texts(monkeypatch):
@@ -262,6 +279,6 @@ def test_resume_keeps_each_sections_prompt(tiny_original, tmp_path, monkeypatch)
     assert len(seen) == 2                                         # sections 2 and 3, with their own prompts
     for texts, want in zip(seen, full_seen[1:]):
         torch.testing.assert_close(texts["cond"].llama, want["cond"].llama, atol=0, rtol=0)
-    assert not torch.equal(seen[0]["cond"].llama, seen[1]["cond"].llama)         # a blend, then the storm alone
+    assert not torch.equal(seen[0]["cond"].llama, seen[1]["cond"].llama)         # a blend, then the red boat alone
     torch.testing.assert_close(load_checkpoint(ends[-1].job_dir)[0]["real"],
                                load_checkpoint(full.job_dir)[0]["real"], atol=0, rtol=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 
-from configs import DEFAULTS, MEMORY
+from configs import DEFAULTS, LIMITS, MEMORY
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,29 @@ def plan_hint(seconds, latent_window, mode, fps: int = DEFAULTS.fps) -> str:
     rounded = (f"{s:g} s is rounded to whole sections: " if abs(frames / fps - s) >= 0.05 else "")
     return (f"{rounded}{plan.count} section{'s' if plan.count != 1 else ''} of {plan.window} latent frames → "
             f"{frames} frames ({frames / fps:.1f} s at {fps} fps); the video refreshes after each section.")
+
+
+def timeline_hint(prompt, seconds, latent_window, mode, blend, fps: int = DEFAULTS.fps) -> str:
+    """For a timed prompt ([0s: …] [2s: …], pipeline/timeline.py): which prompt each section gets, or what is wrong
+    with the timeline for this video ('' for a plain prompt). Bounded work; never raises."""
+    from pipeline import sections, timeline
+    from pipeline.errors import InputError
+
+    s, w, b = number(seconds), number(latent_window), number(blend)
+    if not isinstance(prompt, str) or not timeline.is_timeline(prompt[: LIMITS.prompt_chars_max]) or s is None \
+            or w is None:
+        return ""
+    try:
+        plan = sections.make_plan(mode if isinstance(mode, str) else "", s, w, fps)
+        schedule = timeline.schedule(prompt[: LIMITS.prompt_chars_max], plan.mode, plan.window, plan.count, fps,
+                                     int(b) if b is not None and 0 <= b <= 16 else 0)
+    except InputError as e:
+        return f"⚠ Prompt: {e.message}"
+    except ValueError:
+        return ""                                        # the length or window: plan_hint says what is wrong
+    lines = schedule.describe()
+    shown = lines if len(lines) <= 8 else lines[:4] + [f"… {len(lines) - 6} more sections …"] + lines[-2:]
+    return "ℹ Timed prompt, by section:\n" + "\n".join(f"- {line}" for line in shown)
 
 
 def combination_problems(*, mode, has_end_image, cfg, rescale, negative_prompt, crf, teacache) -> list[tuple[str, str]]:

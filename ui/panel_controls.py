@@ -57,15 +57,16 @@ def long_job_note(ctx: AppContext, seconds, window, mode, steps) -> str:
 def wire(app: gr.Blocks, ctx: AppContext) -> None:
     ui, live = ctx.ui, ctx.live
     hint_inputs = [ui.mode, ui.end_image, ui.seconds, ui.latent_window, ui.cfg, ui.rescale, ui.negative_prompt,
-                   ui.crf, ui.teacache, ui.steps]
+                   ui.crf, ui.teacache, ui.steps, ui.prompt, ui.prompt_blend]
 
-    def show_hints(mode, end_image, seconds, window, cfg, rescale, negative, crf, teacache, steps):
+    def show_hints(mode, end_image, seconds, window, cfg, rescale, negative, crf, teacache, steps, prompt, blend):
         problems = hints.combination_problems(
             mode=mode, has_end_image=st.upload_path(end_image) is not None, cfg=cfg, rescale=rescale,
             negative_prompt=negative, crf=crf, teacache=teacache)
         text = hints.hints_markdown(hints.plan_hint(seconds, window, mode, DEFAULTS.fps), problems)
         note = long_job_note(ctx, seconds, window, mode, steps)
-        return "\n\n".join(t for t in (text, note) if t)
+        timed = hints.timeline_hint(prompt, seconds, window, mode, blend, DEFAULTS.fps)
+        return "\n\n".join(t for t in (text, timed, note) if t)
 
     live_hints = live.wrap(show_hints, gr.skip)
     for component in hint_inputs:

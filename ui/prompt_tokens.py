@@ -71,11 +71,16 @@ class TokenCounter:
         return max(len(ids) - self._crop - 1, 0), True      # - the template's part before and the closing token
 
     def markdown(self, prompt) -> str:
-        """The line under the prompt: the count, and a warning when the prompt is longer than the model reads."""
+        """The line under the prompt: the count, and a warning when the prompt is longer than the model reads. A
+        timed prompt ([0s: …] [2s: …], pipeline/timeline.py): what is wrong with it, or the count of its longest
+        part (each part is encoded on its own)."""
         from pipeline.text import LLAMA_MAX_TOKENS
+        from pipeline.timeline import is_timeline
 
         if not isinstance(prompt, str):
             return ""
+        if is_timeline(prompt[: LIMITS.prompt_chars_max]):
+            return self._timeline_markdown(prompt[: LIMITS.prompt_chars_max], LLAMA_MAX_TOKENS - 1)
         n, exact = self.count(prompt)
         about = "" if exact else "about "
         limit = LLAMA_MAX_TOKENS - 1       # the text encoder reads 256 tokens after the template: the prompt's and
@@ -87,3 +92,21 @@ class TokenCounter:
         over = f"{about}{n} / {limit} tokens" if n > limit else f"over {LIMITS.prompt_chars_max} characters"
         return (f'<span class="sf-tokens sf-tokens-over">⚠ Prompt too long: {html.escape(over)}. Only the first '
                 f'{limit} tokens are used; the rest is cut. Shorten the prompt.</span>')
+
+    def _timeline_markdown(self, prompt: str, limit: int) -> str:
+        from pipeline.errors import InputError
+        from pipeline.timeline import parse
+
+        try:
+            timeline = parse(prompt)
+        except InputError as e:
+            return f'<span class="sf-tokens sf-tokens-over">⚠ Prompt: {html.escape(e.message)}</span>'
+        counts = [(self.count(text), text) for text in timeline.texts]
+        ((n, exact), longest) = max(counts, key=lambda c: c[0][0])
+        about = "" if exact else "about "
+        parts = f"timed prompt: {len(timeline.segments)} part{'s' if len(timeline.segments) != 1 else ''}"
+        if n <= limit:
+            return f'<span class="sf-tokens">{parts}; the longest {about}{n} / {limit} tokens</span>'
+        return (f'<span class="sf-tokens sf-tokens-over">⚠ {parts}; "{html.escape(longest[:40])}" is too long: '
+                f'{about}{n} / {limit} tokens. Only the first {limit} tokens of each part are used; shorten '
+                f'it.</span>')
