@@ -9,7 +9,7 @@ from pipeline.denoiser import FramepackDenoiser
 from tests.browser_helpers import chromium, fill_job, require_browser, status, wait_status
 from tests.server_helpers import job_info
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 expect = require_browser()
 
 

@@ -282,3 +282,15 @@ def test_resume_keeps_each_sections_prompt(tiny_original, tmp_path, monkeypatch)
     assert not torch.equal(seen[0]["cond"].llama, seen[1]["cond"].llama)         # a blend, then the red boat alone
     torch.testing.assert_close(load_checkpoint(ends[-1].job_dir)[0]["real"],
                                load_checkpoint(full.job_dir)[0]["real"], atol=0, rtol=0)
+
+
+@pytest.mark.slow
+def test_the_cli_refuses_a_malformed_timeline_before_loading(tmp_path):
+    from tests.test_cli import cli
+
+    make_image().save(tmp_path / "in.png")
+    r = cli("generate", "--preset", "tiny", "--image", tmp_path / "in.png", "--seconds", 2.4, "--out",
+            tmp_path / "out", "--prompt", "[0s: a] [2s: b] [1s: c]")
+    assert r.returncode == 2
+    assert "--prompt: the times must increase from left to right: [1s: c] comes after [2s: b]" in r.stderr
+    assert not (tmp_path / "out").exists()
