@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from ui import hints
+from pipeline.errors import InputError
+from ui import hints, messages
 from ui import settings as st
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,9 @@ def size_line(preset, cap_gb: float, resolution, width, height, window, image=No
     hw = image_size(image)
     try:
         size = job_size(*(hw or (1, 1)), int(r), int(w), int(h))
+    except InputError as e:
+        return None, f"⚠ {messages.input_error(e)}"
+    try:
         return (size.height, size.width), plan_text(preset, cap_gb, int(r), int(w), int(h), int(n), hw,
                                                     weight_storage)
     except Exception:
