@@ -70,15 +70,15 @@ def refusal(size: JobSize, image_hw: tuple[int, int], preset, cap_gb: float, win
     advice = f"or raise the VRAM cap (now {cap_gb:g} GB) if your card has more memory"
     if size.custom:
         found = largest_fitting(scaled_sizes(size.height, size.width), cost)
-        near = (f"the nearest size of the same shape that fits is {found[0][1]}×{found[0][0]} "
+        near = (f"The nearest size of the same shape that fits is {found[0][1]}×{found[0][0]} "
                 f"(width {found[0][1]}, height {found[0][0]}); use it, {advice}" if found else
-                f"no size fits; {advice}")
+                f"No size fits; {advice}")
         return InputError(WIDTH, f"{size.width}×{size.height} cannot fit: {here.short_of()}. {near}.")
     targets = range(size.resolution - 16, MIN_SIDE - 1, -16)
     found = largest_fitting(((r, *nearest_bucket(*image_hw, r)) for r in targets),
                             lambda rhw: cost(rhw[1:]))
-    near = (f"the largest resolution that fits is {found[0][0]} (bucket {found[0][2]}×{found[0][1]}); choose it, "
-            f"{advice}" if found else f"no resolution fits; {advice}")
+    near = (f"The largest resolution that fits is {found[0][0]} (bucket {found[0][2]}×{found[0][1]}); choose it, "
+            f"{advice}" if found else f"No resolution fits; {advice}")
     return InputError(RESOLUTION, f"{size.resolution} ({size.width}×{size.height}) cannot fit: {here.short_of()}. "
                                   f"{near}.")
 

@@ -118,7 +118,7 @@ def test_a_resolution_over_the_cap_is_refused_with_the_largest_that_fits():
     error = refusal(size, image_hw, HUNYUAN, 20.0, 9)
     assert error is not None and error.field == "resolution"
     assert "cannot fit" in error.message and "20 GB VRAM cap" in error.message and "transformer" in error.message
-    suggested = int(error.message.split("the largest resolution that fits is ")[1].split(" ")[0])
+    suggested = int(error.message.split("The largest resolution that fits is ")[1].split(" ")[0])
     assert suggested % 16 == 0 and suggested < 2048
     assert refusal(job_size(*image_hw, suggested), image_hw, HUNYUAN, 20.0, 9) is None     # the plan accepts it
     assert not _fits(HUNYUAN, nearest_bucket(*image_hw, suggested + 16), 20.0)           # and it is the nearest
@@ -129,7 +129,7 @@ def test_a_custom_size_over_the_cap_is_refused_with_the_nearest_of_its_shape():
     size = JobSize(1024, 2048, True, 640)
     error = refusal(size, (1024, 2048), TINY, 3.0, 9)
     assert error is not None and error.field == "custom width" and "VAE decode" in error.message
-    text = error.message.split("the nearest size of the same shape that fits is ")[1]
+    text = error.message.split("The nearest size of the same shape that fits is ")[1]
     w, h = (int(v) for v in text.split(" ")[0].split("×"))
     assert (w % 16, h % 16) == (0, 0) and abs(w / h - 2) < 0.05
     assert _fits(TINY, (h, w), 3.0)
@@ -148,7 +148,7 @@ def test_check_fits_names_the_field_before_anything_loads():
 
 def test_nothing_fits_a_cap_below_the_smallest_size():
     error = refusal(job_size(100, 100, 640), (100, 100), HUNYUAN, 1.0, 9)
-    assert error is not None and "no resolution fits" in error.message and "raise the VRAM cap" in error.message
+    assert error is not None and "No resolution fits" in error.message and "raise the VRAM cap" in error.message
 
 
 # ---- jobs at other sizes ----------------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_cli_custom_size_and_refusal_before_models_load(tmp_path):
     r = cli("generate", "--preset", "tiny", "--image", image, "--resolution", 2048, "--vram-cap-gb", 3,
             "--out", refused)
     assert r.returncode == 2 and r.stderr.startswith("error: --resolution: 2048")
-    assert "the largest resolution that fits is" in r.stderr and "Traceback" not in r.stderr
+    assert "The largest resolution that fits is" in r.stderr and "Traceback" not in r.stderr
     assert not refused.exists()
     r = cli("generate", "--preset", "tiny", "--image", image, "--width", 96, "--out", refused)
     assert r.returncode == 2 and "--height:" in r.stderr and not refused.exists()
