@@ -1,6 +1,6 @@
 """Any resolution on the page (issue 13), in headless Chromium against the app on the tiny preset under a 6.5 GB
-cap: choosing the 960 bucket and a custom size changes the memory plan, a size over the cap is refused at Start (naming
-the field, with the nearest size that fits, nothing written), and a custom size runs a job of that size."""
+cap: choosing the 960 bucket and a custom size changes the memory plan, a size over the cap is refused at Start
+(naming the field, with the nearest size that fits, nothing written), and a custom size runs a job of that size."""
 from __future__ import annotations
 
 import pytest
