@@ -147,9 +147,11 @@ REAL_TRANSFORMER_CONFIG = (("has_image_proj", True), ("has_clean_x_embedder", Tr
 
 
 def describe_preserved(preset, cap_gb: float, preserved_gb: float, device_type: str,
-                       host_ram_gb: float | None = None, weight_storage: str = "native") -> str:
+                       host_ram_gb: float | None = None, weight_storage: str = "native",
+                       size: tuple[int, int] = (608, 640), window: int = 9) -> str:
     """What the preserved-memory slider means on this machine, in one line (the UI shows it live), with the host
-    side: how much host RAM a default job takes of the budget and what is read from the weight files."""
+    side: how much host RAM a default job takes of the budget and what is read from the weight files. `size`:
+    the job's (height, width), for the activation estimate (memory/resolution.py says what the size costs)."""
     host = describe_host(preset, cap_gb, preserved_gb, device_type, host_ram_gb, weight_storage)
     if device_type != "cuda":
         return (f"CPU run: no GPU, so nothing is capped or streamed (the slider only matters on a GPU; "
@@ -161,7 +163,7 @@ def describe_preserved(preset, cap_gb: float, preserved_gb: float, device_type: 
         act = 0
     else:
         sizes, other = transformer_sizes(REAL_TRANSFORMER_CONFIG, 2)
-        act = activation_bytes(framepack_tokens(608, 640, 9))
+        act = activation_bytes(framepack_tokens(size[0], size[1], window))
     plan = plan_residency(sizes, other, int(cap_gb * GIB), int(preserved_gb * GIB), min_resident=1,
                           activation_bytes=act)
     warn = plan.warnings()

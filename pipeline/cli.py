@@ -148,6 +148,7 @@ class Runner:
         from pipeline.events import Failed
         from pipeline.orchestrator import generate
         from pipeline.request import PreparedRequest, prepare
+        from pipeline.resolution import check_fits
 
         prepared = request
         if not isinstance(prepared, PreparedRequest):
@@ -157,6 +158,12 @@ class Runner:
                 print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
                 return EXIT_INPUT, Failed(str(e))
         request = prepared.request
+        try:                                    # the size fits under the cap (pipeline/resolution.py)
+            check_fits(prepared, PRESETS[self.args.preset], self.args.vram_cap_gb,
+                       "fp8" if self.args.fp8 else "native")
+        except InputError as e:
+            print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
+            return EXIT_INPUT, Failed(str(e))
         problem = self.host_problem(request)
         if problem:
             print(f"error: {problem}", file=sys.stderr)

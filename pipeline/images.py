@@ -14,7 +14,8 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from common.units import MIB
-from configs.generation import BUCKETS_640, LIMITS
+from configs.generation import LIMITS
+from pipeline.buckets import bucket_table, nearest_bucket  # noqa: F401 (nearest_bucket: re-exported)
 from pipeline.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -23,21 +24,8 @@ ImageInput = "str | os.PathLike | Image.Image | np.ndarray"
 
 
 def buckets_for(resolution: int) -> list[tuple[int, int]]:
-    """The bucket table for a base resolution: FramePack's 640 table, scaled and rounded to multiples of 16."""
-    if resolution == 640:
-        return list(BUCKETS_640)
-    scale = resolution / 640
-    out = []
-    for h, w in BUCKETS_640:
-        b = (max(16, int(round(h * scale / 16)) * 16), max(16, int(round(w * scale / 16)) * 16))
-        if b not in out:
-            out.append(b)
-    return out
-
-
-def nearest_bucket(height: int, width: int, resolution: int = 640) -> tuple[int, int]:
-    """The bucket whose aspect ratio is closest: minimal |h·bw − w·bh|."""
-    return min(buckets_for(resolution), key=lambda b: abs(height * b[1] - width * b[0]))
+    """The bucket table for a target resolution (pipeline/buckets.py)."""
+    return list(bucket_table(resolution))
 
 
 def _to_rgb(img: Image.Image) -> Image.Image:

@@ -14,7 +14,8 @@ from configs.controls import CONTROLS, Control
 from configs.generation import LIMITS
 from pipeline import timeline
 from pipeline.errors import InputError
-from pipeline.images import load_image, nearest_bucket, resize_center_crop
+from pipeline.images import load_image, resize_center_crop
+from pipeline.resolution import job_size
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +206,11 @@ def prepare(request: Request, default_resolution: int = 640, *, images_prepared:
         raise InputError("end image", "only the original mode supports an end frame; choose mode 'original' or "
                                       "remove the end image")
     start = load_image(r.image, "image", check_size=not images_prepared)
-    height, width = (start.size[::-1] if images_prepared
-                     else nearest_bucket(start.height, start.width, settings["resolution"]))
+    if images_prepared:
+        height, width = start.size[::-1]
+    else:                                   # the bucket, or the custom size (pipeline/resolution.py)
+        size = job_size(start.height, start.width, settings["resolution"], settings["width"], settings["height"])
+        height, width = size.height, size.width
     image = resize_center_crop(start, height, width)
     end = None
     if r.end_image is not None:

@@ -50,7 +50,7 @@ class Server:
         return sorted(d for d in self.outputs.iterdir() if d.is_dir() and not d.name.startswith("."))
 
 
-def tiny_runner(outputs: Path, components):
+def tiny_runner(outputs: Path, components, cap_gb: float = 20):
     """A JobRunner on the CPU whose models are the session's tiny components (built once per test session)."""
     from pipeline.components import load_components
     from ui.models import ComponentCache
@@ -59,7 +59,7 @@ def tiny_runner(outputs: Path, components):
     def loader(preset, mode, model_dir):
         return components if mode == components.mode else load_components("tiny", mode)
 
-    return JobRunner(ComponentCache("tiny", loader=loader), outputs, 20, torch.device("cpu"))
+    return JobRunner(ComponentCache("tiny", loader=loader), outputs, cap_gb, torch.device("cpu"))
 
 
 @contextlib.contextmanager
@@ -71,7 +71,7 @@ def launched(outputs: Path, components, *argv: str, max_file_size: int | None = 
 
     port = free_port()
     args = parse_args(["--preset", "tiny", "--outputs", str(outputs), "--port", str(port), *argv])
-    runner = tiny_runner(Path(outputs).resolve(), components)
+    runner = tiny_runner(Path(outputs).resolve(), components, args.vram_cap_gb)
     blocks = app_module.build_app(args, runner)
     kwargs = launch_options(args).kwargs()
     if max_file_size is not None:

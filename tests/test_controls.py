@@ -41,12 +41,14 @@ def test_defaults_and_limits_are_the_old_ones():
                         gs=10.0, rescale=0.0, mode="original", sampler="unipc", teacache=0.15, crf=16, fps=30,
                         preserved_gb=MEMORY.preserved_gb, end_embed_weight=0.5, resolution=None,
                         prompt_blend=0)                                # prompt_blend: added with timed prompts
+    old_defaults.update(width=0, height=0)          # issue 13: a custom size (0 = the bucket)
     assert {c.name: c.default for c in CONTROLS if c.kind != "image"} == old_defaults
     assert {k: getattr(DEFAULTS, k) for k in old_defaults} == old_defaults
     old_limits = dict(seconds=(1.0, 120.0), steps=(1, 100), crf=(0, 51), gs=(1.0, 32.0), cfg=(1.0, 32.0),
                       rescale=(0.0, 1.0), latent_window=(1, 33), teacache=(0.0, 1.0), resolution=(64, 1280),
                       seed=(0, 2**63 - 1), fps=(1, 120), preserved_gb=(0.0, MEMORY.preserved_max_gb),
                       end_embed_weight=(0.0, 1.0), prompt_blend=(0, 16))
+    old_limits.update(resolution=(64, 2048), width=(0, 2048), height=(0, 2048))     # issue 13: up to kijai's 2048
     assert {c.name: c.limits for c in CONTROLS if c.limits} == old_limits
     assert {k: getattr(LIMITS, k) for k in old_limits} == old_limits
     assert LIMITS.prompt_chars_max == 4000 and LIMITS.image_side == (64, 8192)

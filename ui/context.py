@@ -40,10 +40,17 @@ def preserved_max_gb(cap_gb: float, device) -> float:
     return round(top, 1)
 
 
-def preserved_text(preset, args, device, preserved_gb, max_gb: float) -> str:
+def preserved_text(preset, args, device, preserved_gb, max_gb: float, resolution=None, width=0, height=0,
+                   window=9, image=None) -> str:
+    """The page's memory plan: the residency plan of the preserved memory, then what the job's size costs
+    (ui/size_plan.py)."""
     from ui import hints
     from ui.cli import weight_storage
+    from ui.size_plan import size_line
 
-    return "**Memory plan:** " + hints.preserved_hint(preset, args.vram_cap_gb, preserved_gb, device.type,
-                                                      getattr(args, "host_ram_gb", None), weight_storage(args),
-                                                      max_gb=max_gb)
+    size, line = size_line(preset, args.vram_cap_gb, preset.default_resolution if resolution is None else resolution,
+                           width, height, window, image, weight_storage(args))
+    text = hints.preserved_hint(preset, args.vram_cap_gb, preserved_gb, device.type,
+                                getattr(args, "host_ram_gb", None), weight_storage(args), max_gb=max_gb,
+                                size=size, window=int(hints.number(window) or 9))
+    return "**Memory plan:** " + text + (f"\n\n{line}" if line else "")

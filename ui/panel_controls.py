@@ -73,11 +73,13 @@ def wire(app: gr.Blocks, ctx: AppContext) -> None:
         component.change(live_hints, hint_inputs, ui.hints, preprocess=False, **HIDDEN)
     app.load(live_hints, hint_inputs, ui.hints, preprocess=False, **HIDDEN)
 
-    def memory_plan(preserved_gb):
-        return preserved_text(ctx.preset, ctx.args, ctx.device, preserved_gb, ctx.preserved_max_gb)
+    def memory_plan(preserved_gb, resolution, width, height, window, image):
+        return preserved_text(ctx.preset, ctx.args, ctx.device, preserved_gb, ctx.preserved_max_gb, resolution,
+                              width, height, window, image)
 
-    ui.preserved_gb.change(live.wrap(memory_plan, gr.skip), ui.preserved_gb, ui.preserved_info, preprocess=False,
-                           **HIDDEN)
+    plan_inputs = [ui.preserved_gb, ui.resolution, ui.width, ui.height, ui.latent_window, ui.image]
+    for component in plan_inputs:          # the size's cost too (ui/size_plan.py)
+        component.change(live.wrap(memory_plan, gr.skip), plan_inputs, ui.preserved_info, preprocess=False, **HIDDEN)
 
     def token_count(prompt):
         return ctx.tokens.markdown(prompt)

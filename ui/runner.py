@@ -29,6 +29,7 @@ from typing import Iterator
 from pipeline.cancel import CancelToken
 from pipeline.events import Cancelled, Done, Failed, LogLine, MemoryReport, Progress, SectionVideo
 from pipeline.request import PreparedRequest, prepare
+from pipeline.resolution import check_fits
 from pipeline.resume import ResumeRequest, prepare_resume
 from ui.staging import stage_images, sweep_stale, unstage
 
@@ -121,6 +122,8 @@ class JobRunner:
             prepared, resuming = job, None
         else:
             prepared, resuming = prepare(job, self.models.preset.default_resolution), None
+        if resuming is None:        # a size that cannot fit under the cap is refused here, before anything loads
+            check_fits(prepared, self.models.preset, self.vram_cap_gb, self.weight_storage)
         folder = resuming.job_dir if resuming is not None else None
         ticket = Ticket(session, prepared, resuming)
         if resuming is None:
