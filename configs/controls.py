@@ -145,7 +145,7 @@ CONTROLS: tuple[Control, ...] = (
             info="Lower = better quality, bigger files. 0 = lossless (browsers may not play it).",
             help="MP4 compression (0 = lossless, 51 = smallest)"),
     # Extending a video (pipeline/extend.py): its last frame is the start image, so no image is given with it.
-    Control("video", "video", label="Video to extend", widget="video", cli_aliases=("--extend",),
+    Control("video", "video", label="Video to extend", widget="video", cli_aliases=("--extend",), elem_id="extend-video",
             widget_label="Video to extend (optional; F1 mode; replaces the start image)",
             help="a video (mp4, webm, mov) or a finished F1 job folder to continue (F1 mode only; the start image is "
                  "then its last frame; seconds = the length added)"),

@@ -102,9 +102,10 @@ def _open_stream(path: Path):
         container.close()
         raise _refused(path, f"{{file}} is {w}×{h} pixels; each side may have at most {LIMITS.image_side[1]}")
     longest = LIMITS.seconds[1]
-    if container.duration is not None and container.duration / 1e6 > longest + 0.5:
+    seconds = container.duration / 1e6 if container.duration is not None else 0.0
+    if seconds > longest + 0.5:
         container.close()
-        raise _refused(path, f"{{file}} is {container.duration / 1e6:.1f} s long; the limit is {longest:g} s",
+        raise _refused(path, f"{{file}} is {seconds:.1f} s long; the limit is {longest:g} s",
                        "Cut the part to continue from (its end) with a video editor.")
     return container, stream
 
