@@ -327,7 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     cli_log.setup_logging(args.quiet, args.verbose)
     runner = Runner(args)
     if args.command == "generate":
-        return runner.run(request_from_args(args))[0]
+        from pipeline.errors import InputError
+
+        try:
+            request = request_from_args(args)
+        except InputError as e:                 # a start image or a video is required (configs/controls.py)
+            parser.error(cli_message(e, OPTION_OF_FIELD))
+        return runner.run(request)[0]
     if args.command == "resume":
         return runner.resume(args.job_dir)[0]
     return run_batch(runner, args.jobs)

@@ -10,7 +10,8 @@ Handled rather than refused:
   (`frame.rotation` is the counterclockwise angle, ffmpeg's `av_display_rotation_get`);
 - variable frame rate: frames are resampled by their timestamps, so VFR and any constant rate become `fps`
   frames per second the same way: output frame k shows the source frame on screen at time k / fps (the last one
-  whose timestamp is ≤ that time). A constant 30 fps input keeps every frame, unchanged.
+  whose timestamp is ≤ that time, give or take a quarter frame for rounded timestamps). A constant 30 fps input
+  keeps every frame, unchanged.
 """
 from __future__ import annotations
 
@@ -173,7 +174,8 @@ def resample(times: list[float], fps: int) -> tuple[list[int], bool]:
     median = float(np.median(steps))
     variable = bool(np.any(np.abs(steps - median) > max(0.002, 0.05 * median)))
     duration = rel[-1] + median
-    count = max(1, int(np.floor(duration * fps + 1e-6)))
+    slack = 0.25 / fps                  # container time bases round timestamps (webm: to the millisecond)
+    count = max(1, int(np.floor(duration * fps + 0.25)))
     wanted = np.arange(count) / fps
-    index = np.searchsorted(rel, wanted + 1e-6, side="right") - 1
+    index = np.searchsorted(rel, wanted + slack, side="right") - 1
     return [int(i) for i in np.clip(index, 0, len(rel) - 1)], variable

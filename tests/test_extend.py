@@ -87,8 +87,9 @@ def test_start_with_keeps_the_frames_bit_for_bit():
 def test_resampling_by_timestamps():
     assert resample([i / 30 for i in range(10)], 30) == ([*range(10)], False)
     assert resample([i / 60 for i in range(20)], 30)[0] == [*range(0, 20, 2)]
+    assert resample([round(i / 30, 3) for i in range(40)], 30) == ([*range(40)], False)   # webm's millisecond times
     index, variable = resample([0, 0.05, 0.07, 0.12, 0.14], 30)     # 50 ms / 20 ms frames
-    assert variable and index == [0, 0, 1, 2, 3]     # at 0, 1/30, 2/30, 3/30, 4/30 s (lasts 0.175 s)
+    assert variable and index == [0, 0, 2, 2, 4]     # on screen at 0, 1/30 … 4/30 s (± 1/120 s)
 
 
 # ---- bad inputs (refused before any model loads; the message names the field and the file) -----------------
@@ -239,4 +240,4 @@ def test_cli_extends_a_video_and_names_the_option_on_bad_input(tmp_path):
     r = cli("generate", "--preset", "tiny", "--video", clip, "--prompt", "waves", "--out", out)   # original mode
     assert r.returncode == 2 and "--mode" in r.stderr and "cannot continue a video" in r.stderr
     r = cli("generate", "--preset", "tiny", "--prompt", "waves", "--out", out)
-    assert r.returncode == 2 and "--video" in r.stderr
+    assert r.returncode == 2 and "--image: missing" in r.stderr and "video to extend" in r.stderr
