@@ -95,7 +95,8 @@ class Control:
 
 CONTROLS: tuple[Control, ...] = (
     # The order is the /video API's (and the page handlers') order of parameters.
-    Control("image", "image", required=True, required_unless="video", label="Start image", widget="image", elem_id="start-image",
+    Control("image", "image", required=True, required_unless="input_video", label="Start image", widget="image",
+            elem_id="start-image",
             help="the start image (PNG, JPEG, WebP ...)"),
     Control("end_image", "image", label="End image", widget="image", help="optional end frame (original mode only)",
             widget_label="End image (optional, original mode only)"),
@@ -145,7 +146,8 @@ CONTROLS: tuple[Control, ...] = (
             info="Lower = better quality, bigger files. 0 = lossless (browsers may not play it).",
             help="MP4 compression (0 = lossless, 51 = smallest)"),
     # Extending a video (pipeline/extend.py): its last frame is the start image, so no image is given with it.
-    Control("video", "video", label="Video to extend", widget="video", cli_aliases=("--extend",), elem_id="extend-video",
+    Control("input_video", "video", label="Video to extend", field="video", widget="video",
+            cli_aliases=("--video", "--extend"), elem_id="extend-video",
             widget_label="Video to extend (optional; F1 mode; replaces the start image)",
             help="a video (mp4, webm, mov) or a finished F1 job folder to continue (F1 mode only; the start image is "
                  "then its last frame; seconds = the length added)"),

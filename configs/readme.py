@@ -25,7 +25,8 @@ def markdown_table(controls: tuple[Control, ...] = CONTROLS) -> str:
         if c.cli_aliases:
             option += " (alias " + ", ".join(f"`{a}`" for a in c.cli_aliases) + ")"
         if c.required:
-            option += f" (required unless `{control(c.required_unless).option}`)" if c.required_unless else " (required)"
+            unless = f" unless `{control(c.required_unless).option}`" if c.required_unless else ""
+            option += f" (required{unless})"
         if c.default_text:
             default = c.default_text
         elif c.is_file:

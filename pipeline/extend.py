@@ -124,8 +124,8 @@ def _job_source(job_dir: Path, request) -> tuple[ExtendSource, Image.Image]:
 
 
 def load_source(request, resolution: int) -> tuple[ExtendSource, Image.Image]:
-    """The checked input of `request.video` and the start image. Raises InputError naming the field."""
-    path = Path(request.video).expanduser()
+    """The checked input of `request.input_video` and the start image. Raises InputError naming the field."""
+    path = Path(request.input_video).expanduser()
     if path.is_dir() and (path / "job.json").is_file():
         return _job_source(path, request)
     w = request.latent_window

@@ -201,7 +201,7 @@ def prepare(request: Request, default_resolution: int = 640, *, images_prepared:
     they are used as they are."""
     r = request
     settings, warnings = check_settings(r.settings(), preset_values(default_resolution), r.CONTROLS)
-    if r.video is not None:                      # extending a video: its own checks and start image
+    if r.input_video is not None:                      # extending a video: its own checks and start image
         from pipeline.extend import prepare_extend
 
         return prepare_extend(dataclasses.replace(r, **settings), warnings)

@@ -95,7 +95,7 @@ def test_resampling_by_timestamps():
 # ---- bad inputs (refused before any model loads; the message names the field and the file) -----------------
 def _refusal(tmp_path, video, **kw) -> InputError:
     with pytest.raises(InputError) as e:
-        prepare(Request(video=video, **{**COMMON, **kw}), 64)
+        prepare(Request(input_video=video, **{**COMMON, **kw}), 64)
     return e.value
 
 
@@ -142,11 +142,11 @@ def test_requests_an_extension_cannot_be(tmp_path):
 def test_variable_rate_and_rotation_are_handled(tmp_path):
     frames = moving_frames(60, 96, 64)
     times = np.cumsum([0] + [0.05 if i % 2 else 0.02 for i in range(59)])          # 50 fps / 20 fps
-    vfr = prepare(Request(video=write_video(tmp_path / "vfr.mp4", frames, times=times), **COMMON), 64).source
+    vfr = prepare(Request(input_video=write_video(tmp_path / "vfr.mp4", frames, times=times), **COMMON), 64).source
     assert vfr.video.variable_rate and abs(len(vfr.frames) - times[-1] * 30) <= 1.5     # 30 fps over its length
     assert vfr.record()["variable_rate"] is True
-    upright = prepare(Request(video=write_video(tmp_path / "up.mp4", frames), **COMMON), 64)
-    turned = prepare(Request(video=write_video(tmp_path / "rot.mp4", frames, rotation=90), **COMMON), 64)
+    upright = prepare(Request(input_video=write_video(tmp_path / "up.mp4", frames), **COMMON), 64)
+    turned = prepare(Request(input_video=write_video(tmp_path / "rot.mp4", frames, rotation=90), **COMMON), 64)
     assert turned.source.video.rotation == 90 and turned.source.video.source_size == (64, 96)
     assert upright.width > upright.height and turned.height > turned.width      # a portrait bucket
     # the right column of the upright clip is the top row once turned 90° counterclockwise
@@ -166,13 +166,13 @@ def jobs(tiny_f1, tmp_path_factory):
     short = run(Request(image=image, seconds=2.4, **COMMON), tiny_f1, root / "short")
     before = (short.job_dir / "job.json").read_bytes()
     longer = run(Request(image=image, seconds=4.8, **COMMON), tiny_f1, root / "long")
-    extended = run(Request(video=short.job_dir, seconds=2.4, **COMMON), tiny_f1, root / "ext")
+    extended = run(Request(input_video=short.job_dir, seconds=2.4, **COMMON), tiny_f1, root / "ext")
     return short, longer, extended, before
 
 
 def test_history_from_a_job_folder_is_the_history_it_had(jobs):
     short, longer, _, _ = jobs
-    source, image = load_source(Request(video=short.job_dir, **COMMON), 64)
+    source, image = load_source(Request(input_video=short.job_dir, **COMMON), 64)
     assert source.kind == "job" and source.sections_done == 2
     history_4 = load_checkpoint(longer.job_dir)[0]["history"]
     # the longer job's history after its 2nd section: everything but its last two windows
@@ -198,12 +198,12 @@ def test_extending_a_job_equals_the_longer_job(jobs):
 def test_a_job_is_extended_with_its_own_window_only(jobs):
     short = jobs[0]
     with pytest.raises(InputError, match="latent window 9"):
-        prepare(Request(video=short.job_dir, **{**COMMON, "latent_window": 5}), 64)
+        prepare(Request(input_video=short.job_dir, **{**COMMON, "latent_window": 5}), 64)
 
 
 def test_extending_a_video_file_keeps_its_frames(jobs, tiny_f1, tmp_path):
     clip = write_video(tmp_path / "clip.mov", moving_frames(50), codec="libx264")
-    prepared = prepare(Request(video=clip, seconds=1.2, crf=10, **COMMON), 64)
+    prepared = prepare(Request(input_video=clip, seconds=1.2, crf=10, **COMMON), 64)
     frames_in = prepared.source.frames
     assert frames_in.shape == (50, 48, 64, 3)             # 100×70 -> the 64-preset bucket, 30 fps kept
     assert np.array_equal(np.asarray(prepared.image), frames_in[-1])      # the start image: the last frame
@@ -219,11 +219,11 @@ def test_extending_a_video_file_keeps_its_frames(jobs, tiny_f1, tmp_path):
     src = info["source"]
     assert src["kind"] == "video" and src["path"] == str(clip) and src["sha256"] == file_sha256(clip)
     assert src["frames"] == 50 and src["encoded_frames"] == 4 * W + 1 and src["sections_as_context"] == 1
-    assert "video" not in info["settings"] and info["status"] == "done"
+    assert "input_video" not in info["settings"] and info["status"] == "done"
 
 
 def test_a_video_too_short_for_full_context_uses_what_it_has(tmp_path):
-    long_enough = prepare(Request(video=write_video(tmp_path / "a.mp4", moving_frames(90)), **COMMON), 64)
+    long_enough = prepare(Request(input_video=write_video(tmp_path / "a.mp4", moving_frames(90)), **COMMON), 64)
     assert long_enough.source.sections_done == 2 and long_enough.source.tail_frames == 4 * 2 * W + 1
 
 
