@@ -23,8 +23,9 @@ from configs.memory import MEMORY
 MODES = ("original", "f1")
 SAMPLERS = ("unipc", "unipc_bh2", "euler")   # pipeline/samplers.py; unipc = FramePack's (bh1)
 TEACACHE_CHOICES = (0.0, 0.1, 0.15, 0.2)
-KINDS = ("image", "text", "int", "float", "choice")
-WIDGETS = ("image", "textbox", "number", "slider", "radio", "dropdown")
+KINDS = ("image", "video", "text", "int", "float", "choice")
+FILE_KINDS = ("image", "video")          # a file (path or upload): not a setting of job.json
+WIDGETS = ("image", "video", "textbox", "number", "slider", "radio", "dropdown")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Control:
     cli: str | None = ""                    # the option; "": --name-with-dashes; None: no option
     cli_aliases: tuple = ()                 # older spellings, still accepted
     required: bool = False
+    required_unless: str = ""               # required unless this other control is given (image unless video)
     preset_default: bool = False            # default None = the model preset's `default_<name>`
     elem_id: str = ""                       # the page element's id; default: name with dashes
     default_text: str = ""                  # the default as the README says it, when not the value itself
@@ -80,6 +82,10 @@ class Control:
         return (self.name,) + tuple(a.lstrip("-").replace("-", "_") for a in self.cli_aliases)
 
     @property
+    def is_file(self) -> bool:
+        return self.kind in FILE_KINDS
+
+    @property
     def is_number(self) -> bool:
         return self.kind in ("int", "float")
 
@@ -89,7 +95,8 @@ class Control:
 
 CONTROLS: tuple[Control, ...] = (
     # The order is the /video API's (and the page handlers') order of parameters.
-    Control("image", "image", required=True, label="Start image", widget="image", elem_id="start-image",
+    Control("image", "image", required=True, required_unless="input_video", label="Start image", widget="image",
+            elem_id="start-image",
             help="the start image (PNG, JPEG, WebP ...)"),
     Control("end_image", "image", label="End image", widget="image", help="optional end frame (original mode only)",
             widget_label="End image (optional, original mode only)"),
@@ -155,6 +162,12 @@ CONTROLS: tuple[Control, ...] = (
             widget="slider", step=1, advanced=True,
             info="Timed prompts: sections over which one prompt blends into the next (0 = switch at once).",
             help="sections over which a timed prompt blends into the next (0 = switch at once)"),
+    # Extending a video (pipeline/extend.py): its last frame is the start image, so no image is given with it.
+    Control("input_video", "video", label="Video to extend", field="video", widget="video",
+            cli_aliases=("--video", "--extend"), elem_id="extend-video",
+            widget_label="Video to extend (optional; F1 mode; replaces the start image)",
+            help="a video (mp4, webm, mov) or a finished F1 job folder to continue (F1 mode only; the start image is "
+                 "then its last frame; seconds = the length added)"),
     # Not on the page: the end image's share of the SigLIP image conditioning (see pipeline/orchestrator.py).
     Control("end_embed_weight", "float", 0.5, (0.0, 1.0), label="End-frame embedding weight",
             field="end-frame embedding weight", help="share of the end image in the image conditioning"),

@@ -16,7 +16,7 @@ BUCKETS_640: tuple[tuple[int, int], ...] = (
 
 # Every control but the images, with its default (resolution: None = the preset's).
 GenerationDefaults = make_dataclass(
-    "GenerationDefaults", [(c.name, object, field(default=c.default)) for c in CONTROLS if c.kind != "image"],
+    "GenerationDefaults", [(c.name, object, field(default=c.default)) for c in CONTROLS if not c.is_file],
     frozen=True)
 
 # Each control's (lowest, highest), inclusive and the same everywhere (page, API, CLI, batch), and the limits on

@@ -3,7 +3,7 @@
 README's copy is out of date)."""
 from __future__ import annotations
 
-from configs.controls import CONTROLS, Control
+from configs.controls import CONTROLS, Control, control
 
 
 def _cell(text: str) -> str:
@@ -25,10 +25,11 @@ def markdown_table(controls: tuple[Control, ...] = CONTROLS) -> str:
         if c.cli_aliases:
             option += " (alias " + ", ".join(f"`{a}`" for a in c.cli_aliases) + ")"
         if c.required:
-            option += " (required)"
+            unless = f" unless `{control(c.required_unless).option}`" if c.required_unless else ""
+            option += f" (required{unless})"
         if c.default_text:
             default = c.default_text
-        elif c.kind == "image":
+        elif c.is_file:
             default = "—"
         elif c.kind == "text":
             default = "empty" if c.default == "" else f"`{c.default}`"

@@ -60,13 +60,13 @@ def add_settings(p: argparse.ArgumentParser, controls: tuple[Control, ...] = CON
         notes = []
         if c.default_text:
             notes.append(f"default: {c.default_text}")
-        elif c.kind not in ("image", "text") and c.default is not None:
+        elif not c.is_file and c.kind != "text" and c.default is not None:
             notes.append(f"default {c.default:g}" if c.is_number else f"default {c.default}")
         if c.is_number and c.limits and c.limits[1] < 10**6:
             notes.append(f"range {c.limits[0]:g}–{c.limits[1]:g}")
         text = c.help + (f" ({'; '.join(notes)})" if notes else "")
         p.add_argument(c.option, *c.cli_aliases, dest=c.name, type=_option_type(c), default=c.default,
-                       required=c.required, choices=c.choices if c.kind == "choice" else None,
+                       required=c.required and not c.required_unless, choices=c.choices if c.kind == "choice" else None,
                        help=text.replace("%", "%%"))
 
 
@@ -334,7 +334,13 @@ def main(argv: list[str] | None = None) -> int:
     cli_log.setup_logging(args.quiet, args.verbose)
     runner = Runner(args)
     if args.command == "generate":
-        return runner.run(request_from_args(args))[0]
+        from pipeline.errors import InputError
+
+        try:
+            request = request_from_args(args)
+        except InputError as e:                 # a start image or a video is required (configs/controls.py)
+            parser.error(cli_message(e, OPTION_OF_FIELD))
+        return runner.run(request)[0]
     if args.command == "resume":
         return runner.resume(args.job_dir)[0]
     return run_batch(runner, args.jobs)

@@ -26,6 +26,7 @@ from configs.video import DECODE_SPEED
 from memory import MemoryManager
 from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError
 from memory.snapshot import host_rss_bytes
+from pipeline import extend
 from pipeline import sections as sec
 from pipeline.checkpoint import save_checkpoint
 from pipeline.components import Components
@@ -72,6 +73,9 @@ def generate(prepared: PreparedRequest, components: Components, memory: MemoryMa
     if prepared.request.mode != components.mode:
         yield Failed(f"mode: the loaded models are for mode '{components.mode}', not '{prepared.request.mode}'")
         return
+    if prepared.source is not None and prepared.source.problem(components):     # extending (pipeline/extend.py)
+        yield Failed(prepared.source.problem(components))
+        return
     run = JobRun(prepared, components, memory or MemoryManager(), cancel or CancelToken(), Path(outputs))
     yield from run.events()
 
@@ -99,6 +103,8 @@ class JobRun:
         self.request = prepared.request
         self.plan = sec.make_plan(self.request.mode, self.request.seconds, self.request.latent_window,
                                   self.request.fps)
+        if prepared.source is not None:      # extending: the input stands for the plan's first sections
+            self.plan = extend.extended_plan(self.plan, prepared.source)
         self.device = memory.device
         memory.set_workload(prepared.height, prepared.width, self.request.latent_window)
         self.generator = torch.Generator("cpu").manual_seed(self.request.seed)
@@ -241,6 +247,8 @@ class JobRun:
         if self.prepared.end_image is not None:
             self.job.save_image("end.png", self.prepared.end_image)
             self.job.keep_upload("upload_end", self.request.end_image)
+        if self.prepared.source is not None:
+            self.job.update(source=self.prepared.source.record())
 
     def _starting_point(self, drain):
         """(start latent, end latent, latent history, sections done): a new job encodes its images (VAE encode);
@@ -249,17 +257,25 @@ class JobRun:
             self.generator.set_state(self.resume.rng_state)
             return (self.resume.start_latent, self.resume.end_latent, self.resume.history,
                     self.resume.sections_done)
+        if self.prepared.source is not None:
+            return (yield from extend.starting_point(self, drain))
         yield self.progress("VAE encode")
         start_latent, end_latent = self._encode_latents()
         yield from drain()
         return start_latent, end_latent, sec.empty_history(self.plan, start_latent), 0
 
     def _rebuild_video(self, done: int, drain) -> Iterator[Event]:
-        """Decode the finished sections again (resume), so the blends match an uninterrupted run exactly."""
+        """Decode the finished sections again (resume, extending a job), so the blends match an uninterrupted run
+        exactly; an input video's frames start the video as they are."""
+        source = self.prepared.source
+        if self.resume is None and source.frames is not None:
+            self.writer.submit(source.frames)
+            return
+        real_now = self.resume.real if self.resume is not None else source.real
         for section in self.plan.sections[:done]:
             yield self.progress("VAE decode", section.index + 1, self.request.steps,
                                 f"resuming: decoding section {section.index + 1}/{done} again")
-            real = sec.real_latents_after(self.plan, section, self.resume.real, done)
+            real = sec.real_latents_after(self.plan, section, real_now, done)
             self.writer.submit(self._decode(sec.latents_to_decode(self.plan, section, real)))
             yield from drain()
         self.last_video = self.job.path(self.job.info["videos"][-1]) if self.job.info["videos"] else None

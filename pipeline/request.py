@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from PIL import Image
 
-from configs.controls import CONTROLS, Control
+from configs.controls import CONTROLS, Control, control
 from configs.generation import LIMITS
 from pipeline import timeline
 from pipeline.errors import InputError
@@ -27,7 +27,7 @@ class RequestBase:
 
     def settings(self) -> dict:
         """Everything but the images, for job.json and reuse."""
-        return {c.name: getattr(self, c.name) for c in self.CONTROLS if c.kind != "image"}
+        return {c.name: getattr(self, c.name) for c in self.CONTROLS if not c.is_file}
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], *, base: Path | None = None, unknown: str = "refuse",
@@ -51,10 +51,11 @@ class RequestBase:
                 raise InputError(str(key), f"unknown setting; known: {known}")
         fields.update(given)
         for c in cls.CONTROLS:
-            if c.required and fields.get(c.name) is None:
-                raise InputError(c.field_name, f"missing; give the {c.label.lower()}'s path"
-                                 if c.kind == "image" else "missing")
-            if c.kind == "image" and base is not None and isinstance(fields.get(c.name), (str, Path)):
+            if c.required and fields.get(c.name) is None and fields.get(c.required_unless) is None:
+                other = f" (or the {control(c.required_unless).label.lower()}'s)" if c.required_unless else ""
+                raise InputError(c.field_name, f"missing; give the {c.label.lower()}'s path{other}"
+                                 if c.is_file else "missing")
+            if c.is_file and base is not None and isinstance(fields.get(c.name), (str, Path)):
                 path = Path(fields[c.name]).expanduser()
                 fields[c.name] = path if path.is_absolute() else Path(base) / path
         return cls(**fields)
@@ -62,8 +63,9 @@ class RequestBase:
 
 def request_class(controls: tuple[Control, ...] = CONTROLS, name: str = "Request") -> type:
     """A frozen dataclass with one field per control (the required ones first), defaults from the table."""
-    required = [(c.name, Any) for c in controls if c.required]
-    optional = [(c.name, Any, dataclasses.field(default=c.default)) for c in controls if not c.required]
+    required = [(c.name, Any) for c in controls if c.required and not c.required_unless]
+    optional = [(c.name, Any, dataclasses.field(default=c.default)) for c in controls
+                if not c.required or c.required_unless]
     cls = dataclasses.make_dataclass(name, required + optional, bases=(RequestBase,), frozen=True,
                                      namespace={"CONTROLS": controls})
     cls.__module__ = __name__
@@ -83,6 +85,7 @@ class PreparedRequest:
     width: int
     prompt: str
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    source: Any = None                           # extending: the checked input (pipeline.extend.ExtendSource)
 
 
 def shown(value, limit: int = 60) -> str:
@@ -150,7 +153,7 @@ def check_value(c: Control, value, preset: Mapping[str, Any] | None = None) -> t
         return _text(name, value)
     if c.kind == "choice":
         return _choice(name, value, c.choices), []
-    if c.kind == "image":
+    if c.is_file:
         return value, []
     if value is None and c.preset_default:
         value = (preset or {}).get(c.name, value)
@@ -170,7 +173,7 @@ def check_settings(values: Mapping[str, Any], preset: Mapping[str, Any] | None =
     (`{"resolution": 640}`). Raises InputError naming the first bad field."""
     checked, warnings = {}, []
     for c in controls:
-        if c.kind != "image":
+        if not c.is_file:
             checked[c.name], more = check_value(c, values.get(c.name, c.default), preset)
             warnings += more
     if {"prompt", "mode", "seconds", "latent_window", "fps"} <= checked.keys():
@@ -187,7 +190,7 @@ def setting_problems(settings: dict, default_resolution: int = 640) -> dict[str,
     reason; unknown names are left out. For restoring saved settings value by value."""
     problems = {}
     for c in CONTROLS:
-        if c.name in settings and c.kind != "image":
+        if c.name in settings and not c.is_file:
             try:
                 check_value(c, settings[c.name], preset_values(default_resolution))
             except InputError as e:
@@ -202,6 +205,10 @@ def prepare(request: Request, default_resolution: int = 640, *, images_prepared:
     they are used as they are."""
     r = request
     settings, warnings = check_settings(r.settings(), preset_values(default_resolution), r.CONTROLS)
+    if r.input_video is not None:                      # extending a video: its own checks and start image
+        from pipeline.extend import prepare_extend
+
+        return prepare_extend(dataclasses.replace(r, **settings), warnings)
     if r.end_image is not None and r.mode != "original":
         raise InputError("end image", "only the original mode supports an end frame; choose mode 'original' or "
                                       "remove the end image")

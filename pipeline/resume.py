@@ -52,6 +52,9 @@ def resume_request(job_dir: Path) -> tuple[Request, dict]:
         raise _damaged(job_dir, "no model preset")
     if info.get("status") == "done":
         raise InputError("job folder", f"{job_dir.name} is already complete ({info.get('final')})")
+    if info.get("source") is not None:     # an extension's plan starts with its input (pipeline/extend.py)
+        raise InputError("job folder", f"{job_dir.name} extends a video; an extension cannot be resumed: extend "
+                                       f"the same input again")
     if not (job_dir / CHECKPOINT).is_file():
         raise InputError("job folder", f"{job_dir.name} has no finished section to continue from; start it again")
     end = job_dir / "end.png"

@@ -30,8 +30,12 @@ class VideoBuffer:
         edge = 0 if self._edge is None else self._edge.shape[2]
         return sum(c.shape[0] for _, c in self._chunks) + edge
 
-    def add(self, decoded: torch.Tensor) -> None:
-        """Blend a newly decoded part (1, 3, T, H, W) in [-1, 1] into the video."""
+    def add(self, decoded: torch.Tensor | np.ndarray) -> None:
+        """Blend a newly decoded part (1, 3, T, H, W) in [-1, 1] into the video; or start it with finished frames,
+        (T, H, W, 3) uint8 (an extended video's input, F1)."""
+        if isinstance(decoded, np.ndarray):
+            self.start_with(decoded)
+            return
         part = decoded.detach().float().cpu()
         ov = self.overlap
         if self._edge is not None:
@@ -50,6 +54,20 @@ class VideoBuffer:
                 self._chunks.append((self._settled, pixels_to_frames(settle)))
                 self._settled += 1
         self._edge = keep
+
+    def start_with(self, frames: np.ndarray) -> None:
+        """Begin an empty F1 video with (T, H, W, 3) uint8 frames: all but the last `overlap` settle as they are
+        (bit for bit); those become the edge the next part cross-fades into (uint8 -> float -> uint8 is exact)."""
+        if self.mode != "f1" or len(self):
+            raise ValueError("only an empty F1 video can start with finished frames")
+        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[0] < self.overlap:
+            raise ValueError(f"need at least {self.overlap} uint8 T×H×W×3 frames, not {frames.shape} {frames.dtype}")
+        cut = frames.shape[0] - self.overlap
+        if cut:
+            self._chunks.append((self._settled, np.ascontiguousarray(frames[:cut])))
+            self._settled += 1
+        edge = torch.from_numpy(np.ascontiguousarray(frames[cut:])).float().div(127.5).sub(1.0)
+        self._edge = edge.permute(3, 0, 1, 2).unsqueeze(0)
 
     def parts(self) -> list[Part]:
         """The whole video as consecutive parts, in video order: the edge (key None) and the settled chunks."""

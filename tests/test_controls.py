@@ -42,7 +42,7 @@ def test_defaults_and_limits_are_the_old_ones():
                         preserved_gb=MEMORY.preserved_gb, end_embed_weight=0.5, resolution=None,
                         prompt_blend=0)                                # prompt_blend: added with timed prompts
     old_defaults.update(width=0, height=0)          # issue 13: a custom size (0 = the bucket)
-    assert {c.name: c.default for c in CONTROLS if c.kind != "image"} == old_defaults
+    assert {c.name: c.default for c in CONTROLS if not c.is_file} == old_defaults
     assert {k: getattr(DEFAULTS, k) for k in old_defaults} == old_defaults
     old_limits = dict(seconds=(1.0, 120.0), steps=(1, 100), crf=(0, 51), gs=(1.0, 32.0), cfg=(1.0, 32.0),
                       rescale=(0.0, 1.0), latent_window=(1, 33), teacache=(0.0, 1.0), resolution=(64, 1280),
@@ -58,7 +58,7 @@ def test_request_has_one_field_per_control():
     assert [f.name for f in dataclasses.fields(Request)] == [c.name for c in CONTROLS]
     r = Request(image="a.png")
     assert r.seconds == 5.0 and r.resolution is None and r.end_image is None
-    assert set(r.settings()) == {c.name for c in CONTROLS} - {"image", "end_image"}
+    assert set(r.settings()) == {c.name for c in CONTROLS} - {"image", "end_image", "input_video"}
 
 
 # ---- validation ----------------------------------------------------------------------------------------------------
@@ -109,7 +109,7 @@ def test_from_mapping(tmp_path):
     assert Request.from_mapping({"image": "/abs/a.png"}, base=tmp_path).image == Path("/abs/a.png")
     with pytest.raises(InputError, match="^colour: unknown setting; known: image, end_image, prompt"):
         Request.from_mapping({"image": "a.png", "colour": 1})
-    with pytest.raises(InputError, match="^image: missing; give the start image's path$"):
+    with pytest.raises(InputError, match="^image: missing; give the start image's path \(or the video to extend's\)$"):
         Request.from_mapping({"seconds": 3})
     r = Request.from_mapping({"colour": 1, "steps": 4}, unknown="ignore", image=tmp_path / "input.png")
     assert r.steps == 4 and r.image == tmp_path / "input.png"

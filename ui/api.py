@@ -149,7 +149,8 @@ def video_signature(table: tuple[Control, ...] = TABLE) -> inspect.Signature:
     every value; a control left out by the client gets the page's default; the None defaults only mark the
     optional ones in the API info), then Gradio's request and progress."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    params = [inspect.Parameter(c.api_name, kind, default=inspect.Parameter.empty if c.required else None)
+    needed = {c.name for c in table if c.required and not c.required_unless}
+    params = [inspect.Parameter(c.api_name, kind, default=inspect.Parameter.empty if c.name in needed else None)
               for c in st.page_controls(table)]
     params += [inspect.Parameter("request", kind, default=None, annotation=gr.Request),
                inspect.Parameter("progress", kind, default=gr.Progress())]

@@ -99,6 +99,7 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
             with gr.Row():
                 image = w.place("image")
                 w.place("end_image")
+                w.place("input_video")            # extending a video: its last frame is the start (pipeline/extend.py)
             prompt = w.place("prompt", lines=2, placeholder="Describe the motion, e.g. " + st.EXAMPLE_PROMPTS[0])
             prompt_tokens = gr.HTML("", elem_id="prompt-tokens")
             with gr.Column(elem_id="actions"):

@@ -14,7 +14,7 @@ from configs.controls import CONTROLS as TABLE, Control
 
 # Request field names of the page's controls, in the order the handlers receive their values.
 CONTROLS = tuple(c.name for c in TABLE if c.widget)
-IMAGES = tuple(c.name for c in TABLE if c.widget and c.kind == "image")
+IMAGES = tuple(c.name for c in TABLE if c.widget and c.is_file)        # the image and video uploads
 SETTINGS = tuple(name for name in CONTROLS if name not in IMAGES)
 INTEGER_FIELDS = tuple(c.name for c in TABLE if c.widget and c.kind == "int")
 
@@ -43,6 +43,8 @@ def upload_path(value: Any) -> str | None:
     if isinstance(value, (str, Path)):
         return str(value)
     if isinstance(value, Mapping):
+        if isinstance(value.get("video"), Mapping):        # a gr.Video payload: {"video": FileData, ...}
+            return upload_path(value["video"])
         return value.get("path") or None
     return getattr(value, "path", None)
 
@@ -66,7 +68,7 @@ def request_from_values(values: Mapping[str, Any], table: tuple[Control, ...] = 
         if c.name not in values:
             continue
         value = values[c.name]
-        if c.kind == "image":
+        if c.is_file:
             value = upload_path(value)
         elif c.kind == "int":
             value = _whole(value)
@@ -92,7 +94,7 @@ def values_from_settings(settings: Mapping[str, Any], default_resolution: int) -
 def default_values(default_resolution: int, table: tuple[Control, ...] = TABLE) -> dict[str, Any]:
     """The controls' defaults (the table's; those that depend on the preset from it)."""
     return {c.name: default_resolution if c.preset_default else c.default
-            for c in page_controls(table) if c.kind != "image"}
+            for c in page_controls(table) if not c.is_file}
 
 
 def limits(table: tuple[Control, ...] = TABLE) -> dict[str, tuple]:

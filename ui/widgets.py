@@ -29,6 +29,9 @@ def make_widget(c: Control, value: Any, limits: tuple | None = None, **extra) ->
         common.pop("info", None)
         return gr.Image(**{"type": "filepath", "image_mode": None, "sources": ["upload", "clipboard"],
                            "height": 300, **common})
+    if c.widget == "video":
+        common.pop("info", None)
+        return gr.Video(**{"sources": ["upload"], "height": 240, "format": None, **common})
     if c.widget == "textbox":
         return gr.Textbox(value=value, **common)
     if c.widget == "number":

@@ -1,0 +1,60 @@
+"""Extending a video from the page (issue 14), in headless Chromium against the app on the tiny preset: a clip is
+dropped into "Video to extend" (no start image), mode F1, Start; the job finishes with the clip's frames followed
+by the new section, and job.json names the clip and its hash. The original mode is refused with the field named."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline.video import read_frames
+from pipeline.video_input import file_sha256
+from tests.browser_helpers import chromium, require_browser, set_number, wait_status
+from tests.server_helpers import job_info, launched
+from tests.test_extend import W, moving_frames, write_video
+
+pytestmark = pytest.mark.slow
+expect = require_browser()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_f1):
+    with launched(tmp_path_factory.mktemp("outputs"), tiny_f1) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser():
+    yield from chromium()
+
+
+def _page(browser, server, clip):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(120_000)
+    page.goto(server.url)
+    page.wait_for_selector("#start-btn")
+    page.locator("#extend-video input[type=file]").set_input_files(str(clip))
+    page.wait_for_selector("#extend-video video")
+    page.locator("#prompt textarea").fill("the waves keep rolling in")
+    set_number(page, "seconds", 1.2)
+    set_number(page, "steps", 2)
+    return page
+
+
+def test_extend_a_video_from_the_page(server, browser, tmp_path):
+    clip = write_video(tmp_path / "holiday.mp4", moving_frames(45))
+    page = _page(browser, server, clip)
+    page.locator("#start-btn").click()
+    status = wait_status(page, "Failed", "⚠", "mode")
+    assert "cannot continue a video" in status and "Mode" in status, status      # original mode: refused
+    page.locator("#mode label").filter(has_text="F1").click()
+    page.wait_for_timeout(300)
+    before = {d.name for d in server.outputs.iterdir()}
+    page.locator("#start-btn").click()
+    page.wait_for_function("() => !document.querySelector('#status').innerText.includes('cannot continue')")
+    status = wait_status(page, "Done", "Failed", "⚠", timeout=300_000)
+    assert "Done" in status, status
+    (job,) = [d for d in server.outputs.iterdir() if d.name not in before and not d.name.startswith(".")]
+    info = job_info(job)
+    assert info["status"] == "done" and info["source"]["sha256"] == file_sha256(clip)
+    assert info["source"]["path"].endswith(".mp4") and info["source"]["frames"] == 45
+    assert read_frames(job / "final.mp4").shape[0] == 45 + 4 * W
+    page.close()
