@@ -53,6 +53,7 @@ class Control:
     preset_default: bool = False            # default None = the model preset's `default_<name>`
     elem_id: str = ""                       # the page element's id; default: name with dashes
     default_text: str = ""                  # the default as the README says it, when not the value itself
+    repeat: bool = False                    # the option may be given several times (its values joined by ", ")
 
     @property
     def option(self) -> str | None:
@@ -138,6 +139,12 @@ CONTROLS: tuple[Control, ...] = (
     Control("crf", "int", 16, (0, 51), label="MP4 compression (CRF)", widget="slider", step=1,
             info="Lower = better quality, bigger files. 0 = lossless (browsers may not play it).",
             help="MP4 compression (0 = lossless, 51 = smallest)"),
+    Control("loras", "text", "", label="LoRAs", widget="textbox", cli="--lora", repeat=True,
+            widget_label="LoRAs (file:strength, comma-separated)",
+            info="Pick from the LoRA folder below, or type names in it (or paths) with a strength from -2 to 2.",
+            default_text="none",
+            help="a LoRA and its strength, e.g. style.safetensors:0.8 (-2 to 2; repeat for several; a name is "
+                 "looked up in --lora-dir)"),
     # Not on the page: the end image's share of the SigLIP image conditioning (see pipeline/orchestrator.py).
     Control("end_embed_weight", "float", 0.5, (0.0, 1.0), label="End-frame embedding weight",
             field="end-frame embedding weight", help="share of the end image in the image conditioning"),
