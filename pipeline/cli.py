@@ -68,7 +68,8 @@ def add_settings(p: argparse.ArgumentParser, controls: tuple[Control, ...] = CON
         if c.is_number and c.limits and c.limits[1] < 10**6:
             notes.append(f"range {c.limits[0]:g}–{c.limits[1]:g}")
         text = c.help + (f" ({'; '.join(notes)})" if notes else "")
-        p.add_argument(c.option, *c.cli_aliases, dest=c.name, type=_option_type(c), default=c.default,
+        p.add_argument(c.option, *c.cli_aliases, dest=c.name, type=_option_type(c),
+                       default=None if c.repeat else c.default,
                        required=c.required, choices=c.choices if c.kind == "choice" else None,
                        help=text.replace("%", "%%"), **({"action": "append"} if c.repeat else {}))
 
@@ -95,8 +96,8 @@ def request_from_args(a: argparse.Namespace):
     from pipeline.request import Request
 
     values = {c.name: getattr(a, c.name) for c in Request.CONTROLS if c.option}
-    values.update({c.name: ", ".join(values[c.name]) for c in Request.CONTROLS
-                   if c.repeat and isinstance(values.get(c.name), list)})     # a repeated option: its values
+    values.update({c.name: ", ".join(values[c.name] or [c.default]) for c in Request.CONTROLS
+                   if c.repeat})                                      # a repeated option: its values joined
     return Request.from_mapping(values)
 
 
