@@ -139,7 +139,7 @@ CONTROLS: tuple[Control, ...] = (
     Control("crf", "int", 16, (0, 51), label="MP4 compression (CRF)", widget="slider", step=1,
             info="Lower = better quality, bigger files. 0 = lossless (browsers may not play it).",
             help="MP4 compression (0 = lossless, 51 = smallest)"),
-    Control("loras", "text", "", label="LoRAs", widget="textbox", cli="--lora", repeat=True,
+    Control("loras", "text", "", label="LoRAs", widget="textbox", cli_aliases=("--lora",), repeat=True,
             widget_label="LoRAs (file:strength, comma-separated)",
             info="Pick from the LoRA folder below, or type names in it (or paths) with a strength from -2 to 2.",
             default_text="none",

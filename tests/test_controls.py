@@ -39,7 +39,8 @@ def test_defaults_and_limits_are_the_old_ones():
     """Moving the numbers into the table changed none of them."""
     old_defaults = dict(prompt="", negative_prompt="", seed=31337, seconds=5.0, latent_window=9, steps=25, cfg=1.0,
                         gs=10.0, rescale=0.0, mode="original", sampler="unipc", teacache=0.15, crf=16, fps=30,
-                        preserved_gb=MEMORY.preserved_gb, end_embed_weight=0.5, resolution=None)
+                        preserved_gb=MEMORY.preserved_gb, end_embed_weight=0.5, resolution=None,
+                        loras="")           # loras: new with issue 13 (no LoRA)
     assert {c.name: c.default for c in CONTROLS if c.kind != "image"} == old_defaults
     assert {k: getattr(DEFAULTS, k) for k in old_defaults} == old_defaults
     old_limits = dict(seconds=(1.0, 120.0), steps=(1, 100), crf=(0, 51), gs=(1.0, 32.0), cfg=(1.0, 32.0),
