@@ -216,3 +216,17 @@ def test_cli_lora_option_repeats(tmp_path):
     assert request_from_args(args).loras == "a.safetensors:0.8, b.safetensors:-1"
     assert args.lora_dir == tmp_path
     assert request_from_args(build_parser().parse_args(["generate", "--image", "x.png"])).loras == ""
+
+
+def test_lora_step_benchmark_tiny(tmp_path):
+    """benchmarks/lora_step.py end to end on the tiny preset (CPU): 0, 1 and 3 LoRAs through the streamed stage."""
+    from benchmarks.lora_step import main
+
+    out = tmp_path / "lora_step.json"
+    main(["--tiny", "--out", str(out), "--warmup", "0", "--steps", "1", "--rank", "4"])
+    results = json.loads(out.read_text())["results"]
+    assert [r["loras"] for r in results] == [0, 1, 3]
+    assert results[0]["x_no_lora"] == 1.0 and all(r["x_no_lora"] > 0 for r in results)
+    assert results[0]["max_abs_diff_vs_no_lora"] == 0.0
+    assert results[1]["max_abs_diff_vs_no_lora"] > 0 and results[2]["lora_layers"] == 3 * results[1]["lora_layers"]
+    assert all("1/2 blocks" in r["placement"] for r in results)          # one block streamed
