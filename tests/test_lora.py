@@ -230,3 +230,18 @@ def test_lora_step_benchmark_tiny(tmp_path):
     assert results[0]["max_abs_diff_vs_no_lora"] == 0.0
     assert results[1]["max_abs_diff_vs_no_lora"] > 0 and results[2]["lora_layers"] == 3 * results[1]["lora_layers"]
     assert all("1/2 blocks" in r["placement"] for r in results)          # one block streamed
+
+
+def test_picker_adds_to_the_box_and_reuse_restores_it():
+    from ui import panel_lora
+    from ui import settings as st
+
+    assert panel_lora.added("a.safetensors", 0.8, "") == "a.safetensors:0.8"
+    assert panel_lora.added("b.safetensors", -1, "a.safetensors:0.8") == "a.safetensors:0.8, b.safetensors:-1"
+    assert panel_lora.added("a.safetensors", 2, "a.safetensors:0.8, b.safetensors") == \
+        "b.safetensors:1, a.safetensors:2"                                  # a LoRA once, at its new strength
+    assert panel_lora.added(None, 1, "a.safetensors:1") == "a.safetensors:1"
+    assert panel_lora.added("c.safetensors", 1, "a:x") == "a:x, c.safetensors:1"   # left for the job to explain
+    values = st.values_from_settings({"loras": "style.safetensors:-0.75", "prompt": "p"}, 64)
+    assert values["loras"] == "style.safetensors:-0.75"
+    assert "loras" in st.CONTROLS                                          # a parameter of the /video API
