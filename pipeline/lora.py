@@ -12,7 +12,7 @@ Key formats (all end up as diffusers module names of HunyuanVideoFramepackTransf
 - original HunyuanVideo names (`double_blocks.0.img_attn_qkv.lora_A.weight`, `diffusion_model.` prefix or
   none): diffusers' own `_convert_hunyuan_video_lora_to_diffusers` (what HunyuanVideoLoraLoaderMixin uses).
 - kohya / musubi-tuner / ComfyUI: `lora_unet_<module with _ for .>.lora_down.weight` / `.lora_up.weight` /
-  `.alpha`, or the same with dots after `diffusion_model.`. Written here (`_canonical`, `_undo_underscores`):
+  `.alpha`, or the same with dots after `diffusion_model.`. Written here (`_canonical`, `_underscored_names`):
   diffusers converts that naming for Flux and Wan (`_convert_kohya_flux_lora_to_diffusers`,
   `_convert_musubi_wan_lora_to_diffusers`) but not for HunyuanVideo. Underscored names are resolved against the
   module names the model really has (FramePack's musubi LoRAs use the diffusers names: `x_embedder`,
@@ -51,7 +51,7 @@ _DOUBLE = ("img_mod.linear", "img_attn_qkv", "img_attn_proj", "img_mlp.fc1", "im
 _SINGLE = ("linear1", "linear2", "modulation.linear")
 _TOP = ("img_in.proj", "time_in.mlp.0", "time_in.mlp.2", "vector_in.in_layer", "vector_in.out_layer",
         "guidance_in.mlp.0", "guidance_in.mlp.2", "final_layer.linear", "final_layer.adaLN_modulation.1")
-_PREFIXES = ("base_model.model.", "diffusion_model.", "transformer.", "model.")
+_PREFIXES = ("base_model.model.", "diffusion_model.", "transformer.")
 _ORIGINAL = re.compile(r"^(double_blocks|single_blocks|img_in|txt_in|time_in|vector_in|guidance_in|final_layer)\b")
 
 
@@ -90,7 +90,7 @@ def parse_spec(text) -> tuple[LoraChoice, ...]:
                     raise InputError(FIELD, f"{item!r}: {tail.strip()!r} is not a strength; write "
                                             f"'file.safetensors:0.8'") from None
         lo, hi = LORA.strength_min, LORA.strength_max
-        if not lo <= strength <= hi or strength != strength:
+        if not lo <= strength <= hi:                           # (NaN too)
             raise InputError(FIELD, f"{item!r}: strength {strength:g} is out of range; use a value between "
                                     f"{lo:g} and {hi:g}")
         out.append(LoraChoice(name, strength))
@@ -161,11 +161,6 @@ def _strip(key: str) -> str:
     return key
 
 
-def _undo_underscores(name: str, known: dict[str, str]) -> str:
-    """kohya's `double_blocks_0_img_attn_qkv` → the dotted module name it stands for (unknown: left as it is)."""
-    return known.get(name, name)
-
-
 def _underscored_names(model: nn.Module) -> dict[str, str]:
     """Underscored → dotted, for the model's own (diffusers) Linear names and the original HunyuanVideo names."""
     cfg = model.config
@@ -177,8 +172,9 @@ def _underscored_names(model: nn.Module) -> dict[str, str]:
 
 
 def _canonical(tensors: dict[str, torch.Tensor], meta: dict, model: nn.Module, path: Path) \
-        -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """module name (diffusers' or HunyuanVideo's original) → (A, B·alpha/rank), from any of the key formats."""
+        -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, str]]:
+    """(module name (diffusers' or HunyuanVideo's original) → (A, B·alpha/rank), module → its first key in the
+    file), from any of the key formats."""
     known = _underscored_names(model)
     parts: dict[str, dict[str, torch.Tensor]] = {}
     origin: dict[str, str] = {}
@@ -191,7 +187,8 @@ def _canonical(tensors: dict[str, torch.Tensor], meta: dict, model: nn.Module, p
                                     f"and full-weight diffs are not supported)", path=path)
         module = m.group(1) or m.group(3)
         if module.startswith("lora_unet_"):
-            module = _undo_underscores(module[len("lora_unet_"):], known)
+            # kohya's `double_blocks_0_img_attn_qkv` → the dotted name it stands for (unknown: left as it is)
+            module = known.get(module[len("lora_unet_"):], module)
         role = {"lora_A": "A", "lora_down": "A", "lora_B": "B", "lora_up": "B"}.get(m.group(2), "alpha")
         parts.setdefault(module, {})[role] = value
         origin.setdefault(module, key)
@@ -208,7 +205,6 @@ def _canonical(tensors: dict[str, torch.Tensor], meta: dict, model: nn.Module, p
         rank = a.shape[0]
         alpha = float(p["alpha"]) if "alpha" in p else alphas.get(rank)
         out[module] = (a, b * (alpha / rank) if alpha is not None else b)
-        origin[module] = origin[module]
     return out, origin
 
 
@@ -246,10 +242,8 @@ def to_diffusers(factors: dict, model: nn.Module) -> dict[str, tuple[torch.Tenso
         state[f"{module}.lora_A.weight"], state[f"{module}.lora_B.weight"] = a, b
     for key, value in _convert_hunyuan_video_lora_to_diffusers(state).items():
         module, role = key.removeprefix("transformer.").rsplit(".lora_", 1)
-        pair = out.setdefault(module, [None, None])
-        pair = list(pair)
-        pair[0 if role.startswith("A") else 1] = value
-        out[module] = tuple(pair)
+        a, b = out.get(module, (None, None))
+        out[module] = (value, b) if role.startswith("A") else (a, value)
     return out
 
 
@@ -340,6 +334,8 @@ def attach(model: nn.Module, loras: LoraSet) -> None:
 
 def detach(model: nn.Module) -> None:
     """Forget the LoRAs (the host copy was never changed: the next load is the plain weights)."""
-    from memory.hostpack import HostPack
+    from memory.hostpack import _ATTR
 
-    clear_deltas(HostPack.of(model))
+    pack = model.__dict__.get(_ATTR)           # none yet: nothing was attached (never packs a model here)
+    if pack is not None:
+        clear_deltas(pack)

@@ -74,3 +74,25 @@ def test_choose_a_lora_on_the_page(server, browser, folder, tmp_path):
         expect(box).to_have_value("style.safetensors:-0.75")
     finally:
         page.close()
+
+
+def test_the_api_takes_loras(server, tmp_path):
+    """/video's `loras` parameter (the same setting as the page's box): recorded in job.json; a bad one is refused
+    naming the setting and the file, and the server keeps serving."""
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    from tests.conftest import make_image
+
+    make_image(96, 80).save(tmp_path / "start.png")
+    client = server.client(tmp_path / "downloads")
+    try:
+        values = dict(image=handle_file(str(tmp_path / "start.png")), prompt="a cat", seconds=1.2, steps=2)
+        with pytest.raises(AppError, match="LoRAs: nope.safetensors: no such file"):
+            client.predict(**values, loras="motion.safetensors:0.5, nope.safetensors", api_name="/video")
+        _, summary = client.predict(**values, loras="motion.safetensors:0.5", api_name="/video")
+        assert summary["status"] == "done"
+        info = job_info(server.outputs / summary["job_id"])
+        assert [(lo["file"], lo["strength"]) for lo in info["loras"]] == [("motion.safetensors", 0.5)]
+    finally:
+        client.close()

@@ -13,7 +13,7 @@ from common.units import GIB
 from memory import HostPack, MemoryManager
 from pipeline import lora
 from pipeline.errors import InputError
-from tests.conftest import make_image, run_job
+from tests.conftest import make_image
 from tests.lora_helpers import RANK, WRITERS, merged_by_hand, write_comfy, write_diffusers, write_musubi
 
 
