@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-ROWS_PER_PIECE = 4096      # rows merged at a time: bounds the float32 temporaries (~ rows × in × 8 bytes)
+ROWS_PER_PIECE = 1024      # rows merged at a time: float32 temporaries ≤ rows × in × 8 bytes (126 MB at in = 15360)
 
 
 @dataclass(frozen=True)
