@@ -245,3 +245,25 @@ def test_picker_adds_to_the_box_and_reuse_restores_it():
     values = st.values_from_settings({"loras": "style.safetensors:-0.75", "prompt": "p"}, 64)
     assert values["loras"] == "style.safetensors:-0.75"
     assert "loras" in st.CONTROLS                                          # a parameter of the /video API
+
+
+def test_fp8_host_storage_gets_the_lora_on_its_loaded_weights(tr, tmp_path):
+    """With fp8 host storage the LoRA is added to the loaded (dequantized) weight: loaded with − loaded without =
+    the hand delta; the fp8 host copy is untouched."""
+    import copy
+
+    model = copy.deepcopy(tr)
+    model.__dict__.pop("_steadyframe_host_pack", None)
+    pack = HostPack.of(model)
+    for c in pack.chunks:
+        c.set_fp8(True)
+    assert pack.fp8
+    hosts = [c.host.clone() for c in pack.chunks]
+    path, expected = write_diffusers(model, tmp_path / "a.safetensors")
+    plain = _weights_in_stage(model, lora.LoraSet())
+    with_lora = _weights_in_stage(model, lora.load_set(f"{path}:-1.25", None, model))
+    for name in plain:
+        module = name.removesuffix(".weight")
+        want = -1.25 * expected[module] if name.endswith(".weight") and module in expected else 0 * plain[name]
+        assert float((with_lora[name] - plain[name] - want).abs().max()) <= 1e-5, name
+    assert all(torch.equal(h, c.host) for h, c in zip(hosts, pack.chunks))
