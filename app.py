@@ -16,7 +16,7 @@ from pathlib import Path  # noqa: E402
 import gradio as gr  # noqa: E402
 
 from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
-from ui import panel_controls  # noqa: E402
+from ui import panel_controls, panel_lora  # noqa: E402
 from ui.api import JobApi, hide_ui_endpoints  # noqa: E402
 from ui.cli import host_budget_problem, launch_options, parse_args, security_warnings, weight_storage  # noqa: E402
 from ui.context import LIVE_CALLS_MAX, AppContext, preserved_max_gb, preserved_text  # noqa: E402
@@ -57,7 +57,8 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
     outputs = Path(args.outputs).expanduser().resolve()
     if runner is None:
         runner = JobRunner(ComponentCache(preset.name, args.model_dir), outputs, args.vram_cap_gb, device,
-                           host_ram_gb=getattr(args, "host_ram_gb", None), weight_storage=weight_storage(args))
+                           host_ram_gb=getattr(args, "host_ram_gb", None), weight_storage=weight_storage(args),
+                           lora_dir=getattr(args, "lora_dir", None))
     top = preserved_max_gb(args.vram_cap_gb, device)
     examples = write_examples(outputs / ".examples")       # inside the served folder; never listed as a job
 
@@ -65,10 +66,12 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
         ui = build_layout(preset, _device_text(device),
                           preserved_text(preset, args, device, min(MEMORY.preserved_gb, top), top),
                           notice=missing_weights_message(preset, DEFAULTS.mode, args.model_dir),
-                          preserved_max_gb=top, examples=examples)
+                          preserved_max_gb=top, examples=examples, lora_dir=getattr(args, "lora_dir", None))
         ctx = AppContext(args, preset, device, outputs, runner, ui, top, HandlerGuard(LIVE_CALLS_MAX),
                          TokenCounter(preset, args.model_dir))
         panel_controls.wire(app, ctx)
+        if ui.lora is not None:
+            panel_lora.wire(ui.lora, ui.loras)
         jobs = JobsPanel(ctx)
         RunPanel(ctx, jobs).wire(app, gr.State(None))
         jobs.wire(app)

@@ -55,6 +55,7 @@ class Control:
     preset_default: bool = False            # default None = the model preset's `default_<name>`
     elem_id: str = ""                       # the page element's id; default: name with dashes
     default_text: str = ""                  # the default as the README says it, when not the value itself
+    repeat: bool = False                    # the option may be given several times (its values joined by ", ")
 
     @property
     def option(self) -> str | None:
@@ -168,6 +169,12 @@ CONTROLS: tuple[Control, ...] = (
             widget_label="Video to extend (optional; F1 mode; replaces the start image)",
             help="a video (mp4, webm, mov) or a finished F1 job folder to continue (F1 mode only; the start image is "
                  "then its last frame; seconds = the length added)"),
+    Control("loras", "text", "", label="LoRAs", widget="textbox", cli_aliases=("--lora",), repeat=True,
+            widget_label="LoRAs (file:strength, comma-separated)",
+            info="Pick from the LoRA folder below, or type names in it (or paths) with a strength from -2 to 2.",
+            default_text="none",
+            help="a LoRA and its strength, e.g. style.safetensors:0.8 (-2 to 2; repeat for several; a name is "
+                 "looked up in --lora-dir)"),
     # Not on the page: the end image's share of the SigLIP image conditioning (see pipeline/orchestrator.py).
     Control("end_embed_weight", "float", 0.5, (0.0, 1.0), label="End-frame embedding weight",
             field="end-frame embedding weight", help="share of the end image in the image conditioning"),

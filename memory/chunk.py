@@ -86,6 +86,7 @@ class Chunk:
         self._registry = registry
         self._pinned_ptr: int | None = None
         self.fp8 = False
+        self.deltas: dict = {}      # entry index -> memory.deltas.WeightDelta, merged into every device copy
         self.host: torch.Tensor | None = None
         self.pinned = False
         seen: dict[int, _Entry] = {}

@@ -6,7 +6,9 @@
 - A chunk in the files: each tensor is read (pread) into a small ring of pinned staging buffers and copied from
   there to its place on the device; the next piece is read while the previous one is in flight. A tensor whose
   dtype differs from the model's (or that fp8 storage rounds) goes through a device scratch and is converted there.
-- On the CPU a plain chunk in RAM is used as it is; any other chunk is materialised for the stage in a CPU buffer
+- Weight deltas (LoRAs, memory/deltas.py) are merged into the device copy after it is made; the host copy never
+  changes.
+- On the CPU a plain chunk in RAM without deltas is used as it is; any other chunk is materialised for the stage in a CPU buffer
   laid out like a device buffer (file bytes pread straight into it). Computing from the mapped file itself would
   avoid that copy, but safetensors data is only 8-byte aligned, and CPU kernels round differently on unaligned
   weights: the video would then depend on the host budget.
@@ -20,6 +22,7 @@ import torch
 from configs.memory import MEMORY
 from memory import fp8
 from memory.chunk import Chunk
+from memory.deltas import apply_deltas
 from memory.weightfiles import TensorSource
 
 log = logging.getLogger(__name__)
@@ -105,7 +108,7 @@ def load_chunk(chunk: Chunk, device: torch.device, staging: Staging | None = Non
                non_blocking: bool = True) -> torch.Tensor | None:
     """A device copy of `chunk`, bound; returns its buffer (None on the CPU when the idle views are used)."""
     if device.type == "cpu":
-        if chunk.home == "ram" and not chunk.fp8:
+        if chunk.home == "ram" and not chunk.fp8 and not chunk.deltas:
             chunk.bind_idle()
             return None
         buf = torch.empty(chunk.nbytes, dtype=torch.uint8)
@@ -116,6 +119,7 @@ def load_chunk(chunk: Chunk, device: torch.device, staging: Staging | None = Non
                 src.file.read_into(buf[entry.offset:entry.offset + entry.nbytes], src.offset)
             else:
                 view.copy_(chunk.value(entry))
+        apply_deltas(chunk, chunk.views(buf))
         chunk.bind(buf)
         return buf
     buf = torch.empty(chunk.nbytes, dtype=torch.uint8, device=device)
@@ -127,6 +131,7 @@ def load_chunk(chunk: Chunk, device: torch.device, staging: Staging | None = Non
         finish_stored(chunk, stored, buf)
     else:
         _from_files(chunk, buf, staging or Staging(device))
+    apply_deltas(chunk, chunk.views(buf))      # LoRAs (memory/deltas.py), on the stream of the copy
     chunk.bind(buf)
     return buf
 

@@ -13,7 +13,8 @@ Mechanics (CUDA and ROCm; on the CPU the same code runs with plain copies and no
   and the freed slot is given the block after the last one in flight (that copy starts once the event has passed).
 - A chunk stored in fp8 is copied (half the bytes) into a staging buffer of its slot and turned back into the
   model's dtype in the slot on the side stream, before the copy event: the block computes in bf16 as before.
-  The host never waits for the GPU; slots are never freed while in use, so no `record_stream` is needed.
+- A chunk with weight deltas (LoRAs, memory/deltas.py) gets them merged into its slot after the copy, on the side
+  stream, before the copy event. The host never waits for the GPU; slots are never freed while in use, so no `record_stream` is needed.
 A block called out of order (another model calling it directly, a skipped step that breaks the cycle) is loaded
 synchronously and the prefetch restarts from there; `misses` counts it.
 """
@@ -28,6 +29,7 @@ from torch import nn
 from common.units import GIB
 from memory.chunkload import finish_stored
 from memory.chunk import Chunk
+from memory.deltas import apply_deltas
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +120,12 @@ class BlockStreamer:
                 if self._released[s] is not None:
                     self._stream.wait_event(self._released[s])
                 self._copy(chunk, s, slot, non_blocking=chunk.pinned)
+                apply_deltas(chunk, self._views[s][k])         # LoRAs: merged in the slot, on the side stream
                 event = torch.cuda.Event()
                 event.record(self._stream)
         else:
             self._copy(chunk, s, slot, non_blocking=False)
+            apply_deltas(chunk, self._views[s][k])
             event = None
         self._ready[k] = (s, event)
         self.copies += 1

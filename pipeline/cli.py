@@ -11,6 +11,7 @@ from pathlib import Path
 
 from configs import MEMORY, PRESETS
 from configs.controls import CONTROLS, Control
+from configs.lora import LORA
 from pipeline import cli_log
 
 log = logging.getLogger("pipeline.cli")
@@ -43,6 +44,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="keep the transformer and the Llama text encoder in fp8 in host RAM (half the RAM and "
                         "half the bytes streamed per step; weights rounded to 3 mantissa bits, see README)")
     p.add_argument("--device", help="cuda, cuda:1 or cpu (default: the GPU if there is one)")
+    p.add_argument("--lora-dir", type=Path, default=Path(LORA.folder),
+                   help=f"folder where --lora names are looked up (default {LORA.folder}/)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, warnings only")
     p.add_argument("-v", "--verbose", action="store_true", help="stage messages (memory status, timings)")
 
@@ -65,9 +68,10 @@ def add_settings(p: argparse.ArgumentParser, controls: tuple[Control, ...] = CON
         if c.is_number and c.limits and c.limits[1] < 10**6:
             notes.append(f"range {c.limits[0]:g}–{c.limits[1]:g}")
         text = c.help + (f" ({'; '.join(notes)})" if notes else "")
-        p.add_argument(c.option, *c.cli_aliases, dest=c.name, type=_option_type(c), default=c.default,
+        p.add_argument(c.option, *c.cli_aliases, dest=c.name, type=_option_type(c),
+                       default=None if c.repeat else c.default,
                        required=c.required and not c.required_unless, choices=c.choices if c.kind == "choice" else None,
-                       help=text.replace("%", "%%"))
+                       help=text.replace("%", "%%"), **({"action": "append"} if c.repeat else {}))
 
 
 def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentParser:
@@ -91,7 +95,10 @@ def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentP
 def request_from_args(a: argparse.Namespace):
     from pipeline.request import Request
 
-    return Request.from_mapping({c.name: getattr(a, c.name) for c in Request.CONTROLS if c.option})
+    values = {c.name: getattr(a, c.name) for c in Request.CONTROLS if c.option}
+    values.update({c.name: ", ".join(values[c.name] or [c.default]) for c in Request.CONTROLS
+                   if c.repeat})                                      # a repeated option: its values joined
+    return Request.from_mapping(values)
 
 
 def request_from_json(obj: dict, base: Path):
@@ -170,7 +177,8 @@ class Runner:
             return EXIT_INPUT, Failed(problem)
         self._say_rounding(request)
         return self._drive(lambda cancel: generate(prepared, self.components(request.mode), self.memory(request),
-                                                   cancel=cancel, outputs=self.args.outputs), request.mode)
+                                                   cancel=cancel, outputs=self.args.outputs,
+                                                   lora_dir=self.args.lora_dir), request.mode)
 
     def _say_rounding(self, request) -> None:
         """The length is whole sections: say what --seconds becomes when it is not one."""
@@ -205,7 +213,7 @@ class Runner:
             print(f"error: {problem}", file=sys.stderr)
             return EXIT_INPUT, Failed(problem)
         return self._drive(lambda cancel: resume(job, self.components(request.mode), self.memory(request),
-                                                 cancel=cancel), request.mode)
+                                                 cancel=cancel, lora_dir=self.args.lora_dir), request.mode)
 
     def _drive(self, start, mode: str) -> tuple[int, object]:
         """Run a job's event stream with a progress bar; Ctrl-C stops after the current step. The bar says what is

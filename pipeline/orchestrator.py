@@ -33,7 +33,8 @@ from pipeline.components import Components
 from pipeline.decode_speed import decode_speed
 from pipeline.denoiser import FramepackDenoiser
 from pipeline.cancel import CancelToken
-from pipeline.errors import JobStopped
+from pipeline import lora
+from pipeline.errors import InputError, JobStopped
 from pipeline.eta import Remaining
 from pipeline.events import Done, Event, Failed, LogLine, Preview, Progress, SectionVideo
 from pipeline.images import to_model_tensor
@@ -62,7 +63,8 @@ def oom_advice(records, memory: MemoryManager, kept_video: bool) -> str:
 
 
 def generate(prepared: PreparedRequest, components: Components, memory: MemoryManager | None = None, *,
-             cancel: CancelToken | None = None, outputs: str | Path = "outputs") -> Iterator[Event]:
+             cancel: CancelToken | None = None, outputs: str | Path = "outputs",
+             lora_dir: str | Path | None = None) -> Iterator[Event]:
     """Run one job. Always ends with exactly one Done or Failed event.
 
     `prepared` comes from `pipeline.prepare(request, components.preset.default_resolution)`, which the caller (UI,
@@ -76,7 +78,8 @@ def generate(prepared: PreparedRequest, components: Components, memory: MemoryMa
     if prepared.source is not None and prepared.source.problem(components):     # extending (pipeline/extend.py)
         yield Failed(prepared.source.problem(components))
         return
-    run = JobRun(prepared, components, memory or MemoryManager(), cancel or CancelToken(), Path(outputs))
+    run = JobRun(prepared, components, memory or MemoryManager(), cancel or CancelToken(), Path(outputs),
+                 lora_dir=lora_dir)
     yield from run.events()
 
 
@@ -96,11 +99,14 @@ class JobRun:
     """State of one running job; `events()` drives the stages."""
 
     def __init__(self, prepared: PreparedRequest, components: Components, memory: MemoryManager,
-                 cancel: CancelToken, outputs: Path, resume: ResumeState | None = None):
+                 cancel: CancelToken, outputs: Path, resume: ResumeState | None = None,
+                 lora_dir: str | Path | None = None):
         self.prepared, self.models, self.memory, self.cancel, self.outputs = (prepared, components, memory, cancel,
                                                                               outputs)
         self.resume = resume
         self.request = prepared.request
+        self.lora_dir = lora_dir                # where LoRA names are looked up (pipeline/lora.py)
+        self.loras = lora.LoraSet()
         self.plan = sec.make_plan(self.request.mode, self.request.seconds, self.request.latent_window,
                                   self.request.fps)
         if prepared.source is not None:      # extending: the input stands for the plan's first sections
@@ -136,6 +142,7 @@ class JobRun:
             yield from self._events()
         finally:
             self.writer.close()
+            lora.detach(self.models.transformer)       # the next job loads the plain weights again
 
     def _events(self) -> Iterator[Event]:
         with capture_logs() as logs:
@@ -145,6 +152,8 @@ class JobRun:
 
             error, detail = None, ""
             try:
+                # LoRA files read and checked against the transformer before the job folder and any stage
+                self.loras = lora.load_set(self.request.loras, self.lora_dir, self.models.transformer)
                 self._open_job()
                 for w in self.prepared.warnings:
                     yield LogLine("warning", w)
@@ -178,6 +187,7 @@ class JobRun:
         self.memory.apply_cap()              # the VRAM cap (a process-wide device limit) holds from here on
         # where the weights live on the host this job (RAM or read from the files); refuses a budget that cannot work
         self.memory.arrange_host(c.models(), FRAMEPACK_STAGES, self.plan.count, self.plan.frame_counts()[-1])
+        lora.attach(c.transformer, self.loras)       # merged into each device copy of a weight (memory/deltas.py)
         yield from drain()
         yield self.progress("text encoders")
         texts = self._encode_text()
@@ -242,6 +252,8 @@ class JobRun:
             log.info("resuming after section %d", self.resume.sections_done)
             return
         self.job = Job.create(self.outputs, self.request.settings(), self._model_info())
+        if self.loras:
+            self.job.update(loras=self.loras.record())               # file, sha256, strength of each
         self.job.save_image("input.png", self.prepared.image)
         self.job.keep_upload("upload", self.request.image)                  # the user's file, for reuse
         if self.prepared.end_image is not None:
@@ -409,7 +421,7 @@ class JobRun:
     def _fail(self, error: Exception, detail: str) -> Failed:
         log.info("convolution fallback this job: %s", self.fallback.report())
         message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-        if isinstance(error, HostBudgetError):
+        if isinstance(error, (HostBudgetError, InputError)):
             message = str(error)
         elif rocm.classify_error(error) == "oom":
             message = oom_advice(self.memory.records, self.memory, self.last_video is not None)

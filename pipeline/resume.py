@@ -79,7 +79,7 @@ def prepare_resume(job_dir: str | Path) -> ResumeRequest:
     return ResumeRequest(job_dir, prepared, preset)
 
 
-def resume(job: ResumeRequest, components, memory=None, *, cancel=None) -> Iterator:
+def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir=None) -> Iterator:
     """Continue the checked job folder `job` (from prepare_resume); yields the same events as generate()."""
     from memory import MemoryManager
     from pipeline.cancel import CancelToken
@@ -109,5 +109,6 @@ def resume(job: ResumeRequest, components, memory=None, *, cancel=None) -> Itera
     tensors, meta = load_checkpoint(job_dir)
     state = ResumeState(Job(job_dir, info), tensors["history"], tensors["real"], tensors["start_latent"],
                         tensors.get("end_latent"), tensors["rng_state"], int(meta["sections_done"]))
-    run = JobRun(job.prepared, components, memory or MemoryManager(), cancel or CancelToken(), job_dir.parent, state)
+    run = JobRun(job.prepared, components, memory or MemoryManager(), cancel or CancelToken(), job_dir.parent, state,
+                 lora_dir=lora_dir)
     yield from run.events()

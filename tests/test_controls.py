@@ -40,7 +40,7 @@ def test_defaults_and_limits_are_the_old_ones():
     old_defaults = dict(prompt="", negative_prompt="", seed=31337, seconds=5.0, latent_window=9, steps=25, cfg=1.0,
                         gs=10.0, rescale=0.0, mode="original", sampler="unipc", teacache=0.15, crf=16, fps=30,
                         preserved_gb=MEMORY.preserved_gb, end_embed_weight=0.5, resolution=None,
-                        prompt_blend=0)                                # prompt_blend: added with timed prompts
+                        prompt_blend=0, loras="")                                # prompt_blend: added with timed prompts
     old_defaults.update(width=0, height=0)          # issue 13: a custom size (0 = the bucket)
     assert {c.name: c.default for c in CONTROLS if not c.is_file} == old_defaults
     assert {k: getattr(DEFAULTS, k) for k in old_defaults} == old_defaults

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from configs import LIMITS, MEMORY, PRESETS
+from configs.lora import LORA
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-ram-gb", type=float, default=MEMORY.host_ram_gb,
                    help="host RAM this app may use; weights that do not fit are read from the weight files when "
                         "needed (default: this machine's RAM minus a margin for the OS and a browser; logged)")
+    p.add_argument("--lora-dir", type=Path, default=Path(LORA.folder),
+                   help=f"folder of LoRA files (.safetensors) listed on the page (default {LORA.folder}/)")
     p.add_argument("--fp8", action="store_true",
                    help="keep the transformer and the Llama text encoder in fp8 in host RAM (half the RAM and half "
                         "the bytes streamed per step; weights rounded to 3 mantissa bits, see README)")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from configs.controls import CONTROLS as TABLE, Control
+from ui import panel_lora
 from ui import settings as st
 from ui.view import progress_html
 from ui.widgets import Widgets
@@ -64,6 +65,7 @@ class Layout:
     resume: gr.Button
     jobs_state: gr.State
     selected_job: gr.State
+    lora: panel_lora.LoraPicker | None = None
 
     def controls(self) -> list:
         """The generation controls in the table's order (ui.settings.CONTROLS: the handlers' and the API's)."""
@@ -78,7 +80,7 @@ class Layout:
 
 def build_layout(preset, device_text: str, preserved_text: str, notice: str | None = None, *,
                  preserved_max_gb: float | None = None, examples: list | None = None,
-                 table: tuple[Control, ...] = TABLE) -> Layout:
+                 table: tuple[Control, ...] = TABLE, lora_dir=None) -> Layout:
     """`preserved_max_gb`: the preserved-memory slider's top (the cap, or the card's memory when smaller);
     `examples`: [image path, prompt] rows (ui/examples.py); `table`: the controls (configs/controls.py) — one
     the layout does not place goes at the end of its group (the main column or Advanced)."""
@@ -123,6 +125,7 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
             w.place("preserved_gb")
             preserved_info = gr.Markdown(preserved_text, elem_id="preserved-info")
             w.place("crf")
+            picker = panel_lora.place(w, lora_dir) if "loras" in w.rows else None
             w.place_rest(advanced=False)
             with gr.Accordion("Advanced", open=False, elem_id="advanced"):
                 for name in ("negative_prompt", "cfg", "rescale", "latent_window", "sampler", "resolution",
@@ -159,4 +162,4 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                   prompt_tokens=prompt_tokens, hints=hints, start=start, end=end, status=status, progress=progress,
                   preview=preview, video=video, log=log, report=report, memory_plot=memory_plot, timings=timings,
                   gallery=gallery, refresh=refresh, job_details=job_details, job_video=job_video, reuse=reuse,
-                  resume=resume, jobs_state=gr.State([]), selected_job=gr.State(None))
+                  resume=resume, jobs_state=gr.State([]), selected_job=gr.State(None), lora=picker)

@@ -93,8 +93,9 @@ def plan_of(request):
 
 class JobRunner:
     def __init__(self, models, outputs: Path, vram_cap_gb: float, device=None, host_ram_gb: float | None = None,
-                 weight_storage: str = "native"):
+                 weight_storage: str = "native", lora_dir: Path | None = None):
         self.models = models                    # ui.models.ComponentCache
+        self.lora_dir = lora_dir                # where the LoRA names of jobs are looked up (pipeline/lora.py)
         self.outputs = Path(outputs)
         self.vram_cap_gb = vram_cap_gb
         self.host_ram_gb = host_ram_gb          # None: what the machine can spare (memory.hostbudget)
@@ -397,9 +398,10 @@ class JobRunner:
         if ticket.resuming is not None:
             from pipeline.resume import resume
 
-            events = resume(ticket.resuming, components, memory, cancel=ticket.cancel)
+            events = resume(ticket.resuming, components, memory, cancel=ticket.cancel, lora_dir=self.lora_dir)
         else:
-            events = generate(ticket.prepared, components, memory, cancel=ticket.cancel, outputs=self.outputs)
+            events = generate(ticket.prepared, components, memory, cancel=ticket.cancel, outputs=self.outputs,
+                              lora_dir=self.lora_dir)
         # the ETA again, from the same events, with the decode speed of the last complete job until this job has
         # decoded a section (the pipeline alone has no earlier job to go by)
         eta = Remaining.for_plan(plan_of(request), int(request.steps),
