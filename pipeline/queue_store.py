@@ -366,8 +366,19 @@ class QueueStore:
         return "".join(line + "\n" for line in lines)
 
 
-def read_jsonl(text: str, default_resolution: int, base: Path | None = None) -> list[dict]:
-    """Every job of a JSON-lines text, checked before any is queued: InputError naming the first bad line."""
+def outside(values: Mapping[str, Any], root: Path) -> str | None:
+    """The first image path of `values` that is not inside `root`, or None."""
+    for name, _ in IMAGE_FIELDS:
+        path = values.get(name)
+        if path and not Path(path).resolve().is_relative_to(Path(root).resolve()):
+            return name
+    return None
+
+
+def read_jsonl(text: str, default_resolution: int, base: Path | None = None, *, images_under: Path | None = None
+               ) -> list[dict]:
+    """Every job of a JSON-lines text, checked before any is queued: InputError naming the first bad line.
+    `images_under`: the images must be files in that folder (a file uploaded to the server names no other)."""
     jobs = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
@@ -380,7 +391,13 @@ def read_jsonl(text: str, default_resolution: int, base: Path | None = None) -> 
         if not isinstance(obj, dict):
             raise InputError(f"line {number}", "each line must be a JSON object with a job's settings")
         try:
-            jobs.append(checked_values(obj, default_resolution, base=base))
+            values = checked_values(obj, default_resolution, base=base)
+            name = outside(values, images_under) if images_under is not None else None
+            if name is not None:
+                raise InputError(name, f"{values[name]} is outside the outputs folder: a jobs file sent to the app "
+                                       "may name only images in it (an exported queue's); add other images with "
+                                       "'Add one job per image' or `python -m pipeline queue add`")
+            jobs.append(values)
         except InputError as e:
             raise InputError(f"line {number}", f"{e.field}: {e.message}") from None
     if not jobs:

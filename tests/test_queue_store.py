@@ -197,3 +197,40 @@ def test_another_process_sees_the_same_queue(store, image):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "2" and prompts(store) == ["here", "there"]
+
+
+def test_the_command_line_adds_lists_moves_exports_and_removes(tmp_path, image, capsys):
+    from pipeline import cli
+
+    out = tmp_path / "out"
+    jobs = image.parent / "jobs.jsonl"
+    jobs.write_text("".join(json.dumps({"image": image.name, "prompt": p, "seconds": 1.2}) + "\n" for p in "abc"))
+    assert cli.main(["queue", "add", str(jobs), "--outputs", str(out), "--preset", "tiny"]) == 0
+    ids = [line.split()[1].rstrip(":") for line in capsys.readouterr().out.splitlines()]
+    assert len(ids) == 3
+    assert cli.main(["queue", "move", ids[2], "0", "--outputs", str(out)]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == [ids[2], ids[0], ids[1]]
+    assert cli.main(["queue", "remove", ids[0], "--outputs", str(out)]) == 0
+    assert cli.main(["queue", "list", "--json", "--outputs", str(out)]) == 0
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [e["prompt"] for e in listed] == ["c", "b"] and all(e["status"] == "waiting" for e in listed)
+    exported = tmp_path / "q.jsonl"
+    assert cli.main(["queue", "export", str(exported), "--outputs", str(out)]) == 0
+    assert [json.loads(line)["prompt"] for line in exported.read_text().splitlines()] == ["c", "b"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"image": image.name, "prompt": "x"}) + "\n")       # relative to bad.jsonl: missing
+    assert cli.main(["queue", "add", str(bad), "--outputs", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "line 1" in err and "image" in err
+    assert cli.main(["queue", "remove", "nope", "--outputs", str(out)]) == 2
+    assert "queued job" in capsys.readouterr().err
+
+
+def test_python_m_pipeline_queue_runs(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "pipeline", "queue", "list", "--outputs", str(tmp_path / "o")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == "", out.stderr
+    assert (tmp_path / "o" / qs.DB_NAME).is_file()
+    help_text = subprocess.run([sys.executable, "-m", "pipeline", "-h"], cwd=ROOT, capture_output=True, text=True,
+                               timeout=120).stdout
+    assert "queue" in help_text

@@ -97,7 +97,8 @@ class QueueActions:
             text = Path(path).read_text("utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise InputError("jobs file", f"cannot read it ({type(e).__name__}); save it as UTF-8 text") from None
-        return self._added(self.store.add_many(qs.read_jsonl(text, self.default_resolution, Path(path).parent)))
+        jobs = qs.read_jsonl(text, self.default_resolution, Path(path).parent, images_under=self.store.outputs)
+        return self._added(self.store.add_many(jobs))
 
     def export_path(self) -> str:
         folder = Path(tempfile.mkdtemp(prefix="steadyframe-queue-"))
@@ -185,7 +186,12 @@ class QueueApi:
         return [e.summary() for e in self._call(self.actions.move, job, position)]
 
     def edit(self, job, settings) -> dict:
-        """Change a waiting job's settings (a JSON object of the settings to change)."""
+        """Change a waiting job's settings (a JSON object of the settings to change; images: paths under the
+        outputs folder only)."""
+        name = qs.outside(settings, self.actions.store.outputs) if isinstance(settings, dict) else None
+        if name is not None:
+            raise gr.Error(f"{name}: only an image in the outputs folder can be named here; add a job with "
+                           "/queue_add to use another image", title="Please check the input", print_exception=False)
         return self._call(self.actions.edit, job, settings).summary()
 
     def remove(self, job) -> dict:
