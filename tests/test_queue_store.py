@@ -234,3 +234,16 @@ def test_python_m_pipeline_queue_runs(tmp_path):
     help_text = subprocess.run([sys.executable, "-m", "pipeline", "-h"], cwd=ROOT, capture_output=True, text=True,
                                timeout=120).stdout
     assert "queue" in help_text
+
+
+def test_readme_queue_section_is_the_queue_api_docstring():
+    import ast
+
+    import ui.queue_api
+
+    doc = ast.get_docstring(ast.parse(qs.Path(ui.queue_api.__file__).read_text("utf-8")))
+    section = doc[doc.index("## The queue"):]
+    readme = (ROOT / "README.md").read_text("utf-8")
+    start = readme.index("## The queue")
+    in_readme = readme[start:readme.index("\n## ", start + 1)]
+    assert " ".join(section.split()) == " ".join(in_readme.split())

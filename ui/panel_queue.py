@@ -56,7 +56,8 @@ class QueueParts:
 def build_parts() -> QueueParts:
     with gr.Accordion("Queue", open=True, elem_id="queue"):
         gr.Markdown("_Queued jobs wait on disk and run one after another when the GPU is free; they survive a "
-                    "restart (an interrupted one continues from its last finished section)._")
+                    "restart (an interrupted one continues from its last finished section). Click a row to pick "
+                    "its job._")
         status = gr.Markdown("", elem_id="queue-status")
         table = gr.Dataframe(headers=HEADERS, value=[], interactive=False, wrap=True, elem_id="queue-table")
         with gr.Row():
@@ -66,7 +67,7 @@ def build_parts() -> QueueParts:
             down = gr.Button("Down", size="sm", elem_id="queue-down")
             remove = gr.Button("Remove / End", size="sm", variant="stop", elem_id="queue-remove")
             load = gr.Button("Load its settings", size="sm", elem_id="queue-load")
-            save = gr.Button("Save the settings above into it", size="sm", elem_id="queue-save")
+            save = gr.Button("Save the settings above into it (its images stay)", size="sm", elem_id="queue-save")
         with gr.Row():
             add = gr.Button("Add to queue", variant="primary", elem_id="queue-add")
             images = gr.File(label=LABELS["images"], file_count="multiple", file_types=["image"],
@@ -141,10 +142,16 @@ class QueuePanel:
 
     def save(self, picked, *values):
         page = self.actions.page_values(dict(zip(st.CONTROLS, values)))
-        if not page.get("image"):
-            page.pop("image")          # no image on the page: the job keeps its own
+        page.pop("image")               # the job keeps its own images (one job per image: each its own)
+        page.pop("end_image")
         return self._do(lambda: self.actions.edit(picked, page), lambda e: f"Saved the settings into job {e.id}.",
                         picked)
+
+    @staticmethod
+    def pick_row(evt: gr.SelectData):
+        """A click on a row of the list picks its job."""
+        row = evt.row_value if isinstance(evt.row_value, list) else None
+        return row[1] if row and len(row) > 1 else gr.skip()
 
     def load(self, picked):
         try:
@@ -165,6 +172,7 @@ class QueuePanel:
         app.load(self.on_load, p.pick, shown, show_progress="hidden")
         p.timer.tick(self.refresh, p.pick, [p.table, p.pick], show_progress="hidden", concurrency_limit=4,
                      concurrency_id="queue-refresh")
+        p.table.select(self.pick_row, None, p.pick, show_progress="hidden", queue=False)
         p.add.click(self.add, controls, shown, preprocess=False, **quick)
         p.add_images.click(self.add_images, [p.images, *controls], shown, preprocess=False, **quick)
         p.import_file.upload(self.import_jsonl, p.import_file, shown, preprocess=False, **quick)

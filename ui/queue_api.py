@@ -6,13 +6,16 @@ README's text.
 
 Jobs added to the queue wait on disk (`outputs/.queue.db`, SQLite, with copies of their images in
 `outputs/.queue/`) and run one after another whenever the GPU is free: a restart of the app (or a crash, or a
-power cut) shows them again and continues them, the interrupted one from its last finished section.
+power cut) shows them again and continues them, the interrupted one from its last finished section. (A job
+started with *Start* streams into the page and is not in this queue; both share the one GPU, one job at a time.)
 
 In the page: the **Queue** panel lists the jobs with their status and progress. *Add to queue* adds the settings
 above as a job; *Add one job per image* adds one job for each uploaded image with the prompt and settings above;
 *Import JSON lines* adds the jobs of a `.jsonl` file (one job's settings a line, as `python -m pipeline batch`
-reads); *Export* saves the waiting jobs as such a file. Pick a job in the list to move it up or down, remove it
-(End on a waiting job: it goes at once), load its settings into the controls, or save the controls into it.
+reads; a file sent to the app may name only images in the outputs folder, as an exported queue does); *Export*
+saves the waiting jobs as such a file. Click a job's row to pick it, then move it up or down, remove it (End on a
+waiting job: it goes at once; on the running one: it stops at its next step, keeping its video), load its
+settings into the controls, or save the settings above into it (its images stay).
 
 From a script (`gradio_client`):
 
@@ -40,7 +43,9 @@ From the command line, with or without the app running (it picks the jobs up wit
 from __future__ import annotations
 
 import logging
+import math
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -53,6 +58,7 @@ from ui import settings as st
 
 log = logging.getLogger(__name__)
 
+EXPORT_KEEP_S = 3600            # exported files are deleted after this
 QUEUE_ENDPOINTS = ("queue_add", "queue_add_images", "queue_list", "queue_move", "queue_edit", "queue_remove",
                    "queue_import", "queue_export")
 
@@ -101,10 +107,17 @@ class QueueActions:
         return self._added(self.store.add_many(jobs))
 
     def export_path(self) -> str:
-        folder = Path(tempfile.mkdtemp(prefix="steadyframe-queue-"))
-        path = folder / "queue.jsonl"
-        path.write_text(self.store.export_jsonl(), "utf-8")
-        return str(path)
+        """The waiting jobs as a JSON-lines file in a temporary folder (Gradio sends a copy; files older than
+        EXPORT_KEEP_S are deleted at the next export)."""
+        folder = Path(tempfile.gettempdir()) / "steadyframe-queue-exports"
+        folder.mkdir(exist_ok=True)
+        for old in folder.glob("queue-*.jsonl"):
+            if time.time() - old.stat().st_mtime > EXPORT_KEEP_S:
+                old.unlink(missing_ok=True)
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, prefix="queue-", suffix=".jsonl",
+                                         delete=False) as f:
+            f.write(self.store.export_jsonl())
+        return f.name
 
     def edit(self, entry_id, values: Mapping[str, Any]) -> qs.Entry:
         """Change a waiting job: `values` are merged over its settings (so {"seconds": 4} changes only that)."""
@@ -115,7 +128,8 @@ class QueueActions:
         return self.store.edit(entry.id, self._checked(merged))
 
     def move(self, entry_id, index) -> list[qs.Entry]:
-        if isinstance(index, bool) or not isinstance(index, (int, float)) or index != int(index):
+        if isinstance(index, bool) or not isinstance(index, (int, float)) or not math.isfinite(index) \
+                or index != int(index):
             raise InputError("position", "give a whole number: 0 is first among the waiting jobs")
         return self.store.move(entry_id, int(index))
 

@@ -20,7 +20,7 @@ from ui.runner import JobRunner, SessionBusy, Waiting
 
 log = logging.getLogger(__name__)
 
-POLL_S = 1.0            # how often the worker looks for a queued job when it has none (or the GPU is taken)
+POLL_S = 2.0            # how often the worker looks for a queued job when it has none (or the GPU is taken)
 PROGRESS_EVERY_S = 0.5  # progress written to the database at most this often
 
 
@@ -142,6 +142,8 @@ class QueueWorker:
                               message=message, job_dir=job_dir)
         elif isinstance(result, Failed):
             self.store.update(entry.id, status=qs.FAILED, message=result.message[:500], job_dir=job_dir)
-        else:                       # cancelled before it started: End on a job that was about to start
-            self.store.update(entry.id, status=qs.STOPPED, message="stopped before it started", job_dir=job_dir)
+        else:                       # End while it waited for the GPU (behind a job from the page): removed
+            self.store.update(entry.id, status=qs.STOPPED)
+            self.store.remove(entry.id)
+            return
         self.store.release_images(entry.id)          # the job folder keeps the user's images
