@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--preset", default="hunyuan", choices=sorted(PRESETS),
                         help="the model preset the app runs (its default resolution checks the jobs; default hunyuan)")
     p = argparse.ArgumentParser(prog="python -m pipeline queue",
-                                description="The app's job queue (outputs/.queue.db): add, list, export, move, "
+                                description="The app's job queue (outputs/.queue/queue.db): add, list, export, move, "
                                             "remove. The app runs the waiting jobs one after another.")
     sub = p.add_subparsers(dest="action", required=True)
     a = sub.add_parser("add", parents=[common], help="add the jobs of a JSON-lines file (as `python -m pipeline "

@@ -1,5 +1,6 @@
-"""The job queue on disk: one SQLite database in the outputs folder (outputs/.queue.db) and the queued jobs' own
-copies of their images (outputs/.queue/<entry id>/), so the queue survives a restart, a crash or a power loss.
+"""The job queue on disk: one SQLite database in the outputs folder (outputs/.queue/queue.db) and the queued jobs'
+own copies of their images (outputs/.queue/images/<entry id>/), so the queue survives a restart, a crash or a
+power loss.
 
 An entry is a job's settings (control values by name, as in job.json) and its images, a place in line, a status
 (waiting, running, done, stopped, failed), its progress and, once it has one, its job folder. The app's queue
@@ -9,7 +10,7 @@ the first waiting one again and continues from its job folder's last section (pi
 Storage: the standard library's sqlite3 in WAL mode, one connection per thread, every change in one
 transaction (`BEGIN IMMEDIATE`), so the app, its API calls and `python -m pipeline queue` in another process see
 one consistent queue in one order. A database that cannot be read (a damaged file, another program's file, a
-newer schema) is moved aside (`.queue.db.damaged-<time>`) with a warning and a new, empty queue is started.
+newer schema) is moved aside (`queue.db.damaged-<time>`) with a warning and a new, empty queue is started.
 """
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ from pipeline.errors import InputError
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-DB_NAME = ".queue.db"                   # under outputs/: hidden from the gallery (not a folder, starts with a dot)
-IMAGES_DIR = ".queue"                   # under outputs/: <entry id>/start.png, end.png
+QUEUE_DIR = ".queue"                    # under outputs/: hidden from the gallery (its name starts with a dot)
+DB_NAME = "queue.db"                    # in QUEUE_DIR
+IMAGES_DIR = "images"                   # in QUEUE_DIR: <entry id>/start.png, end.png
 IMAGE_FIELDS = (("image", "start"), ("end_image", "end"))
 WAITING, RUNNING, DONE, STOPPED, FAILED = "waiting", "running", "done", "stopped", "failed"
 FINISHED = (DONE, STOPPED, FAILED)
@@ -108,8 +110,9 @@ class QueueStore:
 
     def __init__(self, outputs: Path):
         self.outputs = Path(outputs)
-        self.path = self.outputs / DB_NAME
-        self.images_root = self.outputs / IMAGES_DIR
+        self.folder = self.outputs / QUEUE_DIR
+        self.path = self.folder / DB_NAME
+        self.images_root = self.folder / IMAGES_DIR
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._guard = threading.Lock()
@@ -120,7 +123,7 @@ class QueueStore:
         """The store of `outputs` (created when missing; moved aside and started again when unreadable), with the
         entries that were running when the app last stopped put back first in line."""
         store = cls(outputs)
-        store.outputs.mkdir(parents=True, exist_ok=True)
+        store.folder.mkdir(parents=True, exist_ok=True)
         found = Recovered()
         try:
             store._check()

@@ -48,7 +48,7 @@ def test_queue_actions_through_the_api(server, client, image, tiny_original, tmp
         b, c = client.predict([handle_file(str(image)), handle_file(str(image))], {"prompt": "per image", **SHORT},
                               api_name="/queue_add_images")
         assert b["prompt"] == c["prompt"] == "per image" and b["image"] != c["image"]
-        assert all(qs.Path(e["image"]).is_relative_to(server.outputs / qs.IMAGES_DIR) for e in (b, c))
+        assert all(qs.Path(e["image"]).is_relative_to(qs.QueueStore(server.outputs).images_root) for e in (b, c))
         exported = qs.Path(client.predict(api_name="/queue_export"))
         lines = [json.loads(line) for line in exported.read_text().splitlines()]
         assert [line["prompt"] for line in lines] == ["first", "per image", "per image"]
@@ -64,7 +64,7 @@ def test_queue_actions_through_the_api(server, client, image, tiny_original, tmp
         gone = client.predict(b["id"], api_name="/queue_remove")
         assert "Removed" in gone["message"]
         assert [e["id"] for e in waiting(client)] == [d["id"], c["id"]]        # removed at once, not at its turn
-        assert not (server.outputs / qs.IMAGES_DIR / b["id"]).exists()
+        assert not (qs.QueueStore(server.outputs).images_root / b["id"]).exists()
 
         from gradio_client.exceptions import AppError
 

@@ -46,7 +46,7 @@ def test_add_keeps_order_and_copies_the_images_under_outputs(store, image):
     store.add_many([job(image, "two"), job(image, "three")])
     assert prompts(store) == ["one", "two", "three"]
     staged = qs.Path(a.images["image"])
-    assert staged.is_file() and staged.parent == store.outputs / qs.IMAGES_DIR / a.id
+    assert staged.is_file() and staged.parent == store.images_root / a.id
     assert staged.read_bytes() == image.read_bytes()
     image.unlink()                                         # the user's file may go: the queue keeps its own copy
     assert staged.is_file() and a.status == qs.WAITING and a.settings["seconds"] == 1.2
@@ -150,7 +150,7 @@ def test_a_damaged_database_is_moved_aside_with_a_warning(tmp_path, image, damag
     s, _ = qs.QueueStore.open(out)
     s.add(job(image))
     s.close()
-    db = out / qs.DB_NAME
+    db = s.path
     if damage == "garbage":
         db.write_bytes(b"this is not a database" * 100)
     elif damage == "truncated":
@@ -164,7 +164,7 @@ def test_a_damaged_database_is_moved_aside_with_a_warning(tmp_path, image, damag
     with caplog.at_level("WARNING"):
         s, found = qs.QueueStore.open(out)
     assert found.warning and "moved to" in found.warning and found.warning in caplog.text
-    aside = sorted(out.glob(qs.DB_NAME + ".damaged-*"))
+    aside = sorted(db.parent.glob(qs.DB_NAME + ".damaged-*"))
     assert aside and aside[0].read_bytes()[:100] == before[:100]
     assert s.entries() == []
     s.add(job(image, "new"))                       # the new queue works
@@ -230,7 +230,7 @@ def test_python_m_pipeline_queue_runs(tmp_path):
     out = subprocess.run([sys.executable, "-m", "pipeline", "queue", "list", "--outputs", str(tmp_path / "o")],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout == "", out.stderr
-    assert (tmp_path / "o" / qs.DB_NAME).is_file()
+    assert qs.QueueStore(tmp_path / "o").path.is_file()
     help_text = subprocess.run([sys.executable, "-m", "pipeline", "-h"], cwd=ROOT, capture_output=True, text=True,
                                timeout=120).stdout
     assert "queue" in help_text

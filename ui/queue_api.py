@@ -4,8 +4,8 @@ README's text.
 
 ## The queue
 
-Jobs added to the queue wait on disk (`outputs/.queue.db`, SQLite, with copies of their images in
-`outputs/.queue/`) and run one after another whenever the GPU is free: a restart of the app (or a crash, or a
+Jobs added to the queue wait on disk (`outputs/.queue/queue.db`, SQLite, with copies of their images in
+`outputs/.queue/images/`) and run one after another whenever the GPU is free: a restart of the app (or a crash, or a
 power cut) shows them again and continues them, the interrupted one from its last finished section. (A job
 started with *Start* streams into the page and is not in this queue; both share the one GPU, one job at a time.)
 
