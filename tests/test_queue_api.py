@@ -13,6 +13,8 @@ from gradio_client import handle_file
 from pipeline import queue_store as qs
 from tests.server_helpers import Gate, job_info, saved_image, wait_for
 
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
 SHORT = dict(seconds=1.2, steps=2)
 
 

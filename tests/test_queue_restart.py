@@ -40,7 +40,7 @@ def test_killed_with_one_running_and_three_waiting_all_four_finish(tmp_path, ima
     from gradio_client import handle_file
 
     outputs = tmp_path / "out"
-    with app_process(outputs, log_path=tmp_path / "first.log") as (url, proc):
+    with app_process(outputs, log_path=tmp_path / "first.log", start_timeout=300) as (url, proc):
         client = _client(url, tmp_path)
         first = client.predict(image=handle_file(str(image)), **LONG, api_name="/queue_add")
         for n in range(3):
@@ -55,7 +55,7 @@ def test_killed_with_one_running_and_three_waiting_all_four_finish(tmp_path, ima
     killed = job_info(job_dir)
     assert killed["status"] == "running" and 1 <= len(killed["sections"]) < 4, killed["sections"]
 
-    with app_process(outputs, log_path=tmp_path / "second.log") as (url, proc):
+    with app_process(outputs, log_path=tmp_path / "second.log", start_timeout=300) as (url, proc):
         client = _client(url, tmp_path)
         entries = _listing(client)
         assert [e["id"] for e in entries][0] == first["id"]         # shown again, the interrupted one first
@@ -85,7 +85,7 @@ def test_a_damaged_queue_database_is_moved_aside_and_the_app_starts(tmp_path, im
     outputs.mkdir()
     qs.QueueStore(outputs).folder.mkdir()
     qs.QueueStore(outputs).path.write_bytes(b"\x00garbage, not SQLite\x00" * 64)
-    with app_process(outputs, log_path=tmp_path / "app.log") as (url, proc):
+    with app_process(outputs, log_path=tmp_path / "app.log", start_timeout=300) as (url, proc):
         client = _client(url, tmp_path)
         assert _listing(client) == []
     log = (tmp_path / "app.log").read_text()
