@@ -77,7 +77,7 @@ def test_killed_with_one_running_and_three_waiting_all_four_finish(tmp_path, ima
     finished = [outputs / e["job_id"] for e in done[1:]]
     assert all(job_info(d)["status"] == "done" for d in finished)
     assert sorted(d.name for d in finished) == [d.name for d in finished]            # run in line order
-    assert not any(qs.QueueStore(outputs).images_root.iterdir())                             # the queue's copies are gone
+    assert not any(qs.QueueStore(outputs).images_root.iterdir())         # the queue's copies are gone
 
 
 def test_a_damaged_queue_database_is_moved_aside_and_the_app_starts(tmp_path, image):
