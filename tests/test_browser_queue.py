@@ -33,9 +33,15 @@ def images(tmp_path_factory):
 
 
 def _table(page) -> list[list[str]]:
-    return page.evaluate("""() => Array.from(document.querySelectorAll('#queue-table tbody tr'))
-        .map(tr => Array.from(tr.querySelectorAll('td')).map(td => td.innerText.trim()))
-        .filter(r => r.length > 2 && r[1])""")
+    """The queue table's rows as shown (Gradio's data frame: grid cells by row and column)."""
+    return page.evaluate("""() => {
+        const rows = {};
+        for (const cell of document.querySelectorAll('#queue-table [role=gridcell][data-row]')) {
+            const r = +cell.dataset.row, c = +cell.dataset.col;
+            (rows[r] = rows[r] || [])[c] = cell.textContent.trim();
+        }
+        return Object.keys(rows).sort((a, b) => a - b).map(r => rows[r]).filter(r => r.length > 2 && r[1]);
+    }""")
 
 
 def _wait_rows(page, n, timeout=60):
@@ -44,7 +50,7 @@ def _wait_rows(page, n, timeout=60):
 
 
 def _pick(page, entry_id):
-    page.locator("#queue-table td").filter(has_text=entry_id).first.click()
+    page.locator("#queue-table [role=gridcell][data-col='1']").filter(has_text=entry_id).first.click()
     page.wait_for_function(f"() => document.querySelector('#queue-pick input')?.value.includes('{entry_id}')")
 
 
