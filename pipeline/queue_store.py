@@ -87,6 +87,13 @@ class Recovered:
     warning: str | None = None
 
 
+def _is_file(path) -> bool:
+    try:
+        return isinstance(path, (str, Path)) and Path(path).is_file()
+    except (OSError, ValueError):               # a name too long, a NUL byte
+        return False
+
+
 def checked_values(values: Mapping[str, Any], default_resolution: int, *, base: Path | None = None) -> dict:
     """Settings and image paths by control name, checked as a job's (pipeline.request.prepare: raises InputError
     naming the field); the images must be files. Returns the request's settings and image paths."""
@@ -95,7 +102,7 @@ def checked_values(values: Mapping[str, Any], default_resolution: int, *, base: 
     request = Request.from_mapping(values, base=base)
     for name, _ in IMAGE_FIELDS:
         path = getattr(request, name)
-        if path is not None and not (isinstance(path, (str, Path)) and Path(path).is_file()):
+        if path is not None and not _is_file(path):
             raise InputError(name, f"{str(path)[:200]!r} is not a file; give the path of a PNG, JPEG or WebP image")
     prepare(request, default_resolution)
     out = dict(request.settings())
@@ -370,10 +377,15 @@ class QueueStore:
 
 
 def outside(values: Mapping[str, Any], root: Path) -> str | None:
-    """The first image path of `values` that is not inside `root`, or None."""
+    """The first image of `values` that is not a path inside `root` (anything else but a path counts), or None."""
     for name, _ in IMAGE_FIELDS:
         path = values.get(name)
-        if path and not Path(path).resolve().is_relative_to(Path(root).resolve()):
+        if path is None or path == "":
+            continue
+        try:
+            if not isinstance(path, (str, Path)) or not Path(path).resolve().is_relative_to(Path(root).resolve()):
+                return name
+        except (OSError, ValueError):           # a NUL byte, a loop of links
             return name
     return None
 

@@ -88,20 +88,23 @@ class QueueActions:
         return self._added(self.store.add(self._checked(values)))
 
     def add_images(self, images: list, values: Mapping[str, Any]) -> list[qs.Entry]:
-        paths = [st.upload_path(i) for i in images or []]
-        paths = [p for p in paths if p]
-        if not paths:
+        if not isinstance(values, Mapping):
+            raise InputError("settings", "give the jobs' settings as a JSON object, e.g. {\"prompt\": \"waves\"}")
+        if not isinstance(images, (list, tuple)):
+            images = [images] if images else []
+        paths = [st.upload_path(i) for i in images]
+        if not paths or not all(isinstance(p, str) and p for p in paths):
             raise InputError("images", "upload one or more images: one job is added per image")
         checked = [self._checked({**values, "image": p}) for p in paths]
         return self._added(self.store.add_many(checked))
 
     def import_jsonl(self, path) -> list[qs.Entry]:
         path = st.upload_path(path)
-        if not path:
+        if not path or not isinstance(path, str):
             raise InputError("jobs file", "upload a .jsonl file: one job's settings (a JSON object) a line")
         try:
             text = Path(path).read_text("utf-8")
-        except (OSError, UnicodeDecodeError) as e:
+        except (OSError, ValueError) as e:                    # unreadable, not UTF-8, a NUL in the name
             raise InputError("jobs file", f"cannot read it ({type(e).__name__}); save it as UTF-8 text") from None
         jobs = qs.read_jsonl(text, self.default_resolution, Path(path).parent, images_under=self.store.outputs)
         return self._added(self.store.add_many(jobs))
