@@ -163,7 +163,7 @@ class QueueApi:
             raise gr.Error(str(e), title="Please check the input", print_exception=False) from None
 
     def register(self, controls: list, table=TABLE) -> None:
-        from ui.api import video_endpoint
+        from ui.api import VIDEO_DOC, video_endpoint
 
         with gr.Group(visible=False):
             trigger = gr.Button(visible=False)
@@ -176,8 +176,11 @@ class QueueApi:
             export = gr.File(label="queue", visible=False)
         quick = dict(show_progress="hidden", concurrency_limit=2, concurrency_id="queue")
         a = self.actions
-        trigger.click(video_endpoint(self.add, table), controls, result, api_name="queue_add", preprocess=False,
-                      **quick)
+        add = video_endpoint(self.add, table)            # /video's parameters
+        add.__name__ = add.__qualname__ = "queue_add"
+        add.__doc__ = add.__doc__.replace(VIDEO_DOC, "Add a job to the queue on disk (it runs when the GPU is free); "
+                                                     "returns the queued job.")
+        trigger.click(add, controls, result, api_name="queue_add", preprocess=False, **quick)
         trigger.click(self.add_images, [images, settings], result, api_name="queue_add_images", preprocess=False,
                       **quick)
         trigger.click(a.listing, None, result, api_name="queue_list", **quick)
