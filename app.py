@@ -17,7 +17,7 @@ import gradio as gr  # noqa: E402
 
 from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
 from ui import panel_controls, panel_lora  # noqa: E402
-from ui.api import JobApi, hide_ui_endpoints  # noqa: E402
+from ui.api import PUBLIC_ENDPOINTS, JobApi, hide_ui_endpoints  # noqa: E402
 from ui.cli import host_budget_problem, launch_options, parse_args, security_warnings, weight_storage  # noqa: E402
 from ui.context import LIVE_CALLS_MAX, AppContext, preserved_max_gb, preserved_text  # noqa: E402
 from ui.examples import write_examples  # noqa: E402
@@ -25,8 +25,10 @@ from ui.guard import HandlerGuard  # noqa: E402
 from ui.layout import build_layout  # noqa: E402
 from ui.models import ComponentCache  # noqa: E402
 from ui.panel_jobs import JobsPanel  # noqa: E402
+from ui.panel_queue import start_queue  # noqa: E402
 from ui.panel_run import JOBS_MAX, RunPanel  # noqa: E402
 from ui.prompt_tokens import TokenCounter  # noqa: E402
+from ui.queue_api import QUEUE_ENDPOINTS  # noqa: E402
 from ui.runner import JobRunner  # noqa: E402
 
 log = logging.getLogger("steadyframe.app")
@@ -77,8 +79,9 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
         jobs.wire(app)
         JobApi(runner, preset.default_resolution).register(ui.controls(), concurrency_id="gpu",
                                                            concurrency_limit=JOBS_MAX)
+        app.queue_worker = start_queue(ctx, app)       # the queue on disk (ui/panel_queue.py)
 
-    hide_ui_endpoints(app)
+    hide_ui_endpoints(app, PUBLIC_ENDPOINTS + QUEUE_ENDPOINTS)
     # api_open=False: queued events (jobs, gallery) cannot be called around the queue and its limits
     app.queue(max_size=QUEUE_MAX, default_concurrency_limit=4, api_open=False)
     idle_quietly(app)

@@ -89,6 +89,8 @@ def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentP
     r.add_argument("job_dir", type=Path, help="the job's folder under outputs/")
     _add_common(r)
     r.set_defaults(preset=None)
+    sub.add_parser("queue", add_help=False, help="the app's job queue on disk: add, list, export, move, remove "
+                                                 "(python -m pipeline queue -h)")     # pipeline/queue_cli.py
     return parser
 
 
@@ -335,6 +337,11 @@ def run_batch(runner: Runner, path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["queue"]:
+        from pipeline.queue_cli import main as queue_main
+
+        return queue_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.host_ram_gb is not None and not args.host_ram_gb > 0:

@@ -206,7 +206,7 @@ def test_odd_but_valid_input_makes_a_video(server, client, files, changes):
     else:
         assert info["settings"]["prompt"] == prompt and summary["warnings"] == []
     # only job folders, the example images and the (emptied) staging folder
-    assert {p.name for p in server.outputs.iterdir()} - {".examples", ".staged"} == {d.name for d in server.jobs()}
+    assert {p.name for p in server.outputs.iterdir()} - {".examples", ".staged", ".queue"} == {d.name for d in server.jobs()}
     assert not any((server.outputs / ".staged").glob("*"))
     assert not temp_leftovers(server.outputs)
 

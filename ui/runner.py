@@ -237,6 +237,12 @@ class JobRunner:
         with self._lock:
             return self._running is not None
 
+    @property
+    def idle(self) -> bool:
+        """No job runs and none waits in line (the queue worker, ui/queue_worker.py, starts the next then)."""
+        with self._lock:
+            return self._running is None and not self._line
+
     # ---- the line ---------------------------------------------------------------------------------------------------
     def waiting(self, ticket: Ticket) -> Waiting | None:
         """Where the ticket stands in line (None once it may run)."""

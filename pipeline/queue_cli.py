@@ -1,0 +1,86 @@
+"""`python -m pipeline queue ...`: the app's job queue on disk (pipeline/queue_store.py) from the command line,
+whether the app is running or not (a running app picks new jobs up within a second; a stopped one at its start).
+
+    python -m pipeline queue add jobs.jsonl [--outputs outputs]     one job a line, all checked before any is added
+    python -m pipeline queue list [--json]
+    python -m pipeline queue export waiting.jsonl
+    python -m pipeline queue move <id> <position>                   0: first among the waiting jobs
+    python -m pipeline queue remove <id>                            a waiting or finished job
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from configs import PRESETS
+from pipeline import queue_store as qs
+from pipeline.errors import InputError
+
+EXIT_OK, EXIT_INPUT = 0, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--outputs", "--out", dest="outputs", type=Path, default=Path("outputs"),
+                        help="the app's outputs folder (default: outputs)")
+    common.add_argument("--preset", default="hunyuan", choices=sorted(PRESETS),
+                        help="the model preset the app runs (its default resolution checks the jobs; default hunyuan)")
+    p = argparse.ArgumentParser(prog="python -m pipeline queue",
+                                description="The app's job queue (outputs/.queue/queue.db): add, list, export, move, "
+                                            "remove. The app runs the waiting jobs one after another.")
+    sub = p.add_subparsers(dest="action", required=True)
+    a = sub.add_parser("add", parents=[common], help="add the jobs of a JSON-lines file (as `python -m pipeline "
+                                                     "batch` reads)")
+    a.add_argument("jobs", type=Path)
+    ls = sub.add_parser("list", parents=[common], help="the queue in its order, with each job's status")
+    ls.add_argument("--json", action="store_true", help="one JSON object a line")
+    e = sub.add_parser("export", parents=[common], help="write the waiting (and running) jobs as JSON lines")
+    e.add_argument("file", type=Path)
+    m = sub.add_parser("move", parents=[common], help="put a waiting job at a position among the waiting jobs "
+                                                      "(0: first)")
+    m.add_argument("id")
+    m.add_argument("position", type=int)
+    r = sub.add_parser("remove", parents=[common], help="take a waiting or finished job out of the queue")
+    r.add_argument("id")
+    return p
+
+
+def _line(e: qs.Entry) -> str:
+    prompt = str(e.settings.get("prompt", ""))[:50]
+    return f"{e.id}  {e.status:<8} {e.progress * 100:3.0f} %  {prompt!r}  {e.job_dir or ''}  {e.message[:60]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    store, found = qs.QueueStore.open(args.outputs)
+    if found.warning:
+        print(f"warning: {found.warning}", file=sys.stderr)
+    try:
+        if args.action == "add":
+            try:
+                text = args.jobs.read_text("utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                print(f"error: jobs: cannot read {args.jobs}: {e}", file=sys.stderr)
+                return EXIT_INPUT
+            jobs = qs.read_jsonl(text, PRESETS[args.preset].default_resolution, args.jobs.resolve().parent)
+            for e in store.add_many(jobs):
+                print(f"added {e.id}: {str(e.settings.get('prompt', ''))[:60]!r}")
+        elif args.action == "list":
+            for e in store.entries():
+                print(json.dumps(e.summary(), ensure_ascii=False) if args.json else _line(e))
+        elif args.action == "export":
+            args.file.write_text(store.export_jsonl(), "utf-8")
+            print(f"wrote {len(store.entries([qs.WAITING, qs.RUNNING]))} job(s) to {args.file}")
+        elif args.action == "move":
+            for e in store.move(args.id, args.position):
+                print(_line(e))
+        else:
+            print(f"removed {store.remove(args.id).id}")
+    except InputError as e:
+        print(f"error: {e.cli_text()}", file=sys.stderr)
+        return EXIT_INPUT
+    finally:
+        store.close()
+    return EXIT_OK

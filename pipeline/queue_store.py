@@ -1,0 +1,421 @@
+"""The job queue on disk: one SQLite database in the outputs folder (outputs/.queue/queue.db) and the queued jobs'
+own copies of their images (outputs/.queue/images/<entry id>/), so the queue survives a restart, a crash or a
+power loss.
+
+An entry is a job's settings (control values by name, as in job.json) and its images, a place in line, a status
+(waiting, running, done, stopped, failed), its progress and, once it has one, its job folder. The app's queue
+worker (ui/queue_worker.py) runs the first waiting entry; at the next start an entry that was running becomes
+the first waiting one again and continues from its job folder's last section (pipeline/resume.py).
+
+Storage: the standard library's sqlite3 in WAL mode, one connection per thread, every change in one
+transaction (`BEGIN IMMEDIATE`), so the app, its API calls and `python -m pipeline queue` in another process see
+one consistent queue in one order. A database that cannot be read (a damaged file, another program's file, a
+newer schema) is moved aside (`queue.db.damaged-<time>`) with a warning and a new, empty queue is started.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import shutil
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from pipeline.errors import InputError
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+QUEUE_DIR = ".queue"                    # under outputs/: hidden from the gallery (its name starts with a dot)
+DB_NAME = "queue.db"                    # in QUEUE_DIR
+IMAGES_DIR = "images"                   # in QUEUE_DIR: <entry id>/start.png, end.png
+IMAGE_FIELDS = (("image", "start"), ("end_image", "end"))
+WAITING, RUNNING, DONE, STOPPED, FAILED = "waiting", "running", "done", "stopped", "failed"
+FINISHED = (DONE, STOPPED, FAILED)
+BUSY_TIMEOUT_S = 10.0
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS entries (
+    id        TEXT PRIMARY KEY,
+    position  INTEGER NOT NULL,
+    status    TEXT NOT NULL,
+    settings  TEXT NOT NULL,
+    images    TEXT NOT NULL,
+    job_dir   TEXT,
+    progress  REAL NOT NULL DEFAULT 0,
+    message   TEXT NOT NULL DEFAULT '',
+    created   REAL NOT NULL,
+    updated   REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_position ON entries (position);
+"""
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str
+    position: int
+    status: str
+    settings: dict
+    images: dict                        # {"image": path, "end_image": path or None}: the queue's own copies
+    job_dir: str | None = None          # the job's folder name under outputs/, once the job has one
+    progress: float = 0.0
+    message: str = ""
+    created: float = 0.0
+    updated: float = 0.0
+
+    def values(self) -> dict:
+        """Settings and image paths by control name (a Request's fields)."""
+        return {**self.settings, **{k: v for k, v in self.images.items() if v}}
+
+    def summary(self) -> dict:
+        """The entry as the API and the export show it."""
+        return {"id": self.id, "status": self.status, "progress": round(self.progress, 4),
+                "message": self.message, "job_id": self.job_dir, **self.values()}
+
+
+@dataclass
+class Recovered:
+    """What `QueueStore.open` found: the entries that were running when the app stopped, and a warning when the
+    database had to be moved aside."""
+    interrupted: list = field(default_factory=list)
+    warning: str | None = None
+
+
+def _is_file(path) -> bool:
+    try:
+        return isinstance(path, (str, Path)) and Path(path).is_file()
+    except (OSError, ValueError):               # a name too long, a NUL byte
+        return False
+
+
+def checked_values(values: Mapping[str, Any], default_resolution: int, *, base: Path | None = None) -> dict:
+    """Settings and image paths by control name, checked as a job's (pipeline.request.prepare: raises InputError
+    naming the field); the images must be files. Returns the request's settings and image paths."""
+    from pipeline.request import Request, prepare
+
+    request = Request.from_mapping(values, base=base)
+    for name, _ in IMAGE_FIELDS:
+        path = getattr(request, name)
+        if path is not None and not _is_file(path):
+            raise InputError(name, f"{str(path)[:200]!r} is not a file; give the path of a PNG, JPEG or WebP image")
+    prepare(request, default_resolution)
+    out = dict(request.settings())
+    for name, _ in IMAGE_FIELDS:
+        path = getattr(request, name)
+        out[name] = str(Path(path).resolve()) if path is not None else None
+    return out
+
+
+class QueueStore:
+    """The queue of one outputs folder. Thread-safe (a connection per thread); several processes may share it."""
+
+    def __init__(self, outputs: Path):
+        self.outputs = Path(outputs)
+        self.folder = self.outputs / QUEUE_DIR
+        self.path = self.folder / DB_NAME
+        self.images_root = self.folder / IMAGES_DIR
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._guard = threading.Lock()
+
+    # ---- opening ----------------------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, outputs: Path) -> tuple["QueueStore", Recovered]:
+        """The store of `outputs` (created when missing; moved aside and started again when unreadable), with the
+        entries that were running when the app last stopped put back first in line."""
+        store = cls(outputs)
+        store.folder.mkdir(parents=True, exist_ok=True)
+        found = Recovered()
+        try:
+            store._check()
+        except sqlite3.DatabaseError as e:
+            store.close()
+            found.warning = store._move_aside(e)
+            store._check()
+        found.interrupted = store._requeue_running()
+        return store, found
+
+    def _check(self) -> None:
+        db = self._db()
+        db.execute("PRAGMA journal_mode=WAL")
+        problem = db.execute("PRAGMA quick_check").fetchone()[0]
+        if problem != "ok":
+            raise sqlite3.DatabaseError(f"integrity check: {problem}")
+        db.executescript(SCHEMA)
+        row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+        if row is None:
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        elif row[0] != str(SCHEMA_VERSION):
+            raise sqlite3.DatabaseError(f"schema version {row[0]}; this version of the app reads {SCHEMA_VERSION}")
+
+    def _move_aside(self, error: Exception) -> str:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = self.path.with_name(f"{DB_NAME}.damaged-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            source = Path(str(self.path) + suffix)
+            if source.exists():
+                source.replace(Path(str(target) + suffix))
+        warning = (f"the queue database {self.path} could not be read ({str(error).splitlines()[0][:200]}); it was "
+                   f"moved to {target.name} and the queue starts empty")
+        log.warning(warning)
+        return warning
+
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+            db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            self._local.db = db
+            with self._guard:
+                self._connections.append(db)
+        return db
+
+    def close(self) -> None:
+        with self._guard:
+            for db in self._connections:
+                db.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    class _Transaction:
+        def __init__(self, db):
+            self.db = db
+
+        def __enter__(self):
+            self.db.execute("BEGIN IMMEDIATE")
+            return self.db
+
+        def __exit__(self, kind, value, tb):
+            self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+            return False
+
+    def _write(self):
+        return self._Transaction(self._db())
+
+    # ---- reading ----------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _entry(row) -> Entry:
+        return Entry(row[0], row[1], row[2], json.loads(row[3]), json.loads(row[4]), row[5], row[6], row[7], row[8],
+                     row[9])
+
+    def entries(self, statuses: Iterable[str] | None = None) -> list[Entry]:
+        """Entries in line order (finished ones too unless `statuses` says which)."""
+        rows = self._db().execute("SELECT * FROM entries ORDER BY position").fetchall()
+        wanted = set(statuses) if statuses is not None else None
+        return [self._entry(r) for r in rows if wanted is None or r[2] in wanted]
+
+    def get(self, entry_id: str) -> Entry | None:
+        row = self._db().execute("SELECT * FROM entries WHERE id = ?", (str(entry_id),)).fetchone()
+        return self._entry(row) if row else None
+
+    def require(self, entry_id, *, waiting: bool = False) -> Entry:
+        """The entry `entry_id`; InputError("job") when there is none (or it is not waiting, with waiting=True)."""
+        entry = self.get(entry_id) if isinstance(entry_id, str) else None
+        if entry is None:
+            shown = repr(entry_id)[:60]
+            raise InputError("queued job", f"there is no job {shown} in the queue; use an id from the queue's list")
+        if waiting and entry.status != WAITING:
+            raise InputError("queued job", f"job {entry.id} is {entry.status}; only a waiting job can be changed")
+        return entry
+
+    # ---- changing ---------------------------------------------------------------------------------------------------
+    def add(self, values: Mapping[str, Any]) -> Entry:
+        """Append a job (its values checked by `checked_values`) last in line; its images are copied into the
+        queue's folder first."""
+        return self.add_many([values])[0]
+
+    def add_many(self, many: list[Mapping[str, Any]]) -> list[Entry]:
+        """Append several jobs in this order, in one transaction (another client's jobs never come between)."""
+        staged = [(secrets.token_hex(6), *self._split(values)) for values in many]
+        ids = []
+        try:
+            for entry_id, _, images in staged:
+                images.update(self._stage(entry_id, images))
+            now = time.time()
+            with self._write() as db:
+                top = db.execute("SELECT COALESCE(MAX(position), 0) FROM entries").fetchone()[0]
+                for n, (entry_id, settings, images) in enumerate(staged, 1):
+                    db.execute("INSERT INTO entries (id, position, status, settings, images, created, updated) "
+                               "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                               (entry_id, top + n, WAITING, json.dumps(settings), json.dumps(images), now, now))
+                    ids.append(entry_id)
+        except BaseException:
+            for entry_id, _, _ in staged:
+                shutil.rmtree(self.images_root / entry_id, ignore_errors=True)
+            raise
+        return [self.get(i) for i in ids]
+
+    @staticmethod
+    def _split(values: Mapping[str, Any]) -> tuple[dict, dict]:
+        names = dict(IMAGE_FIELDS)
+        settings = {k: v for k, v in values.items() if k not in names}
+        images = {k: (str(values[k]) if values.get(k) else None) for k in names}
+        return settings, images
+
+    def _stage(self, entry_id: str, images: dict) -> dict:
+        folder = self.images_root / entry_id
+        out = {}
+        for name, stem in IMAGE_FIELDS:
+            source = images.get(name)
+            if not source:
+                continue
+            source = Path(source)
+            if source.parent == folder:
+                out[name] = str(source)
+                continue
+            folder.mkdir(parents=True, exist_ok=True)
+            target = folder / (stem + source.suffix.lower()[:8])
+            tmp = target.with_name("." + target.name + ".tmp")
+            shutil.copyfile(source, tmp)
+            tmp.replace(target)
+            out[name] = str(target)
+        return out
+
+    def edit(self, entry_id: str, values: Mapping[str, Any]) -> Entry:
+        """Replace a waiting job's settings (and images, when given) with `values` (checked by the caller)."""
+        entry = self.require(entry_id, waiting=True)
+        settings, images = self._split(values)
+        images = {k: v or entry.images.get(k) if k == "image" else v for k, v in images.items()}
+        images.update(self._stage(entry.id, images))
+        with self._write() as db:
+            changed = db.execute("UPDATE entries SET settings = ?, images = ?, updated = ? WHERE id = ? AND "
+                                 "status = ?", (json.dumps(settings), json.dumps(images), time.time(), entry.id,
+                                                WAITING)).rowcount
+        if not changed:
+            raise InputError("queued job", f"job {entry.id} started meanwhile; only a waiting job can be changed")
+        self._drop_unused_images(entry.id, images)
+        return self.get(entry.id)
+
+    def _drop_unused_images(self, entry_id: str, images: dict) -> None:
+        folder = self.images_root / entry_id
+        keep = {Path(p).name for p in images.values() if p}
+        if folder.is_dir():
+            for f in folder.iterdir():
+                if f.name not in keep:
+                    f.unlink(missing_ok=True)
+
+    def move(self, entry_id: str, index: int) -> list[Entry]:
+        """Put a waiting job at `index` (0: first) among the waiting jobs; the others keep their order."""
+        entry = self.require(entry_id, waiting=True)
+        with self._write() as db:
+            rows = db.execute("SELECT id, position FROM entries WHERE status = ? ORDER BY position",
+                              (WAITING,)).fetchall()
+            ids = [r[0] for r in rows if r[0] != entry.id]
+            if len(ids) == len(rows):
+                raise InputError("queued job", f"job {entry.id} started meanwhile; only a waiting job can be moved")
+            index = max(0, min(int(index), len(ids)))
+            ids.insert(index, entry.id)
+            for entry_id_, position in zip(ids, sorted(r[1] for r in rows)):
+                db.execute("UPDATE entries SET position = ? WHERE id = ?", (position, entry_id_))
+        return self.entries()
+
+    def remove(self, entry_id: str) -> Entry:
+        """Take a waiting or finished job out of the queue at once (its images go with it)."""
+        entry = self.require(entry_id)
+        with self._write() as db:
+            gone = db.execute("DELETE FROM entries WHERE id = ? AND status != ?", (entry.id, RUNNING)).rowcount
+        if not gone:
+            raise InputError("queued job", f"job {entry.id} is running; press End (or stop it) instead")
+        shutil.rmtree(self.images_root / entry.id, ignore_errors=True)
+        return entry
+
+    def clear_finished(self) -> int:
+        gone = [e for e in self.entries(FINISHED)]
+        for e in gone:
+            self.remove(e.id)
+        return len(gone)
+
+    # ---- the worker's side ------------------------------------------------------------------------------------------
+    def next_waiting(self) -> Entry | None:
+        row = self._db().execute("SELECT * FROM entries WHERE status = ? ORDER BY position LIMIT 1",
+                                 (WAITING,)).fetchone()
+        return self._entry(row) if row else None
+
+    def claim(self, entry_id: str) -> bool:
+        """Mark a waiting entry running (False: it was removed, moved on or started meanwhile)."""
+        with self._write() as db:
+            return db.execute("UPDATE entries SET status = ?, message = '', updated = ? WHERE id = ? AND status = ?",
+                              (RUNNING, time.time(), entry_id, WAITING)).rowcount == 1
+
+    def update(self, entry_id: str, **changes) -> None:
+        """Set some of status, progress, message, job_dir (the worker, as the job goes)."""
+        allowed = {"status", "progress", "message", "job_dir"}
+        if not changes or set(changes) - allowed:
+            raise ValueError(f"update: {sorted(set(changes) - allowed)}")
+        names = ", ".join(f"{k} = ?" for k in changes)
+        with self._write() as db:
+            db.execute(f"UPDATE entries SET {names}, updated = ? WHERE id = ?",
+                       (*changes.values(), time.time(), entry_id))
+
+    def release_images(self, entry_id: str) -> None:
+        """A finished job no longer needs the queue's copies (its job folder keeps the user's images)."""
+        shutil.rmtree(self.images_root / entry_id, ignore_errors=True)
+
+    def _requeue_running(self) -> list[Entry]:
+        """(At open.) Entries left running by a stopped app wait again, first in line: the worker continues each
+        from its job folder's last section."""
+        with self._write() as db:
+            rows = db.execute("SELECT id FROM entries WHERE status = ?", (RUNNING,)).fetchall()
+            db.execute("UPDATE entries SET status = ?, message = ? WHERE status = ?",
+                       (WAITING, "interrupted: continues from its last finished section", RUNNING))
+        return [self.get(r[0]) for r in rows]
+
+    # ---- JSON lines -------------------------------------------------------------------------------------------------
+    def export_jsonl(self, statuses: Iterable[str] = (WAITING, RUNNING)) -> str:
+        """The unfinished jobs as JSON lines, one job's settings and image paths a line, in line order (what
+        `import_jsonl` and `python -m pipeline batch` read)."""
+        lines = []
+        for e in self.entries(statuses):
+            lines.append(json.dumps({k: v for k, v in e.values().items() if v is not None}, ensure_ascii=False))
+        return "".join(line + "\n" for line in lines)
+
+
+def outside(values: Mapping[str, Any], root: Path) -> str | None:
+    """The first image of `values` that is not a path inside `root` (anything else but a path counts), or None."""
+    for name, _ in IMAGE_FIELDS:
+        path = values.get(name)
+        if path is None or path == "":
+            continue
+        try:
+            if not isinstance(path, (str, Path)) or not Path(path).resolve().is_relative_to(Path(root).resolve()):
+                return name
+        except (OSError, ValueError):           # a NUL byte, a loop of links
+            return name
+    return None
+
+
+def read_jsonl(text: str, default_resolution: int, base: Path | None = None, *, images_under: Path | None = None
+               ) -> list[dict]:
+    """Every job of a JSON-lines text, checked before any is queued: InputError naming the first bad line.
+    `images_under`: the images must be files in that folder (a file uploaded to the server names no other)."""
+    jobs = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise InputError(f"line {number}", f"not JSON ({str(e)[:120]}); each line must be one job's JSON "
+                                               "object") from None
+        if not isinstance(obj, dict):
+            raise InputError(f"line {number}", "each line must be a JSON object with a job's settings")
+        try:
+            values = checked_values(obj, default_resolution, base=base)
+            name = outside(values, images_under) if images_under is not None else None
+            if name is not None:
+                raise InputError(name, f"{values[name]} is outside the outputs folder: a jobs file sent to the app "
+                                       "may name only images in it (an exported queue's); add other images with "
+                                       "'Add one job per image' or `python -m pipeline queue add`")
+            jobs.append(values)
+        except InputError as e:
+            raise InputError(f"line {number}", f"{e.field}: {e.message}") from None
+    if not jobs:
+        raise InputError("jobs file", "no job in it; each line must be a JSON object, e.g. "
+                                      '{"image": "a.png", "prompt": "...", "seconds": 3}')
+    return jobs

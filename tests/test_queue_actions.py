@@ -1,0 +1,74 @@
+"""The queue's API handlers (ui/queue_api.py) with hostile values: each refusal is a gr.Error naming the field,
+never another exception, and nothing is added or left behind."""
+from __future__ import annotations
+
+import math
+
+import gradio as gr
+import pytest
+
+from pipeline import queue_store as qs
+from tests.conftest import make_image
+from ui.queue_api import QueueActions, QueueApi
+from ui.queue_worker import QueueWorker
+
+
+@pytest.fixture
+def api(tmp_path):
+    store, _ = qs.QueueStore.open(tmp_path / "out")
+    worker = QueueWorker(store, runner=None, default_resolution=128)            # not started: nothing runs
+    yield QueueApi(QueueActions(store, worker, 128)), store
+    store.close()
+
+
+@pytest.fixture
+def image(tmp_path):
+    path = tmp_path / "in.png"
+    make_image(96, 80, seed=2).save(path)
+    return path
+
+
+HOSTILE = [None, "", 5, -1, math.nan, math.inf, True, [], {}, [[[1]]], "x" * 100_000, "\x00", "../../etc/passwd",
+           {"path": 5}, {"path": "\x00"}]
+
+
+def test_hostile_values_get_a_clear_refusal(api, image, tmp_path):
+    handlers, store = api
+    entry = store.add(qs.checked_values({"image": str(image), "prompt": "kept"}, 128))
+    calls = []
+    for bad in HOSTILE:
+        calls += [(handlers.move, (bad, 0)), (handlers.move, (entry.id, bad)), (handlers.edit, (bad, {})),
+                  (handlers.edit, (entry.id, bad)), (handlers.edit, (entry.id, {"seconds": bad})),
+                  (handlers.edit, (entry.id, {"image": bad})), (handlers.remove, (bad,)),
+                  (handlers.add_images, (bad, {"prompt": "x"})), (handlers.add_images, ([bad], {"prompt": "x"})),
+                  (handlers.import_jsonl, (bad,))]
+        if bad not in (None, {}):               # no settings: the defaults (a valid job)
+            calls.append((handlers.add_images, ([str(image)], bad)))
+    passed = []
+    for fn, args in calls:
+        try:
+            fn(*args)
+            passed.append((fn.__name__, repr(args)))
+        except gr.Error as e:
+            assert ":" in str(e.message), e.message            # "field: what is wrong"
+    # what is not refused is harmless: a move past either end (clamped), an edit to nothing or to a valid length
+    assert sorted(passed) == sorted([("edit", repr((entry.id, {}))), ("edit", repr((entry.id, {"seconds": None}))),
+                                     ("edit", repr((entry.id, {"seconds": 5}))),
+                                     ("edit", repr((entry.id, {"image": None}))), ("move", repr((entry.id, 5))),
+                                     ("move", repr((entry.id, -1)))])
+    (kept,) = store.entries()
+    assert kept.id == entry.id and kept.settings["prompt"] == "kept" and kept.status == qs.WAITING
+    assert sorted(p.name for p in store.images_root.iterdir()) == [entry.id]
+
+
+def test_a_jsonl_upload_may_name_only_images_in_the_outputs_folder(api, image, tmp_path):
+    handlers, store = api
+    jsonl = tmp_path / "jobs.jsonl"
+    jsonl.write_text('{"image": "%s", "prompt": "outside"}\n' % image)
+    with pytest.raises(gr.Error, match="line 1: image: .*outside the outputs folder"):
+        handlers.import_jsonl(str(jsonl))
+    inside = store.add(qs.checked_values({"image": str(image), "prompt": "inside"}, 128))
+    jsonl.write_text(store.export_jsonl())
+    (again,) = handlers.import_jsonl(str(jsonl))
+    assert again["prompt"] == "inside" and again["id"] != inside.id
+    assert [e.settings["prompt"] for e in store.entries()] == ["inside", "inside"]

@@ -1,0 +1,125 @@
+"""The queue through the API of the app (launched in this process on the tiny preset): add, add one job per image,
+import, list, move, edit, remove (a waiting job goes at once), export; two clients adding at once keep their
+order; the worker runs the queue in its order. The first job is held in its VAE decode (tests/server_helpers.Gate)
+while the others are changed, so nothing depends on timing."""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from gradio_client import handle_file
+
+from pipeline import queue_store as qs
+from tests.server_helpers import Gate, job_info, saved_image, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+SHORT = dict(seconds=1.2, steps=2)
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    return saved_image(tmp_path_factory, 96, 80, seed=6)
+
+
+def listing(client):
+    return client.predict(api_name="/queue_list")
+
+
+def waiting(client):
+    return [e for e in listing(client) if e["status"] == "waiting"]
+
+
+def wait_all_finished(client, timeout=300):
+    return wait_for(lambda: (lambda es: es if all(e["status"] in qs.FINISHED for e in es) else None)(listing(client)),
+                    timeout=timeout, every=0.5, what="the queue to finish")
+
+
+def hold_first_job(server, client, image, tiny_original, gate):
+    first = client.predict(image=handle_file(str(image)), prompt="first", seed=1, **SHORT, api_name="/queue_add")
+    gate.wait()
+    top = listing(client)[0]
+    assert top["id"] == first["id"] and top["status"] == "running"
+    return first
+
+
+def test_queue_actions_through_the_api(server, client, image, tiny_original, tmp_path):
+    with Gate(tiny_original.vae.decoder) as gate:
+        first = hold_first_job(server, client, image, tiny_original, gate)
+        b, c = client.predict([handle_file(str(image)), handle_file(str(image))], {"prompt": "per image", **SHORT},
+                              api_name="/queue_add_images")
+        assert b["prompt"] == c["prompt"] == "per image" and b["image"] != c["image"]
+        assert all(qs.Path(e["image"]).is_relative_to(qs.QueueStore(server.outputs).images_root) for e in (b, c))
+        exported = qs.Path(client.predict(api_name="/queue_export"))
+        lines = [json.loads(line) for line in exported.read_text().splitlines()]
+        assert [line["prompt"] for line in lines] == ["first", "per image", "per image"]
+        jsonl = tmp_path / "jobs.jsonl"
+        jsonl.write_text(json.dumps({**lines[1], "prompt": "imported", "seed": 4}) + "\n")
+        (d,) = client.predict(handle_file(str(jsonl)), api_name="/queue_import")
+        assert d["prompt"] == "imported" and d["status"] == "waiting"
+
+        moved = client.predict(d["id"], 0, api_name="/queue_move")
+        assert [e["id"] for e in moved] == [first["id"], d["id"], b["id"], c["id"]]
+        edited = client.predict(c["id"], {"seconds": 2.4, "prompt": "edited"}, api_name="/queue_edit")
+        assert edited["seconds"] == 2.4 and edited["prompt"] == "edited" and edited["image"] == c["image"]
+        gone = client.predict(b["id"], api_name="/queue_remove")
+        assert "Removed" in gone["message"]
+        assert [e["id"] for e in waiting(client)] == [d["id"], c["id"]]        # removed at once, not at its turn
+        assert not (qs.QueueStore(server.outputs).images_root / b["id"]).exists()
+
+        from gradio_client.exceptions import AppError
+
+        for call, where in (((first["id"], {"seconds": 2.4}), "only a waiting job"),          # running
+                            (("nope", {"seconds": 2.4}), "no job"),
+                            ((d["id"], {"seconds": 999}), "seconds"),
+                            ((d["id"], {"image": "/etc/hostname"}), "outputs folder")):
+            with pytest.raises(AppError, match=where):
+                client.predict(*call, api_name="/queue_edit")
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(json.dumps({"image": str(image), "prompt": "outside"}) + "\n")
+        with pytest.raises(AppError, match="line 1.*outside the outputs folder"):
+            client.predict(handle_file(str(bad)), api_name="/queue_import")
+        gate.release()
+        done = wait_all_finished(client)
+    assert [e["prompt"] for e in done] == ["first", "imported", "edited"]
+    assert all(e["status"] == "done" for e in done)
+    folders = [server.outputs / e["job_id"] for e in done]
+    assert sorted(f.name for f in folders) == [f.name for f in folders]          # ran in the queue's order
+    assert job_info(folders[2])["settings"]["seconds"] == 2.4
+    assert job_info(folders[1])["settings"]["seed"] == 4
+    for e in done:
+        client.predict(e["id"], api_name="/queue_remove")                      # finished ones can be cleared
+    assert listing(client) == []
+
+
+def test_two_clients_adding_at_once_keep_their_order(server, image, tiny_original, tmp_path):
+    a, b = (server.client(tmp_path / name) for name in "ab")
+    with Gate(tiny_original.vae.decoder) as gate:
+        first = hold_first_job(server, a, image, tiny_original, gate)
+        errors = []
+
+        def add(client, name):
+            try:
+                for n in range(6):
+                    client.predict(image=handle_file(str(image)), prompt=f"{name}{n}", **SHORT, api_name="/queue_add")
+            except Exception as e:   # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=add, args=(c, name)) for c, name in ((a, "a"), (b, "b"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert not errors
+        got = [e["prompt"] for e in waiting(a)]
+        assert len(got) == 12
+        for name in "ab":
+            assert [p for p in got if p[0] == name] == [f"{name}{n}" for n in range(6)]
+        for e in waiting(b):                                # End on each waiting job: gone at once
+            b.predict(e["id"], api_name="/queue_remove")
+        assert [e["id"] for e in listing(a)] == [first["id"]]
+    wait_all_finished(a)
+    a.predict(first["id"], api_name="/queue_remove")
+    a.close()
+    b.close()

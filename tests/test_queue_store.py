@@ -1,0 +1,249 @@
+"""The queue on disk (pipeline/queue_store.py): order, reorder, remove, edit, export/import, a restart with an
+interrupted job, a damaged database, and adds from several threads and processes."""
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from pipeline import queue_store as qs
+from pipeline.errors import InputError
+from tests.conftest import make_image
+
+ROOT = qs.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def image(tmp_path):
+    path = tmp_path / "in" / "start.png"
+    path.parent.mkdir()
+    make_image(96, 80, seed=3).save(path)
+    return path
+
+
+@pytest.fixture
+def store(tmp_path):
+    s, found = qs.QueueStore.open(tmp_path / "out")
+    assert found.warning is None and found.interrupted == []
+    yield s
+    s.close()
+
+
+def job(image, prompt="a cat", **kw):
+    return qs.checked_values({"image": str(image), "prompt": prompt, "seconds": 1.2, "steps": 2, **kw}, 128)
+
+
+def prompts(store, statuses=None):
+    return [e.settings["prompt"] for e in store.entries(statuses)]
+
+
+def test_add_keeps_order_and_copies_the_images_under_outputs(store, image):
+    a = store.add(job(image, "one"))
+    store.add_many([job(image, "two"), job(image, "three")])
+    assert prompts(store) == ["one", "two", "three"]
+    staged = qs.Path(a.images["image"])
+    assert staged.is_file() and staged.parent == store.images_root / a.id
+    assert staged.read_bytes() == image.read_bytes()
+    image.unlink()                                         # the user's file may go: the queue keeps its own copy
+    assert staged.is_file() and a.status == qs.WAITING and a.settings["seconds"] == 1.2
+
+
+def test_checked_values_names_the_bad_field(image, tmp_path):
+    with pytest.raises(InputError) as e:
+        qs.checked_values({"image": str(image), "prompt": "x", "seconds": 999}, 128)
+    assert e.value.field.startswith("seconds") or "seconds" in str(e.value)
+    with pytest.raises(InputError) as e:
+        qs.checked_values({"image": str(tmp_path / "missing.png"), "prompt": "x"}, 128)
+    assert e.value.field == "image" and "not a file" in e.value.message
+    with pytest.raises(InputError) as e:
+        qs.checked_values({"image": str(image), "prompt": "x", "colour": 3}, 128)
+    assert e.value.field == "colour"
+
+
+def test_move_reorders_only_the_waiting_jobs(store, image):
+    ids = [e.id for e in store.add_many([job(image, p) for p in "abcd"])]
+    assert store.claim(ids[0])                             # a: running, stays first
+    store.move(ids[3], 0)
+    assert prompts(store) == ["a", "d", "b", "c"]
+    store.move(ids[1], 99)                                 # past the end: last
+    assert prompts(store) == ["a", "d", "c", "b"]
+    with pytest.raises(InputError, match="only a waiting job"):
+        store.move(ids[0], 2)
+    with pytest.raises(InputError, match="no job"):
+        store.move("nope", 0)
+
+
+def test_remove_a_waiting_job_at_once_but_not_a_running_one(store, image):
+    a, b = store.add_many([job(image, "a"), job(image, "b")])
+    store.claim(a.id)
+    with pytest.raises(InputError, match="running"):
+        store.remove(a.id)
+    store.remove(b.id)
+    assert prompts(store) == ["a"] and not (store.images_root / b.id).exists()
+    store.update(a.id, status=qs.DONE, progress=1.0)
+    assert store.clear_finished() == 1 and store.entries() == []
+
+
+def test_edit_changes_a_waiting_job_only(store, image, tmp_path):
+    a, b = store.add_many([job(image, "a"), job(image, "b")])
+    other = tmp_path / "other.jpg"
+    make_image(64, 64, seed=9).save(other)
+    edited = store.edit(a.id, job(other, "a2", seconds=2.4))
+    assert edited.settings["prompt"] == "a2" and edited.settings["seconds"] == 2.4
+    assert qs.Path(edited.images["image"]).name == "start.jpg"
+    assert sorted(f.name for f in (store.images_root / a.id).iterdir()) == ["start.jpg"]   # the old copy is gone
+    store.claim(b.id)
+    with pytest.raises(InputError, match="only a waiting job"):
+        store.edit(b.id, job(image, "b2"))
+    assert store.get(b.id).settings["prompt"] == "b"
+
+
+def test_export_then_import_gives_the_same_jobs(store, image, tmp_path):
+    store.add_many([job(image, "a", seed=5), job(image, "b", steps=3)])
+    text = store.export_jsonl()
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert [line["prompt"] for line in lines] == ["a", "b"] and lines[0]["seed"] == 5
+    other, _ = qs.QueueStore.open(tmp_path / "elsewhere")
+    added = other.add_many(qs.read_jsonl(text, 128))
+    assert [e.settings for e in added] == [e.settings for e in store.entries()]
+    assert all(qs.Path(e.images["image"]).parent.parent == other.images_root for e in added)
+    other.close()
+
+
+def test_import_refuses_the_whole_file_and_names_the_line(store, image):
+    good = json.dumps({"image": str(image), "prompt": "ok"})
+    for text, where, what in ((good + "\n{not json\n", "line 2", "not JSON"),
+                              (good + "\n[1, 2]\n", "line 2", "JSON object"),
+                              ("# comment\n\n" + json.dumps({"image": str(image), "prompt": "x", "steps": 0}),
+                               "line 3", "steps"),
+                              ("\n# nothing\n", "jobs file", "no job")):
+        with pytest.raises(InputError) as e:
+            qs.read_jsonl(text, 128)
+        assert e.value.field == where and what in e.value.message
+    assert store.entries() == []
+    rel = image.parent / "jobs.jsonl"
+    rel.write_text(json.dumps({"image": image.name, "prompt": "relative"}) + "\n")
+    assert qs.read_jsonl(rel.read_text(), 128, base=rel.parent)[0]["image"] == str(image.resolve())
+
+
+def test_a_restart_puts_the_running_job_first_again(tmp_path, image):
+    s, _ = qs.QueueStore.open(tmp_path / "out")
+    a, b, c = s.add_many([job(image, p) for p in "abc"])
+    s.claim(a.id)
+    s.update(a.id, job_dir="20250101-000000-abcdef", progress=0.5)
+    s.close()
+    again, found = qs.QueueStore.open(tmp_path / "out")
+    assert [e.id for e in found.interrupted] == [a.id]
+    first = again.next_waiting()
+    assert first.id == a.id and first.job_dir == "20250101-000000-abcdef" and "interrupted" in first.message
+    assert prompts(again, [qs.WAITING]) == ["a", "b", "c"]
+    again.close()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "newer"])
+def test_a_damaged_database_is_moved_aside_with_a_warning(tmp_path, image, damage, caplog):
+    out = tmp_path / "out"
+    s, _ = qs.QueueStore.open(out)
+    s.add(job(image))
+    s.close()
+    db = s.path
+    if damage == "garbage":
+        db.write_bytes(b"this is not a database" * 100)
+    elif damage == "truncated":
+        db.write_bytes(db.read_bytes()[:1500])
+        for suffix in ("-wal", "-shm"):
+            qs.Path(str(db) + suffix).unlink(missing_ok=True)
+    else:
+        with sqlite3.connect(db) as c:
+            c.execute("UPDATE meta SET value = '99' WHERE key = 'schema'")
+    before = db.read_bytes()
+    with caplog.at_level("WARNING"):
+        s, found = qs.QueueStore.open(out)
+    assert found.warning and "moved to" in found.warning and found.warning in caplog.text
+    aside = sorted(db.parent.glob(qs.DB_NAME + ".damaged-*"))
+    assert aside and aside[0].read_bytes()[:100] == before[:100]
+    assert s.entries() == []
+    s.add(job(image, "new"))                       # the new queue works
+    assert prompts(s) == ["new"]
+    s.close()
+
+
+def test_adds_from_threads_keep_each_clients_order(store, image):
+    def client(name):
+        for n in range(10):
+            store.add(job(image, f"{name}{n}"))
+
+    threads = [threading.Thread(target=client, args=(name,)) for name in "xy"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = prompts(store)
+    assert len(got) == 20 and len({e.position for e in store.entries()}) == 20
+    for name in "xy":
+        assert [p for p in got if p[0] == name] == [f"{name}{n}" for n in range(10)]
+
+
+def test_another_process_sees_the_same_queue(store, image):
+    store.add(job(image, "here"))
+    code = ("import sys; from pipeline import queue_store as qs; s, _ = qs.QueueStore.open(qs.Path(sys.argv[1])); "
+            "s.add(qs.checked_values({'image': sys.argv[2], 'prompt': 'there'}, 128)); "
+            "print(len(s.entries()))")
+    out = subprocess.run([sys.executable, "-c", code, str(store.outputs), str(image)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "2" and prompts(store) == ["here", "there"]
+
+
+def test_the_command_line_adds_lists_moves_exports_and_removes(tmp_path, image, capsys):
+    from pipeline import cli
+
+    out = tmp_path / "out"
+    jobs = image.parent / "jobs.jsonl"
+    jobs.write_text("".join(json.dumps({"image": image.name, "prompt": p, "seconds": 1.2}) + "\n" for p in "abc"))
+    assert cli.main(["queue", "add", str(jobs), "--outputs", str(out), "--preset", "tiny"]) == 0
+    ids = [line.split()[1].rstrip(":") for line in capsys.readouterr().out.splitlines()]
+    assert len(ids) == 3
+    assert cli.main(["queue", "move", ids[2], "0", "--outputs", str(out)]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == [ids[2], ids[0], ids[1]]
+    assert cli.main(["queue", "remove", ids[0], "--outputs", str(out)]) == 0
+    assert cli.main(["queue", "list", "--json", "--outputs", str(out)]) == 0
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [e["prompt"] for e in listed] == ["c", "b"] and all(e["status"] == "waiting" for e in listed)
+    exported = tmp_path / "q.jsonl"
+    assert cli.main(["queue", "export", str(exported), "--outputs", str(out)]) == 0
+    assert [json.loads(line)["prompt"] for line in exported.read_text().splitlines()] == ["c", "b"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"image": image.name, "prompt": "x"}) + "\n")       # relative to bad.jsonl: missing
+    assert cli.main(["queue", "add", str(bad), "--outputs", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "line 1" in err and "image" in err
+    assert cli.main(["queue", "remove", "nope", "--outputs", str(out)]) == 2
+    assert "queued job" in capsys.readouterr().err
+
+
+def test_python_m_pipeline_queue_runs(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "pipeline", "queue", "list", "--outputs", str(tmp_path / "o")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == "", out.stderr
+    assert qs.QueueStore(tmp_path / "o").path.is_file()
+    help_text = subprocess.run([sys.executable, "-m", "pipeline", "-h"], cwd=ROOT, capture_output=True, text=True,
+                               timeout=120).stdout
+    assert "queue" in help_text
+
+
+def test_readme_queue_section_is_the_queue_api_docstring():
+    import ast
+
+    import ui.queue_api
+
+    doc = ast.get_docstring(ast.parse(qs.Path(ui.queue_api.__file__).read_text("utf-8")))
+    section = doc[doc.index("## The queue"):]
+    readme = (ROOT / "README.md").read_text("utf-8")
+    start = readme.index("## The queue")
+    in_readme = readme[start:readme.index("\n## ", start + 1)]
+    assert " ".join(section.split()) == " ".join(in_readme.split())

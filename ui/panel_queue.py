@@ -1,0 +1,202 @@
+"""The Queue panel: the jobs waiting on disk (pipeline/queue_store.py) with their status and progress, and what can
+be done to them: add the page's settings as a job, one job per uploaded image, import/export JSON lines, move a
+waiting job up or down, remove it (End on a waiting job: at once), load its settings into the controls or save the
+controls into it. `start_queue(ctx)` opens the store, starts the worker and registers the /queue_* API."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from pipeline import queue_store as qs
+from pipeline.errors import InputError
+from ui import messages
+from ui import settings as st
+from ui.context import AppContext
+from ui.queue_api import QueueActions, QueueApi
+from ui.queue_worker import QueueWorker
+
+log = logging.getLogger(__name__)
+
+REFRESH_S = 2.0             # the list is read again this often while the page is open
+HEADERS = ["#", "id", "status", "progress", "prompt", "image", "seconds", "job folder", "message"]
+LABELS = {"queued job": "Queued job", "images": "Images (one job each)", "jobs file": "Import JSON lines"}
+
+
+def rows(entries: list[qs.Entry]) -> list[list]:
+    out = []
+    for n, e in enumerate(entries, 1):
+        image = Path(e.images.get("image") or "").name
+        out.append([n, e.id, e.status, f"{e.progress * 100:.0f} %", str(e.settings.get("prompt", ""))[:60], image,
+                    e.settings.get("seconds"), e.job_dir or "", e.message[:120]])
+    return out
+
+
+@dataclass
+class QueueParts:
+    status: gr.Markdown
+    table: gr.Dataframe
+    pick: gr.Dropdown
+    up: gr.Button
+    down: gr.Button
+    remove: gr.Button
+    load: gr.Button
+    save: gr.Button
+    add: gr.Button
+    images: gr.File
+    add_images: gr.Button
+    import_file: gr.File
+    export: gr.Button
+    export_file: gr.File
+    timer: gr.Timer
+
+
+def build_parts() -> QueueParts:
+    with gr.Accordion("Queue", open=True, elem_id="queue"):
+        gr.Markdown("_Queued jobs wait on disk and run one after another when the GPU is free; they survive a "
+                    "restart (an interrupted one continues from its last finished section). Click a row to pick "
+                    "its job._")
+        status = gr.Markdown("", elem_id="queue-status")
+        table = gr.Dataframe(headers=HEADERS, value=[], interactive=False, wrap=True, elem_id="queue-table")
+        with gr.Row():
+            pick = gr.Dropdown(label="Queued job", choices=[], value=None, interactive=True, scale=3,
+                               elem_id="queue-pick")
+            up = gr.Button("Up", size="sm", elem_id="queue-up")
+            down = gr.Button("Down", size="sm", elem_id="queue-down")
+            remove = gr.Button("Remove / End", size="sm", variant="stop", elem_id="queue-remove")
+            load = gr.Button("Load its settings", size="sm", elem_id="queue-load")
+            save = gr.Button("Save the settings above into it (its images stay)", size="sm", elem_id="queue-save")
+        with gr.Row():
+            add = gr.Button("Add to queue", variant="primary", elem_id="queue-add")
+            images = gr.File(label=LABELS["images"], file_count="multiple", file_types=["image"],
+                             elem_id="queue-images")
+            add_images = gr.Button("Add one job per image", elem_id="queue-add-images")
+        with gr.Row():
+            import_file = gr.File(label=LABELS["jobs file"], file_types=[".jsonl", ".json", ".txt"],
+                                  elem_id="queue-import")
+            export = gr.Button("Export the waiting jobs", elem_id="queue-export-btn")
+            export_file = gr.File(label="Exported queue (JSON lines)", interactive=False, elem_id="queue-export")
+        timer = gr.Timer(REFRESH_S)
+    return QueueParts(status, table, pick, up, down, remove, load, save, add, images, add_images, import_file,
+                      export, export_file, timer)
+
+
+class QueuePanel:
+    def __init__(self, ctx: AppContext, actions: QueueActions, parts: QueueParts, warning: str | None = None):
+        self.ctx, self.actions, self.parts = ctx, actions, parts
+        self.warning = warning
+
+    def refresh(self, picked=None):
+        entries = self.actions.store.entries()
+        choices = [(f"{n}. {e.id} · {e.status} · {str(e.settings.get('prompt', ''))[:30]}", e.id)
+                   for n, e in enumerate(entries, 1)]
+        value = picked if any(picked == c[1] for c in choices) else None
+        return rows(entries), gr.update(choices=choices, value=value)
+
+    def _after(self, text: str, picked=None):
+        return (text, *self.refresh(picked))
+
+    @staticmethod
+    def _refuse(error: InputError):
+        field = LABELS.get(error.field) or messages.label(error.field)
+        raise gr.Error(f"{field}: {messages.plain(error.message)}", title="Please check the input",
+                       print_exception=False)
+
+    def _do(self, action, done_text, picked=None):
+        try:
+            result = action()
+        except InputError as e:
+            self._refuse(e)
+        text = done_text(result) if callable(done_text) else done_text
+        return self._after(text, picked)
+
+    # ---- handlers ---------------------------------------------------------------------------------------------------
+    def on_load(self, picked=None):
+        text = f"⚠ {self.warning}" if self.warning else ""
+        return self._after(text, picked)
+
+    def add(self, *values):
+        page = self.actions.page_values(dict(zip(st.CONTROLS, values)))
+        return self._do(lambda: self.actions.add(page), lambda e: f"Added job {e.id} to the queue.")
+
+    def add_images(self, images, *values):
+        page = self.actions.page_values({**dict(zip(st.CONTROLS, values)), "image": None})
+        page.pop("image")
+        return self._do(lambda: self.actions.add_images(images, page),
+                        lambda added: f"Added {len(added)} job{'s' if len(added) != 1 else ''} (one per image).")
+
+    def import_jsonl(self, path):
+        return self._do(lambda: self.actions.import_jsonl(path),
+                        lambda added: f"Imported {len(added)} job{'s' if len(added) != 1 else ''}.")
+
+    def export(self):
+        return self.actions.export_path()
+
+    def step(self, picked, by: int):
+        return self._do(lambda: self.actions.step(picked, by), "Moved.", picked)
+
+    def remove(self, picked):
+        return self._do(lambda: self.actions.remove(picked), lambda text: text)
+
+    def save(self, picked, *values):
+        page = self.actions.page_values(dict(zip(st.CONTROLS, values)))
+        page.pop("image")               # the job keeps its own images (one job per image: each its own)
+        page.pop("end_image")
+        return self._do(lambda: self.actions.edit(picked, page), lambda e: f"Saved the settings into job {e.id}.",
+                        picked)
+
+    @staticmethod
+    def pick_row(evt: gr.SelectData):
+        """A click on a row of the list picks its job."""
+        row = evt.row_value if isinstance(evt.row_value, list) else None
+        return row[1] if row and len(row) > 1 else gr.skip()
+
+    def load(self, picked):
+        try:
+            entry = self.actions.store.require(picked)
+        except InputError as e:
+            self._refuse(e)
+        values = st.values_from_settings(entry.settings, self.ctx.default_resolution)
+        values["image"] = entry.images.get("image")
+        values["end_image"] = entry.images.get("end_image")
+        gr.Info(f"Settings of queued job {entry.id} loaded.")
+        return [values[name] for name in st.CONTROLS]
+
+    # ---- wiring -----------------------------------------------------------------------------------------------------
+    def wire(self, app: gr.Blocks) -> None:
+        p, controls = self.parts, self.ctx.ui.controls()
+        shown = [p.status, p.table, p.pick]
+        quick = dict(show_progress="hidden", concurrency_limit=2, concurrency_id="queue")
+        app.load(self.on_load, p.pick, shown, show_progress="hidden")
+        p.timer.tick(self.refresh, p.pick, [p.table, p.pick], show_progress="hidden", concurrency_limit=4,
+                     concurrency_id="queue-refresh")
+        p.table.select(self.pick_row, None, p.pick, show_progress="hidden", queue=False)
+        p.add.click(self.add, controls, shown, preprocess=False, **quick)
+        p.add_images.click(self.add_images, [p.images, *controls], shown, preprocess=False, **quick)
+        p.import_file.upload(self.import_jsonl, p.import_file, shown, preprocess=False, **quick)
+        p.export.click(self.export, None, p.export_file, **quick)
+        p.up.click(lambda picked: self.step(picked, -1), p.pick, shown, **quick)
+        p.down.click(lambda picked: self.step(picked, +1), p.pick, shown, **quick)
+        p.remove.click(self.remove, p.pick, shown, **quick)
+        p.save.click(self.save, [p.pick, *controls], shown, preprocess=False, **quick)
+        p.load.click(self.load, p.pick, controls, show_progress="hidden")
+
+
+def start_queue(ctx: AppContext, app: gr.Blocks) -> QueueWorker:
+    """Open the outputs folder's queue (a damaged database is moved aside with a warning), start its worker, build
+    the panel and the /queue_* API (call inside the gr.Blocks being built, after the layout)."""
+    store, found = qs.QueueStore.open(ctx.outputs)
+    if found.interrupted:
+        log.info("queue: %d interrupted job(s) continue: %s", len(found.interrupted),
+                 ", ".join(e.id for e in found.interrupted))
+    waiting = len(store.entries([qs.WAITING]))
+    if waiting:
+        log.info("queue: %d job(s) waiting in %s", waiting, store.path)
+    worker = QueueWorker(store, ctx.runner, ctx.default_resolution)
+    actions = QueueActions(store, worker, ctx.default_resolution)
+    panel = QueuePanel(ctx, actions, build_parts(), found.warning)
+    panel.wire(app)
+    QueueApi(actions).register(ctx.ui.controls())
+    return worker.start()
