@@ -1,0 +1,138 @@
+"""A farm worker: one Ray actor per GPU (or per CPU "device"), running whole jobs with the same orchestrator as the
+app (pipeline.orchestrator.JobRun, pipeline.resume.resume).
+
+Each worker is its own process: its own models (ui.models.ComponentCache), its own MemoryManager per job (the VRAM
+cap is set on the worker's GPU; the host-RAM budget is this worker's), nothing shared with the other workers by
+accident. `run` is an actor generator: the dispatcher receives each event as it is made. `stop` runs beside it (a
+threaded actor with room for both), so End reaches a job on any worker. The class is plain Python; farm/dispatch.py
+makes it a Ray actor (this module imports neither Ray nor torch at import time).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    preset: str
+    model_dir: Path | None
+    outputs: Path
+    vram_cap_gb: float
+    host_ram_gb: float | None = None
+    weight_storage: str = "native"
+    use_gpu: bool = True                   # False: a CPU "device" (tests, --cpu-workers)
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A worker took a job: its name, its node and the job's folder (None until the folder exists)."""
+    worker: str
+    node: str
+    job_dir: Path | None
+
+
+def node_name() -> str:
+    """This machine as the farm names it: the host name, and the Ray node's IP address when there is one."""
+    try:
+        import ray
+
+        return f"{socket.gethostname()} ({ray.util.get_node_ip_address()})"
+    except Exception:        # outside Ray (plain tests): the host name alone
+        return socket.gethostname()
+
+
+def record_placement(job, worker: str, node: str) -> None:
+    """job.json says which worker and node ran the job: the last one as `worker`/`node`, every one in `workers`."""
+    history = list(job.info.get("workers", []))
+    history.append({"worker": worker, "node": node})
+    job.update(worker=worker, node=node, workers=history)
+
+
+class JobWorker:
+    def __init__(self, name: str, config: WorkerConfig):
+        import rocm
+
+        rocm.apply_env_profile()             # before torch loads in this process
+        from ui.models import ComponentCache
+
+        self.name, self.config = name, config
+        self.node = node_name()
+        self.models = ComponentCache(config.preset, config.model_dir)
+        self._cancels: dict[str, object] = {}
+        self._lock = threading.Lock()
+        log.info("farm worker %s on %s (pid %d)", name, self.node, os.getpid())
+
+    def info(self) -> dict:
+        return {"name": self.name, "node": self.node, "pid": os.getpid(), "device": str(self._device())}
+
+    def _device(self):
+        import torch
+
+        if self.config.use_gpu and torch.cuda.is_available():
+            return torch.device("cuda", 0)           # Ray gives the actor one GPU: the first it can see
+        return torch.device("cpu")
+
+    def stop(self, key: str) -> bool:
+        """End the job `key` at its next step (it keeps the video made so far). False when it is not running here."""
+        with self._lock:
+            cancel = self._cancels.get(key)
+        if cancel is not None:
+            cancel.cancel()
+        return cancel is not None
+
+    def run(self, key: str, job) -> Iterator:
+        """Run `job` (a PreparedRequest: a new job; a Path: continue that job folder) and yield its events, first a
+        Placed once its folder exists. Always ends with Done or Failed."""
+        from pipeline.cancel import CancelToken
+
+        cancel = CancelToken()
+        with self._lock:
+            self._cancels[key] = cancel
+        try:
+            yield from self._run(job, cancel)
+        finally:
+            with self._lock:
+                self._cancels.pop(key, None)
+
+    def _run(self, job, cancel) -> Iterator:
+        from memory import MemoryManager
+        from pipeline.events import Failed
+        from pipeline.jobs import Job, load_job
+        from pipeline.orchestrator import JobRun
+        from pipeline.resume import prepare_resume, resume
+
+        resuming = isinstance(job, (str, Path))
+        if resuming:
+            folder = Path(job)
+            resume_request = prepare_resume(folder)          # an InputError here fails the job, said by the caller
+            request = resume_request.request
+        else:
+            request = job.request
+        components = self.models.get(request.mode)
+        memory = MemoryManager(device=self._device(), cap_gb=self.config.vram_cap_gb,
+                               preserved_gb=request.preserved_gb, host_ram_gb=self.config.host_ram_gb,
+                               weight_storage=self.config.weight_storage)
+        if resuming:
+            record_placement(Job(folder, load_job(folder)), self.name, self.node)
+            yield Placed(self.name, self.node, folder)
+            yield from resume(resume_request, components, memory, cancel=cancel)
+            return
+        if request.mode != components.mode:
+            yield Failed(f"mode: the loaded models are for mode '{components.mode}', not '{request.mode}'")
+            return
+        run = JobRun(job, components, memory, cancel, self.config.outputs)
+        placed = False
+        for event in run.events():
+            if not placed and run.job is not None:
+                record_placement(run.job, self.name, self.node)
+                yield Placed(self.name, self.node, run.job.dir)
+                placed = True
+            yield event

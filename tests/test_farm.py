@@ -1,0 +1,165 @@
+"""The job farm on a local Ray (two CPU workers, tiny preset): jobs side by side, a worker killed mid-job and its job
+finished elsewhere with the same video, End on a farm job, and the app without farm options never importing Ray."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from pipeline.events import Done, LogLine, Progress, SectionVideo
+from pipeline.request import Request, prepare
+from tests.conftest import ROOT, make_image
+
+SETTINGS = dict(prompt="a lighthouse in a storm", seconds=3.6, steps=3, teacache=0.0, resolution=64)   # 3 sections
+
+
+def _request(seed: int) -> Request:
+    return Request(image=make_image(96, 80, seed=seed), seed=seed, **SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory):
+    pytest.importorskip("ray", reason="the farm needs Ray: pip install -e '.[dev]' (it is in the dev extra)")
+    from farm.dispatch import Farm
+    from farm.options import FarmOptions
+    from farm.workers import WorkerConfig
+
+    outputs = tmp_path_factory.mktemp("farm-outputs").resolve()
+    f = Farm.start(FarmOptions(cpu_workers=2), WorkerConfig("tiny", None, outputs, 20.0), num_cpus=2)
+    f.outputs = outputs
+    yield f
+    f.shutdown()
+
+
+@pytest.fixture(scope="module")
+def runner(farm):
+    from farm.runner import FarmRunner
+    from ui.models import ComponentCache
+
+    return FarmRunner(farm, ComponentCache("tiny"), farm.outputs, 20.0)
+
+
+def _stream(runner, session, request, record):
+    """Run one job through the runner as the page does; record (time, event) pairs."""
+    ticket = runner.reserve(session, request)
+    for batch in runner.run(ticket):
+        record.extend((time.monotonic(), e) for e in batch)
+
+
+def _info(done: Done) -> dict:
+    return json.loads((done.job_dir / "job.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_jobs_run_at_once_on_two_workers(runner):
+    records = {seed: [] for seed in (11, 12)}
+    threads = [threading.Thread(target=_stream, args=(runner, f"s{seed}", _request(seed), records[seed]))
+               for seed in records]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=500)
+    ends = {}
+    for seed, events in records.items():
+        done = events[-1][1]
+        assert isinstance(done, Done) and not done.stopped, events[-1]
+        first_sampling = next(t for t, e in events if isinstance(e, Progress) and e.stage == "sampling")
+        ends[seed] = (first_sampling, events[-1][0])
+        worker = _info(done)["worker"]
+        assert _info(done)["node"]
+        progress = [e for _, e in events if isinstance(e, Progress)]
+        assert all(e.message.startswith(f"[{worker}]") for e in progress)        # the queue says where it runs
+        assert any(isinstance(e, LogLine) and worker in e.message for _, e in events)
+    assert {_info(records[s][-1][1])["worker"] for s in records} == {"worker-1", "worker-2"}
+    (a0, a1), (b0, b1) = ends.values()
+    assert a0 < b1 and b0 < a1, "the two jobs did not overlap: they ran one after the other"
+    assert not runner.busy and runner.placements() == {}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_worker_killed_mid_job_continues_elsewhere_with_the_same_video(farm, runner):
+    from pipeline.cancel import CancelToken
+
+    uninterrupted = [e for e in farm.run("reference", prepare(_request(21), 640), CancelToken())][-1]
+    assert isinstance(uninterrupted, Done) and not uninterrupted.stopped
+    pids = {w["name"]: w["pid"] for w in farm.workers()}
+
+    events, killed = [], None
+    for event in farm.run("killed", prepare(_request(21), 640), CancelToken()):
+        events.append(event)
+        if isinstance(event, SectionVideo) and killed is None:        # section 1 done (its checkpoint is saved)
+            killed = farm.assignments["killed"]
+            os.kill(pids[killed], signal.SIGKILL)
+    done = events[-1]
+    assert isinstance(done, Done) and not done.stopped, done
+    info = _info(done)
+    assert info["status"] == "done" and info["resumed"] == 1
+    assert [w["worker"] for w in info["workers"]][0] == killed
+    assert info["worker"] != killed                                   # finished on the other worker
+    said = [e.message for e in events if isinstance(e, LogLine) and e.level == "warning"]
+    assert any(killed in m and "lost" in m and "last finished section" in m for m in said), said
+    reference = _info(uninterrupted)
+    assert info["sections"][-1]["frames_sha256"] == reference["sections"][-1]["frames_sha256"]
+    assert (done.job_dir / "final.mp4").read_bytes() == (uninterrupted.job_dir / "final.mp4").read_bytes()
+    # Ray restarted the dead worker: it answers again, from a new process
+    again = {w["name"]: w["pid"] for w in farm.workers()}
+    assert again.keys() == pids.keys() and again[killed] != pids[killed]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_end_stops_a_job_on_a_worker(runner):
+    ticket = runner.reserve("stopper", _request(31))
+    events = []
+    for batch in runner.run(ticket):
+        for e in batch:
+            events.append(e)
+            if isinstance(e, Progress) and e.stage == "sampling" and e.step == 1 and not ticket.cancel.cancelled:
+                assert runner.cancel("stopper").startswith("Stopping")
+    done = events[-1]
+    assert isinstance(done, Done) and done.stopped
+    info = _info(done)
+    assert info["status"] == "stopped" and len(info["sections"]) < 3
+
+
+def test_the_app_without_farm_options_never_imports_ray(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys
+        import app
+        from ui.cli import parse_args
+        args = parse_args(["--preset", "tiny", "--outputs", {str(tmp_path)!r}])
+        app.build_app(args)
+        from pipeline.cli import build_parser
+        build_parser().parse_args(["batch", "jobs.jsonl", "--preset", "tiny"])
+        import farm
+        assert not farm.farm_options(args).enabled
+        loaded = [m for m in sys.modules if m == "ray" or m.startswith("ray.")]
+        assert not loaded, loaded
+        print("no ray")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=240,
+                       env=dict(os.environ, HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False"))
+    assert r.returncode == 0 and "no ray" in r.stdout, r.stderr[-3000:]
+
+
+def test_farm_options_are_checked():
+    from farm.options import add_arguments, farm_options
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert farm_options(p.parse_args(["--gpus", "0,1"])).gpus == (0, 1)
+    assert farm_options(p.parse_args(["--ray", "auto"])).address == "auto"
+    assert not farm_options(p.parse_args([])).enabled
+    for bad in (["--gpus", "a,b"], ["--gpus", "0,0"], ["--cpu-workers", "0"], ["--ray", "auto", "--gpus", "0"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(bad)
