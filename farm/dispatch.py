@@ -66,7 +66,8 @@ class Farm:
         else:
             count, gpu = options.cpu_workers, False
             ray.init(num_cpus=num_cpus or count, num_gpus=0, runtime_env=env, include_dashboard=False)
-        config = WorkerConfig(**{**config.__dict__, "use_gpu": gpu})
+        config = WorkerConfig(**{**config.__dict__, "use_gpu": gpu,
+                                 "share": config.share or (None if options.address else count)})
         actor = ray.remote(JobWorker).options(num_gpus=1 if gpu else 0, num_cpus=1, max_concurrency=2,
                                               max_restarts=WORKER_RESTARTS, max_task_retries=0)
         slots = [Slot(f"worker-{i + 1}", actor.remote(f"worker-{i + 1}", config)) for i in range(count)]
@@ -152,6 +153,31 @@ class Farm:
                 self.assignments.pop(key, None)
                 self._release(slot)
 
+    def run_all(self, jobs: dict, cancel, on_event=None) -> dict:
+        """Run every job of {key: job} (as many at once as there are workers); {key: its last event}. `on_event(key,
+        event)` hears every event, from the jobs' threads."""
+        last = {}
+
+        def one(key, job):
+            for event in self.run(key, job, cancel):
+                last[key] = event
+                if on_event is not None:
+                    on_event(key, event)
+
+        threads = [threading.Thread(target=one, args=item, daemon=True, name=f"farm-{item[0]}")
+                   for item in jobs.items()]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.5)         # (short joins: Ctrl-C reaches the main thread)
+        except KeyboardInterrupt:
+            cancel.cancel()             # every job stops after its current step and keeps its video
+            for t in threads:
+                t.join()
+        return last
+
     def _next_attempt(self, job, job_dir: Path | None, worker: str, lost: int):
         """After a lost worker: (what to run next, what to tell the user). From the job's last section checkpoint
         when there is one; from the start (a new folder) when it had not finished a section."""
@@ -177,7 +203,7 @@ class _Stopper:
     def __init__(self, slot: Slot, key: str, cancel):
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, args=(slot, key, cancel), daemon=True,
-                                        name=f"stop-{key[:8]}")
+                                        name=f"stop-{str(key)[:8]}")
         self._thread.start()
 
     def _watch(self, slot: Slot, key: str, cancel) -> None:

@@ -29,6 +29,10 @@ class WorkerConfig:
     host_ram_gb: float | None = None
     weight_storage: str = "native"
     use_gpu: bool = True                   # False: a CPU "device" (tests, --cpu-workers)
+    share: int | None = None               # workers on one machine (the default host budget is split between them);
+                                           # None: the GPUs of the worker's Ray node (one worker per GPU)
+    loader: str | None = None              # "module:function" building the models (preset, mode, model_dir); None:
+                                           # the preset's own loading (benchmarks/farm.py: full-size random weights)
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,37 @@ def node_name() -> str:
         return socket.gethostname()
 
 
+def _loader(spec: str | None):
+    if spec is None:
+        return None
+    import importlib
+
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def host_share(config: WorkerConfig) -> tuple[float | None, str]:
+    """This worker's host-RAM budget (GB) and why. --host-ram-gb applies to each worker as given; without it, the
+    machine's default budget (memory.hostbudget) is split between the workers on the machine, so N workers that
+    each hold their own models never plan on the same RAM."""
+    if config.host_ram_gb is not None:
+        return config.host_ram_gb, f"host RAM budget {config.host_ram_gb:g} GB (--host-ram-gb, per worker)"
+    from common.units import GIB
+    from memory.hostbudget import default_host_budget
+
+    share = config.share or _gpus_of_this_node() or 1
+    budget, text = default_host_budget()
+    return budget / share / GIB, f"{text}; split between {share} worker(s) on this machine: " \
+                                 f"{budget / share / GIB:.1f} GB each"
+
+
+def _gpus_of_this_node() -> int:
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    return next((int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n["NodeID"] == here), 0)
+
+
 def record_placement(job, worker: str, node: str) -> None:
     """job.json says which worker and node ran the job: the last one as `worker`/`node`, every one in `workers`."""
     history = list(job.info.get("workers", []))
@@ -65,7 +100,9 @@ class JobWorker:
 
         self.name, self.config = name, config
         self.node = node_name()
-        self.models = ComponentCache(config.preset, config.model_dir)
+        self.host_ram_gb, budget_text = host_share(config)
+        log.info("%s: %s", name, budget_text)
+        self.models = ComponentCache(config.preset, config.model_dir, loader=_loader(config.loader))
         self._cancels: dict[str, object] = {}
         self._lock = threading.Lock()
         log.info("farm worker %s on %s (pid %d)", name, self.node, os.getpid())
@@ -79,6 +116,14 @@ class JobWorker:
         if self.config.use_gpu and torch.cuda.is_available():
             return torch.device("cuda", 0)           # Ray gives the actor one GPU: the first it can see
         return torch.device("cpu")
+
+    def load(self, mode: str) -> float:
+        """Load (or build) the models of `mode` now; the seconds it took (0 when they were loaded)."""
+        import time
+
+        t = time.monotonic()
+        self.models.get(mode)
+        return time.monotonic() - t
 
     def stop(self, key: str) -> bool:
         """End the job `key` at its next step (it keeps the video made so far). False when it is not running here."""
@@ -118,7 +163,7 @@ class JobWorker:
             request = job.request
         components = self.models.get(request.mode)
         memory = MemoryManager(device=self._device(), cap_gb=self.config.vram_cap_gb,
-                               preserved_gb=request.preserved_gb, host_ram_gb=self.config.host_ram_gb,
+                               preserved_gb=request.preserved_gb, host_ram_gb=self.host_ram_gb,
                                weight_storage=self.config.weight_storage)
         if resuming:
             record_placement(Job(folder, load_job(folder)), self.name, self.node)

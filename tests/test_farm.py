@@ -26,7 +26,6 @@ def _request(seed: int) -> Request:
 
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory):
-    pytest.importorskip("ray", reason="the farm needs Ray: pip install -e '.[dev]' (it is in the dev extra)")
     from farm.dispatch import Farm
     from farm.options import FarmOptions
     from farm.workers import WorkerConfig
