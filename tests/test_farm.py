@@ -179,3 +179,20 @@ def test_the_farm_benchmark_smoke_mode(tmp_path):
     assert report["ratio"] == pytest.approx(report["two_workers"]["wall_s"] / report["one_worker"]["wall_s"],
                                             abs=1e-3)
     assert "ratio two/one" in r.stdout and report["cap_held"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_batch_runs_its_jobs_on_farm_workers(tmp_path):
+    from tests.test_cli import cli
+
+    make_image(96, 80, seed=3).save(tmp_path / "in.png")
+    line = {"image": "in.png", "prompt": "waves roll in", "seconds": 1.2, "steps": 2, "resolution": 64}
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("\n".join(json.dumps({**line, "seed": s}) for s in (1, 2)) + "\n{\"seconds\": 1}\n")
+    r = cli("batch", jobs, "--preset", "tiny", "--cpu-workers", "2", "--out", tmp_path / "out", timeout=560)
+    assert "2/3 jobs done" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "line 3: invalid" in r.stderr                     # a bad line is refused before any job runs
+    infos = [json.loads((d / "job.json").read_text()) for d in (tmp_path / "out").iterdir()]
+    assert len(infos) == 2 and all(i["status"] == "done" and i["worker"].startswith("worker-") for i in infos)
+    assert "runs this job" in r.stderr
