@@ -196,3 +196,29 @@ def test_batch_runs_its_jobs_on_farm_workers(tmp_path):
     infos = [json.loads((d / "job.json").read_text()) for d in (tmp_path / "out").iterdir()]
     assert len(infos) == 2 and all(i["status"] == "done" and i["worker"].startswith("worker-") for i in infos)
     assert "runs this job" in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_app_with_cpu_workers_runs_two_api_jobs_at_once(tmp_path_factory):
+    """`python app.py --preset tiny --cpu-workers 2`: two /video calls run side by side, each on its own worker."""
+    from gradio_client import Client
+
+    from tests.server_helpers import api_job, app_process, job_info, saved_image
+
+    image = saved_image(tmp_path_factory, 96, 80, seed=4)
+    outputs = tmp_path_factory.mktemp("app-farm")
+    settings = dict(prompt="a lighthouse in a storm", seconds=2.4, steps=2, teacache=0.0, resolution=64)
+    with app_process(outputs, "--cpu-workers", "2", log_path=outputs.parent / "app-farm.log",
+                     start_timeout=300) as (url, _):
+        clients = [Client(url, verbose=False, download_files=str(tmp_path_factory.mktemp(f"dl{i}")))
+                   for i in range(2)]
+        jobs = [c.submit(**api_job(image, settings, seed=s), api_name="/video") for c, s in zip(clients, (1, 2))]
+        for job in jobs:
+            job.result(timeout=400)
+        for c in clients:
+            c.close()
+    infos = [job_info(d) for d in outputs.iterdir() if not d.name.startswith(".")]
+    assert sorted(i["status"] for i in infos) == ["done", "done"]
+    assert {i["worker"] for i in infos} == {"worker-1", "worker-2"}
+    assert all(i["node"] and len(i["workers"]) == 1 for i in infos)
