@@ -122,6 +122,10 @@ class Farm:
         avoid, job_dir, lost = None, None, 0
         while True:
             slot = self._acquire(avoid)
+            if cancel.cancelled and job_dir is None:      # stopped while it waited for a worker: it never starts
+                self._release(slot)
+                yield Failed("stopped before it started", "")
+                return
             self.assignments[key] = slot.name
             stopper = _Stopper(slot, key, cancel)
             ended = False
@@ -141,11 +145,16 @@ class Farm:
                 lost += 1
                 slot.lost += 1
                 log.warning("farm: %s was lost during job %s: %s", slot.name, key, str(e).splitlines()[0][:200])
-                job, message = self._next_attempt(job, job_dir, slot.name, lost)
-                if cancel.cancelled or lost > RETRIES or job is None:
-                    yield Failed(message or f"{slot.name} was lost {lost} times; the job was not finished", "",
-                                 job_dir)
+                if cancel.cancelled or lost > RETRIES:
+                    why = "while stopping" if cancel.cancelled else f"(the {lost}th worker this job lost)"
+                    yield Failed(f"{slot.name} was lost {why}; the job was not finished", "", job_dir)
                     return
+                job, message = self._next_attempt(job, job_dir, slot.name)
+                if job is None:
+                    yield Failed(message, "", job_dir)
+                    return
+                if not isinstance(job, Path):
+                    job_dir = None                          # started again: a new folder
                 yield LogLine("warning", message)
                 avoid = slot.name
             finally:
@@ -178,7 +187,7 @@ class Farm:
                 t.join()
         return last
 
-    def _next_attempt(self, job, job_dir: Path | None, worker: str, lost: int):
+    def _next_attempt(self, job, job_dir: Path | None, worker: str):
         """After a lost worker: (what to run next, what to tell the user). From the job's last section checkpoint
         when there is one; from the start (a new folder) when it had not finished a section."""
         from pipeline.checkpoint import load_checkpoint
@@ -186,7 +195,7 @@ class Farm:
 
         if job_dir is not None and (job_dir / CHECKPOINT).is_file():
             done = int(load_checkpoint(job_dir)[1]["sections_done"])
-            return job_dir, (f"{worker} was lost (its process ended); the job continues on another worker from "
+            return Path(job_dir), (f"{worker} was lost (its process ended); the job continues on another worker from "
                              f"its last finished section ({done}); the dead worker is being restarted")
         if isinstance(job, (str, Path)):
             return None, f"{worker} was lost and job {Path(job).name} has no finished section to continue from"

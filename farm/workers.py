@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import threading
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -135,49 +136,53 @@ class JobWorker:
 
     def run(self, key: str, job) -> Iterator:
         """Run `job` (a PreparedRequest: a new job; a Path: continue that job folder) and yield its events, first a
-        Placed once its folder exists. Always ends with Done or Failed."""
+        Placed once its folder exists, a MemoryReport (the worker's memory timeline) before the end. Always ends
+        with Done or Failed: an error before the job could start (weights missing, a damaged folder) is a Failed
+        too, its traceback in this worker's log."""
         from pipeline.cancel import CancelToken
+        from pipeline.events import Failed
 
         cancel = CancelToken()
         with self._lock:
             self._cancels[key] = cancel
         try:
             yield from self._run(job, cancel)
+        except Exception as e:  # the stream must end with a verdict the page can show
+            log.error("%s: job %s could not run: %s", self.name, key, e, exc_info=True)
+            yield Failed(f"{type(e).__name__}: {e}".splitlines()[0][:300], traceback.format_exc())
         finally:
             with self._lock:
                 self._cancels.pop(key, None)
 
     def _run(self, job, cancel) -> Iterator:
         from memory import MemoryManager
-        from pipeline.events import Failed
+        from pipeline.events import Done, Failed, MemoryReport
         from pipeline.jobs import Job, load_job
         from pipeline.orchestrator import JobRun
         from pipeline.resume import prepare_resume, resume
 
         resuming = isinstance(job, (str, Path))
-        if resuming:
-            folder = Path(job)
-            resume_request = prepare_resume(folder)          # an InputError here fails the job, said by the caller
-            request = resume_request.request
-        else:
-            request = job.request
+        resume_request = prepare_resume(Path(job)) if resuming else None      # job.json checked again, here
+        request = resume_request.request if resuming else job.request
         components = self.models.get(request.mode)
         memory = MemoryManager(device=self._device(), cap_gb=self.config.vram_cap_gb,
                                preserved_gb=request.preserved_gb, host_ram_gb=self.host_ram_gb,
                                weight_storage=self.config.weight_storage)
         if resuming:
-            record_placement(Job(folder, load_job(folder)), self.name, self.node)
-            yield Placed(self.name, self.node, folder)
-            yield from resume(resume_request, components, memory, cancel=cancel)
-            return
-        if request.mode != components.mode:
+            record_placement(Job(Path(job), load_job(Path(job))), self.name, self.node)
+            yield Placed(self.name, self.node, Path(job))
+            run, events = None, resume(resume_request, components, memory, cancel=cancel)
+        elif request.mode != components.mode:
             yield Failed(f"mode: the loaded models are for mode '{components.mode}', not '{request.mode}'")
             return
-        run = JobRun(job, components, memory, cancel, self.config.outputs)
-        placed = False
-        for event in run.events():
-            if not placed and run.job is not None:
+        else:
+            run = JobRun(job, components, memory, cancel, self.config.outputs)
+            events = run.events()
+        for event in events:
+            if run is not None and run.job is not None:
                 record_placement(run.job, self.name, self.node)
                 yield Placed(self.name, self.node, run.job.dir)
-                placed = True
+                run = None
+            if isinstance(event, (Done, Failed)):
+                yield MemoryReport(list(memory.timeline), list(memory.records), str(memory.device))
             yield event

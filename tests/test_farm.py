@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from pipeline.events import Done, LogLine, Progress, SectionVideo
+from pipeline.events import Done, LogLine, MemoryReport, Progress, SectionVideo
 from pipeline.request import Request, prepare
 from tests.conftest import ROOT, make_image
 
@@ -77,6 +77,7 @@ def test_two_jobs_run_at_once_on_two_workers(runner):
         progress = [e for _, e in events if isinstance(e, Progress)]
         assert all(e.message.startswith(f"[{worker}]") for e in progress)        # the queue says where it runs
         assert any(isinstance(e, LogLine) and worker in e.message for _, e in events)
+        assert any(isinstance(e, MemoryReport) and e.device == "cpu" for _, e in events)   # the worker's memory
     assert {_info(records[s][-1][1])["worker"] for s in records} == {"worker-1", "worker-2"}
     (a0, a1), (b0, b1) = ends.values()
     assert a0 < b1 and b0 < a1, "the two jobs did not overlap: they ran one after the other"
@@ -222,3 +223,40 @@ def test_the_app_with_cpu_workers_runs_two_api_jobs_at_once(tmp_path_factory):
     assert sorted(i["status"] for i in infos) == ["done", "done"]
     assert {i["worker"] for i in infos} == {"worker-1", "worker-2"}
     assert all(i["node"] and len(i["workers"]) == 1 for i in infos)
+
+
+class _HeldFarm:
+    """The dispatcher's interface with jobs that hold their worker until released (the line logic alone, no Ray)."""
+
+    def __init__(self, size: int, outputs):
+        self.size, self.outputs, self.assignments = size, outputs, {}
+        self.release = threading.Event()
+
+    def run(self, key, job, cancel):
+        self.assignments[key] = f"worker-{len(self.assignments) + 1}"
+        yield Progress("sampling", 1, 1, 1, 1, 0.0, None, "Sampling 1/1")
+        self.release.wait(60)
+        self.assignments.pop(key)
+        yield Done(self.outputs, None, 0, cancel.cancelled)
+
+
+def test_the_line_fills_every_worker_then_waits(tmp_path):
+    from farm.runner import FarmRunner
+    from ui.models import ComponentCache
+    from ui.runner import Waiting
+
+    farm = _HeldFarm(2, tmp_path)
+    runner = FarmRunner(farm, ComponentCache("tiny"), tmp_path, 20.0)
+    tickets = [runner.reserve(f"s{i}", _request(i)) for i in range(3)]
+    streams = [runner.run(t, tick_s=0.05) for t in tickets]
+    firsts = [next(s) for s in streams]                    # two run at once; the third waits behind both
+    assert [e.message for e in firsts[0]] == ["[worker-1] Sampling 1/1"]
+    assert [e.message for e in firsts[1]] == ["[worker-2] Sampling 1/1"]
+    assert firsts[2] == [Waiting(2, None)] and runner.busy
+    assert sorted(runner.placements().values()) == ["worker-1", "worker-2"]
+    assert runner.cancel("s2").startswith("Cancelled")     # End on a waiting job: it never runs
+    farm.release.set()
+    for s in streams:
+        for _ in s:
+            pass
+    assert not runner.busy and runner.placements() == {}
