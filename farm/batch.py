@@ -17,7 +17,11 @@ def run_on_farm(args, jobs: list) -> list[tuple[int, str, str]]:
 
     config = WorkerConfig(args.preset, args.model_dir, Path(args.outputs).resolve(), args.vram_cap_gb,
                           args.host_ram_gb, "fp8" if args.fp8 else "native")
-    farm = Farm.start(farm_options(args), config)
+    try:
+        farm = Farm.start(farm_options(args), config)
+    except (RuntimeError, ConnectionError, ValueError) as e:       # no Ray, no cluster there, no GPUs in it
+        print(f"error: the job farm could not start: {e}", file=sys.stderr)
+        return [(number, "failed", "the job farm could not start") for number, _ in jobs]
 
     def say(key, event):
         if isinstance(event, LogLine) and (event.level != "info" or "runs this job" in event.message):

@@ -48,7 +48,11 @@ class Farm:
     @classmethod
     def start(cls, options: FarmOptions, config: WorkerConfig, *, num_cpus: int | None = None) -> "Farm":
         """Join the cluster of --ray, or start a local Ray for --gpus/--cpu-workers; one worker per GPU."""
-        import ray
+        try:
+            import ray
+        except ImportError:
+            raise RuntimeError("--ray/--gpus/--cpu-workers need Ray: pip install -e \".[ray]\" (or "
+                               "pip install \"ray[default]==2.60.*\")") from None
 
         env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
                                                           if p)}}
