@@ -34,6 +34,7 @@ class Slot:
     name: str
     actor: object
     busy: bool = False
+    reviving: bool = False         # it died; busy until Ray has restarted it
     lost: int = 0                  # times this worker died under a job
 
 
@@ -81,10 +82,15 @@ class Farm:
         return farm
 
     def workers(self) -> list[dict]:
-        """Each worker's name, node, process and device (waits for them to be up)."""
+        """Each worker's name, node, process and device (waits for them to be up, a restarting one too)."""
         import ray
 
-        return ray.get([s.actor.info.remote() for s in self.slots])
+        return ray.get([_when_up(s.actor) for s in self.slots])
+
+    @property
+    def reviving(self) -> int:
+        """Workers that died and are being restarted by Ray (no job goes to them until they answer)."""
+        return sum(1 for s in self.slots if s.reviving)
 
     @property
     def size(self) -> int:
@@ -132,7 +138,7 @@ class Farm:
                 return
             self.assignments[key] = slot.name
             stopper = _Stopper(slot, key, cancel)
-            ended = False
+            ended = slot.reviving = False
             try:
                 for ref in slot.actor.run.remote(key, job):
                     event = ray.get(ref)
@@ -148,6 +154,7 @@ class Farm:
                     return
                 lost += 1
                 slot.lost += 1
+                slot.reviving = True
                 log.warning("farm: %s was lost during job %s: %s", slot.name, key, str(e).splitlines()[0][:200])
                 if cancel.cancelled or lost > RETRIES:
                     why = "while stopping" if cancel.cancelled else f"(the {lost}th worker this job lost)"
@@ -164,7 +171,27 @@ class Farm:
             finally:
                 stopper.close()
                 self.assignments.pop(key, None)
-                self._release(slot)
+                if slot.reviving:
+                    threading.Thread(target=self._revive, args=(slot,), daemon=True,
+                                     name=f"revive-{slot.name}").start()
+                else:
+                    self._release(slot)
+
+    def _revive(self, slot: Slot) -> None:
+        """Wait until Ray has restarted the dead worker (a call to a restarting actor is retried until it is up),
+        then let jobs go to it again."""
+        import ray
+
+        try:
+            info = ray.get(_when_up(slot.actor))
+            log.info("farm: %s restarted (process %d on %s)", slot.name, info["pid"], info["node"])
+        except ray.exceptions.RayError as e:       # it could not be restarted: it stays out of the farm
+            log.error("farm: %s could not be restarted: %s", slot.name, str(e).splitlines()[0][:200])
+            return
+        except SystemExit:                          # Ray shut down (the app stopping) while it waited
+            return
+        slot.reviving = False
+        self._release(slot)
 
     def run_all(self, jobs: dict, cancel, on_event=None) -> dict:
         """Run every job of {key: job} (as many at once as there are workers); {key: its last event}. `on_event(key,
@@ -208,6 +235,11 @@ class Farm:
                                                                           f"section; the job was started again")
         return job, (f"{worker} was lost before the job finished a section; it starts again on another worker; "
                      f"the dead worker is being restarted")
+
+
+def _when_up(actor):
+    """The worker's info() call, retried by Ray while the worker is restarting."""
+    return actor.info.options(max_task_retries=-1).remote()
 
 
 class _Stopper:

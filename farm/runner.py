@@ -39,7 +39,7 @@ class FarmRunner(JobRunner):
             return None
         unstarted = [t for t in self._line if not t.started]
         before = unstarted.index(ticket)
-        if before == 0 and len(self._active) < self.farm.size:
+        if before == 0 and len(self._active) < self.farm.size - self.farm.reviving:
             return None
         return Waiting(before + len(self._active), None)
 

@@ -113,6 +113,10 @@ def test_worker_killed_mid_job_continues_elsewhere_with_the_same_video(farm, run
     # Ray restarted the dead worker: it answers again, from a new process
     again = {w["name"]: w["pid"] for w in farm.workers()}
     assert again.keys() == pids.keys() and again[killed] != pids[killed]
+    deadline = time.monotonic() + 120
+    while farm.reviving and time.monotonic() < deadline:       # and the farm gives it jobs again
+        time.sleep(0.2)
+    assert farm.reviving == 0 and not any(s.busy for s in farm.slots)
 
 
 @pytest.mark.slow
@@ -229,7 +233,7 @@ class _HeldFarm:
     """The dispatcher's interface with jobs that hold their worker until released (the line logic alone, no Ray)."""
 
     def __init__(self, size: int, outputs):
-        self.size, self.outputs, self.assignments = size, outputs, {}
+        self.size, self.outputs, self.assignments, self.reviving = size, outputs, {}, 0
         self.release = threading.Event()
 
     def run(self, key, job, cancel):
