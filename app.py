@@ -117,7 +117,12 @@ def main(argv=None) -> int:
     if problem:
         log.error("%s", problem)
         return 2
-    app = build_app(args)
+    try:
+        runner = farm_runner(args)
+    except (RuntimeError, ConnectionError, ValueError) as e:      # no cluster there, no GPUs in it
+        log.error("the job farm could not start: %s", e)
+        return 2
+    app = build_app(args, runner)
     options = launch_options(args)
     app.launch(**options.kwargs(), prevent_thread_lock=True)
     log.info("serving on %s (preset %s, outputs %s); Ctrl-C stops the app", app.local_url, args.preset,
@@ -126,6 +131,19 @@ def main(argv=None) -> int:
         log.info("public link: %s", app.share_url)
     serve_until_stopped(app)
     return 0
+
+
+def farm_runner(args) -> JobRunner | None:
+    """With --ray/--gpus/--cpu-workers, a runner whose jobs run on a Ray farm (farm/); otherwise None (the app's own
+    runner, and Ray is never imported)."""
+    from farm import farm_options
+
+    if not farm_options(args).enabled:
+        return None
+    from farm.runner import start_farm_runner
+
+    outputs = Path(args.outputs).expanduser().resolve()
+    return start_farm_runner(args, ComponentCache(args.preset, args.model_dir), outputs, weight_storage(args))
 
 
 def serve_until_stopped(app: gr.Blocks) -> None:

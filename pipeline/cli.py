@@ -12,6 +12,7 @@ from pathlib import Path
 from configs import MEMORY, PRESETS
 from configs.controls import CONTROLS, Control
 from configs.lora import LORA
+from farm.options import add_arguments as add_farm_arguments, farm_options
 from pipeline import cli_log
 
 log = logging.getLogger("pipeline.cli")
@@ -85,6 +86,7 @@ def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentP
     b.add_argument("jobs", type=Path, help="each line: a JSON object with generate's settings, e.g. "
                                            '{"image": "a.png", "prompt": "...", "seconds": 3}')
     _add_common(b)
+    add_farm_arguments(b)           # --ray / --gpus / --cpu-workers: the jobs side by side on several GPUs (farm/)
     r = sub.add_parser("resume", help="continue an interrupted job from its folder")
     r.add_argument("job_dir", type=Path, help="the job's folder under outputs/")
     _add_common(r)
@@ -321,6 +323,11 @@ def run_batch(runner: Runner, path: Path) -> int:
     if invalid and jobs:
         print(f"{len(invalid)} invalid line(s) skipped; running the other {len(jobs)} job(s)", file=sys.stderr)
     results = list(invalid)
+    if farm_options(runner.args).enabled:
+        from farm.batch import run_on_farm
+
+        results += run_on_farm(runner.args, jobs)
+        jobs = []
     for number, prepared in jobs:
         print(f"line {number}: {prepared.request.prompt[:60]!r}")
         code, last = runner.run(prepared)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from configs import LIMITS, MEMORY, PRESETS
 from configs.lora import LORA
+from farm.options import add_arguments as add_farm_arguments
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp8", action="store_true",
                    help="keep the transformer and the Llama text encoder in fp8 in host RAM (half the RAM and half "
                         "the bytes streamed per step; weights rounded to 3 mantissa bits, see README)")
+    add_farm_arguments(p)           # --ray / --gpus / --cpu-workers: jobs on several GPUs (farm/)
     return p
 
 

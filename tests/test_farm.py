@@ -1,0 +1,266 @@
+"""The job farm on a local Ray (two CPU workers, tiny preset): jobs side by side, a worker killed mid-job and its job
+finished elsewhere with the same video, End on a farm job, and the app without farm options never importing Ray."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from pipeline.events import Done, LogLine, MemoryReport, Progress, SectionVideo
+from pipeline.request import Request, prepare
+from tests.conftest import ROOT, make_image
+
+SETTINGS = dict(prompt="a lighthouse in a storm", seconds=3.6, steps=3, teacache=0.0, resolution=64)   # 3 sections
+
+
+def _request(seed: int) -> Request:
+    return Request(image=make_image(96, 80, seed=seed), seed=seed, **SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory):
+    from farm.dispatch import Farm
+    from farm.options import FarmOptions
+    from farm.workers import WorkerConfig
+
+    outputs = tmp_path_factory.mktemp("farm-outputs").resolve()
+    f = Farm.start(FarmOptions(cpu_workers=2), WorkerConfig("tiny", None, outputs, 20.0), num_cpus=2)
+    f.outputs = outputs
+    yield f
+    f.shutdown()
+
+
+@pytest.fixture(scope="module")
+def runner(farm):
+    from farm.runner import FarmRunner
+    from ui.models import ComponentCache
+
+    return FarmRunner(farm, ComponentCache("tiny"), farm.outputs, 20.0)
+
+
+def _stream(runner, session, request, record):
+    """Run one job through the runner as the page does; record (time, event) pairs."""
+    ticket = runner.reserve(session, request)
+    for batch in runner.run(ticket):
+        record.extend((time.monotonic(), e) for e in batch)
+
+
+def _info(done: Done) -> dict:
+    return json.loads((done.job_dir / "job.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_jobs_run_at_once_on_two_workers(runner):
+    records = {seed: [] for seed in (11, 12)}
+    threads = [threading.Thread(target=_stream, args=(runner, f"s{seed}", _request(seed), records[seed]))
+               for seed in records]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=500)
+    ends = {}
+    for seed, events in records.items():
+        done = events[-1][1]
+        assert isinstance(done, Done) and not done.stopped, events[-1]
+        first_sampling = next(t for t, e in events if isinstance(e, Progress) and e.stage == "sampling")
+        ends[seed] = (first_sampling, events[-1][0])
+        worker = _info(done)["worker"]
+        assert _info(done)["node"]
+        progress = [e for _, e in events if isinstance(e, Progress)]
+        assert all(e.message.startswith(f"[{worker}]") for e in progress)        # the queue says where it runs
+        assert any(isinstance(e, LogLine) and worker in e.message for _, e in events)
+        assert any(isinstance(e, MemoryReport) and e.device == "cpu" for _, e in events)   # the worker's memory
+    assert {_info(records[s][-1][1])["worker"] for s in records} == {"worker-1", "worker-2"}
+    (a0, a1), (b0, b1) = ends.values()
+    assert a0 < b1 and b0 < a1, "the two jobs did not overlap: they ran one after the other"
+    assert not runner.busy and runner.placements() == {}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_worker_killed_mid_job_continues_elsewhere_with_the_same_video(farm, runner):
+    from pipeline.cancel import CancelToken
+
+    uninterrupted = [e for e in farm.run("reference", prepare(_request(21), 640), CancelToken())][-1]
+    assert isinstance(uninterrupted, Done) and not uninterrupted.stopped
+    pids = {w["name"]: w["pid"] for w in farm.workers()}
+
+    events, killed = [], None
+    for event in farm.run("killed", prepare(_request(21), 640), CancelToken()):
+        events.append(event)
+        if isinstance(event, SectionVideo) and killed is None:        # section 1 done (its checkpoint is saved)
+            killed = farm.assignments["killed"]
+            os.kill(pids[killed], signal.SIGKILL)
+    done = events[-1]
+    assert isinstance(done, Done) and not done.stopped, done
+    info = _info(done)
+    assert info["status"] == "done" and info["resumed"] == 1
+    assert [w["worker"] for w in info["workers"]][0] == killed
+    assert info["worker"] != killed                                   # finished on the other worker
+    said = [e.message for e in events if isinstance(e, LogLine) and e.level == "warning"]
+    assert any(killed in m and "lost" in m and "last finished section" in m for m in said), said
+    reference = _info(uninterrupted)
+    assert info["sections"][-1]["frames_sha256"] == reference["sections"][-1]["frames_sha256"]
+    assert (done.job_dir / "final.mp4").read_bytes() == (uninterrupted.job_dir / "final.mp4").read_bytes()
+    # Ray restarted the dead worker: it answers again, from a new process
+    again = {w["name"]: w["pid"] for w in farm.workers()}
+    assert again.keys() == pids.keys() and again[killed] != pids[killed]
+    deadline = time.monotonic() + 120
+    while farm.reviving and time.monotonic() < deadline:       # and the farm gives it jobs again
+        time.sleep(0.2)
+    assert farm.reviving == 0 and not any(s.busy for s in farm.slots)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_end_stops_a_job_on_a_worker(runner):
+    ticket = runner.reserve("stopper", _request(31))
+    events = []
+    for batch in runner.run(ticket):
+        for e in batch:
+            events.append(e)
+            if isinstance(e, Progress) and e.stage == "sampling" and e.step == 1 and not ticket.cancel.cancelled:
+                assert runner.cancel("stopper").startswith("Stopping")
+    done = events[-1]
+    assert isinstance(done, Done) and done.stopped
+    info = _info(done)
+    assert info["status"] == "stopped" and len(info["sections"]) < 3
+
+
+def test_the_app_without_farm_options_never_imports_ray(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys
+        import app
+        from ui.cli import parse_args
+        args = parse_args(["--preset", "tiny", "--outputs", {str(tmp_path)!r}])
+        app.build_app(args)
+        from pipeline.cli import build_parser
+        build_parser().parse_args(["batch", "jobs.jsonl", "--preset", "tiny"])
+        import farm
+        assert not farm.farm_options(args).enabled
+        loaded = [m for m in sys.modules if m == "ray" or m.startswith("ray.")]
+        assert not loaded, loaded
+        print("no ray")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=240,
+                       env=dict(os.environ, HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False"))
+    assert r.returncode == 0 and "no ray" in r.stdout, r.stderr[-3000:]
+
+
+def test_farm_options_are_checked():
+    from farm.options import add_arguments, farm_options
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert farm_options(p.parse_args(["--gpus", "0,1"])).gpus == (0, 1)
+    assert farm_options(p.parse_args(["--ray", "auto"])).address == "auto"
+    assert not farm_options(p.parse_args([])).enabled
+    for bad in (["--gpus", "a,b"], ["--gpus", "0,0"], ["--cpu-workers", "0"], ["--ray", "auto", "--gpus", "0"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(bad)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_farm_benchmark_smoke_mode(tmp_path):
+    """benchmarks/farm.py --tiny: the same four 2-section jobs through one worker, then through two (its own Ray)."""
+    out = tmp_path / "farm.json"
+    r = subprocess.run([sys.executable, "benchmarks/farm.py", "--tiny", "--out", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=560, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    one, two = report["one_worker"]["jobs"], report["two_workers"]["jobs"]
+    assert len(one) == len(two) == 4 and all(j["sections"] == 2 for j in one + two)
+    assert {j["worker"] for j in one} == {"worker-1"} and {j["worker"] for j in two} == {"worker-1", "worker-2"}
+    assert report["ratio"] == pytest.approx(report["two_workers"]["wall_s"] / report["one_worker"]["wall_s"],
+                                            abs=1e-3)
+    assert "ratio two/one" in r.stdout and report["cap_held"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_batch_runs_its_jobs_on_farm_workers(tmp_path):
+    from tests.test_cli import cli
+
+    make_image(96, 80, seed=3).save(tmp_path / "in.png")
+    line = {"image": "in.png", "prompt": "waves roll in", "seconds": 1.2, "steps": 2, "resolution": 64}
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("\n".join(json.dumps({**line, "seed": s}) for s in (1, 2)) + "\n{\"seconds\": 1}\n")
+    r = cli("batch", jobs, "--preset", "tiny", "--cpu-workers", "2", "--out", tmp_path / "out", timeout=560)
+    assert "2/3 jobs done" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "line 3: invalid" in r.stderr                     # a bad line is refused before any job runs
+    infos = [json.loads((d / "job.json").read_text()) for d in (tmp_path / "out").iterdir()]
+    assert len(infos) == 2 and all(i["status"] == "done" and i["worker"].startswith("worker-") for i in infos)
+    assert "runs this job" in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_app_with_cpu_workers_runs_two_api_jobs_at_once(tmp_path_factory):
+    """`python app.py --preset tiny --cpu-workers 2`: two /video calls run side by side, each on its own worker."""
+    from gradio_client import Client
+
+    from tests.server_helpers import api_job, app_process, job_info, saved_image
+
+    image = saved_image(tmp_path_factory, 96, 80, seed=4)
+    outputs = tmp_path_factory.mktemp("app-farm")
+    settings = dict(prompt="a lighthouse in a storm", seconds=2.4, steps=2, teacache=0.0, resolution=64)
+    with app_process(outputs, "--cpu-workers", "2", log_path=outputs.parent / "app-farm.log",
+                     start_timeout=300) as (url, _):
+        clients = [Client(url, verbose=False, download_files=str(tmp_path_factory.mktemp(f"dl{i}")))
+                   for i in range(2)]
+        jobs = [c.submit(**api_job(image, settings, seed=s), api_name="/video") for c, s in zip(clients, (1, 2))]
+        for job in jobs:
+            job.result(timeout=400)
+        for c in clients:
+            c.close()
+    infos = [job_info(d) for d in outputs.iterdir() if not d.name.startswith(".")]
+    assert sorted(i["status"] for i in infos) == ["done", "done"]
+    assert {i["worker"] for i in infos} == {"worker-1", "worker-2"}
+    assert all(i["node"] and len(i["workers"]) == 1 for i in infos)
+
+
+class _HeldFarm:
+    """The dispatcher's interface with jobs that hold their worker until released (the line logic alone, no Ray)."""
+
+    def __init__(self, size: int, outputs):
+        self.size, self.outputs, self.assignments, self.reviving = size, outputs, {}, 0
+        self.release = threading.Event()
+
+    def run(self, key, job, cancel):
+        self.assignments[key] = f"worker-{len(self.assignments) + 1}"
+        yield Progress("sampling", 1, 1, 1, 1, 0.0, None, "Sampling 1/1")
+        self.release.wait(60)
+        self.assignments.pop(key)
+        yield Done(self.outputs, None, 0, cancel.cancelled)
+
+
+def test_the_line_fills_every_worker_then_waits(tmp_path):
+    from farm.runner import FarmRunner
+    from ui.models import ComponentCache
+    from ui.runner import Waiting
+
+    farm = _HeldFarm(2, tmp_path)
+    runner = FarmRunner(farm, ComponentCache("tiny"), tmp_path, 20.0)
+    tickets = [runner.reserve(f"s{i}", _request(i)) for i in range(3)]
+    streams = [runner.run(t, tick_s=0.05) for t in tickets]
+    firsts = [next(s) for s in streams]                    # two run at once; the third waits behind both
+    assert [e.message for e in firsts[0]] == ["[worker-1] Sampling 1/1"]
+    assert [e.message for e in firsts[1]] == ["[worker-2] Sampling 1/1"]
+    assert firsts[2] == [Waiting(2, None)] and runner.busy
+    assert sorted(runner.placements().values()) == ["worker-1", "worker-2"]
+    assert runner.cancel("s2").startswith("Cancelled")     # End on a waiting job: it never runs
+    farm.release.set()
+    for s in streams:
+        for _ in s:
+            pass
+    assert not runner.busy and runner.placements() == {}
