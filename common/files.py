@@ -6,6 +6,7 @@ the temporary file is removed and the error propagates.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -53,3 +54,12 @@ def atomic_copy(source: str | os.PathLike, path: str | os.PathLike) -> Path:
     with atomic_path(path) as tmp:
         shutil.copyfile(source, tmp)
     return Path(path)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The file's SHA-256 in hex, read 1 MiB at a time (job.json records inputs by it: LoRAs, source videos)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

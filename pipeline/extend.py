@@ -31,7 +31,8 @@ from PIL import Image
 
 from pipeline import sections as sec
 from pipeline.errors import InputError
-from pipeline.video_input import FIELD, InputVideo, file_sha256, load_video
+from common.files import file_sha256
+from pipeline.video_input import FIELD, InputVideo, load_video
 
 F1_HISTORY = sum(sec.HISTORY_F1)             # 19 latents of clean context
 

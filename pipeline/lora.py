@@ -28,7 +28,6 @@ loaded, and the host copy of the weights is never touched (nothing to undo after
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -38,6 +37,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from common.files import file_sha256
 from configs.lora import LORA
 from memory.deltas import WeightDelta, clear_deltas, set_deltas
 from pipeline.errors import InputError
@@ -123,14 +123,6 @@ def resolve(name: str, folder) -> Path:
 
 
 # ---- reading a file -------------------------------------------------------------------------------------------------
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def read_file(path: Path, max_mb: int = LORA.max_file_mb) -> tuple[dict[str, torch.Tensor], dict]:
     """(tensors, metadata) of a LoRA file; refuses what is not a safetensors file or is over the size limit."""
     from safetensors import SafetensorError, safe_open
@@ -290,7 +282,7 @@ def load_lora(path: Path, model: nn.Module, strength: float = 1.0, name: str | N
             raise InputError(FIELD, f"{{file}}: key {key!r}: {shapes} do not fit {module} "
                                     f"({layer.out_features}×{layer.in_features}); wrong rank or shape (a LoRA for "
                                     f"another model size?)", path=path)
-    return LoadedLora(path, name or path.name, strength, _sha256(path), factors)
+    return LoadedLora(path, name or path.name, strength, file_sha256(path), factors)
 
 
 @dataclass

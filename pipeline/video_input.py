@@ -15,13 +15,13 @@ Handled rather than refused:
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from common.files import file_sha256
 from configs.generation import LIMITS
 from pipeline.errors import InputError
 from pipeline.images import nearest_bucket, resize_center_crop
@@ -33,13 +33,6 @@ VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".mkv", ".m4v", ".avi")
 VIDEO_BYTES_MAX = 4 << 30            # a 120 s clip is far smaller; a larger file is not one we can hold decoded
 READABLE = "Give an mp4, webm or mov video (H.264, VP9, AV1 ...)."
 
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.video import read_frames
-from pipeline.video_input import file_sha256
+from common.files import file_sha256
 from tests.browser_helpers import chromium, require_browser, set_number, wait_status
 from tests.server_helpers import job_info, launched
 from tests.test_extend import W, moving_frames, write_video

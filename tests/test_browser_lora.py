@@ -38,7 +38,7 @@ def browser():
 
 
 def test_choose_a_lora_on_the_page(server, browser, folder, tmp_path):
-    from pipeline.lora import _sha256
+    import hashlib
     from tests.conftest import make_image
 
     make_image(96, 80).save(tmp_path / "start.png")
@@ -62,7 +62,8 @@ def test_choose_a_lora_on_the_page(server, browser, folder, tmp_path):
         job = (set(server.jobs()) - before).pop()
         info = job_info(job)
         assert info["settings"]["loras"] == "style.safetensors:-0.75"
-        assert info["loras"] == [{"file": "style.safetensors", "sha256": _sha256(folder / "style.safetensors"),
+        digest = hashlib.sha256((folder / "style.safetensors").read_bytes()).hexdigest()
+        assert info["loras"] == [{"file": "style.safetensors", "sha256": digest,
                                   "strength": -0.75, "layers": 8}]
 
         page.locator("#lora-clear").click()

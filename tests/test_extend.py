@@ -29,7 +29,8 @@ from pipeline.orchestrator import generate
 from pipeline.request import Request, prepare
 from pipeline.video import encode_segment, read_frames
 from pipeline.video_buffer import VideoBuffer
-from pipeline.video_input import file_sha256, resample
+from common.files import file_sha256
+from pipeline.video_input import resample
 from tests.conftest import make_image
 from tests.test_cli import cli
 

@@ -3,6 +3,7 @@ hand merge; strength 0 is no LoRA; two LoRAs add; bad files are refused naming t
 LoRA records it and leaves the next job's weights as they were."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -198,7 +199,8 @@ def test_a_job_with_a_lora_records_it_and_the_next_job_is_as_before(tiny_origina
     frames_lora, info = _frames(with_lora)
     assert frames_lora != frames_plain                                   # the LoRA changed the video
     assert info["settings"]["loras"] == "style.safetensors:1.5"          # what "Reuse settings" restores
-    assert info["loras"] == [{"file": "style.safetensors", "sha256": lora._sha256(path), "strength": 1.5,
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert info["loras"] == [{"file": "style.safetensors", "sha256": digest, "strength": 1.5,
                               "layers": 8}]
     refused = _run(tiny_original, tmp_path, "style.safetensors:1, missing.safetensors", folder)
     assert isinstance(refused, Failed) and refused.job_dir is None       # refused before a job folder
