@@ -84,7 +84,7 @@ def test_handlers_turn_a_job_into_updates(tmp_path, tiny_original):
     blocks = app_module.build_app(parse_args(["--preset", "tiny", "--outputs", str(tmp_path / "out")]), runner)
     submit, run, finish, stop = (_fn(blocks, n).fn for n in ("submit", "run", "finish", "stop"))
     session = SimpleNamespace(session_hash="tab-1")
-    values = dict(st.default_values(64), seconds=1.2, steps=2, end_image=None)
+    values = dict(st.default_values(64), seconds=1.2, steps=2, end_image=None, input_video=None)
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"not an image")
     values["image"] = {"path": str(broken), "orig_name": "broken.png"}

@@ -165,7 +165,8 @@ def test_a_failed_job_pops_up_an_error(tmp_path):
     blocks = app_module.build_app(parse_args(["--preset", "tiny", "--outputs", str(tmp_path / "out")]), runner)
     fns = {f.name: f.fn for f in blocks.fns.values()}
     make_image().save(tmp_path / "start.png")
-    values = dict(st.default_values(64), image={"path": str(tmp_path / "start.png")}, end_image=None, seconds=1.2)
+    values = dict(st.default_values(64), image={"path": str(tmp_path / "start.png")}, end_image=None, input_video=None,
+                  seconds=1.2)
     ticket_id = fns["submit"](SimpleNamespace(session_hash="tab"), *[values[n] for n in st.CONTROLS])[0]
     updates = []
     with pytest.raises(gr.Error) as e:
