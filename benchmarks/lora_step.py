@@ -9,6 +9,10 @@ transformer blocks and the single blocks (random factors, built in memory: file 
     python3 benchmarks/lora_step.py --tiny --out lora_step.json          # tiny preset (CPU smoke run)
 
 Prints s/step and the ratio to the step without LoRAs (issue 13's target: ≤ 1.02× with 1 and 3 LoRAs).
+
+`--variants merge,forward` also times the alternative the app does not use: LoRA layers in the forward pass
+(y = W x + B (A x) on every hooked Linear, the factors of all LoRAs resident on the GPU, weights untouched), under
+the same cap and streaming, so the choice is measured rather than assumed.
 """
 from __future__ import annotations
 
@@ -47,6 +51,22 @@ def random_lora(tr: nn.Module, rank: int, seed: int, strength: float = 0.5):
     return LoadedLora(Path(f"random{seed}.safetensors"), f"random{seed}.safetensors", strength, "-", factors)
 
 
+def forward_hooks(tr: nn.Module, chosen, device) -> list:
+    """The unmerged variant: each Linear with LoRA factors adds B·(A·x) to its output (the same concatenated
+    factors as the merge, memory/deltas.py, held on `device` in the weights' dtype for the whole stage)."""
+    modules = dict(tr.named_modules())
+    handles = []
+    for name, delta in chosen.deltas().items():
+        module = modules[name.removesuffix(".weight")]
+        dtype = module.weight.dtype
+        down, up = delta.down.to(device, dtype), delta.up.to(device, dtype)
+
+        def hook(m, args, out, down=down, up=up):
+            return out + torch.nn.functional.linear(torch.nn.functional.linear(args[0], down), up)
+        handles.append(module.register_forward_hook(hook))
+    return handles
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -55,6 +75,8 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--counts", default="0,1,3", help="numbers of LoRAs to measure")
+    ap.add_argument("--variants", default="merge", help="merge (the app's), forward (LoRA layers), or both: "
+                                                        "merge,forward")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from memory import HostPack
@@ -71,31 +93,45 @@ def main(argv=None) -> None:
         cap_gb, preserved = 20.0, 6.0
     loras = [random_lora(tr, args.rank, seed) for seed in range(max(int(c) for c in args.counts.split(",")))]
     results = []
+    variants = args.variants.split(",")
     for count in [int(c) for c in args.counts.split(",")]:
         chosen = lora.LoraSet(loras[:count])
-        lora.attach(tr, chosen)
-        try:
-            r = run_config(f"{count} LoRA(s), rank {args.rank}", tr, inputs, device, cap_gb, preserved, 1,
-                           args.warmup, args.steps)
-        finally:
-            lora.detach(tr)
-        r["loras"] = count
-        r["lora_layers"] = sum(len(lo.factors) for lo in chosen.loras)
-        results.append(r)
+        for variant in variants if count else variants[:1]:
+            handles = []
+            if variant == "merge":
+                lora.attach(tr, chosen)
+            else:
+                handles = forward_hooks(tr, chosen, device)
+            try:
+                r = run_config(f"{count} LoRA(s), rank {args.rank}, {variant}", tr, inputs, device, cap_gb,
+                               preserved, 1, args.warmup, args.steps)
+            finally:
+                lora.detach(tr)
+                for h in handles:
+                    h.remove()
+            r["loras"], r["variant"] = count, variant if count else "-"
+            r["lora_layers"] = sum(len(lo.factors) for lo in chosen.loras)
+            results.append(r)
     base, ref = results[0]["s_per_step"], results[0]["output"]
+    merged = {r["loras"]: r["output"] for r in results if r["variant"] == "merge"}
     for r in results:
         r["x_no_lora"] = r["s_per_step"] / base
-        r["max_abs_diff_vs_no_lora"] = float((r.pop("output") - ref).abs().max())   # > 0: the LoRAs were applied
+        out = r.pop("output")
+        r["max_abs_diff_vs_no_lora"] = float((out - ref).abs().max())   # > 0: the LoRAs were applied
+        if r["variant"] == "forward" and r["loras"] in merged:         # the two variants compute the same thing
+            r["max_abs_diff_vs_merge"] = float((out - merged[r["loras"]]).abs().max())
     meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "tiny": args.tiny, "rank": args.rank, "cap_gb": cap_gb,
             "preserved_gb": preserved, "model_bytes": pack.nbytes, "date": time.strftime("%Y-%m-%d")}
     args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     print(f"\n{meta['device']}, torch {meta['torch']}, cap {cap_gb:.1f} GB, preserved {preserved:g} GB, "
           f"rank {args.rank}")
-    print("| LoRAs | s/step | × no LoRA | peak allocated GiB | placement |\n|---|---|---|---|---|")
+    print("| LoRAs | variant | s/step | × no LoRA | peak allocated GiB | max |Δ| vs merge | placement |\n"
+          "|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['loras']} | {r['s_per_step']:.3f} | {r['x_no_lora']:.3f} | {r['peak_allocated'] / GIB:.2f} | "
-              f"{r['placement']} |")
+        diff = r.get("max_abs_diff_vs_merge")
+        print(f"| {r['loras']} | {r['variant']} | {r['s_per_step']:.3f} | {r['x_no_lora']:.3f} | "
+              f"{r['peak_allocated'] / GIB:.2f} | {'' if diff is None else f'{diff:.3g}'} | {r['placement']} |")
 
 
 if __name__ == "__main__":

@@ -225,9 +225,13 @@ def test_lora_step_benchmark_tiny(tmp_path):
     from benchmarks.lora_step import main
 
     out = tmp_path / "lora_step.json"
-    main(["--tiny", "--out", str(out), "--warmup", "0", "--steps", "1", "--rank", "4"])
-    results = json.loads(out.read_text())["results"]
-    assert [r["loras"] for r in results] == [0, 1, 3]
+    main(["--tiny", "--out", str(out), "--warmup", "0", "--steps", "1", "--rank", "4", "--variants", "merge,forward"])
+    every = json.loads(out.read_text())["results"]
+    assert [(r["loras"], r["variant"]) for r in every] == [(0, "-"), (1, "merge"), (1, "forward"), (3, "merge"),
+                                                             (3, "forward")]
+    # LoRA layers in the forward pass compute what the merge computes (float32 on the CPU: rounding only)
+    assert all(r["max_abs_diff_vs_merge"] < 1e-4 for r in every if r["variant"] == "forward")
+    results = [r for r in every if r["variant"] != "forward"]
     assert results[0]["x_no_lora"] == 1.0 and all(r["x_no_lora"] > 0 for r in results)
     assert results[0]["max_abs_diff_vs_no_lora"] == 0.0
     assert results[1]["max_abs_diff_vs_no_lora"] > 0 and results[2]["lora_layers"] == 3 * results[1]["lora_layers"]
