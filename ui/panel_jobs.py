@@ -58,6 +58,8 @@ class JobsPanel:
         values["image"] = str(image) if image else None
         end = entry.original_end_image or entry.end_image
         values["end_image"] = str(end) if end else None
+        for name in st.IMAGES:          # the other uploads (the video to extend) are not reused: chosen afresh
+            values.setdefault(name, None)
         which = "the start image you uploaded" if entry.original_image else \
             "the job's cropped start image (this job is older than keeping uploads)"
         gr.Info(f"Settings of job {entry.id} loaded, with {which}.")

@@ -159,8 +159,7 @@ class QueuePanel:
         except InputError as e:
             self._refuse(e)
         values = st.values_from_settings(entry.settings, self.ctx.default_resolution)
-        values["image"] = entry.images.get("image")
-        values["end_image"] = entry.images.get("end_image")
+        values.update({name: entry.images.get(name) for name in st.IMAGES})     # the images (and video) it keeps
         gr.Info(f"Settings of queued job {entry.id} loaded.")
         return [values[name] for name in st.CONTROLS]
 
