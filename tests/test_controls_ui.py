@@ -120,3 +120,12 @@ def test_readme_api_section_is_the_api_docstring():
     start = readme.index("## Python API")
     in_readme = readme[start:readme.index("\n## ", start + 1)]
     assert " ".join(section.split()) == " ".join(in_readme.split())
+
+
+@pytest.mark.parametrize("cap", [4.0, 0.5])
+def test_a_cap_under_the_sliders_usual_bottom_still_builds_the_page(cap):
+    """--vram-cap-gb below the preserved-memory slider's usual minimum (6 GB): the slider spans 0 … the cap."""
+    with gr.Blocks():
+        layout = build_layout(get_preset("tiny"), "CPU", "", preserved_max_gb=cap)
+    slider = layout.controls()[st.CONTROLS.index("preserved_gb")]
+    assert (slider.minimum, slider.maximum) == (0.0, cap) and slider.value <= cap

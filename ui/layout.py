@@ -88,7 +88,7 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
     lo, hi = lim["preserved_gb"]
     if preserved_max_gb is not None:
         hi = max(min(hi, preserved_max_gb), 0.5)
-        lim["preserved_gb"] = (min(lo, hi), hi)
+        lim["preserved_gb"] = (lo if lo < hi else 0.0, hi)     # a cap under the slider's usual bottom: 0 … cap
     d = st.default_values(preset.default_resolution, table)
     d["preserved_gb"] = min(d["preserved_gb"], lim["preserved_gb"][1])
     w = Widgets(table, d, lim)
