@@ -44,7 +44,7 @@ def _table(page) -> list[list[str]]:
     }""")
 
 
-def _wait_rows(page, n, timeout=60):
+def _wait_rows(page, n, timeout=180):
     return wait_for(lambda: (lambda rows: rows if len(rows) == n else None)(_table(page)), timeout, every=0.3,
                     what=f"{n} rows in the queue table")
 
@@ -79,7 +79,7 @@ def test_the_queue_panel(server, browser, images, tiny_original, tmp_path):
 
             _pick(page, third)                                   # the last job moves up, before the second
             page.locator("#queue-up").click()
-            wait_for(lambda: [r[1] for r in _table(page)] == [first, third, second], 30, what="the move")
+            wait_for(lambda: [r[1] for r in _table(page)] == [first, third, second], 180, what="the move")
 
             page.locator("#prompt textarea").fill("saved into the job")           # edit: the page's settings
             set_number(page, "seconds", 2.4)
