@@ -29,11 +29,14 @@ def test_idle_app_uses_no_cpu_before_and_after_a_burst_of_hostile_hints(tmp_path
         assert idle < IDLE_SHARE_MAX, f"idle app used {idle:.2%} of a core"
 
         hints = next(e for e in fz.events(url) if e.name == "show_hints")
-        hostile = [[mode, None, seconds, window, 1, 0, "", 16, 0.15, steps]
+        # the hint's inputs (ui/panel_controls.py hint_inputs): mode, end image, seconds, window, cfg, rescale,
+        # negative prompt, crf, teacache, steps, prompt (a timeline too), prompt blend
+        hostile = [[mode, None, seconds, window, 1, 0, "", 16, 0.15, steps, prompt, blend]
                    for mode in ("original", "f1")
                    for seconds in (120, 1200, 1e9, 1e308, "1e12", "nan", "9" * 5000)
                    for window in (1, 0.5, 33, -1, "1")
-                   for steps in (25, "1e400")]
+                   for steps, prompt, blend in ((25, "[0s: a cat] [2s: a dog] [1e300s: a bird]", 16),
+                                                ("1e400", "[0s: x] " * 500, "1e400"))]
         calls = [hostile[i % len(hostile)] for i in range(200)]
         with ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(lambda data: fz.call(url, hints, data, timeout=30), calls))
