@@ -139,14 +139,18 @@ def _call(server, data) -> tuple[int, str]:
 
 
 def test_raw_json_nan_infinity_and_missing_fields(server):
-    row = [None, None, "p", "", 1, 1.2, "original", 1, 10, 1, 0, 9, "unipc", 64, 0.15, 6, 16]
+    from ui import settings as st
+
+    values = dict(st.default_values(64), prompt="p", seed=1, seconds=1.2, latent_window=1, steps=10)
+    row = [values.get(name) for name in st.CONTROLS]       # the endpoint's inputs, in order; uploads None
+    assert json.dumps(row).count(", 1.2,") == 1
     before = server.jobs()
     for literal in ("NaN", "Infinity", "-Infinity"):       # JSON extensions Python's json and JavaScript emit
         body = json.dumps({"data": row}).replace(", 1.2,", f", {literal},").encode()
         status, text = _call(server, body)
         assert "event: error" in text and "seconds: " in text and "is not a finite number" in text, text
     status, text = _call(server, row[:3])                  # fields missing: Gradio itself says how many
-    assert "event: error" in text and "needed: 17, got: 3" in text, text
+    assert "event: error" in text and f"needed: {len(row)}, got: 3" in text, text
     status, text = _call(server, b'{"no data": 1}')
     assert status == 422 and "data" in text
     # a file "uploaded" by naming a server path is refused by Gradio before our code sees it
