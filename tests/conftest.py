@@ -131,3 +131,11 @@ def run_job(request, components, outputs, memory=None, cancel=None):
     prepared = prepare(request, components.preset.default_resolution)
     events = list(generate(prepared, components, memory, cancel=cancel, outputs=outputs))
     return events, events[-1]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium for a browser test module (tests/browser_helpers.chromium), closed after it."""
+    from tests.browser_helpers import chromium
+
+    yield from chromium()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser_helpers import chromium, require_browser, fill_job, wait_status as _wait_status
+from tests.browser_helpers import require_browser, fill_job, wait_status as _wait_status
 from tests.server_helpers import ROOT, app_process
 
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
@@ -48,11 +48,6 @@ def server(tmp_path_factory):
     outputs = tmp_path_factory.mktemp("outputs")
     with app_process(outputs, log_path=ARTIFACTS / "app.log") as (url, _proc):
         yield url, outputs
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
 
 
 @pytest.fixture(scope="module")

@@ -5,17 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser_helpers import chromium, fill_job, require_browser, set_number, wait_status
+from tests.browser_helpers import fill_job, require_browser, set_number, wait_status
 from tests.server_helpers import job_info, launched, wait_for
 
 pytestmark = pytest.mark.slow
 expect = require_browser()
 CAP = "6.5"        # the tiny models at 960 need ≈ 2 GB (the VAE decode's output), at 2048×2048 ≈ 7.4 GB
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
 
 
 def _plan(page) -> str:

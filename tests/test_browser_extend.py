@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.video import read_frames
 from common.files import file_sha256
-from tests.browser_helpers import chromium, require_browser, set_number, wait_status
+from tests.browser_helpers import require_browser, set_number, wait_status
 from tests.server_helpers import job_info, launched
 from tests.test_extend import W, moving_frames, write_video
 
@@ -19,11 +19,6 @@ expect = require_browser()
 def server(tmp_path_factory, tiny_f1):
     with launched(tmp_path_factory.mktemp("outputs"), tiny_f1) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
 
 
 def _page(browser, server, clip):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser_helpers import chromium, fill_job, require_browser, set_number, wait_status
+from tests.browser_helpers import fill_job, require_browser, set_number, wait_status
 from tests.server_helpers import job_info
 
 pytestmark = pytest.mark.slow
@@ -30,11 +30,6 @@ def server(tmp_path_factory, tiny_original, folder):
     with launched(tmp_path_factory.mktemp("outputs"), tiny_original, "--lora-dir", str(folder)) as s:
         s.runner.lora_dir = folder           # the test's runner (tests/server_helpers.tiny_runner) has no args
         yield s
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
 
 
 def test_choose_a_lora_on_the_page(server, browser, folder, tmp_path):

@@ -9,17 +9,12 @@ import json
 import pytest
 
 from pipeline import queue_store as qs
-from tests.browser_helpers import chromium, fill_job, require_browser, set_number
+from tests.browser_helpers import fill_job, require_browser, set_number
 from tests.server_helpers import Gate, job_info, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 expect = require_browser()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
 
 
 @pytest.fixture(scope="module")

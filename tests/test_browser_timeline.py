@@ -6,16 +6,11 @@ from __future__ import annotations
 import pytest
 
 from pipeline.denoiser import FramepackDenoiser
-from tests.browser_helpers import chromium, fill_job, require_browser, status, wait_status
+from tests.browser_helpers import fill_job, require_browser, status, wait_status
 from tests.server_helpers import job_info
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 expect = require_browser()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
 
 
 @pytest.fixture(scope="module")
