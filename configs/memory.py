@@ -36,6 +36,13 @@ class MemoryConfig:
     weight_storage: str = "native"
     # Pinned buffers that carry weight-file reads to the GPU (two of them).
     staging_mb: int = 64
+    # Threads reading weight files at once (a large read is cut into pieces; benchmarks/read_speed.py). On the H100
+    # machine's virtual disk (1.76 GiB/s) 4, 8 or 16 threads were no faster than one, so one is the default; a local
+    # NVMe disk may gain from 4-8.
+    read_threads: int = 1
+    # Read weight files that go to the GPU with O_DIRECT (Linux), past the page cache: under a memory cgroup buffered
+    # reads make the kernel reclaim cache pages while it reads (memory/weightfiles.py). False: buffered reads.
+    direct_io: bool = True
     # Prompt embeddings kept on disk (outputs/.cache/prompts) so a repeated prompt skips the text encoders.
     prompt_cache_mb: int = 512
 

@@ -13,6 +13,11 @@ class VaeDecodeSpeed:
     cudnn_benchmark: bool = False
     # Run the decoder on channels-last (NDHWC) activations, the layout of the tensor-core convolution kernels.
     channels_last: bool = False
+    # NVIDIA: GB of the cap kept free beside the VAE tiles for cuDNN's workspace (memory/vae.py). Measured on an H100
+    # (benchmarks/vae_repeat.py, full-size VAE, 20 GB cap): with 2 GB free the fastest kernels did not get their
+    # workspace (the middle sections' decode took 8.6 s instead of 4.9 s and its frames changed by 1 level), with
+    # 4.4-5.4 GB they did. 4 GB keeps the middle sections at 256 px tiles (est. 14.9 GB, 14.1 measured). 0: off.
+    cudnn_workspace_gb: float = 4.0
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 - A chunk in RAM, plain: one copy of its host buffer into one device buffer (the layouts are the same).
 - A chunk in RAM, fp8: one copy of its host buffer into a device staging buffer, then every tensor is turned back
   into the model's dtype in its place (memory/fp8.py), on the device.
-- A chunk in the files: each tensor is read (pread) into a small ring of pinned staging buffers and copied from
-  there to its place on the device; the next piece is read while the previous one is in flight. A tensor whose
+- A chunk in the files: each tensor is read (pread; O_DIRECT where the file system allows, past the page cache) into
+  a small ring of pinned staging buffers and copied from there to its place on the device; the next piece is read
+  while the previous one is in flight. A tensor whose
   dtype differs from the model's (or that fp8 storage rounds) goes through a device scratch and is converted there.
 - Weight deltas (LoRAs, memory/deltas.py) are merged into the device copy after it is made; the host copy never
   changes.
@@ -23,7 +24,7 @@ from configs.memory import MEMORY
 from memory import fp8
 from memory.chunk import Chunk
 from memory.deltas import apply_deltas
-from memory.weightfiles import TensorSource
+from memory.weightfiles import DIRECT_ALIGN, TensorSource, direct_io
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class Staging:
         self._slots = slots
         self._next = 0
         self.bytes_read = 0
+        self.direct = direct_io()              # O_DIRECT reads (no page-cache read-ahead wanted then)
 
     @property
     def nbytes(self) -> int:
@@ -52,18 +54,23 @@ class Staging:
     def upload(self, src: TensorSource, dst: torch.Tensor) -> None:
         """Copy the file bytes of `src` into the device byte tensor `dst` (asynchronously on the current stream)."""
         pos = 0
+        room = self.slot_bytes - 2 * DIRECT_ALIGN if self.direct else self.slot_bytes
         while pos < src.nbytes:
             i = self._next
             self._next = (i + 1) % self._slots
             if self._events[i] is not None:
                 self._events[i].synchronize()           # its previous copy has left the buffer
-            n = min(self.slot_bytes, src.nbytes - pos)
-            buf = self._buffer(i)[:n]
-            src.file.read_into(buf, src.offset + pos)
-            dst[pos:pos + n].copy_(buf, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(self.device))
-            self._events[i] = event
+            n = min(room, src.nbytes - pos)
+            slot = self._buffer(i)
+            start = src.file.read_direct(slot, src.offset + pos, n) if self.direct else None
+            if start is None:
+                start = 0
+                src.file.read_into(slot[:n], src.offset + pos)
+            dst[pos:pos + n].copy_(slot[start:start + n], non_blocking=True)
+            if self.device.type == "cuda":             # (elsewhere the copy is done when it returns)
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(self.device))
+                self._events[i] = event
             pos += n
         self.bytes_read += src.nbytes
 
@@ -145,7 +152,7 @@ def load_chunks(chunks: list[Chunk], device: torch.device, non_blocking: bool = 
     out = []
     for i, c in enumerate(chunks):
         ahead = next((n for n in chunks[i + 1:] if n.home == "file"), None)
-        if ahead is not None:
+        if ahead is not None and not (staging is not None and staging.direct):
             ahead.will_need()              # one chunk of read-ahead: small enough for a tight page cache
         out.append(load_chunk(c, device, staging, non_blocking))
     return [b for b in out if b is not None]

@@ -23,6 +23,7 @@ from typing import Iterator
 import torch
 
 from configs.memory import MEMORY
+from configs.video import DECODE_SPEED
 from memory.attention import AttentionGuard
 from memory.budget import DEFAULT_PREFETCH_DEPTH, MemoryBudget, Placement, Workload
 from memory.chunkload import Staging, load_chunks, unload_chunks
@@ -111,6 +112,8 @@ class MemoryManager:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device.type == "cuda" and torch.version.hip is not None and self.vae_policy.scratch_limit is None:
             self.vae_policy.scratch_limit = MIOPEN_SCRATCH_LIMIT
+        elif self.device.type == "cuda" and torch.version.hip is None and not self.vae_policy.workspace_reserve:
+            self.vae_policy.workspace_reserve = int(DECODE_SPEED.cudnn_workspace_gb * GIB)
         self.cap_applied = False
 
     # ---- budget -------------------------------------------------------------------------------------------------

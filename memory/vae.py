@@ -134,6 +134,12 @@ class VaeDecodePolicy:
     fallback: Callable[[], contextlib.AbstractContextManager] | None = None
     first_tries: Callable[[], contextlib.AbstractContextManager] | None = None
     attempts: list[dict] = field(default_factory=list)     # of the last decode, for the record
+    # Room left free beside the tiles for cuDNN's convolution workspace (NVIDIA; the memory manager sets it from
+    # configs/video.py). With benchmark off, cuDNN's first heuristic engine runs only if its workspace can be
+    # allocated at that moment, else a slower one with other rounding: without this room the decode was 1.8× slower
+    # and its frames depended on what else was free (benchmarks/vae_repeat.py). At most a quarter of `available`;
+    # dropped when no tiling fits with it.
+    workspace_reserve: int = 0
 
     def plan(self, vae, shape: tuple[int, int, int], available: int | None) -> list[VaeTiling]:
         """Tilings to try, in order: least work that fits first, each next one clearly smaller in memory."""
@@ -149,7 +155,9 @@ class VaeDecodePolicy:
             ok = [t for t in pool if scratch_estimate(t, shape, up, size) <= self.scratch_limit]
             pool = ok or [min(pool, key=lambda t: scratch_estimate(t, shape, up, size))]
         pool.sort(key=lambda t: (work(t, shape), mem(t)))
-        fits = [t for t in pool if available is None or mem(t) <= available]
+        reserve = min(self.workspace_reserve, available // 4) if available is not None else 0
+        fits = [t for t in pool if available is None or mem(t) + reserve <= available] \
+            or [t for t in pool if mem(t) <= available]
         order = [fits[0] if fits else min(pool, key=mem)]
         while True:
             smaller = [t for t in pool if mem(t) < 0.7 * mem(order[-1])]

@@ -3,8 +3,14 @@
 A folder of a real repo holds one `*.safetensors` file or several shards listed by a `*.safetensors.index.json`
 (`weight_map`: tensor name -> file). For each tensor we keep a `TensorSource` (file, byte offset, size, dtype,
 shape), parsed from the 8-byte header length and the JSON header of each file (no tensor bytes are read). Then:
-- `read_into(dst, source)`: `pread` (Windows: seek + readinto) the bytes into a host buffer (a pinned chunk, a staging buffer): one copy,
-  from the page cache or the disk straight into its final place;
+- `read_into(dst, offset)`: `pread` (Windows: seek + readinto) the bytes into a host buffer (a pinned chunk, a staging
+  buffer): one copy, from the page cache or the disk straight into its final place. A large read is cut into pieces
+  read by several threads at once (`MemoryConfig.read_threads`): one thread waits for each small request the kernel
+  makes in turn, several keep the disk's queue full (`benchmarks/read_speed.py` measures it);
+- `read_direct(slot, offset, n)`: the same bytes read with `O_DIRECT` (Linux) into a page-aligned staging slot,
+  bypassing the page cache: a model read once per job or per section does not fill the cache, so under a memory
+  cgroup the kernel does not reclaim pages while it reads (`MemoryConfig.direct_io`; falls back to `read_into`
+  where the file system refuses it);
 - `view(source)`: a zero-copy tensor over a private memory map of the file (pages are read when touched, and
   count as file-backed RSS, which the kernel can reclaim);
 - `drop(sources, cache=...)`: give the pages back: `madvise(DONTNEED)` unmaps touched pages from this process,
@@ -13,6 +19,7 @@ shape), parsed from the 8-byte header length and the JSON header of each file (n
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import mmap
@@ -20,6 +27,7 @@ import os
 import struct
 import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +40,46 @@ DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF1
           "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 MAX_HEADER = 100 << 20          # the format's own limit on the JSON header
 READ_PIECE = 1 << 30            # bytes per pread call (Linux returns at most ~2 GiB per call)
+PARALLEL_PIECE = 4 << 20        # the smallest piece one reader thread takes of a large read
 PAGE = mmap.PAGESIZE
+DIRECT_ALIGN = 4096             # O_DIRECT: buffer address, file offset and length in multiples of this
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def read_threads() -> int:
+    from configs.memory import MEMORY
+
+    return max(1, int(MEMORY.read_threads))
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """The reader threads (one pool for the process; `os.preadv` releases the GIL)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._max_workers < threads:
+            old, _POOL = _POOL, ThreadPoolExecutor(max_workers=threads, thread_name_prefix="weight-read")
+            if old is not None:
+                old.shutdown(wait=False)
+        return _POOL
+
+
+def direct_io() -> bool:
+    """O_DIRECT reads on (MemoryConfig.direct_io; STEADYFRAME_DIRECT_IO=0/1 overrides it for a run)."""
+    from configs.memory import MEMORY
+
+    env = os.environ.get("STEADYFRAME_DIRECT_IO", "").strip()
+    on = env not in ("0", "false", "off") if env else bool(MEMORY.direct_io)
+    return on and hasattr(os, "O_DIRECT")
+
+
+def split(nbytes: int, threads: int) -> list[tuple[int, int]]:
+    """(start, end) pieces of a read of `nbytes` for `threads` readers: page-aligned, at least PARALLEL_PIECE each."""
+    if threads <= 1 or nbytes < 2 * PARALLEL_PIECE:
+        return [(0, nbytes)]
+    piece = max(PARALLEL_PIECE, -(-nbytes // threads))
+    piece = -(-piece // PAGE) * PAGE
+    return [(a, min(nbytes, a + piece)) for a in range(0, nbytes, piece)]
 
 
 class WeightFileError(ValueError):
@@ -67,6 +114,7 @@ class WeightFile:
         self._map: mmap.mmap | None = None
         self._base: torch.Tensor | None = None
         self._lock = threading.Lock()
+        self._direct: int | None = None          # O_DIRECT descriptor (-1: refused here), opened on first use
         self.tensors = self._parse_header()
 
     def _pread(self, n: int, offset: int) -> bytes:
@@ -103,17 +151,76 @@ class WeightFile:
         return out
 
     # ---- reading ------------------------------------------------------------------------------------------------
-    def read_into(self, dst: torch.Tensor, offset: int) -> None:
-        """Fill the contiguous CPU byte tensor `dst` from the file at `offset` (pread, no intermediate copy)."""
+    def read_into(self, dst: torch.Tensor, offset: int, threads: int | None = None) -> None:
+        """Fill the contiguous CPU byte tensor `dst` from the file at `offset` (pread, no intermediate copy), in
+        pieces read by `threads` threads at once (default `MemoryConfig.read_threads`)."""
         if dst.numel() == 0:
             return
         view = memoryview(dst.numpy()).cast("B")
+        pieces = split(len(view), read_threads() if threads is None else threads)
+        if len(pieces) == 1:
+            self._read_span(view, offset)
+            return
+        futures = [_pool(len(pieces)).submit(self._read_span, view[a:b], offset + a) for a, b in pieces]
+        for f in futures:
+            f.result()
+
+    def _read_span(self, view: memoryview, offset: int) -> None:
         done = 0
         while done < len(view):
             n = self._read_at(view[done:done + READ_PIECE], offset + done)
             if n <= 0:
                 raise WeightFileError(f"{self.path}: unexpected end of file at byte {offset + done}")
             done += n
+
+    def _direct_fd(self) -> int | None:
+        with self._lock:
+            if self._direct is None:
+                self._direct = -1
+                if direct_io():
+                    try:
+                        self._direct = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+                        weakref.finalize(self, _close, self._direct)
+                    except OSError:
+                        pass
+            return self._direct if self._direct >= 0 else None
+
+    def read_direct(self, slot: torch.Tensor, offset: int, nbytes: int, threads: int | None = None) -> int | None:
+        """Read bytes [offset, offset + nbytes) with O_DIRECT into the page-aligned byte tensor `slot` (the read is
+        widened to whole blocks); returns where in `slot` the bytes start, or None where direct reading is off or
+        refused (the caller reads through the page cache instead)."""
+        fd = self._direct_fd()
+        if fd is None or slot.data_ptr() % DIRECT_ALIGN or nbytes <= 0:
+            return None
+        lo = offset - offset % DIRECT_ALIGN
+        hi = -(-(offset + nbytes) // DIRECT_ALIGN) * DIRECT_ALIGN
+        if hi - lo > slot.numel():
+            raise ValueError(f"a direct read of {hi - lo} bytes does not fit a slot of {slot.numel()}")
+        view = memoryview(slot.numpy()).cast("B")
+        need = offset + nbytes - lo
+        pieces = split(hi - lo, read_threads() if threads is None else threads)
+
+        def piece(a: int, b: int) -> None:
+            done = a
+            while done < min(b, need):
+                n = os.preadv(fd, [view[done:b]], lo + done)
+                if n <= 0:
+                    raise WeightFileError(f"{self.path}: unexpected end of file at byte {lo + done}")
+                done += n
+        try:
+            if len(pieces) == 1:
+                piece(*pieces[0])
+            else:
+                for f in [_pool(len(pieces)).submit(piece, a, b) for a, b in pieces]:
+                    f.result()
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            log.info("%s: direct reads refused (%s); reading through the page cache", self.path.name, e)
+            with self._lock:
+                self._direct = -1
+            return None
+        return offset - lo
 
     def _read_at(self, view: memoryview, offset: int) -> int:
         if hasattr(os, "preadv"):                      # Linux, BSD, macOS: no seek, no lock

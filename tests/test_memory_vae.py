@@ -44,6 +44,23 @@ def test_plan_takes_least_work_that_fits_then_clearly_smaller():
     assert roomy[0] == VaeTiling(0, 0)                      # no limit: no tiling, no recomputed overlap
 
 
+def test_cudnn_workspace_reserve_leaves_room_beside_the_tiles():
+    available = int(19.0 * 2**30)
+    plain = VaeDecodePolicy().plan(_RealVaeConfig, REAL, available)[0]
+    reserve = int(4.5 * 2**30)
+    kept = VaeDecodePolicy(workspace_reserve=reserve).plan(_RealVaeConfig, REAL, available)[0]
+    assert memory_estimate(plain, REAL) + reserve > available                 # today's 384 px tiles leave < 4.5 GB
+    assert memory_estimate(kept, REAL) + reserve <= available                  # the reserve is kept free
+    assert work(kept, REAL) >= work(plain, REAL)                               # (paid for with some overlap work)
+    # at most a quarter of what is free, and dropped when no tiling fits with it
+    tight = int(2.0 * 2**30)
+    with_reserve = VaeDecodePolicy(workspace_reserve=reserve).plan(_RealVaeConfig, REAL, tight)[0]
+    assert memory_estimate(with_reserve, REAL) + tight // 4 <= tight
+    tiny_room = min(memory_estimate(t, REAL) for t in candidates(REAL)) + 1
+    assert VaeDecodePolicy(workspace_reserve=reserve).plan(_RealVaeConfig, REAL, tiny_room)[0] == \
+        VaeDecodePolicy().plan(_RealVaeConfig, REAL, tiny_room)[0]
+
+
 def test_rocm_limits_miopen_scratch():
     policy = VaeDecodePolicy(scratch_limit=int(7.29e9))
     first = policy.plan(_RealVaeConfig, REAL, available=int(20.4e9))[0]

@@ -1,6 +1,7 @@
 """Safetensors files read in place: sharded indexes, pread into a buffer, zero-copy views, clear errors."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 
@@ -76,3 +77,82 @@ def test_damaged_files_say_what_is_wrong(tmp_path):
     (tmp_path / "e").mkdir()
     with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
         WeightFiles.open(tmp_path / "e")
+
+
+def test_a_large_read_is_cut_into_page_aligned_pieces_for_several_threads():
+    from memory.weightfiles import PAGE, PARALLEL_PIECE, split
+
+    assert split(PARALLEL_PIECE, 8) == [(0, PARALLEL_PIECE)]                       # small: one pread
+    assert split(100 << 20, 1) == [(0, 100 << 20)]                                 # one thread asked for
+    n = (64 << 20) + 12345
+    pieces = split(n, 8)
+    assert len(pieces) == 8 and pieces[0][0] == 0 and pieces[-1][1] == n
+    assert all(a % PAGE == 0 and b > a for a, b in pieces)
+    assert all(p[1] == q[0] for p, q in zip(pieces, pieces[1:]))                   # no gap, no overlap
+    assert all(b - a >= PARALLEL_PIECE for a, b in pieces[:-1])
+
+
+def test_parallel_read_gives_the_same_bytes_as_one_pread(tmp_path):
+    from memory.weightfiles import PARALLEL_PIECE
+
+    g = torch.Generator().manual_seed(3)
+    big = torch.randint(0, 255, (5 * PARALLEL_PIECE + 777,), dtype=torch.uint8, generator=g)
+    save_file({"pad": torch.ones(3, dtype=torch.uint8), "big": big}, str(tmp_path / "model.safetensors"))
+    src = WeightFiles.open(tmp_path).tensors["big"]
+    one, many = torch.empty(src.nbytes, dtype=torch.uint8), torch.zeros(src.nbytes, dtype=torch.uint8)
+    src.file.read_into(one, src.offset, threads=1)
+    src.file.read_into(many, src.offset, threads=4)
+    assert torch.equal(one, big) and torch.equal(many, big)
+    with pytest.raises(WeightFileError, match="unexpected end of file"):             # a piece past the end fails
+        src.file.read_into(torch.empty(src.nbytes + (8 << 20), dtype=torch.uint8), src.offset, threads=4)
+
+
+def _aligned(nbytes: int) -> torch.Tensor:
+    from memory.weightfiles import DIRECT_ALIGN
+
+    raw = torch.empty(nbytes + DIRECT_ALIGN, dtype=torch.uint8)
+    start = -raw.data_ptr() % DIRECT_ALIGN
+    return raw[start:start + nbytes]
+
+
+def test_direct_read_widens_to_blocks_and_returns_where_the_bytes_start(tmp_path, monkeypatch):
+    import os
+
+    from configs.memory import MEMORY
+    from memory.weightfiles import DIRECT_ALIGN, PARALLEL_PIECE
+
+    g = torch.Generator().manual_seed(4)
+    big = torch.randint(0, 255, (3 * PARALLEL_PIECE + 4321,), dtype=torch.uint8, generator=g)
+    save_file({"pad": torch.ones(5, dtype=torch.uint8), "big": big}, str(tmp_path / "model.safetensors"))
+    src = WeightFiles.open(tmp_path).tensors["big"]
+    slot = _aligned(4 * PARALLEL_PIECE)
+    for threads in (1, 3):
+        for pos, n in ((0, 1000), (777, 2 * PARALLEL_PIECE + 5), (src.nbytes - 999, 999)):
+            start = src.file.read_direct(slot, src.offset + pos, n, threads=threads)
+            if start is None:                                  # this file system refuses O_DIRECT: no harm
+                assert not hasattr(os, "O_DIRECT") or src.file._direct == -1
+                continue
+            assert 0 <= start < DIRECT_ALIGN
+            assert torch.equal(slot[start:start + n], big[pos:pos + n])
+    assert src.file.read_direct(slot[1:], src.offset, 10) is None                  # an unaligned slot: not direct
+    monkeypatch.setattr("configs.memory.MEMORY", dataclasses.replace(MEMORY, direct_io=False))
+    fresh = WeightFiles.open(tmp_path).tensors["big"]
+    assert fresh.file.read_direct(slot, fresh.offset, 10) is None                  # turned off: buffered reads
+
+
+def test_staging_uploads_the_same_bytes_with_and_without_direct_reads(tmp_path, monkeypatch):
+    from configs.memory import MEMORY
+    from memory.chunkload import Staging
+
+    g = torch.Generator().manual_seed(5)
+    big = torch.randint(0, 255, (3 << 20,), dtype=torch.uint8, generator=g)
+    save_file({"pad": torch.ones(3, dtype=torch.uint8), "big": big}, str(tmp_path / "model.safetensors"))
+    src = WeightFiles.open(tmp_path).tensors["big"]
+    for direct in (True, False):
+        monkeypatch.setattr("configs.memory.MEMORY", dataclasses.replace(MEMORY, direct_io=direct))
+        staging = Staging(torch.device("cpu"), slot_bytes=1 << 20)     # three-plus pieces through a 1 MiB ring
+        staging._buffer = lambda i, s=staging: s._bufs[i] if i < len(s._bufs) else (
+            s._bufs.append(_aligned(s.slot_bytes)) or s._bufs[i])
+        dst = torch.zeros_like(big)
+        staging.upload(src, dst)
+        assert torch.equal(dst, big) and staging.bytes_read == big.numel()
