@@ -437,6 +437,9 @@ def report(results: Path) -> dict:
 
 
 def main(argv=None) -> int:
+    import rocm
+
+    rocm.apply_env_profile()        # what app.py does first (the allocator's mode included): measure the same
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for the results (one JSON per config)")
     ap.add_argument("--save-weights", type=Path, help="save full-size random models here in the real layout")

@@ -130,6 +130,9 @@ def end_to_end_split(records, timings: dict, total_s: float) -> dict:
 
 
 def main(argv=None) -> None:
+    import rocm
+
+    rocm.apply_env_profile()        # what app.py does first (the allocator's mode included): measure the same
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tiny", action="store_true")

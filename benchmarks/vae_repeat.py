@@ -10,7 +10,13 @@ reports per decode: time, peak, the SHA-256 of the uint8 frames and the max diff
 with the most room. Then the same with `torch.backends.cudnn.deterministic = True`, and with a workspace reserve
 (`--reserve-mb`: the policy's tiling is chosen for `available - reserve`).
 
+`--fragment`: instead, in one process: a decode on a clean allocator; then one after a stage-like history (a large
+block freed, a small tensor that stays alive allocated from it, the cache emptied: the survivor keeps the whole
+segment reserved, so the free part of the cap is cut into pieces); then one after the survivor is gone. Run it with
+and without `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` to see whether that allocator mode removes the effect.
+
     python3 benchmarks/vae_repeat.py --out vae_repeat.json          # GPU, ~4 min on an H100
+    python3 benchmarks/vae_repeat.py --fragment --out frag.json     # GPU, ~1 min
     python3 benchmarks/vae_repeat.py --tiny --out vae_repeat.json   # tiny VAE on the CPU (checks the script)
 """
 from __future__ import annotations
@@ -102,6 +108,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cap-gb", type=float, default=20.0)
     ap.add_argument("--reserve-mb", type=int, default=1024, help="workspace reserve for the last variant")
     ap.add_argument("--budget-s", type=float, default=330.0)
+    ap.add_argument("--fragment", action="store_true", help="clean / fragmented / clean again (see the docstring)")
+    ap.add_argument("--fragment-gb", type=float, default=12.0)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from memory.vae import VaeDecodePolicy, memory_estimate
@@ -125,6 +133,8 @@ def main(argv=None) -> int:
               "cap_gb": args.cap_gb, "date": time.strftime("%Y-%m-%d"), "shapes": {}}
     started = time.perf_counter()
     gen = torch.Generator().manual_seed(0)
+    if args.fragment:
+        return fragment(vae, shapes["middle sections"], device, cap, gen, args, result)
     for name, shape in shapes.items():
         z = torch.randn(1, 16, *shape, generator=gen).to(device, vae.dtype)
         available = cap - torch.cuda.memory_allocated(device) - (512 << 20) if device.type == "cuda" else None
@@ -161,6 +171,37 @@ def main(argv=None) -> int:
                 continue
             print(f"| {r['variant']} | {r['tiling']} | {r['slack_mb'] if r['slack_mb'] is not None else 'none'} "
                   f"| {r['s']:.3f} | {r['peak_gb']:.2f} | {r['sha']} | {r.get('max_levels')} |")
+    return 0
+
+
+def fragment(vae, shape, device, cap: int, gen, args, result: dict) -> int:
+    import os
+
+    from memory.vae import VaeDecodePolicy
+
+    z = torch.randn(1, 16, *shape, generator=gen).to(device, vae.dtype)
+    available = cap - torch.cuda.memory_allocated(device) - (512 << 20) if device.type == "cuda" else None
+    tiling = VaeDecodePolicy().plan(vae, shape, available)[0]
+    rows, survivor = [], None
+    for label in ("clean (warm-up)", "clean", "fragmented", "clean again"):
+        if label == "fragmented" and device.type == "cuda":
+            big = torch.empty(int(args.fragment_gb * GIB), dtype=torch.uint8, device=device)
+            del big                                   # cached, not returned
+            survivor = torch.empty(32 * MIB, dtype=torch.uint8, device=device)    # split from the cached block
+            torch.cuda.empty_cache()
+        if label == "clean again":
+            survivor = None
+        row, _ = decode_once(vae, z, tiling, device, None, cap, None, False)
+        row.update(case=label, reserved_before_gb=torch.cuda.memory_reserved(device) / GIB
+                   if device.type == "cuda" else 0.0)
+        rows.append(row)
+        print(row, flush=True)
+    del survivor
+    result.update(fragment=rows, tiling=tiling.describe(), alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+    args.out.write_text(json.dumps(result, indent=1, default=str))
+    print(f"PYTORCH_CUDA_ALLOC_CONF={result['alloc_conf']!r} tiling {result['tiling']}")
+    for r in rows:
+        print(f"| {r['case']} | {r.get('s', float('nan')):.3f} | {r.get('sha', r.get('error'))} |")
     return 0
 
 

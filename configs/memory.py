@@ -43,6 +43,10 @@ class MemoryConfig:
     # Read weight files that go to the GPU with O_DIRECT (Linux), past the page cache: under a memory cgroup buffered
     # reads make the kernel reclaim cache pages while it reads (memory/weightfiles.py). False: buffered reads.
     direct_io: bool = True
+    # NVIDIA: run PyTorch's CUDA allocator with expandable segments (set before torch starts, only where the user set
+    # no PYTORCH_*ALLOC_CONF; rocm/env.py). Keeps the VAE decode's kernels, speed and frames independent of what
+    # earlier stages left in the allocator's cache.
+    cuda_expandable_segments: bool = True
     # Prompt embeddings kept on disk (outputs/.cache/prompts) so a repeated prompt skips the text encoders.
     prompt_cache_mb: int = 512
 

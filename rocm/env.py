@@ -225,6 +225,26 @@ def _desired(profile: RocmProfile, environ: Mapping[str, str], report: EnvReport
     return desired
 
 
+CUDA_ALLOC_CONF = "expandable_segments:True"
+
+
+def _cuda_allocator(env: MutableMapping[str, str], report: EnvReport) -> None:
+    """NVIDIA (or CPU): PyTorch's allocator with expandable segments, unless the user set an allocator variable or
+    MemoryConfig.cuda_expandable_segments is off. With fixed segments, a small tensor that outlives a stage keeps a
+    whole cached segment reserved, the VAE decode's convolutions then miss their workspace under the cap, and cuDNN
+    runs slower kernels with other rounding: on an H100 a decode after such a history took 1.11× as long and gave
+    other frames; with expandable segments it gave the same frames as on a clean allocator, 0.90× the time
+    (benchmarks/vae_repeat.py --fragment)."""
+    from configs.memory import MEMORY
+
+    user = [v for v in ALLOC_CONF_VARS if v in env]
+    if user:
+        if env[user[0]] != CUDA_ALLOC_CONF:
+            report.kept[user[0]] = (env[user[0]], CUDA_ALLOC_CONF)
+    elif MEMORY.cuda_expandable_segments:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = report.set["PYTORCH_CUDA_ALLOC_CONF"] = CUDA_ALLOC_CONF
+
+
 def apply_env_profile(environ: MutableMapping[str, str] | None = None, *,
                       topology_nodes: Path | str | None = None) -> EnvReport:
     """Apply the profile of the detected AMD architecture family to ``environ`` (default ``os.environ``).
@@ -240,7 +260,8 @@ def apply_env_profile(environ: MutableMapping[str, str] | None = None, *,
         return report
     arch = detect_arch(topology_nodes)
     if arch is None:
-        report.skipped_reason = "no AMD GPU in the KFD topology (CUDA or CPU): environment unchanged"
+        report.skipped_reason = "no AMD GPU in the KFD topology (CUDA or CPU): no ROCm profile"
+        _cuda_allocator(env, report)
         report.warnings = check_environment(env)
         logger.debug(report.skipped_reason)
         return report

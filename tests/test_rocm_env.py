@@ -117,14 +117,30 @@ def test_user_settings_win(tmp_path):
 
 
 @pytest.mark.parametrize("topology", ["missing", "cpu_only"])
-def test_no_amd_gpu_changes_nothing(tmp_path, topology):
+def test_no_amd_gpu_sets_only_the_cuda_allocator(tmp_path, topology):
     nodes = tmp_path / "nowhere" if topology == "missing" else make_topology(tmp_path / "kfd")
     env = {"PATH": "/bin", "STEADYFRAME_CACHE_DIR": str(tmp_path / "c")}
     before = dict(env)
     report = rocm_apply(env, nodes)
-    assert env == before and not report.applied and report.set == {}
-    assert "CUDA or CPU" in report.skipped_reason
+    assert not report.applied and "CUDA or CPU" in report.skipped_reason
+    assert report.set == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert env == {**before, **report.set}
     assert not (tmp_path / "c").exists()
+
+
+def test_the_users_allocator_setting_wins_on_nvidia_and_the_config_can_turn_ours_off(tmp_path, monkeypatch):
+    import dataclasses
+
+    from configs.memory import MEMORY
+
+    nodes = tmp_path / "nowhere"
+    env = {"PYTORCH_ALLOC_CONF": "max_split_size_mb:128"}
+    report = rocm_apply(env, nodes)
+    assert env == {"PYTORCH_ALLOC_CONF": "max_split_size_mb:128"} and report.set == {}
+    assert report.kept["PYTORCH_ALLOC_CONF"] == ("max_split_size_mb:128", "expandable_segments:True")
+    monkeypatch.setattr("configs.memory.MEMORY", dataclasses.replace(MEMORY, cuda_expandable_segments=False))
+    env = {}
+    assert rocm_apply(env, nodes).set == {} and env == {}
 
 
 def test_switch_off(tmp_path):
