@@ -81,7 +81,8 @@ class QueueActions:
     def page_values(values: Mapping[str, Any]) -> dict:
         """Settings and image paths by name from the page's control values (uploads as Gradio hands them over)."""
         request = st.request_from_values(values)
-        return {**request.settings(), "image": request.image, "end_image": request.end_image}
+        return {**request.settings(), "image": request.image, "end_image": request.end_image,
+                "input_video": request.input_video}
 
     def add(self, values: Mapping[str, Any]) -> qs.Entry:
         """Add a job: `values` by control name (settings and image paths)."""
