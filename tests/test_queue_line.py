@@ -108,3 +108,23 @@ def test_a_changed_copy_of_a_queued_video_is_noticed(tmp_path):
     assert "changed since the job was queued" in qs.copy_problem(entry.images)
     assert json.loads(store.export_jsonl())["input_video"] == entry.images["input_video"]
     store.close()
+
+
+def test_a_finished_job_is_extended_by_its_id_through_the_api(server, client, image):
+    settings = dict(prompt="a lighthouse in a storm", steps=2, seed=7, mode="f1", teacache=0.0)
+    _, short = client.predict(image=handle_file(str(image)), seconds=2.4, **settings, api_name="/video")
+    _, longer = client.predict(image=handle_file(str(image)), seconds=4.8, **settings, api_name="/video")
+    _, extended = client.predict(source_job=short["job_id"], seconds=2.4, **settings, api_name="/video")
+    ext_dir, long_dir = (server.outputs / s["job_id"] for s in (extended, longer))
+    info = job_info(ext_dir)
+    assert info["source"]["kind"] == "job" and info["source"]["path"] == str(server.outputs / short["job_id"])
+    assert extended["frames"] == longer["frames"]
+    assert (ext_dir / "final.mp4").read_bytes() == (long_dir / "final.mp4").read_bytes()   # its latents, reused
+    with pytest.raises(AppError, match="job to extend: there is no job 'nope'"):
+        client.predict(source_job="nope", seconds=1.2, **settings, api_name="/video")
+    with pytest.raises(AppError, match="job to extend: give one of"):
+        client.predict(image=handle_file(str(image)), source_job=short["job_id"], **settings, api_name="/video")
+    queued = client.predict(source_job=short["job_id"], seconds=1.2, **{**settings, "steps": 1},
+                            api_name="/queue_add")
+    assert queued["input_video"] == str(server.outputs / short["job_id"]) and queued["source_job"] == ""
+    client.predict(queued["id"], api_name="/queue_remove")

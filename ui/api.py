@@ -84,9 +84,11 @@ class JobApi:
         """/video (see `video_endpoint`): `values` by control name."""
         from pipeline.request import prepare
 
+        from ui.source_job import resolved
+
         job = st.request_from_values(values, getattr(self, "table", TABLE))
         try:
-            prepared = prepare(job, self.default_resolution)       # checked and decoded once, here
+            prepared = prepare(resolved(job, self.runner.outputs), self.default_resolution)   # checked once, here
         except InputError as e:
             log.info("API input rejected: %s", e)
             raise gr.Error(str(e), title="Please check the input", print_exception=False) from None

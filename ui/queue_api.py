@@ -71,7 +71,9 @@ class QueueActions:
         self.default_resolution = default_resolution
 
     def _checked(self, values: Mapping[str, Any], base: Path | None = None) -> dict:
-        return qs.checked_values(values, self.default_resolution, base=base)
+        from ui.source_job import resolved_values
+
+        return qs.checked_values(resolved_values(values, self.store.outputs), self.default_resolution, base=base)
 
     def _added(self, entries):
         self.worker.wake()
