@@ -12,6 +12,8 @@ same line, End button and event stream for both. The API (ui/api.py) runs its jo
 The images of a new job are copied into a folder the ticket owns (outputs/.staged/<ticket>) when it is reserved:
 Gradio's temporary upload may be swept (ui/tempfiles.py) while the job waits; the staged copy is read by the job,
 which keeps the user's file in its job folder (pipeline.jobs.Job.keep_upload), and deleted when the ticket ends.
+With a recorder (ui/line_record.py, set when the app opens its queue), a job is kept in the queue's store instead
+(its copies there are the staged ones) while it waits or runs, so a restart of the app shows and continues it.
 """
 from __future__ import annotations
 
@@ -31,19 +33,12 @@ from pipeline.events import Cancelled, Done, Failed, LogLine, MemoryReport, Prog
 from pipeline.request import PreparedRequest, prepare
 from pipeline.resolution import check_fits
 from pipeline.resume import ResumeRequest, prepare_resume
+from ui.line_eta import LineEstimates, Waiting, plan_of  # noqa: F401  (Waiting, plan_of: the runner's API)
 from ui.staging import stage_images, sweep_stale, unstage
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Cancelled", "JobRunner", "MemoryReport", "SessionBusy", "Ticket"]   # (the events: pipeline.events)
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """The job waits for the GPU: `ahead` jobs are before it in line (one of them may be running); `wait_s` is the
-    estimated time until it starts (None when there is nothing to estimate from yet)."""
-    ahead: int
-    wait_s: float | None
 
 
 @dataclass
@@ -86,14 +81,7 @@ WAIT_TICK_S = 1.0               # a waiting job's estimate is refreshed this oft
 ORPHAN_S = 60.0                 # a ticket first in line whose stream never came (its tab died) is dropped after this
 
 
-def plan_of(request):
-    """The section plan of a request (pipeline.sections)."""
-    from pipeline import sections
-
-    return sections.make_plan(request.mode, request.seconds, request.latent_window, request.fps)
-
-
-class JobRunner:
+class JobRunner(LineEstimates):
     def __init__(self, models, outputs: Path, vram_cap_gb: float, device=None, host_ram_gb: float | None = None,
                  weight_storage: str = "native", lora_dir: Path | None = None):
         self.models = models                    # ui.models.ComponentCache
@@ -261,48 +249,6 @@ class JobRunner:
         """Where the ticket stands in line (None once it may run)."""
         with self._lock:
             return self._waiting(ticket, time.monotonic())
-
-    def _waiting(self, ticket: Ticket, now: float) -> Waiting | None:
-        if ticket not in self._line:
-            return None
-        ahead = self._line[: self._line.index(ticket)]
-        if not ahead and self._running in (None, ticket):
-            return None
-        if self._running is not None and self._running is not ticket and self._running not in ahead:
-            ahead = [self._running, *ahead]
-        wait = 0.0
-        for t in ahead:
-            left = self._time_left(t, now)
-            if left is None:
-                return Waiting(len(ahead), None)
-            wait += left
-        return Waiting(len(ahead), wait)
-
-    def _time_left(self, ticket: Ticket, now: float) -> float | None:
-        if ticket.started and ticket.eta_s is not None:
-            return max(ticket.eta_s - (now - ticket.eta_at), 0.0)
-        expected = self.expected_seconds(ticket.request)
-        if expected is not None and ticket.started:
-            return max(expected - (now - ticket.created), 0.0)
-        return expected
-
-    def expected_seconds(self, request) -> float | None:
-        """How long a whole job with this request is expected to take, at the last complete job's speed."""
-        if self.rates is None or request is None:
-            return None
-        try:
-            return self.rates.job_seconds(plan_of(request), int(request.steps))
-        except (ValueError, TypeError, OverflowError):
-            return None
-
-    def _learn(self, ticket: Ticket, done: Done) -> None:
-        from pipeline.eta import JobRates
-
-        if done.stopped or ticket.resume is not None:
-            return
-        rates = JobRates.from_timings(done.timings, plan_of(ticket.request), int(ticket.request.steps))
-        if rates is not None:
-            self.rates = rates
 
     def _unstage(self, ticket: Ticket) -> None:
         unstage(ticket.staged)
