@@ -170,8 +170,8 @@ CONTROLS: tuple[Control, ...] = (
             help="a video (mp4, webm, mov) or a finished F1 job folder to continue (F1 mode only; the start image is "
                  "then its last frame; seconds = the length added)"),
     Control("source_job", "text", "", label="Job to extend", field="job to extend", widget="textbox", cli=None,
-            elem_id="extend-job", widget_label="Job to extend (optional; a finished F1 job's id, or press Extend in "
-            "Past jobs; its latents are reused)",
+            elem_id="extend-job", widget_label="Job to extend (optional; a finished F1 job's id: pick it in the gallery "
+            "and press Extend; its latents are reused)",
             help="the job_id of a finished F1 job in the app's outputs folder, continued from its saved latents "
                  "(page and API; instead of a video or a start image; F1 mode). The command line takes the job's "
                  "folder as --extend"),

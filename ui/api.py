@@ -90,7 +90,9 @@ class JobApi:
 
         job = st.request_from_values(values, getattr(self, "table", TABLE))
         try:
-            prepared = prepare(resolved(job, self.runner.outputs), self.default_resolution)   # checked once, here
+            if getattr(job, "source_job", ""):            # a finished job by its id (ui/source_job.py)
+                job = resolved(job, self.runner.outputs)
+            prepared = prepare(job, self.default_resolution)       # checked and decoded once, here
         except InputError as e:
             log.info("API input rejected: %s", e)
             raise gr.Error(str(e), title="Please check the input", print_exception=False) from None
