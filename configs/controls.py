@@ -169,6 +169,12 @@ CONTROLS: tuple[Control, ...] = (
             widget_label="Video to extend (optional; F1 mode; replaces the start image)",
             help="a video (mp4, webm, mov) or a finished F1 job folder to continue (F1 mode only; the start image is "
                  "then its last frame; seconds = the length added)"),
+    Control("source_job", "text", "", label="Job to extend", field="job to extend", widget="textbox", cli=None,
+            elem_id="extend-job", widget_label="Job to extend (optional; a finished F1 job's id: pick it in the gallery "
+            "and press Extend; its latents are reused)",
+            help="the job_id of a finished F1 job in the app's outputs folder, continued from its saved latents "
+                 "(page and API; instead of a video or a start image; F1 mode). The command line takes the job's "
+                 "folder as --extend"),
     Control("loras", "text", "", label="LoRAs", widget="textbox", cli_aliases=("--lora",), repeat=True,
             widget_label="LoRAs (file:strength, comma-separated)",
             info="Pick from the LoRA folder below, or type names in it (or paths) with a strength from -2 to 2.",

@@ -26,7 +26,7 @@ from configs.video import DECODE_SPEED
 from memory import MemoryManager
 from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError
 from memory.snapshot import host_rss_bytes
-from pipeline import extend
+from pipeline import extend, extend_resume
 from pipeline import sections as sec
 from pipeline.checkpoint import save_checkpoint
 from pipeline.components import Components
@@ -259,8 +259,8 @@ class JobRun:
         if self.prepared.end_image is not None:
             self.job.save_image("end.png", self.prepared.end_image)
             self.job.keep_upload("upload_end", self.request.end_image)
-        if self.prepared.source is not None:
-            self.job.update(source=self.prepared.source.record())
+        if self.prepared.source is not None:           # an input video is kept in the folder (resume needs it)
+            self.job.update(source=extend_resume.kept_record(self.job, self.prepared.source))
 
     def _starting_point(self, drain):
         """(start latent, end latent, latent history, sections done): a new job encodes its images (VAE encode);
@@ -279,12 +279,14 @@ class JobRun:
     def _rebuild_video(self, done: int, drain) -> Iterator[Event]:
         """Decode the finished sections again (resume, extending a job), so the blends match an uninterrupted run
         exactly; an input video's frames start the video as they are."""
-        source = self.prepared.source
-        if self.resume is None and source.frames is not None:
-            self.writer.submit(source.frames)
-            return
+        source, first = self.prepared.source, 0
+        if source is not None and source.frames is not None:     # an input video: its frames, then (resuming)
+            self.writer.submit(source.frames)                     # the new sections made before the stop
+            first = source.sections_done
+            if self.resume is None:
+                return
         real_now = self.resume.real if self.resume is not None else source.real
-        for section in self.plan.sections[:done]:
+        for section in self.plan.sections[first:done]:
             yield self.progress("VAE decode", section.index + 1, self.request.steps,
                                 f"resuming: decoding section {section.index + 1}/{done} again")
             real = sec.real_latents_after(self.plan, section, real_now, done)

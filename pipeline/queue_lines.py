@@ -8,7 +8,10 @@ from typing import Any, Mapping
 
 from pipeline.errors import InputError
 
-IMAGE_FIELDS = (("image", "start"), ("end_image", "end"))     # (control, the name of its copy in the queue)
+# (control, the name of its copy in the queue): the job's files, copied into the queue's folder when it is added
+IMAGE_FIELDS = (("image", "start"), ("end_image", "end"), ("input_video", "video"))
+FILE_NAMES = tuple(name for name, _ in IMAGE_FIELDS)
+VIDEO_SHA256 = "input_video_sha256"      # the queue's copy of a video to extend, by hash (checked when it runs)
 
 
 def _is_file(path) -> bool:
@@ -26,14 +29,39 @@ def checked_values(values: Mapping[str, Any], default_resolution: int, *, base: 
     request = Request.from_mapping(values, base=base)
     for name, _ in IMAGE_FIELDS:
         path = getattr(request, name)
+        if name == "input_video" and path is not None and _is_job_folder(path):
+            continue                # a finished job to extend: used where it is (pipeline/extend.py)
         if path is not None and not _is_file(path):
-            raise InputError(name, f"{str(path)[:200]!r} is not a file; give the path of a PNG, JPEG or WebP image")
+            what = "a video file (mp4, webm, mov) or a finished job's folder" if name == "input_video" else \
+                "a PNG, JPEG or WebP image"
+            raise InputError(name, f"{str(path)[:200]!r} is not a file; give the path of {what}")
     prepare(request, default_resolution)
     out = dict(request.settings())
     for name, _ in IMAGE_FIELDS:
         path = getattr(request, name)
         out[name] = str(Path(path).resolve()) if path is not None else None
     return out
+
+
+def _is_job_folder(path) -> bool:
+    try:
+        return isinstance(path, (str, Path)) and (Path(path) / "job.json").is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def copy_problem(images: Mapping[str, Any]) -> str | None:
+    """Why a queued job's copy of its video cannot be used (missing, or not the file that was queued), or None."""
+    path, sha = images.get("input_video"), images.get(VIDEO_SHA256)
+    if not path or not sha:
+        return None
+    from common.files import file_sha256
+
+    if not _is_file(path):
+        return f"video: the queue's copy {Path(path).name} is missing; add the job again"
+    if file_sha256(path) != sha:
+        return f"video: the queue's copy {Path(path).name} changed since the job was queued (sha256); add it again"
+    return None
 
 
 def outside(values: Mapping[str, Any], root: Path) -> str | None:

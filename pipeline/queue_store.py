@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from common.files import file_sha256
 from pipeline.errors import InputError
-from pipeline.queue_lines import IMAGE_FIELDS, checked_values, outside, read_jsonl  # noqa: F401  (the store's API)
+from pipeline.queue_lines import (FILE_NAMES, IMAGE_FIELDS, VIDEO_SHA256, checked_values, copy_problem,  # noqa: F401
+                                  outside, read_jsonl)                                      # (the store's API)
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,8 @@ QUEUE_DIR = ".queue"                    # under outputs/: hidden from the galler
 DB_NAME = "queue.db"                    # in QUEUE_DIR
 IMAGES_DIR = "images"                   # in QUEUE_DIR: <entry id>/start.png, end.png
 WAITING, RUNNING, DONE, STOPPED, FAILED = "waiting", "running", "done", "stopped", "failed"
+IN_LINE = "in line"         # started with Start or /video: it runs in the app's line (ui/line_record.py), not the
+                            # worker's; it leaves the queue when it ends, and waits here again after a restart
 FINISHED = (DONE, STOPPED, FAILED)
 BUSY_TIMEOUT_S = 10.0
 
@@ -71,7 +75,7 @@ class Entry:
 
     def values(self) -> dict:
         """Settings and image paths by control name (a Request's fields)."""
-        return {**self.settings, **{k: v for k, v in self.images.items() if v}}
+        return {**self.settings, **{k: v for k, v in self.images.items() if v and k in FILE_NAMES}}
 
     def summary(self) -> dict:
         """The entry as the API and the export show it."""
@@ -205,8 +209,10 @@ class QueueStore:
         queue's folder first."""
         return self.add_many([values])[0]
 
-    def add_many(self, many: list[Mapping[str, Any]]) -> list[Entry]:
-        """Append several jobs in this order, in one transaction (another client's jobs never come between)."""
+    def add_many(self, many: list[Mapping[str, Any]], *, status: str = WAITING, job_dir: str | None = None,
+                 message: str = "") -> list[Entry]:
+        """Append several jobs in this order, in one transaction (another client's jobs never come between).
+        `status` IN_LINE, `job_dir`, `message`: a job of the app's line (ui/line_record.py)."""
         staged = [(secrets.token_hex(6), *self._split(values)) for values in many]
         ids = []
         try:
@@ -216,9 +222,10 @@ class QueueStore:
             with self._write() as db:
                 top = db.execute("SELECT COALESCE(MAX(position), 0) FROM entries").fetchone()[0]
                 for n, (entry_id, settings, images) in enumerate(staged, 1):
-                    db.execute("INSERT INTO entries (id, position, status, settings, images, created, updated) "
-                               "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                               (entry_id, top + n, WAITING, json.dumps(settings), json.dumps(images), now, now))
+                    db.execute("INSERT INTO entries (id, position, status, settings, images, job_dir, message, "
+                               "created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                               (entry_id, top + n, status, json.dumps(settings), json.dumps(images), job_dir, message,
+                                now, now))
                     ids.append(entry_id)
         except BaseException:
             for entry_id, _, _ in staged:
@@ -244,12 +251,19 @@ class QueueStore:
             if source.parent == folder:
                 out[name] = str(source)
                 continue
+            if source.is_dir():             # a finished job folder to extend: read where it is
+                out[name] = str(source)
+                continue
             folder.mkdir(parents=True, exist_ok=True)
             target = folder / (stem + source.suffix.lower()[:8])
             tmp = target.with_name("." + target.name + ".tmp")
             shutil.copyfile(source, tmp)
             tmp.replace(target)
             out[name] = str(target)
+        video = out.get("input_video")
+        if video and Path(video).parent == folder:       # the copy's hash, checked before the job runs
+            out[VIDEO_SHA256] = images.get(VIDEO_SHA256) if Path(images.get("input_video") or "") == Path(video) \
+                and images.get(VIDEO_SHA256) else file_sha256(video)
         return out
 
     def edit(self, entry_id: str, values: Mapping[str, Any]) -> Entry:
@@ -257,6 +271,8 @@ class QueueStore:
         entry = self.require(entry_id, waiting=True)
         settings, images = self._split(values)
         images = {k: v or entry.images.get(k) if k == "image" else v for k, v in images.items()}
+        if images.get("input_video") and images["input_video"] == entry.images.get("input_video"):
+            images[VIDEO_SHA256] = entry.images.get(VIDEO_SHA256)       # the same copy: its hash as queued
         images.update(self._stage(entry.id, images))
         with self._write() as db:
             changed = db.execute("UPDATE entries SET settings = ?, images = ?, updated = ? WHERE id = ? AND "
@@ -294,11 +310,18 @@ class QueueStore:
         """Take a waiting or finished job out of the queue at once (its images go with it)."""
         entry = self.require(entry_id)
         with self._write() as db:
-            gone = db.execute("DELETE FROM entries WHERE id = ? AND status != ?", (entry.id, RUNNING)).rowcount
+            gone = db.execute("DELETE FROM entries WHERE id = ? AND status NOT IN (?, ?)",
+                              (entry.id, RUNNING, IN_LINE)).rowcount
         if not gone:
-            raise InputError("queued job", f"job {entry.id} is running; press End (or stop it) instead")
+            raise InputError("queued job", f"job {entry.id} is {entry.status}; press End (or stop it) instead")
         shutil.rmtree(self.images_root / entry.id, ignore_errors=True)
         return entry
+
+    def forget(self, entry_id: str) -> None:
+        """A job of the app's line has ended: out of the queue, whatever its status, with its images."""
+        with self._write() as db:
+            db.execute("DELETE FROM entries WHERE id = ?", (str(entry_id),))
+        shutil.rmtree(self.images_root / str(entry_id), ignore_errors=True)
 
     def clear_finished(self) -> int:
         gone = [e for e in self.entries(FINISHED)]
@@ -334,15 +357,20 @@ class QueueStore:
 
     def _requeue_running(self) -> list[Entry]:
         """(At open.) Entries left running by a stopped app wait again, first in line: the worker continues each
-        from its job folder's last section."""
+        from its job folder's last section. Jobs of the stopped app's line (Start, /video) wait as queued jobs."""
         with self._write() as db:
-            rows = db.execute("SELECT id FROM entries WHERE status = ?", (RUNNING,)).fetchall()
+            rows = db.execute("SELECT id FROM entries WHERE status = ? ORDER BY position", (RUNNING,)).fetchall()
+            top = db.execute("SELECT COALESCE(MIN(position), 0) FROM entries").fetchone()[0]
+            for n, (entry_id,) in enumerate(rows):
+                db.execute("UPDATE entries SET position = ? WHERE id = ?", (top - len(rows) + n, entry_id))
             db.execute("UPDATE entries SET status = ?, message = ? WHERE status = ?",
                        (WAITING, "interrupted: continues from its last finished section", RUNNING))
+            db.execute("UPDATE entries SET status = ?, message = ? WHERE status = ?",
+                       (WAITING, "the app stopped before it ran (started with Start or /video)", IN_LINE))
         return [self.get(r[0]) for r in rows]
 
     # ---- JSON lines -------------------------------------------------------------------------------------------------
-    def export_jsonl(self, statuses: Iterable[str] = (WAITING, RUNNING)) -> str:
+    def export_jsonl(self, statuses: Iterable[str] = (WAITING, RUNNING, IN_LINE)) -> str:
         """The unfinished jobs as JSON lines, one job's settings and image paths a line, in line order (what
         `import_jsonl` and `python -m pipeline batch` read)."""
         lines = []

@@ -205,6 +205,10 @@ def prepare(request: Request, default_resolution: int = 640, *, images_prepared:
     they are used as they are."""
     r = request
     settings, warnings = check_settings(r.settings(), preset_values(default_resolution), r.CONTROLS)
+    if settings.get("source_job"):                  # a job id: the app looks it up (ui/source_job.py)
+        raise InputError("job to extend", f"{shown(settings['source_job'])} is a job id, which the app looks up in "
+                                          f"its outputs folder; here give the job's folder as the video to extend "
+                                          f"(input_video, --extend outputs/<job id>)")
     if r.input_video is not None:                      # extending a video: its own checks and start image
         from pipeline.extend import prepare_extend
 

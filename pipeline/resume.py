@@ -10,6 +10,7 @@ checks its settings and decodes the images (a `ResumeRequest`); `resume(...)` ta
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -52,9 +53,6 @@ def resume_request(job_dir: Path) -> tuple[Request, dict]:
         raise _damaged(job_dir, "no model preset")
     if info.get("status") == "done":
         raise InputError("job folder", f"{job_dir.name} is already complete ({info.get('final')})")
-    if info.get("source") is not None:     # an extension's plan starts with its input (pipeline/extend.py)
-        raise InputError("job folder", f"{job_dir.name} extends a video; an extension cannot be resumed: extend "
-                                       f"the same input again")
     if not (job_dir / CHECKPOINT).is_file():
         raise InputError("job folder", f"{job_dir.name} has no finished section to continue from; start it again")
     end = job_dir / "end.png"
@@ -76,6 +74,10 @@ def prepare_resume(job_dir: str | Path) -> ResumeRequest:
     preset = info["models"]["preset"]
     default_resolution = PRESETS[preset].default_resolution if preset in PRESETS else 640
     prepared = prepare(request, default_resolution, images_prepared=True)
+    if info.get("source") is not None:     # an extension's plan starts with its input (pipeline/extend_resume.py)
+        from pipeline.extend_resume import restore_source
+
+        prepared = dataclasses.replace(prepared, source=restore_source(job_dir, info["source"], prepared.request))
     return ResumeRequest(job_dir, prepared, preset)
 
 

@@ -42,6 +42,7 @@ def test_defaults_and_limits_are_the_old_ones():
                         preserved_gb=MEMORY.preserved_gb, end_embed_weight=0.5, resolution=None,
                         prompt_blend=0, loras="")                                # prompt_blend: added with timed prompts
     old_defaults.update(width=0, height=0)          # issue 13: a custom size (0 = the bucket)
+    old_defaults.update(source_job="")              # issue 14: a finished job to extend, by its id (none)
     assert {c.name: c.default for c in CONTROLS if not c.is_file} == old_defaults
     assert {k: getattr(DEFAULTS, k) for k in old_defaults} == old_defaults
     old_limits = dict(seconds=(1.0, 120.0), steps=(1, 100), crf=(0, 51), gs=(1.0, 32.0), cfg=(1.0, 32.0),

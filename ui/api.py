@@ -35,7 +35,9 @@ waits "Waiting for the GPU: you are 2nd in line (1 job ahead of yours). …");
 `job.result()` then returns the video made so far with status "stopped" (a call still waiting in the queue is
 dropped with `job.cancel()`). A job that was stopped or interrupted (killed, power loss) continues from its
 last finished section with `client.predict("20250101-120000-abc123", api_name="/resume")` (its job_id); the
-result equals that of an uninterrupted run.
+result equals that of an uninterrupted run. A `/video` or `/resume` job is kept in the app's queue on disk while it
+waits or runs (see *The queue*): if the app is restarted meanwhile, the job is run (or continued) by the queue, and
+its result is then found with `/queue_list` (its `job_id`) instead of in this call.
 """
 from __future__ import annotations
 
@@ -84,8 +86,12 @@ class JobApi:
         """/video (see `video_endpoint`): `values` by control name."""
         from pipeline.request import prepare
 
+        from ui.source_job import resolved
+
         job = st.request_from_values(values, getattr(self, "table", TABLE))
         try:
+            if getattr(job, "source_job", ""):            # a finished job by its id (ui/source_job.py)
+                job = resolved(job, self.runner.outputs)
             prepared = prepare(job, self.default_resolution)       # checked and decoded once, here
         except InputError as e:
             log.info("API input rejected: %s", e)

@@ -66,6 +66,7 @@ class Layout:
     jobs_state: gr.State
     selected_job: gr.State
     lora: panel_lora.LoraPicker | None = None
+    extend: gr.Button | None = None             # Past jobs: extend the selected job (ui/source_job.py)
 
     def controls(self) -> list:
         """The generation controls in the table's order (ui.settings.CONTROLS: the handlers' and the API's)."""
@@ -102,6 +103,7 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                 image = w.place("image")
                 w.place("end_image")
                 w.place("input_video")            # extending a video: its last frame is the start (pipeline/extend.py)
+            w.place("source_job")                 # or a finished job (ui/source_job.py; Past jobs' Extend fills it)
             prompt = w.place("prompt", lines=2, placeholder="Describe the motion, e.g. " + st.EXAMPLE_PROMPTS[0])
             prompt_tokens = gr.HTML("", elem_id="prompt-tokens")
             with gr.Column(elem_id="actions"):
@@ -155,6 +157,7 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                 with gr.Row():
                     reuse = gr.Button("Reuse settings", interactive=False, elem_id="reuse-btn")
                     resume = gr.Button("Resume", interactive=False, elem_id="resume-btn")
+                    extend = gr.Button("Extend", interactive=False, elem_id="extend-btn")
                 gr.Markdown("_Resume continues a stopped or interrupted job from its last finished section._",
                             elem_id="resume-info")
                 job_details = gr.JSON(label="job.json", elem_id="job-details")
@@ -162,4 +165,5 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                   prompt_tokens=prompt_tokens, hints=hints, start=start, end=end, status=status, progress=progress,
                   preview=preview, video=video, log=log, report=report, memory_plot=memory_plot, timings=timings,
                   gallery=gallery, refresh=refresh, job_details=job_details, job_video=job_video, reuse=reuse,
-                  resume=resume, jobs_state=gr.State([]), selected_job=gr.State(None), lora=picker)
+                  resume=resume, jobs_state=gr.State([]), selected_job=gr.State(None), lora=picker,
+                  extend=extend)

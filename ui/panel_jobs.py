@@ -23,7 +23,7 @@ class JobsPanel:
     @property
     def detail_outputs(self) -> list:
         ui = self.ui
-        return [ui.selected_job, ui.job_video, ui.job_details, ui.reuse, ui.resume]
+        return [ui.selected_job, ui.job_video, ui.job_details, ui.reuse, ui.resume, ui.extend]
 
     def refresh(self):
         entries = jobs_gallery.shown_entries(jobs_gallery.list_jobs(self.ctx.outputs))
@@ -35,13 +35,13 @@ class JobsPanel:
         """(selected job, its video, its details, Reuse, Resume) for the job folder `job_dir` as it is now."""
         off = gr.update(interactive=False)
         if not job_dir:
-            return None, None, None, off, off
+            return None, None, None, off, off, off
         entry = jobs_gallery.read_job(Path(job_dir))
         if entry is None:
-            return None, None, {"error": "job.json could not be read"}, off, off
+            return None, None, {"error": "job.json could not be read"}, off, off, off
         video = str(entry.video) if entry.video else None
         return (str(entry.dir), video, entry.details(), gr.update(interactive=True),
-                gr.update(interactive=entry.resumable))
+                gr.update(interactive=entry.resumable), gr.update(interactive=entry.settings.get("mode") == "f1"))
 
     def select_job(self, job_dirs, evt: gr.SelectData):
         index = evt.index
@@ -87,3 +87,12 @@ class JobsPanel:
         ui.refresh.click(self.refresh_gallery, None, [ui.gallery, ui.jobs_state], show_progress="hidden")
         ui.gallery.select(self.select_job, ui.jobs_state, self.detail_outputs, show_progress="hidden")
         ui.reuse.click(self.reuse_settings, ui.selected_job, ui.controls(), show_progress="hidden")
+        ui.extend.click(self.extend, ui.selected_job, [ui.source_job, ui.mode, ui.image, ui.input_video],
+                        show_progress="hidden")
+
+    def extend(self, job_dir):
+        """The selected job as the job to extend (F1 mode; no start image or video with it)."""
+        if not job_dir:
+            raise gr.Error("Select a job in the gallery first.")
+        gr.Info(f"Job {Path(job_dir).name} will be extended: set the length to add and press Start.")
+        return Path(job_dir).name, "f1", None, None

@@ -16,6 +16,7 @@ from ui import messages
 from ui import settings as st
 from ui.context import AppContext
 from ui.queue_api import QueueActions, QueueApi
+from ui.line_record import LineRecorder
 from ui.queue_worker import QueueWorker
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ LABELS = {"queued job": "Queued job", "images": "Images (one job each)", "jobs f
 def rows(entries: list[qs.Entry]) -> list[list]:
     out = []
     for n, e in enumerate(entries, 1):
-        image = Path(e.images.get("image") or "").name
+        image = Path(e.images.get("image") or e.images.get("input_video") or "").name
         out.append([n, e.id, e.status, f"{e.progress * 100:.0f} %", str(e.settings.get("prompt", ""))[:60], image,
                     e.settings.get("seconds"), e.job_dir or "", e.message[:120]])
     return out
@@ -193,6 +194,7 @@ def start_queue(ctx: AppContext, app: gr.Blocks) -> QueueWorker:
     waiting = len(store.entries([qs.WAITING]))
     if waiting:
         log.info("queue: %d job(s) waiting in %s", waiting, store.path)
+    ctx.runner.recorder = LineRecorder(store)          # Start and /video jobs are kept in it too (ui/line_record.py)
     worker = QueueWorker(store, ctx.runner, ctx.default_resolution)
     actions = QueueActions(store, worker, ctx.default_resolution)
     panel = QueuePanel(ctx, actions, build_parts(), found.warning)

@@ -69,9 +69,11 @@ class RunPanel:
     def submit(self, request: gr.Request, *values):
         from pipeline.request import prepare
 
+        from ui.source_job import resolved
+
         job = st.request_from_values(dict(zip(st.CONTROLS, values)))
         try:
-            prepared = prepare(job, self.ctx.default_resolution)        # checked and decoded once, here
+            prepared = prepare(resolved(job, self.ctx.outputs), self.ctx.default_resolution)   # checked once, here
             question = self.needs_confirmation(request.session_hash, job)
             if question is not None:
                 return None, gr.skip(), gr.skip(), question, gr.skip()

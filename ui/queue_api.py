@@ -6,8 +6,15 @@ README's text.
 
 Jobs added to the queue wait on disk (`outputs/.queue/queue.db`, SQLite, with copies of their images in
 `outputs/.queue/images/`) and run one after another whenever the GPU is free: a restart of the app (or a crash, or a
-power cut) shows them again and continues them, the interrupted one from its last finished section. (A job
-started with *Start* streams into the page and is not in this queue; both share the one GPU, one job at a time.)
+power cut) shows them again and continues them, the interrupted one from its last finished section.
+
+Jobs started with *Start*, *Resume*, `/video` or `/resume` are in this queue too while they wait or run (status
+"in line", then "running"): they run in click order, stream into their page as always (previews, End) and leave the
+queue when they end. If the app stops first, the next start shows them as waiting jobs and runs them from the queue,
+the running one continued from its last finished section (its video then lands in the Past jobs gallery; the page
+that started it is gone). End on such a job while it waits (the page's End, `/stop`, or *Remove / End* here) takes it
+out at once: it never runs. A job with a video to extend keeps its own copy of the video in the queue (checked by its
+sha256 before it runs); a finished job to extend is named by its id (`source_job`) and read where it is.
 
 In the page: the **Queue** panel lists the jobs with their status and progress. *Add to queue* adds the settings
 above as a job; *Add one job per image* adds one job for each uploaded image with the prompt and settings above;
@@ -31,6 +38,8 @@ jobs = client.predict(api_name="/queue_list")          # [{"id", "status", "prog
 client.predict(jobs[-1]["id"], 0, api_name="/queue_move")      # first among the waiting jobs
 client.predict(jobs[0]["id"], {"seconds": 4}, api_name="/queue_edit")
 client.predict(jobs[0]["id"], api_name="/queue_remove")        # a waiting job goes at once; a running one stops
+client.predict(input_video=handle_file("clip.mp4"), mode="f1", prompt="the sea", seconds=2,
+               api_name="/queue_add")                  # an extension, queued with its own copy of clip.mp4
 client.predict(handle_file("jobs.jsonl"), api_name="/queue_import")
 path = client.predict(api_name="/queue_export")                # a .jsonl file of the waiting jobs
 ```
@@ -71,7 +80,9 @@ class QueueActions:
         self.default_resolution = default_resolution
 
     def _checked(self, values: Mapping[str, Any], base: Path | None = None) -> dict:
-        return qs.checked_values(values, self.default_resolution, base=base)
+        from ui.source_job import resolved_values
+
+        return qs.checked_values(resolved_values(values, self.store.outputs), self.default_resolution, base=base)
 
     def _added(self, entries):
         self.worker.wake()
@@ -81,7 +92,8 @@ class QueueActions:
     def page_values(values: Mapping[str, Any]) -> dict:
         """Settings and image paths by name from the page's control values (uploads as Gradio hands them over)."""
         request = st.request_from_values(values)
-        return {**request.settings(), "image": request.image, "end_image": request.end_image}
+        return {**request.settings(), "image": request.image, "end_image": request.end_image,
+                "input_video": request.input_video}
 
     def add(self, values: Mapping[str, Any]) -> qs.Entry:
         """Add a job: `values` by control name (settings and image paths)."""

@@ -57,10 +57,10 @@ class QueueWorker:
         """End for a queued job: a waiting one is removed at once, a running one stops at its next step (its video
         so far is kept, and it can be resumed from the gallery)."""
         entry = self.store.require(entry_id)
-        if entry.status != qs.RUNNING:
-            self.store.remove(entry.id)
-            return f"Removed job {entry.id} from the queue."
-        return self.runner.cancel(session_of(entry.id))
+        if entry.status in (qs.RUNNING, qs.IN_LINE):      # a queued job running, or a job of the app's line
+            return self.runner.cancel_entry(entry.id)
+        self.store.remove(entry.id)
+        return f"Removed job {entry.id} from the queue."
 
     # ---- the loop ---------------------------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -93,14 +93,17 @@ class QueueWorker:
         if entry.job_dir:
             folder = self.runner.outputs / entry.job_dir
             try:
-                return self.runner.reserve_resume(session, folder)
+                return self.runner.reserve_resume(session, folder, entry=entry.id)
             except InputError as e:         # no finished section yet (or already complete): start it again
                 if "already complete" in str(e):
                     return None
                 log.info("queued job %s starts again: %s", entry.id, e)
         from pipeline.request import Request
 
-        return self.runner.reserve(session, Request.from_mapping(entry.values(), unknown="ignore"))
+        problem = qs.copy_problem(entry.images)
+        if problem is not None:
+            raise InputError("video", problem.split(": ", 1)[1])
+        return self.runner.reserve(session, Request.from_mapping(entry.values(), unknown="ignore"), entry=entry.id)
 
     def _run(self, entry: qs.Entry) -> None:
         import time

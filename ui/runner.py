@@ -12,6 +12,8 @@ same line, End button and event stream for both. The API (ui/api.py) runs its jo
 The images of a new job are copied into a folder the ticket owns (outputs/.staged/<ticket>) when it is reserved:
 Gradio's temporary upload may be swept (ui/tempfiles.py) while the job waits; the staged copy is read by the job,
 which keeps the user's file in its job folder (pipeline.jobs.Job.keep_upload), and deleted when the ticket ends.
+With a recorder (ui/line_record.py, set when the app opens its queue), a job is kept in the queue's store instead
+(its copies there are the staged ones) while it waits or runs, so a restart of the app shows and continues it.
 """
 from __future__ import annotations
 
@@ -31,19 +33,12 @@ from pipeline.events import Cancelled, Done, Failed, LogLine, MemoryReport, Prog
 from pipeline.request import PreparedRequest, prepare
 from pipeline.resolution import check_fits
 from pipeline.resume import ResumeRequest, prepare_resume
+from ui.line_eta import LineEstimates, Waiting, plan_of  # noqa: F401  (Waiting, plan_of: the runner's API)
 from ui.staging import stage_images, sweep_stale, unstage
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Cancelled", "JobRunner", "MemoryReport", "SessionBusy", "Ticket"]   # (the events: pipeline.events)
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """The job waits for the GPU: `ahead` jobs are before it in line (one of them may be running); `wait_s` is the
-    estimated time until it starts (None when there is nothing to estimate from yet)."""
-    ahead: int
-    wait_s: float | None
 
 
 @dataclass
@@ -63,6 +58,8 @@ class Ticket:
     eta_s: float | None = None                 # the latest estimate of its remaining time, and when it was made
     eta_at: float = 0.0
     first_since: float = 0.0                   # when it became first in line (orphan check)
+    entry: str | None = None                   # its entry in the queue's store (ui/line_record.py, queue_worker.py)
+    recorded: bool = False                     # that entry was made for it here (Start, /video): it goes with it
 
     @property
     def request(self):
@@ -84,14 +81,7 @@ WAIT_TICK_S = 1.0               # a waiting job's estimate is refreshed this oft
 ORPHAN_S = 60.0                 # a ticket first in line whose stream never came (its tab died) is dropped after this
 
 
-def plan_of(request):
-    """The section plan of a request (pipeline.sections)."""
-    from pipeline import sections
-
-    return sections.make_plan(request.mode, request.seconds, request.latent_window, request.fps)
-
-
-class JobRunner:
+class JobRunner(LineEstimates):
     def __init__(self, models, outputs: Path, vram_cap_gb: float, device=None, host_ram_gb: float | None = None,
                  weight_storage: str = "native", lora_dir: Path | None = None):
         self.models = models                    # ui.models.ComponentCache
@@ -108,15 +98,18 @@ class JobRunner:
         self._errors: dict[str, str] = {}
         self._lock = threading.Lock()
         self._turn = threading.Condition(self._lock)
+        self.recorder = None                    # ui/line_record.LineRecorder: the line kept in the queue's store
         sweep_stale(self.outputs)
 
     # ---- sessions -----------------------------------------------------------------------------------------------
-    def reserve(self, session: str, job) -> Ticket:
+    def reserve(self, session: str, job, *, entry: str | None = None) -> Ticket:
         """A ticket for the session's next job, last in line. `job`: a Request (checked and its images decoded
         here; raises InputError naming the field), a PreparedRequest (pipeline.prepare, as the API does) or a
         ResumeRequest (reserve_resume). A session has at most one unfinished job; a job folder is resumed by one
         ticket at a time. A new job's image files are copied into the ticket's own folder (the user's upload is
-        kept in the job folder from there, whatever the temp-file sweeper does meanwhile)."""
+        kept in the job folder from there, whatever the temp-file sweeper does meanwhile). With a recorder, the job
+        is also kept in the queue's store (its copies there are the staged ones); `entry`: it has an entry there
+        already (the queue worker's job)."""
         if isinstance(job, ResumeRequest):
             prepared, resuming = job.prepared, job
         elif isinstance(job, PreparedRequest):
@@ -126,8 +119,10 @@ class JobRunner:
         if resuming is None:        # a size that cannot fit under the cap is refused here, before anything loads
             check_fits(prepared, self.models.preset, self.vram_cap_gb, self.weight_storage)
         folder = resuming.job_dir if resuming is not None else None
-        ticket = Ticket(session, prepared, resuming)
-        if resuming is None:
+        ticket = Ticket(session, prepared, resuming, entry=entry)
+        if entry is None and self.recorder is not None and self.recorder.keep(ticket):
+            pass
+        elif resuming is None:
             staged, ticket.staged = stage_images(self.outputs, ticket.id, prepared.request)
             ticket.prepared = dataclasses.replace(prepared, request=staged)
         try:
@@ -146,7 +141,7 @@ class JobRunner:
             self._unstage(ticket)
             raise
 
-    def reserve_resume(self, session: str, job_dir: Path) -> Ticket:
+    def reserve_resume(self, session: str, job_dir: Path, *, entry: str | None = None) -> Ticket:
         """A ticket that continues the interrupted job in `job_dir`, a folder of this runner's outputs. Raises
         pipeline.errors.InputError when the folder cannot be resumed (the message says why), SessionBusy as
         reserve() does. The folder's status is read again when the job runs (it may have finished meanwhile)."""
@@ -155,7 +150,7 @@ class JobRunner:
         job_dir = Path(job_dir).resolve()
         if job_dir.parent != self.outputs.resolve() or not job_dir.is_dir() or job_dir.name.startswith("."):
             raise InputError("job folder", f"{job_dir.name} is not a job folder of this app's outputs")
-        return self.reserve(session, prepare_resume(job_dir))       # a damaged job.json: InputError
+        return self.reserve(session, prepare_resume(job_dir), entry=entry)       # a damaged job.json: InputError
 
     def forget(self, ticket: Ticket) -> None:
         """Drop a finished ticket (API calls: nothing refers to it afterwards)."""
@@ -183,6 +178,12 @@ class JobRunner:
                 return "Stopping at the next step; the video made so far is kept…"
             self._leave_line(ticket)    # it never started: the session may start another job right away
         return "Cancelled: the waiting job will not run."
+
+    def cancel_entry(self, entry_id: str) -> str:
+        """End for the job of a queue entry (queued, or kept by the recorder), running or waiting."""
+        with self._lock:
+            ticket = next((t for t in self._tickets.values() if t.entry == entry_id and not t.finished), None)
+        return self.cancel(ticket.session) if ticket is not None else "Nothing to stop."
 
     def drop_waiting(self, session: str) -> None:
         """The tab was closed: its waiting job is dropped; a running one finishes (its video lands in outputs/)."""
@@ -249,51 +250,12 @@ class JobRunner:
         with self._lock:
             return self._waiting(ticket, time.monotonic())
 
-    def _waiting(self, ticket: Ticket, now: float) -> Waiting | None:
-        if ticket not in self._line:
-            return None
-        ahead = self._line[: self._line.index(ticket)]
-        if not ahead and self._running in (None, ticket):
-            return None
-        if self._running is not None and self._running is not ticket and self._running not in ahead:
-            ahead = [self._running, *ahead]
-        wait = 0.0
-        for t in ahead:
-            left = self._time_left(t, now)
-            if left is None:
-                return Waiting(len(ahead), None)
-            wait += left
-        return Waiting(len(ahead), wait)
-
-    def _time_left(self, ticket: Ticket, now: float) -> float | None:
-        if ticket.started and ticket.eta_s is not None:
-            return max(ticket.eta_s - (now - ticket.eta_at), 0.0)
-        expected = self.expected_seconds(ticket.request)
-        if expected is not None and ticket.started:
-            return max(expected - (now - ticket.created), 0.0)
-        return expected
-
-    def expected_seconds(self, request) -> float | None:
-        """How long a whole job with this request is expected to take, at the last complete job's speed."""
-        if self.rates is None or request is None:
-            return None
-        try:
-            return self.rates.job_seconds(plan_of(request), int(request.steps))
-        except (ValueError, TypeError, OverflowError):
-            return None
-
-    def _learn(self, ticket: Ticket, done: Done) -> None:
-        from pipeline.eta import JobRates
-
-        if done.stopped or ticket.resume is not None:
-            return
-        rates = JobRates.from_timings(done.timings, plan_of(ticket.request), int(ticket.request.steps))
-        if rates is not None:
-            self.rates = rates
-
     def _unstage(self, ticket: Ticket) -> None:
         unstage(ticket.staged)
         ticket.staged = None
+        if ticket.recorded and self.recorder is not None:        # out of the queue's store, with its copies
+            ticket.recorded = False
+            self.recorder.drop(ticket)
 
     # ---- running --------------------------------------------------------------------------------------------------
     def run(self, ticket: Ticket, tick_s: float | None = None) -> Iterator[list]:
@@ -365,6 +327,9 @@ class JobRunner:
             if not self._wait_turn(ticket, out):
                 out.put(Cancelled())
                 return
+            if ticket.recorded and self.recorder is not None:
+                self.recorder.started(ticket)
+                out = self.recorder.tap(ticket, out)
             self._run_job(ticket, ticket.request, out, time.monotonic())
         except Exception as e:  # the worker must always end its stream; the details go to the log
             log.error("job runner failed: %s", e, exc_info=True)
