@@ -57,6 +57,21 @@ def rows_to_run(baseline, tiny: bool) -> list[tuple[str, object, object, torch.d
     return rows
 
 
+def bench_vae(tiny: bool):
+    """(vae, device, shapes): the tiny preset's VAE on the CPU, else the full-size one (random fp16 weights) on the
+    GPU where there is one, with the job's decode shapes."""
+    device = torch.device("cuda") if torch.cuda.is_available() and not tiny else torch.device("cpu")
+    if tiny:
+        from pipeline.components import load_components
+
+        vae, shapes = load_components("tiny", "original").vae, TINY_SHAPES
+    else:
+        from benchmarks.fullsize import build_models
+
+        vae, shapes = build_models(roles=("vae",))["vae"], SHAPES
+    return vae.to(device).eval(), device, shapes
+
+
 def _levels(pixels: torch.Tensor) -> torch.Tensor:
     """The uint8 levels the video gets (pipeline.video.pixels_to_frames' arithmetic)."""
     return ((pixels.float().clamp(-1, 1) + 1.0) * 127.5 + 0.5).to(torch.uint8)
@@ -129,16 +144,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from memory.vae import VaeDecodePolicy
 
-    device = torch.device("cuda") if torch.cuda.is_available() and not args.tiny else torch.device("cpu")
-    if args.tiny:
-        from pipeline.components import load_components
-
-        vae, shapes = load_components("tiny", "original").vae, TINY_SHAPES
-    else:
-        from benchmarks.fullsize import build_models
-
-        vae, shapes = build_models(roles=("vae",))["vae"], SHAPES
-    vae.to(device).eval()
+    vae, device, shapes = bench_vae(args.tiny)
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * GIB / total), torch.cuda.current_device())

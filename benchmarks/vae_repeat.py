@@ -38,15 +38,10 @@ if not __package__:          # `python3 benchmarks/<this>.py`: run again as a mo
     _script.as_module(__file__)
 
 from common.units import GIB, MIB  # noqa: E402
+from benchmarks.vae_decode import _levels, bench_vae  # noqa: E402  (the same VAE, shapes and uint8 levels)
 
 log = logging.getLogger("benchmarks.vae_repeat")
-SHAPES = {"first section": (9, 76, 80), "middle sections": (18, 76, 80)}
-TINY_SHAPES = {"first section": (5, 8, 8), "middle sections": (9, 8, 8)}
 SLACKS_MB = (8192, 2048, 1024, 512, 256, 128, 64, 0)
-
-
-def _levels(pixels: torch.Tensor) -> torch.Tensor:
-    return ((pixels.float().clamp(-1, 1) + 1.0) * 127.5 + 0.5).to(torch.uint8)
 
 
 def _in_thread(fn):
@@ -114,16 +109,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from memory.vae import VaeDecodePolicy, memory_estimate
 
-    device = torch.device("cuda") if torch.cuda.is_available() and not args.tiny else torch.device("cpu")
-    if args.tiny:
-        from pipeline.components import load_components
-
-        vae, shapes = load_components("tiny", "original").vae, TINY_SHAPES
-    else:
-        from benchmarks.fullsize import build_models
-
-        vae, shapes = build_models(roles=("vae",))["vae"], SHAPES
-    vae.to(device).eval()
+    vae, device, shapes = bench_vae(args.tiny)
     cap = int(args.cap_gb * GIB)
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
