@@ -58,8 +58,8 @@ class EnvReport:
             out = [f"ROCm environment profile not applied: {self.skipped_reason}"]
         else:
             out = [f"ROCm environment profile '{self.family}' for {self.gfx}"]
-            out += [f"  set  {k}={v}" for k, v in self.set.items()]
-            out += [f"  kept {k}={user} (yours; profile would set {ours})" for k, (user, ours) in self.kept.items()]
+        out += [f"  set  {k}={v}" for k, v in self.set.items()]          # (NVIDIA: the allocator's mode)
+        out += [f"  kept {k}={user} (yours; profile would set {ours})" for k, (user, ours) in self.kept.items()]
         out += [f"  {w.severity}: {w}" for w in self.warnings]
         return out
 
