@@ -40,6 +40,18 @@ def wait_status(page, *words, timeout=180_000):
     return status(page)
 
 
+def queue_table(page) -> list[list[str]]:
+    """The Queue panel's rows as shown (Gradio's data frame: grid cells by row and column; ui/panel_queue.HEADERS)."""
+    return page.evaluate("""() => {
+        const rows = {};
+        for (const cell of document.querySelectorAll('#queue-table [role=gridcell][data-row]')) {
+            const r = +cell.dataset.row, c = +cell.dataset.col;
+            (rows[r] = rows[r] || [])[c] = cell.textContent.trim();
+        }
+        return Object.keys(rows).sort((a, b) => a - b).map(r => rows[r]).filter(r => r.length > 2 && r[1]);
+    }""")
+
+
 def chromium():
     """Debian's Chromium driven by Playwright, headless (a generator for a pytest fixture)."""
     from playwright.sync_api import sync_playwright

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from pipeline import queue_store as qs
-from tests.browser_helpers import fill_job, require_browser, set_number
+from tests.browser_helpers import fill_job, queue_table as _table, require_browser, set_number
 from tests.server_helpers import Gate, job_info, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -25,18 +25,6 @@ def images(tmp_path_factory):
     for n in range(3):
         make_image(96, 80, seed=20 + n).save(d / f"img{n}.png")
     return d
-
-
-def _table(page) -> list[list[str]]:
-    """The queue table's rows as shown (Gradio's data frame: grid cells by row and column)."""
-    return page.evaluate("""() => {
-        const rows = {};
-        for (const cell of document.querySelectorAll('#queue-table [role=gridcell][data-row]')) {
-            const r = +cell.dataset.row, c = +cell.dataset.col;
-            (rows[r] = rows[r] || [])[c] = cell.textContent.trim();
-        }
-        return Object.keys(rows).sort((a, b) => a - b).map(r => rows[r]).filter(r => r.length > 2 && r[1]);
-    }""")
 
 
 def _wait_rows(page, n, timeout=180):
