@@ -31,9 +31,10 @@ def test_killed_with_video_jobs_running_and_waiting_all_finish_after_a_restart(t
         store = qs.QueueStore(outputs)
         wait_for(lambda: [e for e in store.entries() if e.status == qs.RUNNING], timeout=120, every=0.05,
                  what="the long job to start")
-        for n, client in enumerate(clients[1:]):
+        for n, client in enumerate(clients[1:]):       # one at a time: two clients' submissions race otherwise
             client.submit(image=handle_file(str(image)), prompt=f"waiting {n}", seed=n, **SHORT, api_name="/video")
-        wait_for(lambda: len(store.entries([qs.IN_LINE])) == 2, timeout=60, every=0.05, what="two jobs in line")
+            wait_for(lambda: len(store.entries([qs.IN_LINE])) == n + 1, timeout=60, every=0.05,
+                     what=f"job {n + 1} in line")
         job_id = wait_for(lambda: store.entries([qs.RUNNING])[0].job_dir, timeout=300, every=0.02,
                           what="the first section of the long job")
         os.kill(proc.pid, signal.SIGKILL)
