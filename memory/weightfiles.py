@@ -64,6 +64,15 @@ def _pool(threads: int) -> ThreadPoolExecutor:
         return _POOL
 
 
+def _in_pieces(read, pieces: list[tuple[int, int]]) -> None:
+    """`read(start, end)` for every piece: here for one, on the reader threads for several (errors re-raised)."""
+    if len(pieces) == 1:
+        read(*pieces[0])
+        return
+    for f in [_pool(len(pieces)).submit(read, a, b) for a, b in pieces]:
+        f.result()
+
+
 def direct_io() -> bool:
     """O_DIRECT reads on (MemoryConfig.direct_io; STEADYFRAME_DIRECT_IO=0/1 overrides it for a run)."""
     from configs.memory import MEMORY
@@ -73,8 +82,10 @@ def direct_io() -> bool:
     return on and hasattr(os, "O_DIRECT")
 
 
-def split(nbytes: int, threads: int) -> list[tuple[int, int]]:
-    """(start, end) pieces of a read of `nbytes` for `threads` readers: page-aligned, at least PARALLEL_PIECE each."""
+def split(nbytes: int, threads: int | None = None) -> list[tuple[int, int]]:
+    """(start, end) pieces of a read of `nbytes` for `threads` readers (default `MemoryConfig.read_threads`):
+    page-aligned, at least PARALLEL_PIECE each."""
+    threads = read_threads() if threads is None else threads
     if threads <= 1 or nbytes < 2 * PARALLEL_PIECE:
         return [(0, nbytes)]
     piece = max(PARALLEL_PIECE, -(-nbytes // threads))
@@ -157,18 +168,16 @@ class WeightFile:
         if dst.numel() == 0:
             return
         view = memoryview(dst.numpy()).cast("B")
-        pieces = split(len(view), read_threads() if threads is None else threads)
-        if len(pieces) == 1:
-            self._read_span(view, offset)
-            return
-        futures = [_pool(len(pieces)).submit(self._read_span, view[a:b], offset + a) for a, b in pieces]
-        for f in futures:
-            f.result()
+        _in_pieces(lambda a, b: self._fill(view, offset, a, b), split(len(view), threads))
 
-    def _read_span(self, view: memoryview, offset: int) -> None:
-        done = 0
-        while done < len(view):
-            n = self._read_at(view[done:done + READ_PIECE], offset + done)
+    def _fill(self, view: memoryview, offset: int, start: int, end: int, fd: int | None = None) -> None:
+        """Read file bytes [offset + start, offset + end) into view[start:end] (through `fd` when given: O_DIRECT)."""
+        done = start
+        while done < end:
+            if fd is None:
+                n = self._read_at(view[done:min(end, done + READ_PIECE)], offset + done)
+            else:
+                n = os.preadv(fd, [view[done:end]], offset + done)
             if n <= 0:
                 raise WeightFileError(f"{self.path}: unexpected end of file at byte {offset + done}")
             done += n
@@ -196,23 +205,10 @@ class WeightFile:
         hi = -(-(offset + nbytes) // DIRECT_ALIGN) * DIRECT_ALIGN
         if hi - lo > slot.numel():
             raise ValueError(f"a direct read of {hi - lo} bytes does not fit a slot of {slot.numel()}")
-        view = memoryview(slot.numpy()).cast("B")
-        need = offset + nbytes - lo
-        pieces = split(hi - lo, read_threads() if threads is None else threads)
-
-        def piece(a: int, b: int) -> None:
-            done = a
-            while done < min(b, need):
-                n = os.preadv(fd, [view[done:b]], lo + done)
-                if n <= 0:
-                    raise WeightFileError(f"{self.path}: unexpected end of file at byte {lo + done}")
-                done += n
+        view = memoryview(slot.numpy()).cast("B")[:hi - lo]
+        need = offset + nbytes - lo              # the last block may end past the file: stop at the bytes wanted
         try:
-            if len(pieces) == 1:
-                piece(*pieces[0])
-            else:
-                for f in [_pool(len(pieces)).submit(piece, a, b) for a, b in pieces]:
-                    f.result()
+            _in_pieces(lambda a, b: self._fill(view, lo, a, min(b, need), fd), split(hi - lo, threads))
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise

@@ -51,16 +51,17 @@ def _is_job_folder(path) -> bool:
 
 
 def copy_problem(images: Mapping[str, Any]) -> str | None:
-    """Why a queued job's copy of its video cannot be used (missing, or not the file that was queued), or None."""
+    """Why a queued job's copy of its video cannot be used (missing, or not the file that was queued), or None
+    (the message of an InputError for the "video" field)."""
     path, sha = images.get("input_video"), images.get(VIDEO_SHA256)
     if not path or not sha:
         return None
     from common.files import file_sha256
 
     if not _is_file(path):
-        return f"video: the queue's copy {Path(path).name} is missing; add the job again"
+        return f"the queue's copy {Path(path).name} is missing; add the job again"
     if file_sha256(path) != sha:
-        return f"video: the queue's copy {Path(path).name} changed since the job was queued (sha256); add it again"
+        return f"the queue's copy {Path(path).name} changed since the job was queued (sha256); add it again"
     return None
 
 

@@ -102,7 +102,7 @@ class QueueWorker:
 
         problem = qs.copy_problem(entry.images)
         if problem is not None:
-            raise InputError("video", problem.split(": ", 1)[1])
+            raise InputError("video", problem)
         return self.runner.reserve(session, Request.from_mapping(entry.values(), unknown="ignore"), entry=entry.id)
 
     def _run(self, entry: qs.Entry) -> None:

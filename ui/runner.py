@@ -120,9 +120,8 @@ class JobRunner(LineEstimates):
             check_fits(prepared, self.models.preset, self.vram_cap_gb, self.weight_storage)
         folder = resuming.job_dir if resuming is not None else None
         ticket = Ticket(session, prepared, resuming, entry=entry)
-        if entry is None and self.recorder is not None and self.recorder.keep(ticket):
-            pass
-        elif resuming is None:
+        kept = entry is None and self.recorder is not None and self.recorder.keep(ticket)   # its copies: the store's
+        if not kept and resuming is None:
             staged, ticket.staged = stage_images(self.outputs, ticket.id, prepared.request)
             ticket.prepared = dataclasses.replace(prepared, request=staged)
         try:
