@@ -23,7 +23,6 @@ from typing import Iterator
 import torch
 
 from configs.memory import MEMORY
-from configs.video import DECODE_SPEED
 from memory.attention import AttentionGuard
 from memory.budget import DEFAULT_PREFETCH_DEPTH, MemoryBudget, Placement, Workload
 from memory.chunkload import Staging, load_chunks, unload_chunks
@@ -34,7 +33,7 @@ from memory.hostplan import HostPlan, StageUse, plan_host
 from common.units import GIB
 from memory.snapshot import MemorySnapshot, host_rss_bytes, take_snapshot
 from memory.streaming import BlockStreamer
-from memory.vae import MIOPEN_SCRATCH_LIMIT, VaeDecodePolicy
+from memory.vae import MIOPEN_SCRATCH_LIMIT, VaeDecodePolicy, cudnn_workspace_reserve
 from rocm.allocator import synchronize
 from rocm.conv_fallback import ConvFallback, new_conv_fallback
 
@@ -112,8 +111,8 @@ class MemoryManager:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device.type == "cuda" and torch.version.hip is not None and self.vae_policy.scratch_limit is None:
             self.vae_policy.scratch_limit = MIOPEN_SCRATCH_LIMIT
-        elif self.device.type == "cuda" and torch.version.hip is None and not self.vae_policy.workspace_reserve:
-            self.vae_policy.workspace_reserve = int(DECODE_SPEED.cudnn_workspace_gb * GIB)
+        elif not self.vae_policy.workspace_reserve:
+            self.vae_policy.workspace_reserve = cudnn_workspace_reserve(self.device)
         self.cap_applied = False
 
     # ---- budget -------------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ GPU:
   moves weights between resident and streamed above that floor.
 - VAE decode = the VAE's weights + the tile's estimate (memory.vae.memory_estimate: 13.5 × C0 × tile pixels ×
   dtype bytes, measured 13.2, plus the decoded frames kept for blending) for the largest decode of a job: 2w + 1
-  latent frames. The tiles are chosen as memory.vae.VaeDecodePolicy chooses them; the least is its smallest tile.
+  latent frames. The tiles are chosen as memory.vae.VaeDecodePolicy chooses them, with the room it keeps free for
+  cuDNN's workspace on NVIDIA (`workspace_reserve`); the least is its smallest tile.
 
 A size fits when both floors are under the cap. `largest_fitting` walks sizes down (a bucket target 16 at a time,
 or a custom size keeping its aspect ratio) to the first that fits: the nearest size the plan accepts.
@@ -121,7 +122,10 @@ class ResolutionCost:
 
 
 def resolution_cost(figures: ModelFigures, height: int, width: int, window: int, cap_gb: float,
-                    prefetch_depth: int = MEMORY.prefetch_depth, weight_storage: str = "native") -> ResolutionCost:
+                    prefetch_depth: int = MEMORY.prefetch_depth, weight_storage: str = "native",
+                    workspace_reserve: int = 0) -> ResolutionCost:
+    """`workspace_reserve`: what the decode keeps free beside its tiles on the job's device
+    (memory.vae.cudnn_workspace_reserve), so the tiles shown are the ones the job starts with."""
     cap = int(cap_gb * GIB)
     tokens = framepack_tokens(height, width, window)
     act = activation_bytes(tokens, figures.hidden, figures.act_dtype_bytes)
@@ -136,7 +140,7 @@ def resolution_cost(figures: ModelFigures, height: int, width: int, window: int,
         return memory_estimate(t, shape, figures.vae_channels, figures.vae_dtype_bytes)
 
     vae = SimpleNamespace(config=SimpleNamespace(block_out_channels=(figures.vae_channels,)), dtype=None)
-    policy = VaeDecodePolicy()
+    policy = VaeDecodePolicy(workspace_reserve=workspace_reserve)
     available = max(0, cap - figures.vae_bytes - VAE_MARGIN)
     tiling = _first_tiling(policy, vae, shape, available, figures.vae_dtype_bytes)
     smallest = min(mem(t) for t in candidates(shape))

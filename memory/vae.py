@@ -116,6 +116,17 @@ def candidates(shape: tuple[int, int, int]) -> list[VaeTiling]:
     return [VaeTiling(s, f) for s in sizes for f in frames]
 
 
+def cudnn_workspace_reserve(device) -> int:
+    """Bytes kept free beside the VAE tiles for cuDNN's convolution workspace on `device` (configs/video.py
+    `cudnn_workspace_gb`): NVIDIA only; 0 on ROCm (MIOpen's scratch has its own limit) and on the CPU. The memory
+    manager gives it to the decode policy and the plan before Start (memory/resolution.py) shows the same tiles."""
+    from configs.video import DECODE_SPEED
+
+    if torch.device(device).type != "cuda" or torch.version.hip is not None:
+        return 0
+    return int(DECODE_SPEED.cudnn_workspace_gb * GIB)
+
+
 def is_oom(exc: BaseException) -> bool:
     import rocm
 

@@ -51,10 +51,14 @@ def job_size(image_height: int, image_width: int, resolution: int, width=0, heig
 
 
 def _cost(preset, cap_gb: float, window: int, weight_storage: str):
+    from memory.manager import default_device
     from memory.resolution import model_figures, resolution_cost
+    from memory.vae import cudnn_workspace_reserve
 
     figures = model_figures(preset)
-    return lambda hw: resolution_cost(figures, hw[0], hw[1], window, cap_gb, MEMORY.prefetch_depth, weight_storage)
+    reserve = cudnn_workspace_reserve(default_device())          # the tiles the job on this machine starts with
+    return lambda hw: resolution_cost(figures, hw[0], hw[1], window, cap_gb, MEMORY.prefetch_depth, weight_storage,
+                                      reserve)
 
 
 def refusal(size: JobSize, image_hw: tuple[int, int], preset, cap_gb: float, window: int,

@@ -107,6 +107,41 @@ def test_the_real_models_at_960_fit_the_20_gb_cap_and_say_what_they_cost():
     assert "960×912" in text and "40,375 tokens" in text and "fits under the 20 GB cap" in text
 
 
+def test_the_plan_before_start_shows_the_tiles_the_job_starts_with_on_nvidia(monkeypatch):
+    """On NVIDIA the decode keeps room for cuDNN's workspace beside its tiles (memory.vae.cudnn_workspace_reserve):
+    the plan shown before Start names the same (smaller) tiles the job then uses; on ROCm and the CPU no room."""
+    import torch
+
+    import memory.manager
+    from memory.vae import VaeDecodePolicy, cudnn_workspace_reserve
+    from pipeline.resolution import plan_text
+
+    reserve = cudnn_workspace_reserve("cuda")
+    assert reserve == 4 << 30 and cudnn_workspace_reserve("cpu") == 0
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert cudnn_workspace_reserve("cuda") == 0
+    monkeypatch.setattr(torch.version, "hip", None)
+
+    figures = model_figures(HUNYUAN)
+    plain = resolution_cost(figures, 608, 640, 9, 20)
+    kept = resolution_cost(figures, 608, 640, 9, 20, workspace_reserve=reserve)
+    assert kept.fits and plain.fits and kept.vae_floor == plain.vae_floor    # the reserve never refuses a size
+    assert kept.vae_tiling.size < plain.vae_tiling.size                     # 192 px instead of 256 px at 19 latents
+    available = 20 * 2**30 - figures.vae_bytes - (512 << 20)
+
+    class _Vae:       # the policy reads only these two attributes
+        config = type("C", (), {"block_out_channels": (figures.vae_channels,)})
+        dtype = torch.float16
+
+    assert kept.vae_tiling == VaeDecodePolicy(workspace_reserve=reserve).plan(_Vae, (19, 76, 80), available)[0]
+
+    text = lambda: plan_text(HUNYUAN, 20, 640, 0, 0, 9, (608, 640))          # noqa: E731
+    monkeypatch.setattr(memory.manager, "default_device", lambda: torch.device("cpu"))
+    assert f"{plain.vae_tiling.size}px tiles" in text()
+    monkeypatch.setattr(memory.manager, "default_device", lambda: torch.device("cuda"))
+    assert f"{kept.vae_tiling.size}px tiles" in text()
+
+
 # ---- refusal and the nearest size that fits -------------------------------------------------------------------------
 def _fits(preset, hw, cap, window=9):
     return resolution_cost(model_figures(preset), hw[0], hw[1], window, cap).fits
