@@ -11,9 +11,14 @@ the same random latents with the full-size HunyuanVideo VAE (random fp16 weights
 Per row: `first_s` (the untimed warm-up: cuDNN's algorithm search happens there), `s` (median of --reps),
 peak allocated GB, and the difference from the baseline: max and mean |Δ| in pixel units ([-1, 1]) and the max
 difference in uint8 levels of the frames the video gets. Tilings that do not fit the cap are reported as "oom".
-A profile of one baseline decode lists the top operators by GPU time (CPU time with --tiny).
+The baseline keeps the room for cuDNN's workspace that the job keeps (memory.vae.cudnn_workspace_reserve), and the
+script starts with the app's environment profile (rocm.apply_env_profile: the allocator's expandable segments on
+NVIDIA), so its decodes are the job's. A profile of one baseline decode (`--profile-shape`, default the middle
+sections') lists the top operators by GPU time (CPU time with --tiny), grouped as well into convolutions,
+normalization, activations, copies/padding, upsampling, attention and the rest.
 
     python3 benchmarks/vae_decode.py --out vae_decode.json               # GPU, ~4 min on an H100
+    python3 benchmarks/vae_decode.py --out vd.json --rows none           # the baselines and the profile, ~1 min
     python3 benchmarks/vae_decode.py --tiny --out vae_decode.json        # tiny VAE on the CPU (checks the script)
 """
 from __future__ import annotations
@@ -115,7 +120,24 @@ def run_row(vae, z, tiling, speed, dtype, device, reps: int) -> tuple[dict, torc
             vae.to(original)
 
 
-def profile_decode(vae, z, tiling, device, top: int = 12) -> list[dict]:
+# Operator name fragments -> group (first match wins; aten ops and the kernels' own names both appear).
+OP_GROUPS = (("attention", ("attention", "softmax", "flash", "fmha", "bmm", "mask")),
+             ("convolution", ("conv", "cudnn", "implicit_gemm", "xmma", "gemm", "winograd", "fprop")),
+             ("normalization", ("norm",)),
+             ("activation", ("silu", "gelu", "sigmoid", "swish")),
+             ("upsampling", ("upsample", "interpolate")),
+             ("copies, padding, concatenation", ("copy", "cat", "pad", "contiguous", "clone", "fill", "index",
+                                                 "elementwise", "to_", "_to")),
+             ("arithmetic", ("add", "mul", "div", "sub")))
+
+
+def op_group(name: str) -> str:
+    low = name.lower()
+    return next((g for g, keys in OP_GROUPS if any(k in low for k in keys)), "other")
+
+
+def profile_decode(vae, z, tiling, device, top: int = 20) -> tuple[list[dict], list[dict]]:
+    """(the top operators by self time, the shares of the operator groups) of one decode."""
     from torch.profiler import ProfilerActivity, profile
 
     tiling.apply(vae)
@@ -127,8 +149,15 @@ def profile_decode(vae, z, tiling, device, top: int = 12) -> list[dict]:
     events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
     total = sum(getattr(e, key) for e in events) or 1
     events.sort(key=lambda e: getattr(e, key), reverse=True)
-    return [{"op": e.key, "calls": e.count, "ms": getattr(e, key) / 1000, "share": getattr(e, key) / total}
-            for e in events[:top]]
+    ops = [{"op": e.key, "calls": e.count, "ms": getattr(e, key) / 1000, "share": getattr(e, key) / total}
+           for e in events]
+    groups: dict[str, float] = {}
+    for o in ops:
+        groups[op_group(o["op"])] = groups.get(op_group(o["op"]), 0.0) + o["ms"]
+    ms_total = sum(groups.values()) or 1.0
+    grouped = [{"group": g, "ms": ms, "share": ms / ms_total}
+               for g, ms in sorted(groups.items(), key=lambda kv: kv[1], reverse=True)]
+    return ops[:top], grouped
 
 
 def main(argv=None) -> int:
@@ -140,11 +169,16 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=270.0, help="rows left when this is spent are skipped")
     ap.add_argument("--rows", default="", help="semicolon-separated row names to run (default: all); baseline always")
     ap.add_argument("--shapes", type=int, default=2, help="how many of the job's decode shapes (1 or 2)")
+    ap.add_argument("--profile-shape", type=int, default=-1, help="which of the shapes run is profiled (-1: last)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from memory.vae import VaeDecodePolicy
+    import rocm
+    from memory.vae import VaeDecodePolicy, cudnn_workspace_reserve
+
+    rocm.apply_env_profile()      # what app.py does first (the allocator's mode included): measure the same
 
     vae, device, shapes = bench_vae(args.tiny)
+    policy = VaeDecodePolicy(workspace_reserve=cudnn_workspace_reserve(device))      # the job's choice of tiles
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * GIB / total), torch.cuda.current_device())
@@ -160,7 +194,7 @@ def main(argv=None) -> int:
         available = None
         if device.type == "cuda":
             available = int(args.cap_gb * GIB) - torch.cuda.memory_allocated(device) - (512 << 20)
-        baseline = VaeDecodePolicy().plan(vae, shape, available)[0]
+        baseline = policy.plan(vae, shape, available)[0]
         rows, reference = [], None
         for label, tiling, speed, dtype in rows_to_run(baseline, args.tiny):
             if wanted and label != "baseline" and label not in wanted:
@@ -185,11 +219,13 @@ def main(argv=None) -> int:
                 row["x_baseline"] = row["s"] / base_s
         result["shapes"][name] = {"latents": shape, "rows": rows}
         reference = None
-    first = next(iter(shapes.values()))
-    z = torch.randn(1, 16, *first, generator=gen).to(device, vae.dtype)
+    name, shape = list(shapes.items())[: args.shapes][args.profile_shape]
+    z = torch.randn(1, 16, *shape, generator=gen).to(device, vae.dtype)
     available = int(args.cap_gb * GIB) - torch.cuda.memory_allocated(device) - (512 << 20) \
         if device.type == "cuda" else None
-    result["profile"] = profile_decode(vae, z, VaeDecodePolicy().plan(vae, first, available)[0], device)
+    tiling = policy.plan(vae, shape, available)[0]
+    result["profile_of"] = {"shape": name, "latents": shape, "tiling": tiling.describe()}
+    result["profile"], result["profile_groups"] = profile_decode(vae, z, tiling, device)
     result["total_s"] = time.perf_counter() - started
     args.out.write_text(json.dumps(result, indent=1, default=str))
 
@@ -206,9 +242,14 @@ def main(argv=None) -> int:
             peak = f"{r['peak_gb']:.2f}" if r["peak_gb"] is not None else ""
             print(f"| {r['row']} | {r['tiling']} | {r['first_s']:.3f} | {r['s']:.3f} | {r.get('x_baseline', 1):.2f} "
                   f"| {peak} | {r['max_abs']:.4f} | {r['mean_abs']:.5f} | {r['max_levels']} |")
-    print("\nbaseline decode profile (self time):\n| op | calls | ms | share |\n|---|---|---|---|")
+    of = result["profile_of"]
+    print(f"\nbaseline decode profile, {of['shape']} ({of['tiling']}), self time:\n| op | calls | ms | share |\n"
+          "|---|---|---|---|")
     for p in result["profile"]:
         print(f"| {p['op']} | {p['calls']} | {p['ms']:.1f} | {100 * p['share']:.1f}% |")
+    print("\n| group | ms | share |\n|---|---|---|")
+    for g in result["profile_groups"]:
+        print(f"| {g['group']} | {g['ms']:.1f} | {100 * g['share']:.1f}% |")
     return 0
 
 

@@ -18,4 +18,19 @@ def test_vae_decode_benchmark_tiny(tmp_path, capsys):
     assert rows["channels_last"]["max_abs"] < 1e-3 and rows["channels_last"]["s"] > 0
     assert rows["tiling whole frames, 16-frame temporal tiles"]["max_abs"] > 0       # tiling does change pixels
     assert result["profile"] and abs(sum(p["share"] for p in result["profile"]) - 1) < 0.2
+    groups = {g["group"]: g["share"] for g in result["profile_groups"]}
+    assert abs(sum(groups.values()) - 1) < 1e-6 and max(groups, key=groups.get) == "convolution"
+    assert {"normalization", "activation"} <= set(groups)        # the decoder's GroupNorm and SiLU are seen apart
+    assert result["profile_of"]["shape"] == "first section"      # the last (only) shape run is the one profiled
     assert "| baseline | whole frames, all frames at once |" in capsys.readouterr().out
+
+
+def test_profile_groups_name_the_kernels_of_a_gpu_decode():
+    bench = importlib.import_module("benchmarks.vae_decode")
+    assert bench.op_group("sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_ndhwc") == "convolution"
+    assert bench.op_group("aten::cudnn_convolution") == "convolution"
+    assert bench.op_group("fmha_cutlassF_f16_aligned_64x64_rf_sm80") == "attention"
+    assert bench.op_group("aten::native_group_norm") == "normalization"
+    assert bench.op_group("aten::replication_pad3d") == "copies, padding, concatenation"
+    assert bench.op_group("aten::upsample_nearest3d") == "upsampling"
+    assert bench.op_group("something else") == "other"
