@@ -145,6 +145,9 @@ def main(argv=None) -> None:
     ap.add_argument("--calibrate-vae", action="store_true", help="only measure VAE decode peaks vs the estimate")
     ap.add_argument("--vae-cudnn-benchmark", action="store_true", help="configs.video VaeDecodeSpeed option")
     ap.add_argument("--vae-channels-last", action="store_true", help="configs.video VaeDecodeSpeed option")
+    ap.add_argument("--vae-native-ops", action="store_true",
+                    help="PyTorch's own replicate pad and GroupNorm in the decoder (the decode before "
+                         "pipeline/vae_ops.py)")
     ap.add_argument("--inject-vae-oom", action="store_true",
                     help="every native conv3d of the VAE decoder raises HIP's out-of-memory error: the decode must "
                          "finish through smaller tiles and then the rocm conv fallback")
@@ -162,12 +165,14 @@ def main(argv=None) -> None:
     from pipeline.request import Request, prepare
 
     video = _ensure_video_writer()
-    if args.vae_cudnn_benchmark or args.vae_channels_last:
+    if args.vae_cudnn_benchmark or args.vae_channels_last or args.vae_native_ops:
         import pipeline.orchestrator as orch
         from configs.video import VaeDecodeSpeed
 
+        fast = not args.vae_native_ops
         orch.DECODE_SPEED = VaeDecodeSpeed(cudnn_benchmark=args.vae_cudnn_benchmark,
-                                           channels_last=args.vae_channels_last)
+                                           channels_last=args.vae_channels_last, fast_pad=fast,
+                                           fast_group_norm=fast)
     t0 = time.perf_counter()
     comps = build_components(args.tiny)
     build_s = time.perf_counter() - t0
@@ -214,7 +219,8 @@ def main(argv=None) -> None:
                "peak_allocated": max(r.peak_allocated for r in memory.records),
                "peak_reserved_below_cap": cap is None or max(r.peak_reserved for r in memory.records) <= cap,
                "frames": end.frames, "stages": stages, "inject_vae_oom": args.inject_vae_oom, "split": split,
-               "vae_speed": {"cudnn_benchmark": args.vae_cudnn_benchmark, "channels_last": args.vae_channels_last},
+               "vae_speed": {"cudnn_benchmark": args.vae_cudnn_benchmark, "channels_last": args.vae_channels_last,
+                             "native_ops": args.vae_native_ops},
                "conv_fallback": _conv_report(memory)}
     args.out.write_text(json.dumps(summary, indent=1, default=str))
     print(f"\n{summary['device']}, torch {summary['torch']}, cap {args.cap_gb:g} GB, preserved "

@@ -3,8 +3,11 @@
 The job: 5 s at 608×640, window 9, so the decodes are 9 latent frames (33 pixel frames, first section), 18 (69,
 middle sections) and 19 (73, last). For the first two shapes, under the VRAM cap (default 20 GB), each row decodes
 the same random latents with the full-size HunyuanVideo VAE (random fp16 weights):
-- `baseline`: the tiling the job's policy picks under the cap (memory/vae.py), fp16, no speed option: what the
-  job runs today; every other row is compared with it;
+- `baseline`: the tiling the job's policy picks under the cap (memory/vae.py), fp16, the default speed settings
+  (configs/video.py: the fast padding and GroupNorm of pipeline/vae_ops.py on a GPU): what the job runs today;
+  every other row is compared with it;
+- `PyTorch's pad and GroupNorm` (the decode before pipeline/vae_ops.py) and `PyTorch's GroupNorm` (fast padding
+  only: its difference from the row before must be 0);
 - `cudnn.benchmark`, `channels_last` and both (configs/video.py VaeDecodeSpeed; pipeline/decode_speed.py);
 - `bf16`: the VAE in bfloat16;
 - other tilings (diffusers' default 256 px / 16 frames, whole frames / 16 frames, 384 px, 512 px / 16 frames).
@@ -51,6 +54,8 @@ def rows_to_run(baseline, tiny: bool) -> list[tuple[str, object, object, torch.d
 
     plain = VaeDecodeSpeed()
     rows = [("baseline", baseline, plain, None),
+            ("PyTorch's pad and GroupNorm", baseline, VaeDecodeSpeed(fast_pad=False, fast_group_norm=False), None),
+            ("PyTorch's GroupNorm", baseline, VaeDecodeSpeed(fast_group_norm=False), None),
             ("cudnn.benchmark", baseline, VaeDecodeSpeed(cudnn_benchmark=True), None),
             ("channels_last", baseline, VaeDecodeSpeed(channels_last=True), None),
             ("cudnn.benchmark + channels_last", baseline, VaeDecodeSpeed(cudnn_benchmark=True, channels_last=True),
@@ -147,6 +152,9 @@ def profile_decode(vae, z, tiling, device, top: int = 20) -> tuple[list[dict], l
         _sync(device)
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
+    if device.type == "cuda":         # the kernels only (operator entries repeat their kernels' time)
+        events = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+                  and e.key != "Command Buffer Full"]
     total = sum(getattr(e, key) for e in events) or 1
     events.sort(key=lambda e: getattr(e, key), reverse=True)
     ops = [{"op": e.key, "calls": e.count, "ms": getattr(e, key) / 1000, "share": getattr(e, key) / total}

@@ -18,6 +18,13 @@ class VaeDecodeSpeed:
     # workspace (the middle sections' decode took 8.6 s instead of 4.9 s and its frames changed by 1 level), with
     # 4.4-5.4 GB they did. 4 GB keeps the middle sections at 256 px tiles (est. 14.9 GB, 14.1 measured). 0: off.
     cudnn_workspace_gb: float = 4.0
+    # The decoder's replicate padding made by copies (pipeline/vae_ops.py): the same values bit for bit, faster on
+    # the GPU (PyTorch's replicate-pad kernel took 17 % of the decode's GPU time). On everywhere.
+    fast_pad: bool = True
+    # The decoder's GroupNorm statistics from PyTorch's parallel reductions instead of its one-block-per-group
+    # kernel (the largest single cost of the decode on the GPU). The same formula, other rounding of the statistics:
+    # pixels within the tolerance in tests/test_vae_ops.py. GPUs only (CUDA and ROCm); the CPU keeps PyTorch's.
+    fast_group_norm: bool = True
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Optional speed settings for the VAE decode (configs.video.VaeDecodeSpeed), applied for one decode and undone.
 
-Both change which convolution kernels run, so the pixels may differ from the default decode by rounding;
-tests/test_decode_speed.py bounds the difference and benchmarks/vae_decode.py measures speed and difference on a
-GPU. Nothing here changes the weights or their memory (memory/ owns them): channels-last is applied to each
+`cudnn_benchmark` and `channels_last` change which convolution kernels run, so the pixels may differ from the
+default decode by rounding; tests/test_decode_speed.py bounds the difference and benchmarks/vae_decode.py measures
+speed and difference on a GPU. `fast_pad` and `fast_group_norm` swap two of the decoder's operations for faster ones
+(pipeline/vae_ops.py: the padding exact, the GroupNorm within a stated tolerance, on GPUs only). Nothing here changes the weights or their memory (memory/ owns them): channels-last is applied to each
 convolution's input, which is enough for PyTorch to choose the channels-last (NDHWC) kernels.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Iterator
 import torch
 
 from configs.video import VaeDecodeSpeed
+from pipeline.vae_ops import fast_decoder
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,9 @@ def decode_speed(vae, device: torch.device, settings: VaeDecodeSpeed) -> Iterato
         if settings.channels_last:
             handles = [m.register_forward_pre_hook(_channels_last_input) for m in vae.decoder.modules()
                        if isinstance(m, torch.nn.Conv3d)]
-        yield
+        with fast_decoder(vae, fast_pad=settings.fast_pad,
+                          fast_norm=settings.fast_group_norm and device.type == "cuda"):
+            yield
     finally:
         for h in handles:
             h.remove()
