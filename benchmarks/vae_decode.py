@@ -128,7 +128,7 @@ def run_row(vae, z, tiling, speed, dtype, device, reps: int) -> tuple[dict, torc
 # Operator name fragments -> group (first match wins; aten ops and the kernels' own names both appear).
 OP_GROUPS = (("attention", ("attention", "softmax", "flash", "fmha", "bmm", "mask")),
              ("convolution", ("conv", "cudnn", "implicit_gemm", "xmma", "gemm", "winograd", "fprop")),
-             ("normalization", ("norm",)),
+             ("normalization", ("norm", "moments", "welford", "reduce_kernel", "mean", "var")),
              ("activation", ("silu", "gelu", "sigmoid", "swish")),
              ("upsampling", ("upsample", "interpolate")),
              ("copies, padding, concatenation", ("copy", "cat", "pad", "contiguous", "clone", "fill", "index",
@@ -141,13 +141,17 @@ def op_group(name: str) -> str:
     return next((g for g, keys in OP_GROUPS if any(k in low for k in keys)), "other")
 
 
-def profile_decode(vae, z, tiling, device, top: int = 20) -> tuple[list[dict], list[dict]]:
-    """(the top operators by self time, the shares of the operator groups) of one decode."""
+def profile_decode(vae, z, tiling, device, top: int = 20, speed=None) -> tuple[list[dict], list[dict]]:
+    """(the top operators by self time, the shares of the operator groups) of one decode with the job's speed
+    settings (`speed`: others, e.g. VaeDecodeSpeed(fast_pad=False, fast_group_norm=False) for the decode before)."""
     from torch.profiler import ProfilerActivity, profile
+
+    from configs.video import VaeDecodeSpeed
+    from pipeline.decode_speed import decode_speed
 
     tiling.apply(vae)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with torch.no_grad(), profile(activities=activities) as prof:
+    with torch.no_grad(), decode_speed(vae, device, speed or VaeDecodeSpeed()), profile(activities=activities) as prof:
         vae.decode(z).sample
         _sync(device)
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
@@ -178,6 +182,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default="", help="semicolon-separated row names to run (default: all); baseline always")
     ap.add_argument("--shapes", type=int, default=2, help="how many of the job's decode shapes (1 or 2)")
     ap.add_argument("--profile-shape", type=int, default=-1, help="which of the shapes run is profiled (-1: last)")
+    ap.add_argument("--profile-native", action="store_true",
+                    help="profile the decode with PyTorch's pad and GroupNorm (the decode before pipeline/vae_ops.py)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     import rocm
@@ -233,7 +239,11 @@ def main(argv=None) -> int:
         if device.type == "cuda" else None
     tiling = policy.plan(vae, shape, available)[0]
     result["profile_of"] = {"shape": name, "latents": shape, "tiling": tiling.describe()}
-    result["profile"], result["profile_groups"] = profile_decode(vae, z, tiling, device)
+    from configs.video import VaeDecodeSpeed
+
+    speed = VaeDecodeSpeed(fast_pad=False, fast_group_norm=False) if args.profile_native else VaeDecodeSpeed()
+    result["profile_of"]["native_ops"] = args.profile_native
+    result["profile"], result["profile_groups"] = profile_decode(vae, z, tiling, device, speed=speed)
     result["total_s"] = time.perf_counter() - started
     args.out.write_text(json.dumps(result, indent=1, default=str))
 
