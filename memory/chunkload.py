@@ -111,25 +111,6 @@ def _from_files(chunk: Chunk, buf: torch.Tensor, staging: Staging) -> None:
                 view.copy_(w)
 
 
-def _fill_cpu(chunk: Chunk, buf: torch.Tensor) -> None:
-    for entry, view in zip(chunk.entries, chunk.views(buf)):
-        src = entry.source
-        if chunk.home == "file" and isinstance(src, TensorSource) and src.dtype == entry.dtype \
-                and not chunk.is_fp8(entry):
-            src.file.read_into(buf[entry.offset:entry.offset + entry.nbytes], src.offset)
-        else:
-            view.copy_(chunk.value(entry))
-
-
-def fill_from_files(chunk: Chunk, buf: torch.Tensor, staging: Staging | None) -> None:
-    """Write the device layout of a file-homed `chunk` into `buf` (a CPU or device byte buffer), deltas not
-    included: what load_chunk does before it merges the deltas and binds (memory/lateload.py reuses it)."""
-    if buf.device.type == "cpu":
-        _fill_cpu(chunk, buf)
-    else:
-        _from_files(chunk, buf, staging or Staging(buf.device))
-
-
 def load_chunk(chunk: Chunk, device: torch.device, staging: Staging | None = None,
                non_blocking: bool = True) -> torch.Tensor | None:
     """A device copy of `chunk`, bound; returns its buffer (None on the CPU when the idle views are used)."""
@@ -138,7 +119,13 @@ def load_chunk(chunk: Chunk, device: torch.device, staging: Staging | None = Non
             chunk.bind_idle()
             return None
         buf = torch.empty(chunk.nbytes, dtype=torch.uint8)
-        _fill_cpu(chunk, buf)
+        for entry, view in zip(chunk.entries, chunk.views(buf)):
+            src = entry.source
+            if chunk.home == "file" and isinstance(src, TensorSource) and src.dtype == entry.dtype \
+                    and not chunk.is_fp8(entry):
+                src.file.read_into(buf[entry.offset:entry.offset + entry.nbytes], src.offset)
+            else:
+                view.copy_(chunk.value(entry))
         apply_deltas(chunk, chunk.views(buf))
         chunk.bind(buf)
         return buf

@@ -24,13 +24,12 @@ import torch
 
 from configs.memory import MEMORY
 from memory.attention import AttentionGuard
-from memory.budget import DEFAULT_PREFETCH_DEPTH, MemoryBudget, Placement, Workload, is_transformer
+from memory.budget import DEFAULT_PREFETCH_DEPTH, MemoryBudget, Placement, Workload
 from memory.chunkload import Staging, load_chunks, unload_chunks
 from memory.hostarrange import model_host, realize
 from memory.hostbudget import default_host_budget, job_working_bytes, process_overhead
 from memory.hostpack import HostPack
 from memory.hostplan import HostPlan, StageUse, plan_host
-from memory.lateload import LateLoader, late_load_on
 from common.units import GIB
 from memory.snapshot import MemorySnapshot, host_rss_bytes, take_snapshot
 from memory.streaming import BlockStreamer
@@ -95,7 +94,6 @@ class MemoryManager:
     host_ram_gb: float | None = MEMORY.host_ram_gb      # None: what this machine can spare (hostbudget.py)
     weight_storage: str = MEMORY.weight_storage         # "native" or "fp8" (transformer and Llama in host RAM)
     host_overhead: int | None = None      # bytes the process holds besides the weights; None: measured per job
-    late_load: bool = MEMORY.late_load    # file-homed resident blocks read while the stage computes (lateload.py)
     # The tiered convolution fallback of this manager's stages (rocm/), passed explicitly to the VAE decode and
     # used by the orchestrator around its conv stages; one per manager, never looked up from a module global.
     conv_fallback: ConvFallback = field(default_factory=new_conv_fallback)
@@ -213,7 +211,6 @@ class MemoryManager:
         """Resident chunks to device buffers, streamers attached; `held` collects both as it goes (so a failure
         halfway is unloaded completely). Streamed chunks whose home is the files get RAM for the stage."""
         buffers, streamers, transient = held
-        late: list[LateLoader] = []
         if self.device.type == "cuda" and self._staging is None:
             self._staging = Staging(self.device)
         for p in placements.values():
@@ -226,30 +223,12 @@ class MemoryManager:
                     c.set_pinned(self.pin)
             resident = p.resident_chunks()
             record.file_bytes += sum(c.file_bytes for c in resident if c.home == "file")
-            late_modules, late_chunks = self._late(p)
-            buffers += load_chunks([c for c in resident if not any(c is k for k in late_chunks)], self.device,
-                                   staging=self._staging)
+            buffers += load_chunks(resident, self.device, staging=self._staging)
             if p.streamed:
                 streamer = BlockStreamer(modules, chunks, self.device, self.prefetch_depth)
                 streamers.append(streamer)
                 streamer.attach()
-            if late_chunks:
-                late.append(LateLoader(late_modules, late_chunks, self.device, self._staging))
         synchronize(self.device)
-        for loader in late:                    # read while the stage computes (memory/lateload.py)
-            streamers.append(loader)
-            loader.attach()
-
-    def _late(self, p: Placement) -> tuple[list, list]:
-        """The transformer's resident blocks whose home is the files (block 0 excepted: TeaCache reads it
-        before the blocks run), with their modules, when they are loaded while the stage computes."""
-        if not late_load_on(self.late_load) or not is_transformer(self._loaded.get(p.name)) \
-                or not (self.device.type == "cuda" or self.plan_on_cpu):
-            return [], []
-        streamed = set(p.streamed)
-        pairs = [(p.pack.block_modules[i], c) for i, c in enumerate(p.pack.blocks)
-                 if i and i not in streamed and c.home == "file"]
-        return [m for m, _ in pairs], [c for _, c in pairs]
 
     def _unload(self, placements: dict[str, Placement], held: list, record: StageRecord) -> list[str]:
         buffers, streamers, transient = held
