@@ -64,7 +64,9 @@ def group_norm(x: torch.Tensor, groups: int, weight: torch.Tensor | None, bias: 
                eps: float) -> torch.Tensor:
     """F.group_norm(x, groups, weight, bias, eps) with the statistics from PyTorch's parallel reductions."""
     n, c = x.shape[:2]
-    if c % groups or x.numel() == 0:
+    grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    if c % groups or x.numel() == 0 or not x.is_contiguous() or grads:
+        # (a channels-last x would be copied by the reshape; `out=` reductions do not record gradients)
         return F.group_norm(x, groups, weight, bias, eps)
     rows = x.reshape(n, groups, -1)
     mean = torch.mean(rows, dim=-1, dtype=torch.float32)

@@ -49,6 +49,17 @@ def test_group_norm_agrees_with_pytorch_in_float32(offset):
     assert (plain - F.group_norm(x, 32, None, None, 1e-6)).abs().max().item() <= 1e-5
 
 
+def test_group_norm_falls_back_to_pytorch_where_its_way_does_not_apply():
+    x = _gn_input(torch.float32, seed=2)
+    w, b = torch.randn(64), torch.randn(64)
+    last = x.contiguous(memory_format=torch.channels_last_3d)            # would need a copy to reshape
+    assert torch.equal(group_norm(last, 32, w, b, 1e-6), F.group_norm(last, 32, w, b, 1e-6))
+    wg = w.clone().requires_grad_()                                      # training: PyTorch's, with its gradients
+    out = group_norm(x, 32, wg, b, 1e-6)
+    out.sum().backward()
+    assert wg.grad is not None and torch.equal(out.detach(), F.group_norm(x, 32, w, b, 1e-6))
+
+
 def test_group_norm_in_fp16_is_within_one_rounding_step():
     x = _gn_input(torch.float16, 5.0, seed=3)
     w, b = torch.randn(64).half(), torch.randn(64).half()
