@@ -165,7 +165,8 @@ def profile_decode(vae, z, tiling, device, top: int = 20, speed=None) -> tuple[l
            for e in events]
     groups: dict[str, float] = {}
     for o in ops:
-        groups[op_group(o["op"])] = groups.get(op_group(o["op"]), 0.0) + o["ms"]
+        g = op_group(o["op"])
+        groups[g] = groups.get(g, 0.0) + o["ms"]
     ms_total = sum(groups.values()) or 1.0
     grouped = [{"group": g, "ms": ms, "share": ms / ms_total}
                for g, ms in sorted(groups.items(), key=lambda kv: kv[1], reverse=True)]
@@ -187,6 +188,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     import rocm
+    from configs.video import VaeDecodeSpeed
     from memory.vae import VaeDecodePolicy, cudnn_workspace_reserve
 
     rocm.apply_env_profile()      # what app.py does first (the allocator's mode included): measure the same
@@ -238,11 +240,9 @@ def main(argv=None) -> int:
     available = int(args.cap_gb * GIB) - torch.cuda.memory_allocated(device) - (512 << 20) \
         if device.type == "cuda" else None
     tiling = policy.plan(vae, shape, available)[0]
-    result["profile_of"] = {"shape": name, "latents": shape, "tiling": tiling.describe()}
-    from configs.video import VaeDecodeSpeed
-
+    result["profile_of"] = {"shape": name, "latents": shape, "tiling": tiling.describe(),
+                            "native_ops": args.profile_native}
     speed = VaeDecodeSpeed(fast_pad=False, fast_group_norm=False) if args.profile_native else VaeDecodeSpeed()
-    result["profile_of"]["native_ops"] = args.profile_native
     result["profile"], result["profile_groups"] = profile_decode(vae, z, tiling, device, speed=speed)
     result["total_s"] = time.perf_counter() - started
     args.out.write_text(json.dumps(result, indent=1, default=str))

@@ -98,8 +98,9 @@ def _group_norm_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 
 def _causal_convs(module: nn.Module) -> list[nn.Module]:
-    return [m for m in module.modules() if type(m).__name__ == "HunyuanVideoCausalConv3d"
-            and hasattr(m, "time_causal_padding") and hasattr(m, "conv")]
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuan_video import HunyuanVideoCausalConv3d
+
+    return [m for m in module.modules() if isinstance(m, HunyuanVideoCausalConv3d)]
 
 
 @contextlib.contextmanager
