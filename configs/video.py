@@ -25,6 +25,17 @@ class VaeDecodeSpeed:
     # kernel (the largest single cost of the decode on the GPU). The same formula, other rounding of the statistics:
     # pixels within the tolerance in tests/test_vae_ops.py. GPUs only (CUDA and ROCm); the CPU keeps PyTorch's.
     fast_group_norm: bool = True
+    # GPUs: decode with the streamed decoder (memory/vae_stream.py): the same layers a few frames at a time, so a
+    # tile needs about a quarter of the memory and the decode under the cap needs 1–2 tiles instead of 9–25
+    # (memory/vae_grid.py). Its pixels differ from the tiled decode's where the tiles' seams were: they are closer
+    # to a decode of the whole frame (tests/test_vae_stream.py, BENCHMARKS.md). The two switches above and
+    # `channels_last` apply to diffusers' decoder, used when this is off and on the CPU.
+    streamed: bool = True
+    # MB of one convolution's padded input in the streamed decoder (larger: fewer calls, more memory beside the tile)
+    stream_chunk_mb: int = 1024
+    # NVIDIA: the streamed decoder's activations channels-last (cuDNN's layout: 0.89× the time on an H100). Not on
+    # ROCm, where MIOpen's 3-D convolutions are not known to take it.
+    stream_channels_last: bool = True
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from memory.hostplan import HostPlan, StageUse, plan_host
 from common.units import GIB
 from memory.snapshot import MemorySnapshot, host_rss_bytes, take_snapshot
 from memory.streaming import BlockStreamer
-from memory.vae import MIOPEN_SCRATCH_LIMIT, VaeDecodePolicy, cudnn_workspace_reserve
+from memory.vae import MIOPEN_SCRATCH_LIMIT, VaeDecodePolicy, cudnn_workspace_reserve, streamed_decode
 from rocm.allocator import synchronize
 from rocm.conv_fallback import ConvFallback, new_conv_fallback
 
@@ -113,6 +113,9 @@ class MemoryManager:
             self.vae_policy.scratch_limit = MIOPEN_SCRATCH_LIMIT
         elif not self.vae_policy.workspace_reserve:
             self.vae_policy.workspace_reserve = cudnn_workspace_reserve(self.device)
+        if self.vae_policy.streamed is None:
+            for name, value in streamed_decode(self.device).items():
+                setattr(self.vae_policy, name, value)
         self.cap_applied = False
 
     # ---- budget -------------------------------------------------------------------------------------------------

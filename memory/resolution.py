@@ -31,7 +31,7 @@ from typing import Callable, Iterable
 from common.units import GIB
 from configs.memory import MEMORY
 from memory.plan import REAL_TRANSFORMER_CONFIG, activation_bytes, framepack_tokens, transformer_sizes
-from memory.vae import VaeDecodePolicy, VaeTiling, candidates, memory_estimate
+from memory.vae import VaeDecodePolicy, VaeTiling, memory_estimate
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 VAE_MARGIN = 512 << 20          # what memory.manager.decode_vae keeps back of the free memory
@@ -123,9 +123,10 @@ class ResolutionCost:
 
 def resolution_cost(figures: ModelFigures, height: int, width: int, window: int, cap_gb: float,
                     prefetch_depth: int = MEMORY.prefetch_depth, weight_storage: str = "native",
-                    workspace_reserve: int = 0) -> ResolutionCost:
+                    workspace_reserve: int = 0, stream: dict | None = None) -> ResolutionCost:
     """`workspace_reserve`: what the decode keeps free beside its tiles on the job's device
-    (memory.vae.cudnn_workspace_reserve), so the tiles shown are the ones the job starts with."""
+    (memory.vae.cudnn_workspace_reserve), `stream`: its streamed-decoder settings (memory.vae.streamed_decode), so
+    the tiles shown are the ones the job starts with."""
     cap = int(cap_gb * GIB)
     tokens = framepack_tokens(height, width, window)
     act = activation_bytes(tokens, figures.hidden, figures.act_dtype_bytes)
@@ -140,10 +141,10 @@ def resolution_cost(figures: ModelFigures, height: int, width: int, window: int,
         return memory_estimate(t, shape, figures.vae_channels, figures.vae_dtype_bytes)
 
     vae = SimpleNamespace(config=SimpleNamespace(block_out_channels=(figures.vae_channels,)), dtype=None)
-    policy = VaeDecodePolicy(workspace_reserve=workspace_reserve)
+    policy = VaeDecodePolicy(workspace_reserve=workspace_reserve, **(stream or {"streamed": False}))
     available = max(0, cap - figures.vae_bytes - VAE_MARGIN)
     tiling = _first_tiling(policy, vae, shape, available, figures.vae_dtype_bytes)
-    smallest = min(mem(t) for t in candidates(shape))
+    smallest = min(mem(t) for t in policy.pool(shape))
     return ResolutionCost(height, width, window, cap, tokens, act, floor, figures.vae_bytes, tiling, mem(tiling),
                           figures.vae_bytes + smallest + VAE_MARGIN)
 

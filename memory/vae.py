@@ -19,6 +19,8 @@ from typing import Callable
 import torch
 
 from common.units import GIB
+from memory.vae_grid import GridTiling, grid_candidates, grid_decode
+from memory.vae_stream import CHUNK_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,12 @@ TEMPORAL_TILES = (0, 32, 16, 8)                                   # pixel frames
 # H100 with the full-size VAE (fp16): 13.2 (256px/16-frame tiles), 13.2 (whole frames/16), 12.9 (384px/all).
 ACT_FACTOR = 13.5
 MIOPEN_SCRATCH_LIMIT = int(7.29e9)
+# The streamed decoder (memory/vae_stream.py) holds a layer's input and output whole, the rest in chunks: measured
+# on the H100 (fp16, channels-last, 2026-11-26; first, middle and last sections of the issue's job, chunks of 0.5–1.5
+# GiB) 3.1–3.3 × C0 × tile pixels × dtype bytes + 0.4–1.0 chunk; the estimate takes 3.4 of the first and 1.5 chunks
+# (the chunk's padded input, its output, cuDNN's copies): 4–9 % above every measurement.
+STREAM_FACTOR = 3.4
+STREAM_CHUNKS = 1.5
 
 
 @dataclass(frozen=True)
@@ -86,9 +94,11 @@ def work(tiling: VaeTiling, shape: tuple[int, int, int]) -> int:
     return sum(t) * sum(rows) * sum(cols)
 
 
-def memory_estimate(tiling: VaeTiling, shape: tuple[int, int, int], channels: int = 128, dtype_bytes: int = 2,
-                    factor: float = ACT_FACTOR) -> int:
+def memory_estimate(tiling: VaeTiling | GridTiling, shape: tuple[int, int, int], channels: int = 128,
+                    dtype_bytes: int = 2, factor: float = ACT_FACTOR) -> int:
     """Peak bytes of one tile's decode, plus the decoded output kept for blending."""
+    if isinstance(tiling, GridTiling):
+        return stream_memory_estimate(tiling, shape, channels, dtype_bytes)
     t, rows, cols = tiling.spans(*shape)
     f, h, w = max(t), max(rows), max(cols)
     pixels = ((f - 1) * 4 + 1) * h * 8 * w * 8
@@ -100,11 +110,25 @@ def memory_estimate(tiling: VaeTiling, shape: tuple[int, int, int], channels: in
     return max(int(factor * channels * pixels * dtype_bytes), mask) + output
 
 
-def scratch_estimate(tiling: VaeTiling, shape: tuple[int, int, int], channels: int = 256,
+def stream_memory_estimate(tiling: GridTiling, shape: tuple[int, int, int], channels: int = 128,
+                           dtype_bytes: int = 2) -> int:
+    """Peak bytes of the streamed decoder on one tile, plus the blended output (float32 and the final copy)."""
+    frames, lh, lw = shape
+    _, rows, cols = tiling.spans(*shape)
+    pixel_frames = (frames - 1) * 4 + 1
+    tile = pixel_frames * max(rows) * 8 * max(cols) * 8
+    whole = pixel_frames * lh * 8 * lw * 8
+    output = 3 * whole * (dtype_bytes + (4 if len(rows) * len(cols) > 1 else 0))
+    return int(STREAM_FACTOR * channels * tile * dtype_bytes + STREAM_CHUNKS * tiling.chunk_bytes) + output
+
+
+def scratch_estimate(tiling: VaeTiling | GridTiling, shape: tuple[int, int, int], channels: int = 256,
                      dtype_bytes: int = 2) -> int:
-    """MIOpen's im2col scratch for the widest 3×3×3 convolution at full resolution."""
+    """MIOpen's im2col scratch for the widest 3×3×3 convolution at full resolution (the streamed decoder: of one
+    output frame, the least it runs a convolution on)."""
     t, rows, cols = tiling.spans(*shape)
-    pixels = ((max(t) - 1) * 4 + 1) * max(rows) * 8 * max(cols) * 8
+    frames = 1 if isinstance(tiling, GridTiling) else (max(t) - 1) * 4 + 1
+    pixels = frames * max(rows) * 8 * max(cols) * 8
     return channels * 27 * pixels * dtype_bytes
 
 
@@ -125,6 +149,17 @@ def cudnn_workspace_reserve(device) -> int:
     if torch.device(device).type != "cuda" or torch.version.hip is not None:
         return 0
     return int(DECODE_SPEED.cudnn_workspace_gb * GIB)
+
+
+def streamed_decode(device) -> dict:
+    """VaeDecodePolicy's streamed-decoder fields for the decode on `device` (configs/video.py): the streamed
+    decoder on GPUs, channels-last on NVIDIA only. The memory manager and the plan before Start (memory/resolution.py)
+    both take them from here."""
+    from configs.video import DECODE_SPEED
+
+    streamed = DECODE_SPEED.streamed and torch.device(device).type == "cuda"
+    return {"streamed": streamed, "chunk_bytes": DECODE_SPEED.stream_chunk_mb << 20,
+            "channels_last": streamed and DECODE_SPEED.stream_channels_last and torch.version.hip is None}
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -151,8 +186,17 @@ class VaeDecodePolicy:
     # and its frames depended on what else was free (benchmarks/vae_repeat.py). At most a quarter of `available`;
     # dropped when no tiling fits with it.
     workspace_reserve: int = 0
+    # The streamed decoder and its grid of tiles (memory/vae_stream.py, vae_grid.py) instead of diffusers' decoder
+    # and tiles; None: the memory manager sets them from the device (streamed_decode).
+    streamed: bool | None = None
+    channels_last: bool = False
+    chunk_bytes: int = CHUNK_BYTES
 
-    def plan(self, vae, shape: tuple[int, int, int], available: int | None) -> list[VaeTiling]:
+    def pool(self, shape: tuple[int, int, int]) -> list[VaeTiling | GridTiling]:
+        """The tilings this policy chooses from."""
+        return grid_candidates(shape, self.chunk_bytes) if self.streamed else candidates(shape)
+
+    def plan(self, vae, shape: tuple[int, int, int], available: int | None) -> list[VaeTiling | GridTiling]:
         """Tilings to try, in order: least work that fits first, each next one clearly smaller in memory."""
         channels = vae.config.block_out_channels[0]
         up = vae.config.block_out_channels[1] if len(vae.config.block_out_channels) > 1 else channels
@@ -161,7 +205,7 @@ class VaeDecodePolicy:
         def mem(t):
             return memory_estimate(t, shape, channels, size, self.act_factor)
 
-        pool = candidates(shape)
+        pool = self.pool(shape)
         if self.scratch_limit is not None:
             ok = [t for t in pool if scratch_estimate(t, shape, up, size) <= self.scratch_limit]
             pool = ok or [min(pool, key=lambda t: scratch_estimate(t, shape, up, size))]
@@ -216,11 +260,15 @@ class VaeDecodePolicy:
         log.info("VAE decode of %s latents: %s (estimate %.2f GB of %s free)%s", shape, tiling.describe(),
                  est / GIB, f"{available / GIB:.2f} GB" if available is not None else "unlimited",
                  " with the rocm conv fallback" if fallback else "")
-        tiling.apply(vae)
+        if isinstance(tiling, VaeTiling):
+            tiling.apply(vae)
         with self._scope(conv, fallback):
             if self.fault is not None:
                 self.fault(tiling)
-            pixels = vae.decode(z).sample
+            if isinstance(tiling, GridTiling):
+                pixels = grid_decode(vae, z, tiling, self.channels_last, self.scratch_limit)
+            else:
+                pixels = vae.decode(z).sample
         self.attempts[-1]["ok"] = True
         return pixels
 

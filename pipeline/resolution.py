@@ -53,12 +53,13 @@ def job_size(image_height: int, image_width: int, resolution: int, width=0, heig
 def _cost(preset, cap_gb: float, window: int, weight_storage: str):
     from memory.manager import default_device
     from memory.resolution import model_figures, resolution_cost
-    from memory.vae import cudnn_workspace_reserve
+    from memory.vae import cudnn_workspace_reserve, streamed_decode
 
     figures = model_figures(preset)
-    reserve = cudnn_workspace_reserve(default_device())          # the tiles the job on this machine starts with
+    device = default_device()                                     # the tiles the job on this machine starts with
+    reserve, stream = cudnn_workspace_reserve(device), streamed_decode(device)
     return lambda hw: resolution_cost(figures, hw[0], hw[1], window, cap_gb, MEMORY.prefetch_depth, weight_storage,
-                                      reserve)
+                                      reserve, stream)
 
 
 def refusal(size: JobSize, image_hw: tuple[int, int], preset, cap_gb: float, window: int,

@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from memory.vae_stream import channel_affine, group_stats
+
 
 def replicate_pad(x: torch.Tensor, pad: tuple[int, ...]) -> torch.Tensor:
     """F.pad(x, pad, mode="replicate") for a 5-D x, pad = (left, right, top, bottom, front, back), by copies."""
@@ -68,18 +70,7 @@ def group_norm(x: torch.Tensor, groups: int, weight: torch.Tensor | None, bias: 
     if c % groups or x.numel() == 0 or not x.is_contiguous() or grads:
         # (a channels-last x would be copied by the reshape; `out=` reductions do not record gradients)
         return F.group_norm(x, groups, weight, bias, eps)
-    rows = x.reshape(n, groups, -1)
-    mean = torch.mean(rows, dim=-1, dtype=torch.float32)
-    var = torch.empty_like(mean)
-    torch.var(rows, dim=-1, correction=0, out=var)
-    rstd = torch.rsqrt(var.clamp_min_(0) + eps)
-    per = c // groups
-    a = rstd.repeat_interleave(per, dim=1)                      # (n, c), float32
-    if weight is not None:
-        a = a * weight.float()
-    b = -mean.repeat_interleave(per, dim=1) * a
-    if bias is not None:
-        b = b + bias.float()
+    a, b = channel_affine(*group_stats(x, groups, eps), c, weight, bias)
     shape = (n, c) + (1,) * (x.dim() - 2)
     out = torch.empty_like(x)
     torch.addcmul(b.view(shape), x, a.view(shape), out=out)   # computed in float32, rounded once to x's dtype

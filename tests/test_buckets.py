@@ -113,7 +113,7 @@ def test_the_plan_before_start_shows_the_tiles_the_job_starts_with_on_nvidia(mon
     import torch
 
     import memory.manager
-    from memory.vae import VaeDecodePolicy, cudnn_workspace_reserve
+    from memory.vae import VaeDecodePolicy, cudnn_workspace_reserve, streamed_decode
     from pipeline.resolution import plan_text
 
     reserve = cudnn_workspace_reserve("cuda")
@@ -138,8 +138,14 @@ def test_the_plan_before_start_shows_the_tiles_the_job_starts_with_on_nvidia(mon
     text = lambda: plan_text(HUNYUAN, 20, 640, 0, 0, 9, (608, 640))          # noqa: E731
     monkeypatch.setattr(memory.manager, "default_device", lambda: torch.device("cpu"))
     assert f"{plain.vae_tiling.size}px tiles" in text()
+    # on a GPU the job decodes with the streamed decoder (memory/vae_stream.py): the plan shows its grid
+    streamed = resolution_cost(figures, 608, 640, 9, 20, workspace_reserve=reserve,
+                               stream=streamed_decode("cuda"))
+    assert streamed.vae_tiling.describe() == "2×1 tiles, streamed" or \
+        streamed.vae_tiling.describe() == "1×2 tiles, streamed"
+    assert streamed.vae_tile_bytes + reserve <= available
     monkeypatch.setattr(memory.manager, "default_device", lambda: torch.device("cuda"))
-    assert f"{kept.vae_tiling.size}px tiles" in text()
+    assert streamed.vae_tiling.describe() in text()
 
 
 # ---- refusal and the nearest size that fits -------------------------------------------------------------------------
