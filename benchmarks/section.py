@@ -148,6 +148,9 @@ def main(argv=None) -> None:
     ap.add_argument("--vae-native-ops", action="store_true",
                     help="PyTorch's own replicate pad and GroupNorm in the decoder (the decode before "
                          "pipeline/vae_ops.py)")
+    ap.add_argument("--vae-tiled", action="store_true",
+                    help="diffusers' decoder in its tiles instead of the streamed decoder (the decode before "
+                         "memory/vae_stream.py)")
     ap.add_argument("--inject-vae-oom", action="store_true",
                     help="every native conv3d of the VAE decoder raises HIP's out-of-memory error: the decode must "
                          "finish through smaller tiles and then the rocm conv fallback")
@@ -179,6 +182,8 @@ def main(argv=None) -> None:
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     memory = MemoryManager(device=device, cap_gb=args.cap_gb, preserved_gb=args.preserved_gb,
                            prefetch_depth=args.depth)
+    if args.vae_tiled:
+        memory.vae_policy.streamed = False
     height, width = (64, 64) if args.tiny else (608, 640)
     memory.set_workload(height, width, 9)
     prepare_s = memory.prepare(**comps.models())
@@ -220,7 +225,7 @@ def main(argv=None) -> None:
                "peak_reserved_below_cap": cap is None or max(r.peak_reserved for r in memory.records) <= cap,
                "frames": end.frames, "stages": stages, "inject_vae_oom": args.inject_vae_oom, "split": split,
                "vae_speed": {"cudnn_benchmark": args.vae_cudnn_benchmark, "channels_last": args.vae_channels_last,
-                             "native_ops": args.vae_native_ops},
+                             "native_ops": args.vae_native_ops, "streamed": bool(memory.vae_policy.streamed)},
                "conv_fallback": _conv_report(memory)}
     args.out.write_text(json.dumps(summary, indent=1, default=str))
     print(f"\n{summary['device']}, torch {summary['torch']}, cap {args.cap_gb:g} GB, preserved "

@@ -48,22 +48,28 @@ SHAPES = {"first section": (9, 76, 80), "middle sections": (18, 76, 80)}      # 
 TINY_SHAPES = {"first section": (5, 8, 8), "middle sections": (9, 8, 8)}    # small: the CPU's conv3d is slow
 
 
-def rows_to_run(baseline, tiny: bool) -> list[tuple[str, object, object, torch.dtype | None]]:
+def rows_to_run(baseline, tiled, tiny: bool) -> list[tuple[str, object, object, torch.dtype | None]]:
+    """`baseline`: the job's tiling (the streamed decoder's grid on a GPU); `tiled`: the tiles diffusers' decoder
+    gets under the same cap (the decode before the streamed decoder), which the speed options apply to."""
     from configs.video import VaeDecodeSpeed
     from memory.vae import VaeTiling
+    from memory.vae_grid import GridTiling
 
     plain = VaeDecodeSpeed()
-    rows = [("baseline", baseline, plain, None),
-            ("PyTorch's pad and GroupNorm", baseline, VaeDecodeSpeed(fast_pad=False, fast_group_norm=False), None),
-            ("PyTorch's GroupNorm", baseline, VaeDecodeSpeed(fast_group_norm=False), None),
-            ("cudnn.benchmark", baseline, VaeDecodeSpeed(cudnn_benchmark=True), None),
-            ("channels_last", baseline, VaeDecodeSpeed(channels_last=True), None),
-            ("cudnn.benchmark + channels_last", baseline, VaeDecodeSpeed(cudnn_benchmark=True, channels_last=True),
-             None),
-            ("bf16", baseline, plain, torch.bfloat16)]
+    rows = [("baseline", baseline, plain, None)]
+    if isinstance(baseline, GridTiling):
+        rows += [("streamed, NCDHW", baseline, VaeDecodeSpeed(stream_channels_last=False), None),
+                 ("diffusers' decoder and tiles", tiled, plain, None)]
+    rows += [("PyTorch's pad and GroupNorm", tiled, VaeDecodeSpeed(fast_pad=False, fast_group_norm=False), None),
+             ("PyTorch's GroupNorm", tiled, VaeDecodeSpeed(fast_group_norm=False), None),
+             ("cudnn.benchmark", tiled, VaeDecodeSpeed(cudnn_benchmark=True), None),
+             ("channels_last", tiled, VaeDecodeSpeed(channels_last=True), None),
+             ("cudnn.benchmark + channels_last", tiled, VaeDecodeSpeed(cudnn_benchmark=True, channels_last=True),
+              None),
+             ("bf16", baseline, plain, torch.bfloat16)]
     others = [VaeTiling(32, 16), VaeTiling(0, 16)] if tiny else \
         [VaeTiling(256, 16), VaeTiling(0, 16), VaeTiling(384, 0), VaeTiling(512, 16)]
-    rows += [(f"tiling {t.describe()}", t, plain, None) for t in others if t != baseline]
+    rows += [(f"tiling {t.describe()}", t, plain, None) for t in others if t not in (baseline, tiled)]
     return rows
 
 
@@ -92,15 +98,26 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@torch.no_grad()
-def run_row(vae, z, tiling, speed, dtype, device, reps: int) -> tuple[dict, torch.Tensor | None]:
+def _decode(vae, z, tiling, speed, device) -> torch.Tensor:
+    """One decode as the job runs it: the streamed decoder for a grid (channels-last where the job uses it),
+    diffusers' decoder with `speed` for its tiles."""
+    from memory.vae import streamed_decode
+    from memory.vae_grid import GridTiling, grid_decode
     from pipeline.decode_speed import decode_speed
 
+    if isinstance(tiling, GridTiling):
+        return grid_decode(vae, z, tiling, streamed_decode(device)["channels_last"] and speed.stream_channels_last)
+    tiling.apply(vae)
+    with decode_speed(vae, device, speed):
+        return vae.decode(z).sample
+
+
+@torch.no_grad()
+def run_row(vae, z, tiling, speed, dtype, device, reps: int) -> tuple[dict, torch.Tensor | None]:
     original = vae.dtype
     if dtype is not None:
         vae.to(dtype)
     zz = z.to(vae.dtype)
-    tiling.apply(vae)
     times, out, first = [], None, None
     try:
         if device.type == "cuda":
@@ -111,8 +128,7 @@ def run_row(vae, z, tiling, speed, dtype, device, reps: int) -> tuple[dict, torc
             out = None
             _sync(device)
             t0 = time.perf_counter()
-            with decode_speed(vae, device, speed):
-                out = vae.decode(zz).sample
+            out = _decode(vae, zz, tiling, speed, device)
             _sync(device)
             (times.append if i else (lambda s: None))(time.perf_counter() - t0)
             first = first if i else time.perf_counter() - t0
@@ -147,12 +163,10 @@ def profile_decode(vae, z, tiling, device, top: int = 20, speed=None) -> tuple[l
     from torch.profiler import ProfilerActivity, profile
 
     from configs.video import VaeDecodeSpeed
-    from pipeline.decode_speed import decode_speed
 
-    tiling.apply(vae)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with torch.no_grad(), decode_speed(vae, device, speed or VaeDecodeSpeed()), profile(activities=activities) as prof:
-        vae.decode(z).sample
+    with torch.no_grad(), profile(activities=activities) as prof:
+        _decode(vae, z, tiling, speed or VaeDecodeSpeed(), device)
         _sync(device)
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
@@ -173,6 +187,23 @@ def profile_decode(vae, z, tiling, device, top: int = 20, speed=None) -> tuple[l
     return ops[:top], grouped
 
 
+@torch.no_grad()
+def _whole(vae, z, device, cap_gb: float) -> torch.Tensor:
+    """The streamed decoder on whole frames, with the cap lifted for it on a GPU."""
+    from memory.vae import streamed_decode
+    from memory.vae_grid import GridTiling, grid_decode
+
+    if device.type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(1.0, torch.cuda.current_device())
+    try:
+        return grid_decode(vae, z, GridTiling(1, 1), streamed_decode(device)["channels_last"])
+    finally:
+        if device.type == "cuda":
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gb * GIB / total), torch.cuda.current_device())
+            torch.cuda.empty_cache()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -184,17 +215,23 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", type=int, default=2, help="how many of the job's decode shapes (1 or 2)")
     ap.add_argument("--profile-shape", type=int, default=-1, help="which of the shapes run is profiled (-1: last)")
     ap.add_argument("--profile-native", action="store_true",
-                    help="profile the decode with PyTorch's pad and GroupNorm (the decode before pipeline/vae_ops.py)")
+                    help="profile diffusers' decoder with PyTorch's pad and GroupNorm (the decode before "
+                         "pipeline/vae_ops.py and the streamed decoder)")
+    ap.add_argument("--whole-reference", action="store_true",
+                    help="also compare every row with the streamed decoder on whole frames (the cap lifted for it): "
+                         "how far each tiling is from a decode without tiles")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     import rocm
     from configs.video import VaeDecodeSpeed
-    from memory.vae import VaeDecodePolicy, cudnn_workspace_reserve
+    from memory.vae import VaeDecodePolicy, cudnn_workspace_reserve, streamed_decode
 
     rocm.apply_env_profile()      # what app.py does first (the allocator's mode included): measure the same
 
     vae, device, shapes = bench_vae(args.tiny)
-    policy = VaeDecodePolicy(workspace_reserve=cudnn_workspace_reserve(device))      # the job's choice of tiles
+    reserve = cudnn_workspace_reserve(device)
+    policy = VaeDecodePolicy(workspace_reserve=reserve, **streamed_decode(device))      # the job's choice of tiles
+    before = VaeDecodePolicy(workspace_reserve=reserve, streamed=False)               # diffusers' decoder's
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * GIB / total), torch.cuda.current_device())
@@ -211,8 +248,9 @@ def main(argv=None) -> int:
         if device.type == "cuda":
             available = int(args.cap_gb * GIB) - torch.cuda.memory_allocated(device) - (512 << 20)
         baseline = policy.plan(vae, shape, available)[0]
+        whole = _whole(vae, z, device, args.cap_gb) if args.whole_reference else None
         rows, reference = [], None
-        for label, tiling, speed, dtype in rows_to_run(baseline, args.tiny):
+        for label, tiling, speed, dtype in rows_to_run(baseline, before.plan(vae, shape, available)[0], args.tiny):
             if wanted and label != "baseline" and label not in wanted:
                 continue
             if time.perf_counter() - started > args.budget_s:
@@ -226,6 +264,9 @@ def main(argv=None) -> int:
                 diff = (out.float() - reference.float()).abs()
                 row.update(max_abs=diff.max().item(), mean_abs=diff.mean().item(),
                            max_levels=(_levels(out).int() - _levels(reference).int()).abs().max().item())
+                if whole is not None:
+                    levels = (_levels(out).int() - _levels(whole).int()).abs()
+                    row.update(whole_max_levels=levels.max().item(), whole_mean_levels=levels.float().mean().item())
                 out = None
             rows.append(row)
             log.info("%s | %s", name, row)
@@ -234,12 +275,12 @@ def main(argv=None) -> int:
             if base_s and row.get("s"):
                 row["x_baseline"] = row["s"] / base_s
         result["shapes"][name] = {"latents": shape, "rows": rows}
-        reference = None
+        reference = whole = None
     name, shape = list(shapes.items())[: args.shapes][args.profile_shape]
     z = torch.randn(1, 16, *shape, generator=gen).to(device, vae.dtype)
     available = int(args.cap_gb * GIB) - torch.cuda.memory_allocated(device) - (512 << 20) \
         if device.type == "cuda" else None
-    tiling = policy.plan(vae, shape, available)[0]
+    tiling = (before if args.profile_native else policy).plan(vae, shape, available)[0]
     result["profile_of"] = {"shape": name, "latents": shape, "tiling": tiling.describe(),
                             "native_ops": args.profile_native}
     speed = VaeDecodeSpeed(fast_pad=False, fast_group_norm=False) if args.profile_native else VaeDecodeSpeed()
@@ -252,14 +293,16 @@ def main(argv=None) -> int:
         frames = (shape["latents"][0] - 1) * 4 + 1
         print(f"\n{name}: {frames} frames, latents {tuple(shape['latents'])}\n"
               "| row | tiling | first s | s | × baseline | peak GB | max abs | mean abs | max levels |\n"
-              "|---|---|---|---|---|---|---|---|---|")
+              "|---|---|---|---|---|---|---|---|---|" + ("\n(levels from whole frames: max / mean)" if args.whole_reference
+                                                          else ""))
         for r in shape["rows"]:
             if "error" in r:
                 print(f"| {r['row']} | {r.get('tiling', '')} | {r['error']} | | | | | | |")
                 continue
             peak = f"{r['peak_gb']:.2f}" if r["peak_gb"] is not None else ""
             print(f"| {r['row']} | {r['tiling']} | {r['first_s']:.3f} | {r['s']:.3f} | {r.get('x_baseline', 1):.2f} "
-                  f"| {peak} | {r['max_abs']:.4f} | {r['mean_abs']:.5f} | {r['max_levels']} |")
+                  f"| {peak} | {r['max_abs']:.4f} | {r['mean_abs']:.5f} | {r['max_levels']} |"
+                  + (f" {r['whole_max_levels']} / {r['whole_mean_levels']:.2f} |" if "whole_max_levels" in r else ""))
     of = result["profile_of"]
     print(f"\nbaseline decode profile, {of['shape']} ({of['tiling']}), self time:\n| op | calls | ms | share |\n"
           "|---|---|---|---|")
