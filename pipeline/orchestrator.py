@@ -162,7 +162,8 @@ class JobRun:
                          self.job.id, self.plan.count, self.plan.window, self.prepared.width, self.prepared.height,
                          r.mode, r.sampler, r.seed)
                 yield from drain()
-                yield from self._run(drain)
+                with rocm.job_heap():                 # stage trims scan only what the job made (rocm/allocator.py)
+                    yield from self._run(drain)
                 status = "done"
             except JobStopped:
                 status = "stopped"

@@ -23,7 +23,7 @@ _LAZY = {
     "TierDeclined": "rocm.errors", "ConvFallbackExhausted": "rocm.errors", "classify_error": "rocm.errors",
     "ProbeUndecided": "rocm.errors",
     "trim": "rocm.allocator", "TrimReport": "rocm.allocator", "memory_status": "rocm.allocator",
-    "synchronize": "rocm.allocator", "configure_host_heap": "rocm.allocator",
+    "synchronize": "rocm.allocator", "job_heap": "rocm.allocator", "configure_host_heap": "rocm.allocator",
     "vae_decode_log": "rocm.vae_log", "VaeDecodeRecord": "rocm.vae_log", "StallWatchdog": "rocm.vae_log",
     "detect_arch": "rocm.arch", "detect_runtime": "rocm.arch", "arch_family": "rocm.arch",
     "SafeConv2d": "rocm.safe_conv", "SafeConv3d": "rocm.safe_conv", "patch_model": "rocm.safe_conv",

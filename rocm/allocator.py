@@ -5,10 +5,17 @@ never memory held by live tensors). PyTorch's default (native) allocator uses pl
 a stream-ordered pool would not release anything there; only with ``backend:hipMallocAsync`` is the pool used, and
 its ``empty_cache`` already trims it (docs/FACTS.md) - ``pool_trimmed`` says whether that was the case.
 On CPU it only runs the garbage collector.
+
+``job_heap()`` keeps the objects that existed before a job (the loaded models, the app) out of the collector's
+passes while the job runs (``gc.freeze``): a trim between stages then scans only what the job made. With the
+full-size models loaded a full pass took about 0.2 s on the GPU machine (0.4 s on a 2-core one), and a job trims
+after every stage (12 times for 4 sections); the job-end trim runs after the heap is unfrozen, so anything of the
+old objects the job released into a reference cycle is still collected, one job later at most.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -116,6 +123,17 @@ def configure_host_heap(environ=None, *, mmap_threshold: int = HOST_MMAP_THRESHO
         return "host heap: glibc refused the thresholds, left as it was"
     return (f"host heap: glibc mmap threshold {mmap_threshold >> 20} MiB, trim threshold {trim_threshold >> 20} MiB "
             "(fixed, so freed memory goes back to the OS)")
+
+
+@contextlib.contextmanager
+def job_heap():
+    """Within the block the garbage collector leaves alone every object that exists at its start (see the module
+    docstring); they are handed back to it on exit, whatever ends the block."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def trim(label: str = "", device=None, *, host: bool = False) -> TrimReport:
