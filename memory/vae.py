@@ -34,12 +34,14 @@ TEMPORAL_TILES = (0, 32, 16, 8)                                   # pixel frames
 # H100 with the full-size VAE (fp16): 13.2 (256px/16-frame tiles), 13.2 (whole frames/16), 12.9 (384px/all).
 ACT_FACTOR = 13.5
 MIOPEN_SCRATCH_LIMIT = int(7.29e9)
-# The streamed decoder (memory/vae_stream.py) holds a layer's input and output whole, the rest in chunks: measured
-# on the H100 (fp16, channels-last, 2026-11-26; first, middle and last sections of the job, chunks of 0.5–1.5
-# GiB) 3.1–3.3 × C0 × tile pixels × dtype bytes + 0.4–1.0 chunk; the estimate takes 3.4 of the first and 1.5 chunks
-# (the chunk's padded input, its output, cuDNN's copies): 4–9 % above every measurement.
-STREAM_FACTOR = 3.4
+# The streamed decoder (memory/vae_stream.py) holds a layer's input and output whole, the rest in chunks. Its peak,
+# measured on the H100 (fp16, channels-last, 2026-11-26: the first, middle and last sections of the job in
+# 1–2 tiles, chunks of 0.5–1.5 GiB, and a small tile with 256 MiB chunks) is covered by 3.3 × C0 × tile pixels ×
+# dtype bytes + 1.5 chunks (a chunk's padded input, its output, cuDNN's copies) + the causal history kept between
+# chunks (2 frames of the widest layer) + 256 MiB (cuDNN's workspace, the mid-block's attention): 2–12 % above each.
+STREAM_FACTOR = 3.3
 STREAM_CHUNKS = 1.5
+STREAM_FIXED = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,9 @@ def stream_memory_estimate(tiling: GridTiling, shape: tuple[int, int, int], chan
     tile = pixel_frames * max(rows) * 8 * max(cols) * 8
     whole = pixel_frames * lh * 8 * lw * 8
     output = 3 * whole * (dtype_bytes + (4 if len(rows) * len(cols) > 1 else 0))
-    return int(STREAM_FACTOR * channels * tile * dtype_bytes + STREAM_CHUNKS * tiling.chunk_bytes) + output
+    halo = 2 * 2 * channels * max(rows) * 8 * max(cols) * 8 * dtype_bytes
+    return int(STREAM_FACTOR * channels * tile * dtype_bytes + STREAM_CHUNKS * tiling.chunk_bytes) + halo + \
+        STREAM_FIXED + output
 
 
 def scratch_estimate(tiling: VaeTiling | GridTiling, shape: tuple[int, int, int], channels: int = 256,
