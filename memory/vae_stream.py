@@ -102,14 +102,42 @@ def _upsampled(x: torch.Tensor, factor: tuple[int, int, int]):
     return fill
 
 
+def _replicate_borders(buf: torch.Tensor, ht: int, wl: int, height: int, width: int) -> None:
+    """Fill the one-pixel frame around buf's interior with copies of its edge (F.pad's replicate values)."""
+    if wl:
+        buf[..., :wl].copy_(buf[..., wl:wl + 1].expand(*buf.shape[:-1], wl))
+        buf[..., wl + width:].copy_(buf[..., wl + width - 1:wl + width].expand(*buf.shape[:-1], wl))
+    if ht:
+        buf[:, :, :, :ht].copy_(buf[:, :, :, ht:ht + 1].expand(-1, -1, -1, ht, -1))
+        buf[:, :, :, ht + height:].copy_(buf[:, :, :, ht + height - 1:ht + height].expand(-1, -1, -1, ht, -1))
+
+
+def _replicate_correction(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, ht: int, wl: int) -> None:
+    """y = conv3d(x, zero-padded by one pixel in space) → conv3d(x, replicate-padded), in place. Only the output's
+    border ring differs: there the kernel's outer row (column) read zeros where it should have read the edge row
+    (column) again. Rows first, on the edge row replicated sideways (so they include the corners' diagonal taps);
+    columns after, on the edge column zero-padded lengthwise (the corners' diagonal taps are already counted)."""
+    if ht:
+        for side, tap in ((slice(0, 1), slice(0, 1)), (slice(-1, None), slice(-1, None))):
+            row = x[:, :, :, side]
+            if wl:
+                row = torch.cat((row[..., :1], row, row[..., -1:]), dim=-1)
+            y[:, :, :, side] += F.conv3d(row, weight[:, :, :, tap])
+    if wl:
+        for side, tap in ((slice(0, 1), slice(0, 1)), (slice(-1, None), slice(-1, None))):
+            y[..., side] += F.conv3d(x[..., side], weight[..., tap], padding=(0, ht, 0))
+
+
 class StreamedDecoder:
     """Runs a HunyuanVideoDecoder3D chunk by chunk. `chunk_bytes`: the padded input of one convolution call;
     `channels_last`: every activation in NDHWC, the layout cuDNN's convolution kernels work in (no conversion
     around each call); `scratch_limit`: fewer frames per call where MIOpen's im2col scratch (27 × input channels ×
     output positions) would pass it."""
 
-    def __init__(self, chunk_bytes: int = CHUNK_BYTES, channels_last: bool = False, scratch_limit: int | None = None):
+    def __init__(self, chunk_bytes: int = CHUNK_BYTES, channels_last: bool = False, scratch_limit: int | None = None,
+                 zero_pad_fix: bool = True):
         self.chunk_bytes = chunk_bytes
+        self.zero_pad_fix = zero_pad_fix
         self.scratch_limit = scratch_limit        # ROCm: MIOpen's im2col scratch of one call (memory/vae.py)
         self.fmt = torch.channels_last_3d if channels_last else torch.contiguous_format
 
@@ -118,19 +146,24 @@ class StreamedDecoder:
 
     def conv_chunks(self, cc, shape: tuple[int, ...], fill, act: bool = False):
         """Run a HunyuanVideoCausalConv3d over an input of `shape` (n, c, frames, height, width), `fill(dst, a, b)`
-        writing its input frames [a, b) into the padded buffer's interior (`act`: SiLU applied after, in place, on
-        the new frames with their borders: one pass over contiguous memory when channels-last); yields (a, b,
-        output frames [a, b)).
-        The causal history of each chunk (the frames before a) is copied from the previous chunk's buffer, so
-        `fill` is called once per frame and its source may be overwritten as soon as a chunk is yielded."""
+        writing its input frames [a, b) into the chunk's buffer (`act`: SiLU after, in place); yields (a, b,
+        output frames [a, b)). The causal history of each chunk (the frames before a) is copied from the previous
+        chunk's buffer, so `fill` is called once per frame and its source may be overwritten as soon as a chunk is
+        yielded.
+
+        The spatial replicate padding: with `zero_pad_fix` (default) the buffer holds only the frames (contiguous,
+        so filling it runs at full memory speed), the convolution pads with zeros and the one-pixel border ring
+        of its output gets what the replicated pixels add (_replicate_correction); else the buffer is padded by
+        copies of its edges, as F.pad(mode="replicate") would."""
         conv = cc.conv
         wl, wr, ht, hb, tf, tb = cc.time_causal_padding
         if tb or tuple(conv.stride) != (1, 1, 1) or tuple(conv.dilation) != (1, 1, 1) or conv.groups != 1 \
-                or cc.pad_mode != "replicate" or any(conv.padding):
-            raise ValueError(f"not a causal stride-1 convolution: {cc}")
+                or cc.pad_mode != "replicate" or any(conv.padding) or (wl, ht) != (wr, hb) or max(wl, ht) > 1:
+            raise ValueError(f"not a causal stride-1 convolution of kernel ≤ 3: {cc}")
         n, _, frames, height, width = shape
         cin = conv.in_channels
-        hp, wp = height + ht + hb, width + wl + wr
+        pad = 0 if self.zero_pad_fix else 1
+        hp, wp = height + pad * (ht + hb), width + pad * (wl + wr)
         per_frame = n * cin * hp * wp * conv.weight.element_size()
         k = max(1, self.chunk_bytes // per_frame - tf)
         if self.scratch_limit is not None:
@@ -140,37 +173,36 @@ class StreamedDecoder:
             b = min(frames, a + k)
             buf = self.empty((n, cin, tf + b - a, hp, wp), conv.weight)
             new = buf[:, :, tf:]
-            fill(new[:, :, :, ht:ht + height, wl:wl + width], a, b)
-            if wl:
-                new[..., :wl].copy_(new[..., wl:wl + 1].expand(*new.shape[:-1], wl))
-            if wr:
-                new[..., wl + width:].copy_(new[..., wl + width - 1:wl + width].expand(*new.shape[:-1], wr))
-            if ht:
-                new[:, :, :, :ht].copy_(new[:, :, :, ht:ht + 1].expand(-1, -1, -1, ht, -1))
-            if hb:
-                new[:, :, :, ht + height:].copy_(new[:, :, :, ht + height - 1:ht + height].expand(-1, -1, -1, hb, -1))
+            fill(new[:, :, :, pad * ht:pad * ht + height, pad * wl:pad * wl + width], a, b)
+            if pad:
+                _replicate_borders(new, ht, wl, height, width)
             if act:
                 F.silu(new, inplace=True)
             if tf:
                 buf[:, :, :tf].copy_(new[:, :, :1].expand(-1, -1, tf, -1, -1) if halo is None else halo)
                 halo = buf[:, :, -tf:].clone(memory_format=self.fmt)
             del new
-            y = conv(buf)
+            if pad:
+                y = conv(buf)
+            else:
+                y = F.conv3d(buf, conv.weight, conv.bias, padding=(0, ht, wl))
+                _replicate_correction(y, buf, conv.weight, ht, wl)
             del buf
             yield a, b, y
             del y
 
-    def conv_layer(self, cc, x_shape, fill, out: torch.Tensor | None = None, add=None, act: bool = False) \
+    def conv_layer(self, cc, x_shape, fill, out: torch.Tensor | None = None, residual=None, act: bool = False) \
             -> torch.Tensor:
-        """The whole output of a causal convolution, chunk by chunk into `out` (allocated if None); `add(a, b, y)`
-        may add a residual to each output chunk in place before it is stored."""
+        """The whole output of a causal convolution, chunk by chunk into `out` (allocated if None); `residual(a, b)`:
+        what is added to output frames [a, b) as they are stored (one pass)."""
         n, _, frames, height, width = x_shape
         if out is None:
             out = self.empty((n, cc.conv.out_channels, frames, height, width), cc.conv.weight)
         for a, b, y in self.conv_chunks(cc, x_shape, fill, act):
-            if add is not None:
-                add(a, b, y)
-            out[:, :, a:b].copy_(y)
+            if residual is not None:
+                torch.add(y, residual(a, b), out=out[:, :, a:b])
+            else:
+                out[:, :, a:b].copy_(y)
             del y
         return out
 
@@ -180,12 +212,12 @@ class StreamedDecoder:
         h = self.conv_layer(block.conv1, x.shape, _norm(x, block.norm1), act=True)
         shortcut = block.conv_shortcut
 
-        def residual(a: int, b: int, y: torch.Tensor) -> None:
+        def residual(a: int, b: int) -> torch.Tensor:
             r = x[:, :, a:b]
-            y.add_(shortcut.conv(r.contiguous(memory_format=self.fmt)) if shortcut is not None else r)
+            return shortcut.conv(r.contiguous(memory_format=self.fmt)) if shortcut is not None else r
 
         # conv2 reads norm2(h) and writes back into h: each chunk's causal history is kept by conv_chunks.
-        return self.conv_layer(block.conv2, h.shape, _norm(h, block.norm2), out=h, add=residual, act=True)
+        return self.conv_layer(block.conv2, h.shape, _norm(h, block.norm2), out=h, residual=residual, act=True)
 
     def upsample(self, up, x: torch.Tensor) -> torch.Tensor:
         """HunyuanVideoUpsampleCausal3D(x): nearest upsampling made chunk by chunk in the convolution's buffer."""

@@ -28,32 +28,50 @@ def _z(frames, h, w, seed=1):
 
 
 @pytest.mark.parametrize("shape", [(1, 4, 5), (3, 4, 6), (6, 5, 3)])
-@pytest.mark.parametrize("chunk_bytes, channels_last", [(1, False), (4000, True), (1 << 30, False), (1 << 30, True)])
+@pytest.mark.parametrize("chunk_bytes, channels_last, zero_pad", [(1, False, True), (4000, True, True),
+                                                                   (1 << 30, False, False), (1 << 30, True, True),
+                                                                   (1, True, False)])
 @torch.no_grad()
-def test_the_streamed_decoder_is_diffusers_decoder(vae, shape, chunk_bytes, channels_last):
+def test_the_streamed_decoder_is_diffusers_decoder(vae, shape, chunk_bytes, channels_last, zero_pad):
     z = vae.post_quant_conv(_z(*shape))
     reference = vae.decoder(z)
-    out = decode(vae.decoder, z, chunk_bytes=chunk_bytes, channels_last=channels_last)
+    out = StreamedDecoder(chunk_bytes, channels_last, zero_pad_fix=zero_pad)(vae.decoder, z)
     assert out.shape == reference.shape and out.is_contiguous()
     # float32: only the GroupNorm statistics' order of additions differs (1 byte per chunk: one frame per call)
     assert (out - reference).abs().max().item() < 2e-5
 
 
+@pytest.mark.parametrize("height, width", [(1, 1), (1, 5), (4, 1), (6, 7)])
+def test_zero_padding_with_the_border_ring_corrected_is_replicate_padding(height, width):
+    from memory.vae_stream import _replicate_correction
+
+    g = torch.Generator().manual_seed(height * 10 + width)
+    x = torch.randn(2, 3, 4, height, width, generator=g, dtype=torch.float64)
+    weight = torch.randn(5, 3, 3, 3, 3, generator=g, dtype=torch.float64)
+    expected = torch.nn.functional.conv3d(torch.nn.functional.pad(x, (1, 1, 1, 1, 0, 0), mode="replicate"), weight)
+    y = torch.nn.functional.conv3d(x, weight, padding=(0, 1, 1))
+    _replicate_correction(y, x, weight, 1, 1)
+    assert torch.allclose(y, expected, atol=1e-12)
+
+
 @torch.no_grad()
-def test_one_frame_per_call_when_the_chunk_is_small_and_under_a_scratch_limit(vae):
+def test_one_frame_per_call_when_the_chunk_is_small_and_under_a_scratch_limit(vae, monkeypatch):
     z = vae.post_quant_conv(_z(3, 4, 6))
     frames_per_call = []
-    handles = [m.register_forward_hook(lambda m, i, o: frames_per_call.append(o.shape[2]))
-               for m in vae.decoder.modules() if isinstance(m, torch.nn.Conv3d) and m.kernel_size[0] == 3]
-    try:
-        decode(vae.decoder, z, chunk_bytes=1 << 30)
-        assert max(frames_per_call) == 9                  # a large chunk: all 9 pixel frames in one call
-        frames_per_call.clear()
-        StreamedDecoder(1 << 30, scratch_limit=1)(vae.decoder, z)
-        assert set(frames_per_call) == {1}                # MIOpen's scratch limit: one output frame per call
-    finally:
-        for h in handles:
-            h.remove()
+    conv3d = torch.nn.functional.conv3d
+
+    def counting(x, weight, *args, **kwargs):
+        out = conv3d(x, weight, *args, **kwargs)
+        if tuple(weight.shape[2:]) == (3, 3, 3):                # the decoder's convolutions (not the ring's fix)
+            frames_per_call.append(out.shape[2])
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "conv3d", counting)
+    decode(vae.decoder, z, chunk_bytes=1 << 30)
+    assert max(frames_per_call) == 9                      # a large chunk: all 9 pixel frames in one call
+    frames_per_call.clear()
+    StreamedDecoder(1 << 30, scratch_limit=1)(vae.decoder, z)
+    assert set(frames_per_call) == {1}                    # MIOpen's scratch limit: one output frame per call
 
 
 @torch.no_grad()
