@@ -59,7 +59,6 @@ def rows_to_run(baseline, tiled, tiny: bool) -> list[tuple[str, object, object, 
     rows = [("baseline", baseline, plain, None)]
     if isinstance(baseline, GridTiling):
         rows += [("streamed, NCDHW", baseline, VaeDecodeSpeed(stream_channels_last=False), None),
-                 ("streamed, padded chunks", baseline, VaeDecodeSpeed(stream_zero_pad=False), None),
                  ("diffusers' decoder and tiles", tiled, plain, None)]
     rows += [("PyTorch's pad and GroupNorm", tiled, VaeDecodeSpeed(fast_pad=False, fast_group_norm=False), None),
              ("PyTorch's GroupNorm", tiled, VaeDecodeSpeed(fast_group_norm=False), None),
@@ -107,8 +106,7 @@ def _decode(vae, z, tiling, speed, device) -> torch.Tensor:
     from pipeline.decode_speed import decode_speed
 
     if isinstance(tiling, GridTiling):
-        return grid_decode(vae, z, tiling, streamed_decode(device)["channels_last"] and speed.stream_channels_last,
-                           zero_pad=speed.stream_zero_pad)
+        return grid_decode(vae, z, tiling, streamed_decode(device)["channels_last"] and speed.stream_channels_last)
     tiling.apply(vae)
     with decode_speed(vae, device, speed):
         return vae.decode(z).sample

@@ -36,9 +36,6 @@ class VaeDecodeSpeed:
     # NVIDIA: the streamed decoder's activations channels-last (cuDNN's layout: 0.89× the time on an H100). Not on
     # ROCm, where MIOpen's 3-D convolutions are not known to take it.
     stream_channels_last: bool = True
-    # The streamed decoder's spatial padding: the convolution pads with zeros and the border ring of its output is
-    # corrected (memory/vae_stream.py), so its input chunk is contiguous; False: a chunk padded by copies.
-    stream_zero_pad: bool = True
 
 
 @dataclass(frozen=True)

@@ -95,9 +95,9 @@ def grid_candidates(shape: tuple[int, int, int], chunk_bytes: int, overlap: int 
 
 @torch.no_grad()
 def grid_decode(vae, z: torch.Tensor, tiling: GridTiling, channels_last: bool = False,
-                scratch_limit: int | None = None, zero_pad: bool = True) -> torch.Tensor:
+                scratch_limit: int | None = None) -> torch.Tensor:
     """Pixels of latents z (n, c, frames, h, w) decoded tile by tile with the streamed decoder and blended."""
-    decode = StreamedDecoder(tiling.chunk_bytes, channels_last, scratch_limit, zero_pad)
+    decode = StreamedDecoder(tiling.chunk_bytes, channels_last, scratch_limit)
 
     scale = getattr(vae, "spatial_compression_ratio", 8)
     n, _, frames, lh, lw = z.shape

@@ -28,30 +28,15 @@ def _z(frames, h, w, seed=1):
 
 
 @pytest.mark.parametrize("shape", [(1, 4, 5), (3, 4, 6), (6, 5, 3)])
-@pytest.mark.parametrize("chunk_bytes, channels_last, zero_pad", [(1, False, True), (4000, True, True),
-                                                                   (1 << 30, False, False), (1 << 30, True, True),
-                                                                   (1, True, False)])
+@pytest.mark.parametrize("chunk_bytes, channels_last", [(1, False), (4000, True), (1 << 30, False), (1 << 30, True)])
 @torch.no_grad()
-def test_the_streamed_decoder_is_diffusers_decoder(vae, shape, chunk_bytes, channels_last, zero_pad):
+def test_the_streamed_decoder_is_diffusers_decoder(vae, shape, chunk_bytes, channels_last):
     z = vae.post_quant_conv(_z(*shape))
     reference = vae.decoder(z)
-    out = StreamedDecoder(chunk_bytes, channels_last, zero_pad_fix=zero_pad)(vae.decoder, z)
+    out = StreamedDecoder(chunk_bytes, channels_last)(vae.decoder, z)
     assert out.shape == reference.shape and out.is_contiguous()
     # float32: only the GroupNorm statistics' order of additions differs (1 byte per chunk: one frame per call)
     assert (out - reference).abs().max().item() < 2e-5
-
-
-@pytest.mark.parametrize("height, width", [(1, 1), (1, 5), (4, 1), (6, 7)])
-def test_zero_padding_with_the_border_ring_corrected_is_replicate_padding(height, width):
-    from memory.vae_stream import _replicate_correction
-
-    g = torch.Generator().manual_seed(height * 10 + width)
-    x = torch.randn(2, 3, 4, height, width, generator=g, dtype=torch.float64)
-    weight = torch.randn(5, 3, 3, 3, 3, generator=g, dtype=torch.float64)
-    expected = torch.nn.functional.conv3d(torch.nn.functional.pad(x, (1, 1, 1, 1, 0, 0), mode="replicate"), weight)
-    y = torch.nn.functional.conv3d(x, weight, padding=(0, 1, 1))
-    _replicate_correction(y, x, weight, 1, 1)
-    assert torch.allclose(y, expected, atol=1e-12)
 
 
 @torch.no_grad()
@@ -62,7 +47,7 @@ def test_one_frame_per_call_when_the_chunk_is_small_and_under_a_scratch_limit(va
 
     def counting(x, weight, *args, **kwargs):
         out = conv3d(x, weight, *args, **kwargs)
-        if tuple(weight.shape[2:]) == (3, 3, 3):                # the decoder's convolutions (not the ring's fix)
+        if tuple(weight.shape[2:]) == (3, 3, 3):                # the causal convolutions (not the shortcuts)
             frames_per_call.append(out.shape[2])
         return out
 
