@@ -30,9 +30,14 @@ log = logging.getLogger(__name__)
 
 
 def pixels_to_frames(video: torch.Tensor) -> np.ndarray:
-    """(1, 3, T, H, W) in [-1, 1] -> (T, H, W, 3) uint8."""
-    v = ((video[0].float().clamp(-1, 1) + 1.0) * 127.5 + 0.5).to(torch.uint8)
-    return v.permute(1, 2, 3, 0).contiguous().cpu().numpy()
+    """(1, 3, T, H, W) in [-1, 1] -> (T, H, W, 3) uint8: ((clamp(x) + 1) · 127.5 + 0.5) truncated, each step in
+    float32. The steps run in place on one float32 copy and the conversion writes the frames' layout directly
+    (the last section's file waits for this: a whole-size temporary per step cost page faults each time)."""
+    v = video[0].to(device="cpu", dtype=torch.float32, copy=True)
+    v.clamp_(-1, 1).add_(1.0).mul_(127.5).add_(0.5)
+    out = torch.empty(v.shape[1:] + v.shape[:1], dtype=torch.uint8)
+    out.permute(3, 0, 1, 2).copy_(v)
+    return out.numpy()
 
 
 def _check(frames: np.ndarray, crf: int) -> None:
