@@ -222,3 +222,18 @@ def test_a_job_samples_the_next_section_while_the_last_one_is_written(tiny_origi
     assert order.index(("step", 2, 1)) < order.index(("video", 1))        # not on the critical path
     assert [o for o in order if o[0] == "video"] == [("video", 1), ("video", 2)]
     assert last.timings["video writing"] > 0 and last.timings["video writing, background"] >= 3.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.bfloat16])
+def test_frames_are_the_quantisation_formula_and_the_pixels_stay_as_they_were(dtype):
+    from pipeline.video import pixels_to_frames
+
+    g = torch.Generator().manual_seed(3)
+    pixels = (torch.randn(1, 3, 5, 7, 9, generator=g) * 0.8).to(dtype)
+    pixels[0, 0, 0, 0, :5] = torch.tensor([-1.5, 1.2, 0.99999, -0.999, 0.5]).to(dtype)     # clamped and edges
+    before = pixels.clone()
+    frames = pixels_to_frames(pixels)
+    # the formula the video has always had: ((clamp(x) + 1) · 127.5 + 0.5) truncated, float32 steps
+    expected = ((pixels[0].float().clamp(-1, 1) + 1.0) * 127.5 + 0.5).to(torch.uint8).permute(1, 2, 3, 0).numpy()
+    assert frames.shape == (5, 7, 9, 3) and frames.dtype == np.uint8 and frames.flags["C_CONTIGUOUS"]
+    assert np.array_equal(frames, expected) and torch.equal(pixels, before)
