@@ -19,7 +19,7 @@ class VaeDecodeSpeed:
     # 4.4-5.4 GB they did. 4 GB keeps the middle sections at 256 px tiles (est. 14.9 GB, 14.1 measured). 0: off.
     cudnn_workspace_gb: float = 4.0
     # The decoder's replicate padding made by copies (pipeline/vae_ops.py): the same values bit for bit, faster on
-    # the GPU (PyTorch's replicate-pad kernel took 17 % of the decode's GPU time). On everywhere.
+    # the GPU (PyTorch's replicate-pad kernel took 17 % of the decode's GPU time). On wherever diffusers' decoder runs.
     fast_pad: bool = True
     # The decoder's GroupNorm statistics from PyTorch's parallel reductions instead of its one-block-per-group
     # kernel (the largest single cost of the decode on the GPU). The same formula, other rounding of the statistics:

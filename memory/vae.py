@@ -1,6 +1,11 @@
 """VAE decode inside the cap: tile sizes chosen from the budget, smaller tiles on out-of-memory, then rocm's conv
 fallback.
 
+On a GPU the decode runs the streamed decoder (memory/vae_stream.py: the same decoder a few frames at a time, about
+a quarter of the memory) on a grid of flush tiles (memory/vae_grid.py), so a 608×640 section needs 1–2 tiles under
+a 20 GB cap; `streamed_decode(device)` says so from configs/video.py. Everything below about diffusers' tiles is the
+CPU's path and the path with `streamed` off.
+
 diffusers' HunyuanVideo VAE decodes in overlapping tiles (spatial `tile_sample_min_height/width` with a 3/4 stride,
 temporal `tile_sample_min_num_frames`). Overlap is recomputed work: 256-pixel tiles on a 608×640 frame decode 2.7×
 the pixels of one full-frame tile, and 16-frame temporal tiles decode 5 latent frames per 3. So the policy takes

@@ -1,5 +1,9 @@
 """Optional speed settings for the VAE decode (configs.video.VaeDecodeSpeed), applied for one decode and undone.
 
+They concern diffusers' decoder (the CPU's decode, or a GPU's with `streamed` off); a GPU's decode normally runs
+the streamed decoder (memory/vae_stream.py), which does its own padding and GroupNorm and is chosen by the memory
+manager's decode policy.
+
 `cudnn_benchmark` and `channels_last` change which convolution kernels run, so the pixels may differ from the
 default decode by rounding; tests/test_decode_speed.py bounds the difference and benchmarks/vae_decode.py measures
 speed and difference on a GPU. `fast_pad` and `fast_group_norm` swap two of the decoder's operations for faster ones
