@@ -293,8 +293,8 @@ def main(argv=None) -> int:
         frames = (shape["latents"][0] - 1) * 4 + 1
         print(f"\n{name}: {frames} frames, latents {tuple(shape['latents'])}\n"
               "| row | tiling | first s | s | × baseline | peak GB | max abs | mean abs | max levels |\n"
-              "|---|---|---|---|---|---|---|---|---|" + ("\n(levels from whole frames: max / mean)" if args.whole_reference
-                                                          else ""))
+              "|---|---|---|---|---|---|---|---|---|"
+              + ("\n(levels from whole frames: max / mean)" if args.whole_reference else ""))
         for r in shape["rows"]:
             if "error" in r:
                 print(f"| {r['row']} | {r.get('tiling', '')} | {r['error']} | | | | | | |")

@@ -42,7 +42,8 @@ def group_stats(x: torch.Tensor, groups: int, eps: float) -> tuple[torch.Tensor,
 
 def channel_affine(mean: torch.Tensor, rstd: torch.Tensor, channels: int, weight: torch.Tensor | None,
                    bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """GroupNorm as y = x·a + b per (sample, channel): a = rstd·γ, b = β − mean·a (float32, shape (n, c, 1, 1, 1))."""
+    """GroupNorm as y = x·a + b per (sample, channel): a = rstd·γ, b = β − mean·a (float32, shape
+    (n, c, 1, 1, 1))."""
     per = channels // mean.shape[1]
     a = rstd.repeat_interleave(per, dim=1)
     if weight is not None:
