@@ -58,8 +58,6 @@ class GridTiling:
     cols: int
     overlap: int = OVERLAP
     chunk_bytes: int = CHUNK_BYTES       # the streamed decoder's chunk (memory/vae_stream.py): part of the peak
-    frames: int = 0                      # all frames at once (the streamed decoder needs no temporal tiles)
-    size: int = 0                        # (the fields diffusers' tiling has, for code that reads either)
 
     def describe(self) -> str:
         if self.rows == self.cols == 1:

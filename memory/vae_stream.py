@@ -95,7 +95,8 @@ def _upsampled(x: torch.Tensor, factor: tuple[int, int, int]):
     ft, fh, fw = factor
 
     def fill(dst: torch.Tensor, start: int, stop: int) -> None:
-        src = torch.tensor([0 if j == 0 else (j - 1) // ft + 1 for j in range(start, stop)], device=x.device)
+        j = torch.arange(start, stop, device=x.device)          # made on the device: no wait for the GPU's queue
+        src = torch.where(j == 0, 0, (j - 1).div(ft, rounding_mode="floor") + 1)
         frames = x.index_select(2, src)
         n, c, k, h, w = frames.shape
         view = dst.unflatten(3, (h, fh)).unflatten(5, (w, fw))           # (n, c, k, h, fh, w, fw)
@@ -103,14 +104,21 @@ def _upsampled(x: torch.Tensor, factor: tuple[int, int, int]):
     return fill
 
 
-def _replicate_borders(buf: torch.Tensor, ht: int, wl: int, height: int, width: int) -> None:
-    """Fill the one-pixel frame around buf's interior with copies of its edge (F.pad's replicate values)."""
+def replicate_borders(buf: torch.Tensor, pad: tuple[int, int, int, int]) -> None:
+    """Fill the spatial border of `buf` (pad = (left, right, top, bottom) pixels around its interior) with copies
+    of the interior's edge rows and columns, in place: F.pad(mode="replicate")'s values, corners included."""
+    wl, wr, ht, hb = pad
+    height, width = buf.shape[-2] - ht - hb, buf.shape[-1] - wl - wr
+    rows = buf[..., ht:ht + height, :]
     if wl:
-        buf[..., :wl].copy_(buf[..., wl:wl + 1].expand(*buf.shape[:-1], wl))
-        buf[..., wl + width:].copy_(buf[..., wl + width - 1:wl + width].expand(*buf.shape[:-1], wl))
+        rows[..., :wl].copy_(rows[..., wl:wl + 1].expand(*rows.shape[:-1], wl))
+    if wr:
+        rows[..., wl + width:].copy_(rows[..., wl + width - 1:wl + width].expand(*rows.shape[:-1], wr))
     if ht:
-        buf[:, :, :, :ht].copy_(buf[:, :, :, ht:ht + 1].expand(-1, -1, -1, ht, -1))
-        buf[:, :, :, ht + height:].copy_(buf[:, :, :, ht + height - 1:ht + height].expand(-1, -1, -1, ht, -1))
+        buf[..., :ht, :].copy_(buf[..., ht:ht + 1, :].expand(*buf.shape[:-2], ht, buf.shape[-1]))
+    if hb:
+        buf[..., ht + height:, :].copy_(buf[..., ht + height - 1:ht + height, :].expand(*buf.shape[:-2], hb,
+                                                                                          buf.shape[-1]))
 
 
 class StreamedDecoder:
@@ -153,7 +161,7 @@ class StreamedDecoder:
             buf = self.empty((n, cin, tf + b - a, hp, wp), conv.weight)
             new = buf[:, :, tf:]
             fill(new[:, :, :, ht:ht + height, wl:wl + width], a, b)
-            _replicate_borders(new, ht, wl, height, width)
+            replicate_borders(new, (wl, wr, ht, hb))
             if act:
                 F.silu(new, inplace=True)
             if tf:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memory.vae_stream import channel_affine, group_stats
+from memory.vae_stream import channel_affine, group_stats, replicate_borders
 
 
 def replicate_pad(x: torch.Tensor, pad: tuple[int, ...]) -> torch.Tensor:
@@ -45,16 +45,7 @@ def replicate_pad(x: torch.Tensor, pad: tuple[int, ...]) -> torch.Tensor:
                       memory_format=torch.channels_last_3d if last else torch.contiguous_format)
     frames = slice(tf, tf + t)
     out[:, :, frames, ht:ht + h, wl:wl + w].copy_(x)
-    rows = out[:, :, frames, ht:ht + h]
-    if wl:
-        rows[..., :wl].copy_(rows[..., wl:wl + 1].expand(-1, -1, -1, -1, wl))
-    if wr:
-        rows[..., wl + w:].copy_(rows[..., wl + w - 1:wl + w].expand(-1, -1, -1, -1, wr))
-    middle = out[:, :, frames]
-    if ht:
-        middle[:, :, :, :ht].copy_(middle[:, :, :, ht:ht + 1].expand(-1, -1, -1, ht, -1))
-    if hb:
-        middle[:, :, :, ht + h:].copy_(middle[:, :, :, ht + h - 1:ht + h].expand(-1, -1, -1, hb, -1))
+    replicate_borders(out[:, :, frames], (wl, wr, ht, hb))
     if tf:
         out[:, :, :tf].copy_(out[:, :, tf:tf + 1].expand(-1, -1, tf, -1, -1))
     if tb:
