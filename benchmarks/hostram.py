@@ -10,6 +10,7 @@
      c     inside memory.max = 16 GiB, --host-ram-gb 16, fp8 storage
      cold  (b) after `sync; echo 3 > /proc/sys/vm/drop_caches`, stopped after the first sampling step
      b2    (b), then the same job again in the same process (the prompt cache skips the text encoders)
+     b0    (b) with the late read and the parking off (STEADYFRAME_LATE_LOAD=0 STEADYFRAME_PARK=0)
      fp8step  one transformer step (real shapes, random inputs) with bf16 and with fp8 weights: relative error
    `--config all` runs all of them in turn; `--report` combines RESULTS/*.json into a table, with the
    relative error of (c)'s latents against (a)'s (whole job, and the first section generated).
@@ -64,6 +65,7 @@ class Config:
     cgroup_gb: float | None = None
     cold: bool = False
     jobs: int = 1                          # > 1: the same job again in the same process (the prompt is cached)
+    env: tuple[tuple[str, str], ...] = ()  # environment of the child (switches compared within one run)
 
 
 CONFIGS = {
@@ -73,6 +75,8 @@ CONFIGS = {
     "cold": Config("cold", "(b) with the page cache dropped, until the first step", 24, cgroup_gb=24, cold=True),
     "fp8step": Config("fp8step", "one transformer step, bf16 vs fp8 weights", None),
     "b2": Config("b2", "(b), then the same job again (its prompt cached)", 24, cgroup_gb=24, jobs=2),
+    "b0": Config("b0", "(b) with every file-homed block read before each section (no late read, no parking)", 24,
+                 cgroup_gb=24, env=(("STEADYFRAME_LATE_LOAD", "0"), ("STEADYFRAME_PARK", "0"))),
 }
 TINY_CONFIGS = {
     "a": Config("a", "no host limit", None),
@@ -81,6 +85,8 @@ TINY_CONFIGS = {
     "cold": Config("cold", "(b) with the page cache dropped, until the first step", "tight", cold=True),
     "fp8step": Config("fp8step", "one transformer step, native vs fp8 weights", None),
     "b2": Config("b2", "(b), then the same job again (its prompt cached)", "tight", jobs=2),
+    "b0": Config("b0", "(b) without late read and parking", "tight", cgroup_gb=3,
+                 env=(("STEADYFRAME_LATE_LOAD", "0"), ("STEADYFRAME_PARK", "0"))),
 }
 
 
@@ -340,7 +346,8 @@ def run_config(cfg: Config, model_dir: Path, results: Path, tiny: bool, timeout:
         shutil.rmtree(prompts)
     from benchmarks._script import repo_env
 
-    env = repo_env(dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", STEADYFRAME_PROMPT_CACHE=str(prompts)))
+    env = repo_env(dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", STEADYFRAME_PROMPT_CACHE=str(prompts),
+                        **dict(cfg.env)))
     cmd = [sys.executable, "-m", "benchmarks.hostram", "--child", cfg.name, "--model-dir", str(model_dir),
            "--out", str(results)] + (["--tiny"] if tiny else [])
     peaks: dict = {}

@@ -33,10 +33,11 @@ def report(results: Path) -> dict:
             if p.stem in CONFIGS and p.stem != "fp8step"}
     fp8 = json.loads((results / "fp8step.json").read_text()) if (results / "fp8step.json").exists() else None
     a = rows.get("a", {})
-    lines = ["| config | status | job s | × (a) | load s | host arrange s | first step s (since start) | text enc s | "
+    lines = ["| config | status | job s | × (a) | whole run s (× (a)) | load s | host arrange s | "
+             "first step s (since start) | text enc s | "
              "VAE enc s | image enc s | transformer s | VAE dec s | cgroup memory.peak GiB | RSS peak anon / file "
              "GiB | pinned GiB | VRAM peak GiB | read from files in the job GiB | video = (a) |",
-             "|" + "---|" * 18]
+             "|" + "---|" * 19]
     for name, r in rows.items():
         t = r.get("timings") or {}
         peak = r.get("memory.peak")
@@ -45,9 +46,12 @@ def report(results: Path) -> dict:
                 else "yes" if r.get("video_sha256") == a.get("video_sha256")
                 else "no (fp8)" if r.get("storage") == "fp8" else "NO")
         rss = r.get("rss_peak") or {}
+        # the child process from its start to its exit: models loaded, host arranged, the job, the end (a CLI run)
+        run = (f"{r['wall_s']:.1f} ({r['wall_s'] / a['wall_s']:.3f})" if r.get("wall_s") and a.get("wall_s")
+               and name != "cold" else "–")
         host = r.get("host") or {}
         lines.append(
-            f"| {name}: {r.get('what', '')} | {r.get('status')} | {r.get('job_s', 0):.1f} | {ratio} | "
+            f"| {name}: {r.get('what', '')} | {r.get('status')} | {r.get('job_s', 0):.1f} | {ratio} | {run} | "
             f"{r.get('load_s', 0):.1f} | {r.get('arrange_s', 0):.1f} | "
             f"{(r.get('first_step_since_start_s') or 0):.1f} | {t.get('text encoders', 0):.2f} | "
             f"{t.get('VAE encode', 0):.2f} | {t.get('image encoder', 0):.2f} | {t.get('transformer', 0):.1f} | "

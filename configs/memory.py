@@ -47,6 +47,14 @@ class MemoryConfig:
     # no PYTORCH_*ALLOC_CONF; rocm/env.py). Keeps the VAE decode's kernels, speed and frames independent of what
     # earlier stages left in the allocator's cache.
     cuda_expandable_segments: bool = True
+    # The transformer's resident blocks that the host budget leaves in the weight files are read while the first
+    # sampling step already runs the blocks before them (memory/lateload.py) instead of before the stage starts.
+    # STEADYFRAME_LATE_LOAD=0/1 overrides it for a run.
+    late_load: bool = True
+    # And when a transformer stage ends, those blocks stay on the GPU through the VAE decode as far as the decode's
+    # tiles leave room (the same tiles as without them), so the next section does not read them again
+    # (memory/parking.py). STEADYFRAME_PARK=0/1 overrides it for a run.
+    park_file_blocks: bool = True
     # Prompt embeddings kept on disk (outputs/.cache/prompts) so a repeated prompt skips the text encoders.
     prompt_cache_mb: int = 512
 

@@ -111,6 +111,25 @@ def _from_files(chunk: Chunk, buf: torch.Tensor, staging: Staging) -> None:
                 view.copy_(w)
 
 
+def _fill_cpu(chunk: Chunk, buf: torch.Tensor) -> None:
+    for entry, view in zip(chunk.entries, chunk.views(buf)):
+        src = entry.source
+        if chunk.home == "file" and isinstance(src, TensorSource) and src.dtype == entry.dtype \
+                and not chunk.is_fp8(entry):
+            src.file.read_into(buf[entry.offset:entry.offset + entry.nbytes], src.offset)
+        else:
+            view.copy_(chunk.value(entry))
+
+
+def fill_from_files(chunk: Chunk, buf: torch.Tensor, staging: Staging | None) -> None:
+    """Write the device layout of a file-homed `chunk` into `buf` (a CPU or device byte buffer), deltas not
+    included: what load_chunk does before it merges the deltas and binds (memory/lateload.py reuses it)."""
+    if buf.device.type == "cpu":
+        _fill_cpu(chunk, buf)
+    else:
+        _from_files(chunk, buf, staging or Staging(buf.device))
+
+
 def load_chunk(chunk: Chunk, device: torch.device, staging: Staging | None = None,
                non_blocking: bool = True) -> torch.Tensor | None:
     """A device copy of `chunk`, bound; returns its buffer (None on the CPU when the idle views are used)."""
@@ -119,13 +138,7 @@ def load_chunk(chunk: Chunk, device: torch.device, staging: Staging | None = Non
             chunk.bind_idle()
             return None
         buf = torch.empty(chunk.nbytes, dtype=torch.uint8)
-        for entry, view in zip(chunk.entries, chunk.views(buf)):
-            src = entry.source
-            if chunk.home == "file" and isinstance(src, TensorSource) and src.dtype == entry.dtype \
-                    and not chunk.is_fp8(entry):
-                src.file.read_into(buf[entry.offset:entry.offset + entry.nbytes], src.offset)
-            else:
-                view.copy_(chunk.value(entry))
+        _fill_cpu(chunk, buf)
         apply_deltas(chunk, chunk.views(buf))
         chunk.bind(buf)
         return buf
@@ -144,8 +157,9 @@ def load_chunk(chunk: Chunk, device: torch.device, staging: Staging | None = Non
 
 
 def load_chunks(chunks: list[Chunk], device: torch.device, non_blocking: bool = True,
-                staging: Staging | None = None) -> list[torch.Tensor]:
-    """Device copies of `chunks`, bound there; returns the buffers to hold for the stage."""
+                staging: Staging | None = None, aligned: bool = False) -> list[torch.Tensor | None]:
+    """Device copies of `chunks`, bound there; returns the buffers to hold for the stage (`aligned`: one per chunk,
+    None where a CPU run uses the host copy itself)."""
     device = torch.device(device)
     if device.type != "cpu" and staging is None and any(c.home == "file" for c in chunks):
         staging = Staging(device)
@@ -155,7 +169,7 @@ def load_chunks(chunks: list[Chunk], device: torch.device, non_blocking: bool = 
         if ahead is not None and not (staging is not None and staging.direct):
             ahead.will_need()              # one chunk of read-ahead: small enough for a tight page cache
         out.append(load_chunk(c, device, staging, non_blocking))
-    return [b for b in out if b is not None]
+    return out if aligned else [b for b in out if b is not None]
 
 
 def unload_chunks(chunks: list[Chunk]) -> None:

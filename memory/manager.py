@@ -24,12 +24,13 @@ import torch
 
 from configs.memory import MEMORY
 from memory.attention import AttentionGuard
-from memory.budget import DEFAULT_PREFETCH_DEPTH, MemoryBudget, Placement, Workload
+from memory.budget import DEFAULT_PREFETCH_DEPTH, MemoryBudget, Placement, Workload, is_transformer
 from memory.chunkload import Staging, load_chunks, unload_chunks
-from memory.hostarrange import model_host, realize
-from memory.hostbudget import default_host_budget, job_working_bytes, process_overhead
 from memory.hostpack import HostPack
-from memory.hostplan import HostPlan, StageUse, plan_host
+from memory.hostplan import HostPlan
+from memory.manager_host import HostSide
+from memory.lateload import LateLoader, late_load_on, switch
+from memory.parking import ParkedBlocks
 from common.units import GIB
 from memory.snapshot import MemorySnapshot, host_rss_bytes, take_snapshot
 from memory.streaming import BlockStreamer
@@ -66,6 +67,7 @@ class StageRecord:
     leftover_bytes: int = 0            # allocated after − before (tensors the caller still holds, e.g. outputs)
     file_bytes: int = 0                # read from the weight files in this stage (chunks not kept in RAM)
     host_transient_bytes: int = 0      # host RAM given to streamed chunks from the files for this stage only
+    parked_bytes: int = 0              # file-homed blocks bound from the park instead of read (memory/parking.py)
 
     def as_dict(self) -> dict:
         return {"name": self.name, "models": list(self.models), "seconds": round(self.ended - self.started, 4),
@@ -74,13 +76,13 @@ class StageRecord:
                 "placement": self.placement, "streamed_bytes_per_pass": self.streamed_bytes_per_pass,
                 "stream_misses": self.stream_misses, "attention": self.attention, "vae_attempts": self.vae_attempts,
                 "leftover_bytes": self.leftover_bytes, "file_bytes": self.file_bytes,
-                "host_transient_bytes": self.host_transient_bytes,
+                "host_transient_bytes": self.host_transient_bytes, "parked_bytes": self.parked_bytes,
                 "host_rss_before": self.before.host_rss if self.before else None,
                 "host_rss_after": self.after.host_rss if self.after else None}
 
 
 @dataclass
-class MemoryManager:
+class MemoryManager(HostSide):
     device: torch.device = field(default_factory=default_device)
     cap_gb: float = MEMORY.vram_cap_gb
     preserved_gb: float = MEMORY.preserved_gb
@@ -94,6 +96,8 @@ class MemoryManager:
     host_ram_gb: float | None = MEMORY.host_ram_gb      # None: what this machine can spare (hostbudget.py)
     weight_storage: str = MEMORY.weight_storage         # "native" or "fp8" (transformer and Llama in host RAM)
     host_overhead: int | None = None      # bytes the process holds besides the weights; None: measured per job
+    late_load: bool = MEMORY.late_load    # file-homed resident blocks read while the stage computes (lateload.py)
+    park: bool = MEMORY.park_file_blocks  # and kept on the GPU between transformer stages where room (parking.py)
     # The tiered convolution fallback of this manager's stages (rocm/), passed explicitly to the VAE decode and
     # used by the orchestrator around its conv stages; one per manager, never looked up from a module global.
     conv_fallback: ConvFallback = field(default_factory=new_conv_fallback)
@@ -104,6 +108,8 @@ class MemoryManager:
     _current: StageRecord | None = None
     _live: tuple | None = None          # (placements, held, packs) of the stage in progress
     _staging: Staging | None = None
+    _parked: ParkedBlocks = field(default_factory=ParkedBlocks)
+    _park_source: tuple | None = None   # (placement, [(chunk, buffer)]) of the stage whose file blocks may park
 
     def __post_init__(self):
         self.device = torch.device(self.device)
@@ -144,63 +150,6 @@ class MemoryManager:
         self.cap_applied = True
         log.info("VRAM cap %.1f GB (%.0f%% of %.1f GB)", self.cap_gb, 100 * fraction, total / GIB)
 
-    # ---- host side ----------------------------------------------------------------------------------------------
-    def prepare(self, **models: torch.nn.Module) -> float:
-        """Pack (and pin, if enabled) models ahead of the first job; returns the seconds it took."""
-        t0 = time.perf_counter()
-        for model in models.values():
-            self._pack(model)
-        return time.perf_counter() - t0
-
-    @property
-    def pin(self) -> bool:
-        return self.pin_host_memory and self.device.type == "cuda"
-
-    def _pack(self, model: torch.nn.Module) -> HostPack:
-        pack = HostPack.of(model)
-        if pack.pinned != self.pin and any(c.home == "ram" for c in pack.chunks):
-            if not self.pin and self.device.type == "cuda":
-                log.info("host memory pinning is off: host→device copies are pageable (several times slower)")
-            pack.set_pinned(self.pin)
-        return pack
-
-    def host_budget(self) -> tuple[int, str]:
-        """(bytes, explanation) of the host-RAM budget."""
-        if self.host_ram_gb is None:
-            return default_host_budget()
-        return int(self.host_ram_gb * GIB), f"host RAM budget {self.host_ram_gb:g} GB (--host-ram-gb)"
-
-    def arrange_host(self, models: dict[str, torch.nn.Module], stages: list[StageUse] | tuple[StageUse, ...],
-                     sections: int = 1, frames: int = 0) -> HostPlan:
-        """Plan where the weights of a job's models live on the host and put them there. Raises
-        memory.hostplan.HostBudgetError (naming the minimum) before reading any weight if the budget cannot work."""
-        if self.weight_storage not in ("native", "fp8"):
-            raise ValueError(f"weight storage: {self.weight_storage!r} is not 'native' or 'fp8'")
-        packs = {k: HostPack.of(m) for k, m in models.items()}
-        quantized = {k: self.weight_storage == "fp8" and p.can_quantize() for k, p in packs.items()}
-        streamed: dict[str, set[int]] = {k: set() for k in models}
-        for s in stages:
-            names = [k for k in s.models if k in models]
-            for k, p in self.budget.place({k: models[k] for k in names}, {k: packs[k] for k in names}).items():
-                streamed[k] |= set(p.streamed)
-        hosts = [model_host(k, packs[k], streamed[k], self.device.type, quantized[k]) for k in models]
-        budget, why = self.host_budget()
-        w = self.workload
-        overhead = self.host_overhead
-        if overhead is None:
-            overhead = (process_overhead(sum(p.host_bytes for p in packs.values()), self.device.type == "cuda")
-                        + job_working_bytes(frames, w.height, w.width, w.window)
-                        + (2 * MEMORY.staging_mb << 20 if self.device.type == "cuda" else 0))
-        plan = plan_host(hosts, [s for s in stages if any(k in models for k in s.models)], sections, budget,
-                         overhead, int(MEMORY.host_reserve_gb * GIB), self.pin)
-        read, seconds = realize(plan, packs, quantized, self.pin, self.device)
-        self.host_plan = plan
-        self.arrange_s += seconds
-        self.arrange_read += read
-        log.info("%s", why)
-        log.info("host RAM plan: %s", plan.describe())
-        return plan
-
     # ---- the slot -----------------------------------------------------------------------------------------------
     def snapshot(self, label: str) -> MemorySnapshot:
         snap = take_snapshot(label, self.device, self.cap_bytes, tuple(self._loaded))
@@ -214,6 +163,7 @@ class MemoryManager:
         """Resident chunks to device buffers, streamers attached; `held` collects both as it goes (so a failure
         halfway is unloaded completely). Streamed chunks whose home is the files get RAM for the stage."""
         buffers, streamers, transient = held
+        late: list[LateLoader] = []
         if self.device.type == "cuda" and self._staging is None:
             self._staging = Staging(self.device)
         for p in placements.values():
@@ -225,20 +175,72 @@ class MemoryManager:
                     record.host_transient_bytes += c.host_nbytes
                     c.set_pinned(self.pin)
             resident = p.resident_chunks()
-            record.file_bytes += sum(c.file_bytes for c in resident if c.home == "file")
-            buffers += load_chunks(resident, self.device, staging=self._staging)
+            unparked = self._unpark(p, resident, record) if self._parked.model == p.name else []
+            kept = {id(c) for c, _ in unparked}
+            buffers += [b for _, b in unparked]
+            record.file_bytes += sum(c.file_bytes for c in resident if c.home == "file" and id(c) not in kept)
+            late_modules, late_chunks = self._late(p, kept)
+            todo = [c for c in resident if id(c) not in kept and not any(c is k for k in late_chunks)]
+            loaded = load_chunks(todo, self.device, staging=self._staging, aligned=True)
+            buffers += [b for b in loaded if b is not None]
+            if self._parks(p):
+                self._park_source = (p, unparked + [(c, b) for c, b in zip(todo, loaded)
+                                                    if c.home == "file" and b is not None])
             if p.streamed:
                 streamer = BlockStreamer(modules, chunks, self.device, self.prefetch_depth)
                 streamers.append(streamer)
                 streamer.attach()
+            if late_chunks:
+                late.append(LateLoader(late_modules, late_chunks, self.device, self._staging))
         synchronize(self.device)
+        for loader in late:                    # read while the stage computes (memory/lateload.py)
+            streamers.append(loader)
+            loader.attach()
+
+    def _late(self, p: Placement, parked: set[int]) -> tuple[list, list]:
+        """The transformer's resident blocks whose home is the files (block 0 excepted: TeaCache reads it
+        before the blocks run; parked ones too), with their modules, when they are loaded while the stage computes."""
+        if not late_load_on(self.late_load) or not is_transformer(self._loaded.get(p.name)) \
+                or not (self.device.type == "cuda" or self.plan_on_cpu):
+            return [], []
+        streamed = set(p.streamed)
+        pairs = [(p.pack.block_modules[i], c) for i, c in enumerate(p.pack.blocks)
+                 if i and i not in streamed and c.home == "file" and id(c) not in parked]
+        return [m for m, _ in pairs], [c for _, c in pairs]
+
+    def _parks(self, p: Placement) -> bool:
+        """Are this placement's file-homed resident blocks kept on the device after its stage (memory/parking.py)?"""
+        return switch("STEADYFRAME_PARK", self.park) and is_transformer(self._loaded.get(p.name)) \
+            and (self.device.type == "cuda" or self.plan_on_cpu)
+
+    def _unpark(self, p: Placement, resident: list, record: StageRecord) -> list[tuple]:
+        """Bind the parked buffers of this placement's resident chunks; release the rest of the park."""
+        out = []
+        for c in resident:
+            buf = self._parked.take(c)
+            if buf is not None:
+                c.bind(buf)
+                out.append((c, buf))
+                record.parked_bytes += c.file_bytes
+        self._parked.release("not resident in this plan")
+        return out
+
+    def release_parked(self, why: str = "") -> int:
+        """Drop the parked blocks (the job's end; memory/parking.py)."""
+        return self._parked.release(why)
 
     def _unload(self, placements: dict[str, Placement], held: list, record: StageRecord) -> list[str]:
         buffers, streamers, transient = held
         synchronize(self.device)
+        source, self._park_source = self._park_source, None
         for s in streamers:
             record.stream_misses += s.misses
-            s.detach()
+            done = s.detach()
+            if source is not None and isinstance(s, LateLoader):
+                source[1].extend(done)
+        if source is not None:
+            index = {id(c): i for i, c in enumerate(source[0].pack.chunks)}
+            self._parked.park(source[0].name, [(index[id(c)] - 1, c, b) for c, b in source[1]])
         for p in placements.values():
             unload_chunks(p.pack.chunks)
         for c in transient:
@@ -262,11 +264,16 @@ class MemoryManager:
                     c.drop_pages(cache=once)
 
     @contextmanager
-    def stage(self, name: str, **models: torch.nn.Module) -> Iterator[StageRecord]:
-        """Load `models` into the slot (which must be empty), yield, unload them all, trim, snapshot."""
+    def stage(self, name: str, *, beside_parked: bool = False, **models: torch.nn.Module) -> Iterator[StageRecord]:
+        """Load `models` into the slot (which must be empty), yield, unload them all, trim, snapshot.
+        Parked blocks (memory/parking.py) are released first unless the stage loads their model or runs
+        `beside_parked` (the VAE decode, which makes room for its own tiles in decode_vae)."""
         if self._loaded:
             raise RuntimeError(f"stage {name!r}: the slot still holds {', '.join(self._loaded)}")
         import rocm
+
+        if self._parked and self._parked.model not in models and not beside_parked:
+            self._parked.release(f"before {name}")
 
         record = StageRecord(name, tuple(models), time.monotonic())
         record.before = self.snapshot(f"before {name}")
@@ -360,6 +367,9 @@ class MemoryManager:
             import psutil
 
             available = psutil.virtual_memory().available // 2
+        if self._parked:          # the tiles chosen as if nothing were parked; parked blocks leave them their room
+            available += self._parked.nbytes
+            self._parked.fit(available - self.vae_policy.room(vae, tuple(latents.shape[2:]), max(0, available)))
         try:
             return self.vae_policy.decode(vae, latents, max(0, available), conv=self.conv_fallback)
         finally:
@@ -379,15 +389,3 @@ class MemoryManager:
                 "switch_s": round(sum(r.load_s + r.unload_s for r in self.records), 4),
                 "host": self.host_summary(),
                 "stages": [r.as_dict() for r in self.records]}
-
-    def host_summary(self) -> dict:
-        plan = self.host_plan
-        pinned = plan.persistent_bytes if plan and plan.pinned else 0
-        transient = max((r.host_transient_bytes for r in self.records), default=0) if self.pin else 0
-        staging = self._staging.nbytes if self._staging is not None else 0
-        return {"budget_gb": round(plan.budget / GIB, 3) if plan else self.host_ram_gb,
-                "pinned_peak_bytes": pinned + transient + staging,
-                "weight_storage": self.weight_storage, "arrange_s": round(self.arrange_s, 4),
-                "arrange_read_bytes": self.arrange_read,
-                "file_bytes_in_stages": sum(r.file_bytes for r in self.records),
-                "plan": plan.as_dict() if plan else None}

@@ -3,8 +3,12 @@
 Pure arithmetic over block sizes, so it is tested without a GPU. "Preserved memory" (FramePack's slider) is the
 part of the cap kept free of resident transformer weights: activations, the streaming slots and other programs
 live there. Resident weights may use at most cap − preserved; the non-block parts (embedders, output layers) are
-always resident; blocks are made resident in execution order until the budget is used (at least `min_resident`:
-TeaCache reads block 0's norm outside the block's forward); the rest are streamed from host memory every step.
+always resident; so are the first `min_resident` blocks (TeaCache reads block 0's norm outside the block's forward);
+then blocks are made resident from the *last* one backwards until the budget is used, and the ones between are
+streamed from host memory every step. Resident at the end rather than the start: under a host-RAM budget the
+resident blocks that host RAM cannot hold are read from the weight files at every transformer stage, and the host
+plan gives RAM to the earlier blocks first, so these are the very last blocks of a step; they are read while the
+first step computes everything before them (memory/lateload.py). The streamed bytes are the same either way.
 The activation estimate says whether the preserved memory can hold one block's working set at the chosen
 resolution and window.
 """
@@ -97,12 +101,15 @@ def plan_residency(block_bytes: list[int] | tuple[int, ...], other_bytes: int, c
                    preserved_bytes: int, *, min_resident: int = 0, activation_bytes: int = 0,
                    slot_count: int = 2, stage_bytes: int = 0) -> ResidencyPlan:
     budget = cap_bytes - preserved_bytes - other_bytes
-    resident, used = [], 0
-    for i, size in enumerate(block_bytes):
-        if used + size > budget and len(resident) >= min_resident:
+    head = list(range(min(min_resident, len(block_bytes))))
+    used = sum(block_bytes[i] for i in head)
+    tail = []
+    for i in reversed(range(len(head), len(block_bytes))):
+        if used + block_bytes[i] > budget:
             break
-        resident.append(i)
-        used += size
+        tail.append(i)
+        used += block_bytes[i]
+    resident = head + tail[::-1]
     chosen = set(resident)
     streamed = tuple(i for i in range(len(block_bytes)) if i not in chosen)
     return ResidencyPlan(cap_bytes, preserved_bytes, other_bytes, tuple(block_bytes), tuple(resident), streamed,

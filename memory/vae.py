@@ -205,15 +205,23 @@ class VaeDecodePolicy:
         """The tilings this policy chooses from."""
         return grid_candidates(shape, self.chunk_bytes) if self.streamed else candidates(shape)
 
+    def _mem(self, vae, shape: tuple[int, int, int]) -> Callable[[VaeTiling | GridTiling], int]:
+        size = torch.finfo(vae.dtype).bits // 8
+        return lambda t: memory_estimate(t, shape, vae.config.block_out_channels[0], size, self.act_factor)
+
+    def room(self, vae, shape: tuple[int, int, int], available: int) -> int:
+        """Bytes of `available` the decode's first tiling needs: its estimated peak and its workspace room (all of
+        `available` when none fits with that room). What else may stay on the device (memory/parking.py)."""
+        mem = self._mem(vae, shape)(self.plan(vae, shape, available)[0])
+        need = mem + min(self.workspace_reserve, available // 4)
+        return need if need <= available else available
+
     def plan(self, vae, shape: tuple[int, int, int], available: int | None) -> list[VaeTiling | GridTiling]:
         """Tilings to try, in order: least work that fits first, each next one clearly smaller in memory."""
         channels = vae.config.block_out_channels[0]
         up = vae.config.block_out_channels[1] if len(vae.config.block_out_channels) > 1 else channels
         size = torch.finfo(vae.dtype).bits // 8
-
-        def mem(t):
-            return memory_estimate(t, shape, channels, size, self.act_factor)
-
+        mem = self._mem(vae, shape)
         pool = self.pool(shape)
         if self.scratch_limit is not None:
             ok = [t for t in pool if scratch_estimate(t, shape, up, size) <= self.scratch_limit]

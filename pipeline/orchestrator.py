@@ -178,6 +178,7 @@ class JobRun:
                     status, error, detail = "failed", e, traceback.format_exc()
             ending = self._fail(error, detail) if error is not None else self._finish(status)
             error = None                               # (its traceback holds the failed stage's tensors)
+            self.memory.release_parked("the job ended")
             rocm.trim("after the job", host=True)      # now that a failure's traceback (and what it held) is gone
             log.info("host RSS after the job: %.1f MiB (freed memory given back)", host_rss_bytes() / MIB)
             yield from drain()
@@ -369,7 +370,7 @@ class JobRun:
         """Pixels (1, 3, T, H, W) in [-1, 1] on the CPU, in the VAE's dtype (the writer blends them in float32)."""
         vae = self.models.vae
         t = time.monotonic()
-        with self.memory.stage("VAE decode", vae=vae):
+        with self.memory.stage("VAE decode", vae=vae, beside_parked=True):     # (memory/parking.py)
             z = latents.to(self.device, vae.dtype) / vae.config.scaling_factor
             with rocm.vae_decode_log(vae, z, fallback=self.fallback,
                                      memory_status=lambda: self.memory.snapshot("VAE decode").status_line()), \

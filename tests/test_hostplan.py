@@ -50,7 +50,7 @@ def test_the_minimum_is_exact_and_is_the_streamed_part_plus_overhead():
         _plan(models, 1)
     minimum = info.value.minimum
     streamed = sum(m.chunk_bytes[i] for m in models for i in m.streamed)
-    assert streamed / GIB == pytest.approx(10.0, abs=0.05)                   # 38 streamed blocks under a 20 GB cap
+    assert streamed / GIB == pytest.approx(10.1, abs=0.05)                   # 16 streamed blocks under a 20 GB cap
     assert minimum == OVERHEAD + RESERVE + streamed
     plan = plan_host(models, FRAMEPACK_STAGES, 4, minimum, OVERHEAD, RESERVE)
     # the streamed blocks stay in RAM (no stage is higher for it, and they are not re-read per section); the rest
@@ -112,7 +112,7 @@ def test_the_plan_says_host_x_of_y_gb():
     text = plan.describe()
     assert text.startswith(plan.short()) and "pinned" in text and "per section" in text and "per job" in text
     hint = describe_preserved(HUNYUAN, 20, 6, "cuda", 24)
-    assert "22/60 blocks" in hint and "Host: " in hint and " of 24.0 GB" in hint
+    assert "44/60 blocks" in hint and "Host: " in hint and " of 24.0 GB" in hint
     refused = describe_preserved(HUNYUAN, 20, 6, "cuda", 8)
     assert "Host RAM: host RAM budget 8.0 GB is too small" in refused and "at least" in refused
 

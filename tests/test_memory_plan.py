@@ -29,20 +29,28 @@ def test_real_transformer_sizes(real_sizes):
     assert (sum(blocks) + other) / 1e9 == pytest.approx(25.7, abs=0.1)
 
 
-def test_cap_20_preserved_6_keeps_the_dual_blocks_and_two_singles(real_sizes):
+def test_cap_20_preserved_6_keeps_block_zero_and_the_last_blocks(real_sizes):
     plan = _plan(real_sizes, 20, 6)
-    # budget for blocks: 20 − 6 − 0.77 = 13.23 GiB → 20 dual (12.66) + 2 single (0.53)
-    assert plan.resident == tuple(range(22))
-    assert plan.streamed == tuple(range(22, 60))
+    # budget for blocks: 20 − 6 − 0.77 = 13.23 GiB → block 0 (0.63), then from the last block backwards: the 40
+    # single blocks (10.56) and the dual blocks 19, 18, 17 (1.90); the dual blocks 1–16 are streamed
+    assert plan.resident == (0, *range(17, 60))
+    assert plan.streamed == tuple(range(1, 17))
     assert plan.resident_bytes <= 14 * GIB
-    assert plan.streamed_bytes / GIB == pytest.approx(10.0, abs=0.05)
+    assert plan.streamed_bytes / GIB == pytest.approx(10.1, abs=0.05)
     assert not plan.fully_resident
 
 
-def test_cap_12_preserved_6_keeps_eight_dual_blocks(real_sizes):
+def test_cap_12_preserved_6_keeps_block_zero_and_the_last_seventeen(real_sizes):
     plan = _plan(real_sizes, 12, 6)
-    assert plan.resident == tuple(range(8))
+    assert plan.resident == (0, *range(43, 60))
     assert plan.streamed_bytes / GIB == pytest.approx(18.1, abs=0.05)
+
+
+def test_the_resident_blocks_are_the_last_ones_whatever_their_sizes():
+    plan = plan_residency([5, 1, 1, 3, 2], 0, 8, 0, min_resident=1)
+    assert plan.resident == (0, 4) and plan.streamed == (1, 2, 3)      # 5 + 2; block 3 (3) no longer fits
+    assert plan_residency([5, 1, 1, 3, 2], 0, 8, 0).resident == (1, 2, 3, 4)   # none forced: 2 + 3 + 1 + 1
+    assert plan_residency([5, 1], 0, 2, 0, min_resident=1).resident == (0,)   # forced even above the budget
 
 
 def test_large_cap_is_fully_resident_and_preserved_at_cap_keeps_block_zero(real_sizes):
@@ -69,7 +77,7 @@ def test_tokens_and_activation_estimate():
 def test_working_set_and_warnings(real_sizes):
     act = activation_bytes(framepack_tokens(608, 640, 9))
     ok = _plan(real_sizes, 20, 6, activation_bytes=act, slot_count=2)
-    assert ok.slot_bytes == 2 * real_sizes[0][20]         # slots are sized by the largest *streamed* block
+    assert ok.slot_bytes == 2 * real_sizes[0][1]          # slots are sized by the largest *streamed* block (dual)
     assert ok.peak_estimate <= 20 * GIB and not ok.warnings()
     tight = _plan(real_sizes, 20, 1, activation_bytes=act)
     assert tight.warnings() and "preserved memory" in tight.warnings()[0]
@@ -77,6 +85,6 @@ def test_working_set_and_warnings(real_sizes):
 
 def test_describe_preserved_for_the_ui():
     text = describe_preserved(HUNYUAN, 20, 6, "cuda")
-    assert "22/60 blocks" in text and "streamed" in text and "Warning" not in text
+    assert "44/60 blocks" in text and "streamed" in text and "Warning" not in text
     assert "CPU run" in describe_preserved(HUNYUAN, 20, 6, "cpu")
     assert "blocks" in describe_preserved(TINY, 20, 6, "cuda")

@@ -76,7 +76,7 @@ def test_preserved_memory_text_says_when_a_value_cannot_work():
 
     real = get_preset("hunyuan")
     fine = preserved_hint(real, 20, 6, "cuda", 64, max_gb=20)
-    assert "cannot work" not in fine and "22/60 blocks" in fine
+    assert "cannot work" not in fine and "44/60 blocks" in fine
     too_big = preserved_hint(real, 20, 25, "cuda", 64, max_gb=20)
     assert too_big.startswith("⚠ **25 GB cannot work:**") and "up to 20 GB" in too_big
     nothing_resident = preserved_hint(real, 20, 19.5, "cuda", 64, max_gb=20)

@@ -1,0 +1,84 @@
+"""memory/lateload.py: the transformer's resident blocks whose home is the weight files are read by a thread while
+the stage computes; each block waits for its own weights; the result is the synchronous load's, bit for bit; a
+read error reaches the block that needed it and the stage still unloads cleanly. (CPU, the tiny transformer saved
+in the real layout, the GPU plan applied on the CPU.)"""
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers.hooks import HookRegistry
+
+import memory.lateload as lateload
+from common.units import GIB
+from memory import HostPack, MemoryManager
+from pipeline.components import load_components
+from tests.test_host_loading import saved  # noqa: F401  (the module-scoped fixture: tiny models in the repos' layout)
+from tests.test_loading import HUNYUAN_FP32
+from tests.test_memory_streaming import _inputs, _step
+
+
+def _transformer(saved):  # noqa: F811
+    tr = load_components(HUNYUAN_FP32, "original", model_dir=saved).transformer
+    pack = HostPack.of(tr)
+    assert len(pack.blocks) >= 2 and all(c.home == "file" for c in pack.chunks)
+    return tr, pack
+
+
+def _manager(pack, late: bool) -> MemoryManager:
+    cap_gb = (pack.rest.nbytes + sum(c.nbytes for c in pack.blocks)) / GIB + 0.001    # every block resident
+    return MemoryManager(device="cpu", cap_gb=cap_gb, preserved_gb=0, plan_on_cpu=True, late_load=late)
+
+
+def test_blocks_read_late_give_the_same_step_and_each_waits_for_its_own(saved, monkeypatch):  # noqa: F811
+    reference = load_components("tiny", "original").transformer
+    inputs = _inputs(reference, seed=5)
+    expected = _step(reference, inputs)
+    seen = []
+    real_before = lateload.LateLoader.before
+
+    def spy(self, i):
+        real_before(self, i)
+        seen.append((i, self.chunks[i].is_idle()))
+    monkeypatch.setattr(lateload.LateLoader, "before", spy)
+
+    for late in (False, True):
+        tr, pack = _transformer(saved)
+        seen.clear()
+        with _manager(pack, late).stage("transformer", transformer=tr) as rec:
+            assert "resident" in rec.placement["transformer"]
+            out = _step(tr, inputs)
+            again = _step(tr, inputs)                      # the second step: the hooks only check
+        assert all(torch.equal(a, b) for a, b in zip(out, expected)), late
+        assert all(torch.equal(a, b) for a, b in zip(again, expected)), late
+        if late:
+            late_blocks = len(pack.blocks) - 1            # block 0 is loaded with the stage (TeaCache reads it)
+            assert [i for i, _ in seen] == list(range(late_blocks)) * 4          # 4 passes
+            assert not any(idle for _, idle in seen)       # bound to its read weights before the block ran
+        else:
+            assert not seen
+        assert rec.file_bytes == sum(c.file_bytes for c in pack.chunks)
+        assert pack.intact() and pack.host_bytes == 0 and all(c.home == "file" for c in pack.chunks)
+        assert all(HookRegistry.check_if_exists_or_initialize(m).get_hook(lateload.HOOK_NAME) is None
+                   for m in pack.block_modules)
+
+
+def test_a_read_error_reaches_the_block_and_the_stage_unloads(saved, monkeypatch):  # noqa: F811
+    tr, pack = _transformer(saved)
+    inputs = _inputs(load_components("tiny", "original").transformer, seed=6)
+
+    def broken(chunk, buf, staging):
+        raise OSError(5, "Input/output error", "diffusion_pytorch_model.safetensors")
+    monkeypatch.setattr(lateload, "fill_from_files", broken)
+    mm = _manager(pack, True)
+    with pytest.raises(OSError, match="Input/output error"):
+        with mm.stage("transformer", transformer=tr):
+            _step(tr, inputs)
+    assert mm.loaded() == [] and pack.intact() and all(c.is_idle() for c in pack.chunks)
+
+
+def test_the_environment_can_turn_it_off_for_a_run(monkeypatch):
+    assert lateload.late_load_on(True) and not lateload.late_load_on(False)
+    monkeypatch.setenv("STEADYFRAME_LATE_LOAD", "0")
+    assert not lateload.late_load_on(True)
+    monkeypatch.setenv("STEADYFRAME_LATE_LOAD", "1")
+    assert lateload.late_load_on(False)
