@@ -3,9 +3,11 @@ preserved-memory slider and for the up-front check of --host-ram-gb (app start, 
 fits before a single weight is read.
 
 Sizes: the transformer and the Llama are built on the meta device with the real configs (exact bytes per chunk,
-and their fp8 sizes); CLIP, the VAE and SigLIP are one chunk of their preset size. The process's own memory is not
-known yet: the larger of what it holds now and an estimate (configs/memory.py, host_overhead_gb on a GPU). The plan
-a job makes measures it instead (MemoryManager.arrange_host).
+and their fp8 sizes), the Llama trimmed as a job loads it (pipeline/llama_trim.py: without its last layers and final
+norm, and with real weights without its embedding, whose rows are read from the files per prompt); CLIP, the VAE
+and SigLIP are one chunk of their preset size. The process's own memory is not known yet: the larger of what it
+holds now and an estimate (configs/memory.py, host_overhead_gb on a GPU). The plan a job makes measures it instead
+(MemoryManager.arrange_host).
 """
 from __future__ import annotations
 
@@ -28,8 +30,10 @@ def _items(cfg) -> tuple:
 
 
 @lru_cache(maxsize=16)
-def _chunk_sizes(kind: str, config_items: tuple, dtype_bytes: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(bytes per chunk in the model's dtype, bytes per chunk in fp8 storage); chunk 0 is the rest, then blocks."""
+def _chunk_sizes(kind: str, config_items: tuple, dtype_bytes: int, files: bool = False
+                 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(bytes per chunk in the model's dtype, bytes per chunk in fp8 storage); chunk 0 is the rest, then blocks.
+    `files`: the weights are read from files (the Llama's embedding is then no chunk)."""
     import torch
 
     from memory import fp8
@@ -44,7 +48,11 @@ def _chunk_sizes(kind: str, config_items: tuple, dtype_bytes: int) -> tuple[tupl
         else:
             from transformers import LlamaConfig, LlamaModel
 
-            model = LlamaModel(LlamaConfig(**dict(config_items)))
+            from pipeline.llama_trim import trim_llama
+
+            model = trim_llama(LlamaModel(LlamaConfig(**dict(config_items))))
+            if files:
+                model.embed_tokens = torch.nn.Identity()      # a FileEmbedding: rows read per prompt, no chunk
     blocks = block_list(model)
     in_blocks = {id(m) for b in blocks for m in b.modules()}
     groups = [[m for m in model.modules() if id(m) not in in_blocks]] + [list(b.modules()) for b in blocks]
@@ -77,7 +85,7 @@ def nominal_models(preset, mode: str, cap_gb: float, preserved_gb: float, device
         small = {"text_encoder_2": 0.001, "vae": 0.001, "image_encoder": 0.001}
     else:
         tr = _chunk_sizes("transformer", REAL_TRANSFORMER_CONFIG, 2)
-        llama = _chunk_sizes("llama", REAL_LLAMA_CONFIG, 2)
+        llama = _chunk_sizes("llama", REAL_LLAMA_CONFIG, 2, files=True)
         small = {r: getattr(preset, r).size_gb for r in ("text_encoder_2", "vae", "image_encoder")}
     files = not preset.tiny
     out = []

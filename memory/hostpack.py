@@ -39,8 +39,8 @@ def block_list(model: nn.Module) -> list[nn.Module]:
     """The blocks a model runs in sequence (streamable one at a time), in execution order; [] if none."""
     if hasattr(model, "transformer_blocks") and hasattr(model, "single_transformer_blocks"):
         return [*model.transformer_blocks, *model.single_transformer_blocks]
-    layers = getattr(model, "layers", None)
-    if isinstance(layers, nn.ModuleList) and len(layers) > 1:
+    layers = getattr(model, "layers", None)          # a Llama: its decoder layers (one, too: the tiny preset's,
+    if isinstance(layers, nn.ModuleList) and len(layers) > 0:    # trimmed, stays a block, so fp8 storage covers it)
         return list(layers)
     return []
 

@@ -5,12 +5,15 @@ Nothing of the weights is read here: the parameters are meta tensors of the requ
 computes itself, such as rotary frequencies, are built as usual). Where each chunk then lives (pinned RAM,
 pageable RAM, or read from the files when a stage needs it) is the host plan's choice (memory/hostplan.py), made
 by the memory manager when a job starts. Every tensor the model saves must be in the files with the right shape;
-otherwise `IncompatibleWeights` says which (the caller may fall back to the library's own loader).
+otherwise `IncompatibleWeights` says which (the caller may fall back to the library's own loader). A caller's
+`prepare` then shapes the model before its pack is made (the text encoder drops what it never runs,
+pipeline/llama_trim.py): only the modules the model has then become chunks, so tensors it dropped are never read.
 """
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -57,8 +60,10 @@ def _check(model: nn.Module, files: WeightFiles) -> None:
         log.debug("%s: %d tensors in the files are not used (%s ...)", files.folder, len(extra), extra[0])
 
 
-def load_from_files(cls, folder: str | Path, dtype: torch.dtype) -> nn.Module:
-    """`cls` from `folder` with its weights left in the files (read when a stage needs them)."""
+def load_from_files(cls, folder: str | Path, dtype: torch.dtype,
+                    prepare: Callable[[nn.Module, WeightFiles], object] | None = None) -> nn.Module:
+    """`cls` from `folder` with its weights left in the files (read when a stage needs them). `prepare(model, files)`
+    runs on the checked model (meta parameters of their final dtypes) before the pack is made."""
     folder = Path(folder)
     files = WeightFiles.open(folder)
     model = build_empty(cls, folder)
@@ -70,7 +75,9 @@ def load_from_files(cls, folder: str | Path, dtype: torch.dtype) -> nn.Module:
             full = f"{module_name}.{name}".lstrip(".")
             target = torch.float32 if _keep_fp32(model, full) else dtype
             p.data = torch.empty(p.shape, dtype=target, device="meta")
+    if prepare is not None:
+        prepare(model, files)
     pack = HostPack.from_files(model, files)
-    log.info("%s: %.2f GB in %d weight file(s), %d chunk(s); nothing read yet", cls.__name__, files.nbytes / GIB,
-             len(files.files), len(pack.chunks))
+    log.info("%s: %.2f GB in %d weight file(s), %.2f GB of it in %d chunk(s); nothing read yet", cls.__name__,
+             files.nbytes / GIB, len(files.files), sum(c.file_bytes for c in pack.chunks) / GIB, len(pack.chunks))
     return model

@@ -129,6 +129,7 @@ def _load_role(role: str, folder: Path, src: ComponentSource):
     from transformers import AutoTokenizer, CLIPTokenizer, SiglipImageProcessorPil
 
     from memory.loader import IncompatibleWeights, load_from_files
+    from pipeline.llama_trim import trim_llama
 
     dt = _dtype(src.dtype)
     if role == "tokenizer":
@@ -140,14 +141,17 @@ def _load_role(role: str, folder: Path, src: ComponentSource):
     cls = _model_class(role)
     if cls is None:
         raise KeyError(role)
+    # The Llama without what the text stage never runs; with its files, its embedding reads only the prompt's rows
+    prepare = (lambda model, files: trim_llama(model, rows_from_files=files)) if role == "text_encoder" else None
     try:
-        return load_from_files(cls, folder, dt)
+        return load_from_files(cls, folder, dt, prepare=prepare)
     except IncompatibleWeights as e:
         log.warning("%s: %s; loading it with %s.from_pretrained instead (a full copy in host RAM)", role, e,
                     cls.__name__)
     if hasattr(cls, "load_config"):
         return cls.from_pretrained(folder, torch_dtype=dt, use_safetensors=True)
-    return cls.from_pretrained(folder, dtype=dt, use_safetensors=True)
+    model = cls.from_pretrained(folder, dtype=dt, use_safetensors=True)
+    return trim_llama(model) if role == "text_encoder" else model
 
 
 def load_components(preset: ModelPreset | str, mode: str = "original", model_dir: str | Path | None = None

@@ -1,4 +1,8 @@
-"""Prompt encoding: Llama (templated, hidden_states[-3], cropped) and CLIP-L (pooled)."""
+"""Prompt encoding: Llama (templated, hidden_states[-3], cropped) and CLIP-L (pooled).
+
+The Llama of a job is trimmed (pipeline/llama_trim.py): without the layers after the hidden state we take, whose
+`last_hidden_state` is that hidden state. A `LlamaModel` built directly (not trimmed) works too.
+"""
 from __future__ import annotations
 
 import logging
@@ -20,6 +24,7 @@ PROMPT_TEMPLATE = (
 LLAMA_MAX_TOKENS = 256
 CLIP_MAX_TOKENS = 77
 LLAMA_SKIP_LAYERS = 2          # hidden_states[-(2 + 1)]
+TRIMMED_ATTR = "steadyframe_trimmed"     # set on a Llama without its last LLAMA_SKIP_LAYERS layers and final norm
 
 
 def template_crop_start(tokenizer, template: str = PROMPT_TEMPLATE) -> int:
@@ -59,8 +64,11 @@ def encode_llama(tokenizer, text_encoder, prompt: str, crop_start: int, device) 
                        return_attention_mask=True)
     ids = inputs.input_ids.to(device)
     mask = inputs.attention_mask.to(device)
-    out = text_encoder(input_ids=ids, attention_mask=mask, output_hidden_states=True)
-    hidden = out.hidden_states[-(LLAMA_SKIP_LAYERS + 1)]
+    if getattr(text_encoder, TRIMMED_ATTR, False):        # the same tensor, without computing what follows it
+        hidden = text_encoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    else:
+        out = text_encoder(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+        hidden = out.hidden_states[-(LLAMA_SKIP_LAYERS + 1)]
     return hidden[:, crop_start:], mask[:, crop_start:], truncated
 
 

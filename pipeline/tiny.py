@@ -70,11 +70,21 @@ def _seeded(seed: int, build):
     return module.eval().requires_grad_(False)
 
 
+def build_tiny_llama(preset: ModelPreset):
+    """The tiny preset's whole Llama, as a real repo holds it (what tests save in the repos' layout); the job's
+    text encoder is this one trimmed (pipeline/llama_trim.py)."""
+    from transformers import LlamaConfig, LlamaModel
+
+    return _seeded(preset.tiny_seed, lambda: LlamaModel(LlamaConfig(**preset.tiny_configs["llama"])))
+
+
 def build_tiny_models(preset: ModelPreset, mode: str) -> dict:
-    """All components of the tiny preset, keyed by role (the same roles as real loading)."""
+    """All components of the tiny preset, keyed by role (the same roles as real loading). The Llama is trimmed as
+    real loading trims it (its embedding stays: there are no files to read rows from)."""
     from diffusers import AutoencoderKLHunyuanVideo, HunyuanVideoFramepackTransformer3DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, LlamaConfig, LlamaModel, SiglipVisionConfig, \
-        SiglipVisionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, SiglipVisionConfig, SiglipVisionModel
+
+    from pipeline.llama_trim import trim_llama
 
     cfg = preset.tiny_configs
     seed = preset.tiny_seed
@@ -85,7 +95,7 @@ def build_tiny_models(preset: ModelPreset, mode: str) -> dict:
         "tokenizer": build_llama_tokenizer(),
         "tokenizer_2": build_clip_tokenizer(),
         "feature_extractor": build_feature_extractor(siglip_cfg["image_size"]),
-        "text_encoder": _seeded(seed + 0, lambda: LlamaModel(LlamaConfig(**cfg["llama"]))),
+        "text_encoder": trim_llama(build_tiny_llama(preset)),
         "text_encoder_2": _seeded(seed + 1, lambda: CLIPTextModel(CLIPTextConfig(**cfg["clip"]))),
         "image_encoder": _seeded(seed + 2, lambda: SiglipVisionModel(SiglipVisionConfig(**siglip_cfg))),
         "vae": _seeded(seed + 3, lambda: AutoencoderKLHunyuanVideo(**cfg["vae"])),

@@ -130,19 +130,26 @@ def test_out_of_order_call_is_a_counted_miss_and_still_exact(deep_transformer):
 
 
 def test_text_encoder_streams_when_it_does_not_fit(tiny_original):
+    from transformers import LlamaConfig, LlamaModel
+
+    from pipeline.llama_trim import trim_llama
+
     c = tiny_original
-    ref = encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2, "a cat", c.crop_start, "cpu")
-    llama, clip = HostPack.of(c.text_encoder), HostPack.of(c.text_encoder_2)
+    # the tiny preset's Llama keeps one layer once trimmed (no blocks); this one keeps three, as a job trims it
+    torch.manual_seed(0)
+    llama_model = trim_llama(LlamaModel(LlamaConfig(**dict(c.preset.tiny_configs["llama"], num_hidden_layers=5))))
+    llama_model.eval().requires_grad_(False)
+    ref = encode_prompt(c.tokenizer, llama_model, c.tokenizer_2, c.text_encoder_2, "a cat", c.crop_start, "cpu")
+    llama, clip = HostPack.of(llama_model), HostPack.of(c.text_encoder_2)
     cap_gb = (llama.rest.nbytes + llama.blocks[0].nbytes + clip.nbytes) / GIB + 2.0   # 2 GB text reserve
     mm = MemoryManager(device="cpu", cap_gb=cap_gb, plan_on_cpu=True)
-    with mm.stage("text encoders", text_encoder=c.text_encoder, text_encoder_2=c.text_encoder_2) as rec:
-        out = encode_prompt(c.tokenizer, c.text_encoder, c.tokenizer_2, c.text_encoder_2, "a cat", c.crop_start,
-                            "cpu")
+    with mm.stage("text encoders", text_encoder=llama_model, text_encoder_2=c.text_encoder_2) as rec:
+        out = encode_prompt(c.tokenizer, llama_model, c.tokenizer_2, c.text_encoder_2, "a cat", c.crop_start, "cpu")
     assert "1/3 blocks" in rec.placement["text_encoder"]
     assert "resident" in rec.placement["text_encoder_2"]
     assert torch.equal(out.llama, ref.llama) and torch.equal(out.pooled, ref.pooled)
     roomy = MemoryManager(device="cpu", cap_gb=20, plan_on_cpu=True)
-    with roomy.stage("text encoders", text_encoder=c.text_encoder, text_encoder_2=c.text_encoder_2) as rec:
+    with roomy.stage("text encoders", text_encoder=llama_model, text_encoder_2=c.text_encoder_2) as rec:
         pass
     assert rec.streamed_bytes_per_pass == 0                   # fits: loaded whole
 
