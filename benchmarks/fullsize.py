@@ -110,10 +110,12 @@ def build_components(tiny: bool = False, seed: int = 0):
     if tiny:
         return load_components("tiny", "original")
     from configs.presets import HUNYUAN
+    from pipeline.llama_trim import trim_llama
     from pipeline.text import template_crop_start
     from pipeline.tiny import build_clip_tokenizer, build_feature_extractor, build_llama_tokenizer
 
     models = build_models(seed=seed)
+    trim_llama(models["text_encoder"])            # as a job loads it (no files: its embedding stays a table)
     tokenizer = build_llama_tokenizer()
     return Components(preset=HUNYUAN, mode="original", tokenizer=tokenizer, tokenizer_2=build_clip_tokenizer(),
                       feature_extractor=build_feature_extractor(SIGLIP["image_size"]),

@@ -120,9 +120,11 @@ def save_weights(root: Path, tiny: bool) -> dict:
     shards = {"text_encoder": "5GB", "transformer": "10GB"}          # 4 and 3 shards, like the real repos
     if tiny:
         from pipeline.components import load_components
+        from pipeline.tiny import build_tiny_llama
 
         comps = load_components("tiny", "original")
         parts = {role: getattr(comps, role) for role in sources}
+        parts["text_encoder"] = build_tiny_llama(comps.preset)      # whole, as the repo holds it (a job trims it)
     else:
         from benchmarks.fullsize import SIGLIP
         from pipeline.tiny import build_clip_tokenizer, build_feature_extractor, build_llama_tokenizer

@@ -1,5 +1,5 @@
-"""Prompt embeddings kept on disk, so a repeated prompt skips the text encoders (and the 15 GB of Llama weights
-are not read at all).
+"""Prompt embeddings kept on disk, so a repeated prompt skips the text encoders (and the 13 GB of Llama weights a
+job reads are not read at all).
 
 Key: a sha256 of everything the embeddings depend on: the prompt, the negative prompt (only when CFG > 1 encodes
 it; otherwise the negative embeddings are zeros), the text encoders' and tokenizers' revisions, how the Llama is
