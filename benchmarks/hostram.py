@@ -321,8 +321,8 @@ def child(cfg: Config, model_dir: Path, result: Path, tiny: bool) -> None:
         out.update(job_dir=str(job_dir), timings=info.get("timings"), host=info.get("memory", {}).get("host"),
                    vram_peak_reserved=max((s["peak_reserved"] for s in stages), default=0),
                    file_bytes_in_stages=sum(s.get("file_bytes", 0) for s in stages),
-                   stages=[{k: s[k] for k in ("name", "seconds", "load_s", "file_bytes", "peak_reserved")}
-                           for s in stages], **_job_fingerprint(job_dir))
+                   stages=[{k: s.get(k, 0) for k in ("name", "seconds", "load_s", "file_bytes", "parked_bytes",
+                                                     "peak_reserved")} for s in stages], **_job_fingerprint(job_dir))
     if isinstance(last, Failed):
         out["detail"] = last.detail[-3000:]
     assert isinstance(last, (Done, Failed))
