@@ -11,6 +11,11 @@ Host RAM has its own budget (`host_ram_gb`): `arrange_host()` (once per job, bef
 host plan (memory/hostplan.py: which chunks stay in RAM, which are read from the files when needed) and moves the
 chunks there; a budget too small for any plan is refused then, before any weight is read. After a stage, the file
 pages its models touched are given back (and evicted from the page cache for models used once per job).
+
+Under such a budget the transformer's resident blocks whose home is the files are read while its first step runs
+(memory/lateload.py) and, when its stage ends, parked on the device (memory/parking.py): the VAE decode between two
+transformer stages runs beside them (`stage(..., beside_parked=True)`) and releases what its tiles need; any other
+stage releases them first, as does `release_parked()` at the job's end.
 """
 from __future__ import annotations
 
@@ -370,9 +375,11 @@ class MemoryManager(HostSide):
         if self._parked:          # the tiles chosen as if nothing were parked; parked blocks leave them their room
             available += self._parked.nbytes
             self._parked.fit(available - self.vae_policy.room(vae, tuple(latents.shape[2:]), max(0, available)))
+        self.vae_policy.before_retry = lambda: self._parked.release("the VAE decode ran out of memory")
         try:
             return self.vae_policy.decode(vae, latents, max(0, available), conv=self.conv_fallback)
         finally:
+            self.vae_policy.before_retry = None
             if self._current is not None:
                 self._current.vae_attempts.extend(self.vae_policy.attempts)
 

@@ -200,6 +200,9 @@ class VaeDecodePolicy:
     streamed: bool | None = None
     channels_last: bool = False
     chunk_bytes: int = CHUNK_BYTES
+    # Called after an out-of-memory, before the next (smaller) try: the memory manager releases parked transformer
+    # blocks there (memory/parking.py), so a retry has all of the cap the stage itself does not hold.
+    before_retry: Callable[[], object] | None = None
 
     def pool(self, shape: tuple[int, int, int]) -> list[VaeTiling | GridTiling]:
         """The tilings this policy chooses from."""
@@ -291,5 +294,7 @@ class VaeDecodePolicy:
 
     def _failed(self, tiling: VaeTiling, exc: BaseException) -> None:
         log.warning("VAE decode: out of memory with %s: %s", tiling.describe(), str(exc).splitlines()[0][:200])
+        if self.before_retry is not None:
+            self.before_retry()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()

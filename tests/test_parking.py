@@ -149,3 +149,26 @@ def test_a_job_binds_the_parked_blocks_in_its_next_section_and_gives_the_same_vi
             assert not any(parked) and len(set(read)) == 1
         runs[park] = _frames_hash(last)
     assert runs["1"] == runs["0"]
+
+
+def test_a_decode_that_runs_out_of_memory_releases_the_park_before_its_next_try(saved):  # noqa: F811
+    from tests.test_memory_vae import _oom_above
+
+    tr, pack = _transformer(saved)
+    vae = load_components("tiny", "original").vae
+    mm = _manager(pack, late=False)
+    with mm.stage("transformer", transformer=tr):
+        pass
+    assert mm._parked
+    seen, parked = [], []
+    oom = _oom_above(32, seen)
+
+    def fault(tiling):
+        parked.append(len(mm._parked))
+        oom(tiling)
+    mm.vae_policy.fault = fault
+    with mm.stage("VAE decode", beside_parked=True, vae=vae), torch.no_grad():
+        pixels = mm.decode_vae(vae, torch.randn(1, 16, 2, 8, 8))
+    assert pixels.shape == (1, 3, 5, 64, 64) and len(seen) >= 2
+    assert parked[0] == len(pack.chunks) and not any(parked[1:])     # beside the park first, then without it
+    assert not mm._parked and mm.vae_policy.before_retry is None
