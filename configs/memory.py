@@ -62,4 +62,15 @@ class MemoryConfig:
 WEIGHT_STORAGES = ("native", "fp8")
 
 
+def run_switch(variable: str, configured: bool) -> bool:
+    """A switch of MemoryConfig, or the environment `variable` for one run (benchmarks compare both in one run):
+    0/false/off/no turn it off, 1/true/on/yes on; anything else (or unset) keeps `configured`."""
+    import os
+
+    value = os.environ.get(variable, "").strip().lower()
+    if value in ("0", "false", "off", "no"):
+        return False
+    return True if value in ("1", "true", "on", "yes") else configured
+
+
 MEMORY = MemoryConfig()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 
@@ -32,6 +31,7 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 
+from configs.memory import run_switch
 from memory.chunk import Chunk
 from memory.chunkload import Staging, fill_from_files
 from memory.deltas import apply_deltas
@@ -41,15 +41,9 @@ log = logging.getLogger(__name__)
 HOOK_NAME = "steadyframe_late_load"
 
 
-def switch(variable: str, configured: bool) -> bool:
-    """A MemoryConfig switch, or `variable`=0/1 in the environment for a run (benchmarks compare both in one run)."""
-    value = os.environ.get(variable, "").strip()
-    return configured if value not in ("0", "1") else value == "1"
-
-
 def late_load_on(configured: bool) -> bool:
     """MemoryConfig.late_load, or STEADYFRAME_LATE_LOAD=0/1 for a run."""
-    return switch("STEADYFRAME_LATE_LOAD", configured)
+    return run_switch("STEADYFRAME_LATE_LOAD", configured)
 
 
 class _WaitHook(ModelHook):

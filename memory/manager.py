@@ -27,14 +27,14 @@ from typing import Iterator
 
 import torch
 
-from configs.memory import MEMORY
+from configs.memory import MEMORY, run_switch
 from memory.attention import AttentionGuard
 from memory.budget import DEFAULT_PREFETCH_DEPTH, MemoryBudget, Placement, Workload, is_transformer
 from memory.chunkload import Staging, load_chunks, unload_chunks
 from memory.hostpack import HostPack
 from memory.hostplan import HostPlan
 from memory.manager_host import HostSide
-from memory.lateload import LateLoader, late_load_on, switch
+from memory.lateload import LateLoader, late_load_on
 from memory.parking import ParkedBlocks
 from common.units import GIB
 from memory.snapshot import MemorySnapshot, host_rss_bytes, take_snapshot
@@ -185,7 +185,8 @@ class MemoryManager(HostSide):
             buffers += [b for _, b in unparked]
             record.file_bytes += sum(c.file_bytes for c in resident if c.home == "file" and id(c) not in kept)
             late_modules, late_chunks = self._late(p, kept)
-            todo = [c for c in resident if id(c) not in kept and not any(c is k for k in late_chunks)]
+            later = kept | {id(c) for c in late_chunks}
+            todo = [c for c in resident if id(c) not in later]
             loaded = load_chunks(todo, self.device, staging=self._staging, aligned=True)
             buffers += [b for b in loaded if b is not None]
             if self._parks(p):
@@ -215,7 +216,7 @@ class MemoryManager(HostSide):
 
     def _parks(self, p: Placement) -> bool:
         """Are this placement's file-homed resident blocks kept on the device after its stage (memory/parking.py)?"""
-        return switch("STEADYFRAME_PARK", self.park) and is_transformer(self._loaded.get(p.name)) \
+        return run_switch("STEADYFRAME_PARK", self.park) and is_transformer(self._loaded.get(p.name)) \
             and (self.device.type == "cuda" or self.plan_on_cpu)
 
     def _unpark(self, p: Placement, resident: list, record: StageRecord) -> list[tuple]:

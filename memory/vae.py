@@ -273,8 +273,7 @@ class VaeDecodePolicy:
         return conv.active() if fallback else conv.passing_oom()
 
     def _attempt(self, vae, z, tiling: VaeTiling, shape, available, conv, fallback: bool) -> torch.Tensor:
-        channels = vae.config.block_out_channels[0]
-        est = memory_estimate(tiling, shape, channels, torch.finfo(vae.dtype).bits // 8, self.act_factor)
+        est = self._mem(vae, shape)(tiling)
         self.attempts.append({"tiling": tiling.describe(), "estimate": est, "available": available,
                               "work": work(tiling, shape), "fallback": fallback, "ok": False})
         log.info("VAE decode of %s latents: %s (estimate %.2f GB of %s free)%s", shape, tiling.describe(),

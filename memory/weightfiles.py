@@ -75,11 +75,9 @@ def _in_pieces(read, pieces: list[tuple[int, int]]) -> None:
 
 def direct_io() -> bool:
     """O_DIRECT reads on (MemoryConfig.direct_io; STEADYFRAME_DIRECT_IO=0/1 overrides it for a run)."""
-    from configs.memory import MEMORY
+    from configs.memory import MEMORY, run_switch
 
-    env = os.environ.get("STEADYFRAME_DIRECT_IO", "").strip()
-    on = env not in ("0", "false", "off") if env else bool(MEMORY.direct_io)
-    return on and hasattr(os, "O_DIRECT")
+    return run_switch("STEADYFRAME_DIRECT_IO", bool(MEMORY.direct_io)) and hasattr(os, "O_DIRECT")
 
 
 def split(nbytes: int, threads: int | None = None) -> list[tuple[int, int]]:
