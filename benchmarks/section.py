@@ -12,6 +12,13 @@ loading the models) and is reported apart. 3.6 s at window 9 = 3 sections: the d
     python3 benchmarks/section.py --out section.json                  # full size (GPU)
     python3 benchmarks/section.py --seconds 5 --steps 25 --out job.json --log job.log    # the issue-11 job
     python3 benchmarks/section.py --tiny --out section.json           # tiny preset (CPU or GPU)
+    python3 benchmarks/section.py --seconds 2.4 --steps 25 --x264-params default --x264-params default \
+        --x264-params stitchable=1 --out same.json      # the same job three times: same frames and bytes? encode cost
+
+With several `--x264-params` the job runs once per value in the same process ("default": configs/video.py's), each
+with a new memory manager as the app's jobs have; the report compares every run's raw frames (the hash the writer
+records before encoding), its final.mp4 and the video writer's time with the first run's. The stage table is the
+first run's.
 """
 from __future__ import annotations
 
@@ -113,6 +120,55 @@ def _conv_report(memory) -> dict:
     return {"calls_per_tier": stats.calls_per_tier, "exhausted": stats.exhausted, "report": stats.report()}
 
 
+class _x264_params:
+    """The job's section videos encoded with other x264 parameters ("default": configs/video.py's)."""
+
+    def __init__(self, params: str):
+        self.params = params
+
+    def __enter__(self):
+        import dataclasses
+        import functools
+
+        import pipeline.orchestrator as orch
+        from configs.video import ENCODING
+
+        self.orch, self.writer = orch, orch.SectionWriter
+        if self.params != "default":
+            encoding = dataclasses.replace(ENCODING, x264_params=self.params)
+            orch.SectionWriter = functools.partial(self.writer, encoding=encoding)
+        return self
+
+    def __exit__(self, *exc):
+        self.orch.SectionWriter = self.writer
+        return False
+
+
+def _run_record(n: int, params: str, end, total_s: float, first: dict | None) -> dict:
+    """One run of the job: its raw frames' hashes (recorded by the writer before encoding), its final.mp4's, the
+    video writer's time; compared with the first run."""
+    import hashlib
+
+    from pipeline.video import read_frames
+
+    info = json.loads((end.job_dir / "job.json").read_text())
+    final = Path(end.video)
+    record = {"run": n, "x264_params": params, "total_s": total_s, "final": str(final),
+              "frames_sha256": [s["frames_sha256"] for s in info["sections"]],
+              "final_sha256": hashlib.sha256(final.read_bytes()).hexdigest(),
+              "writer_s": float(end.timings.get("video writing, background", 0.0)),
+              "waited_s": float(end.timings.get("video writing", 0.0))}
+    same_frames = first is None or record["frames_sha256"] == first["frames_sha256"]
+    same_file = first is None or record["final_sha256"] == first["final_sha256"]
+    diff = "–"
+    if first is not None and not same_file:
+        a, b = read_frames(Path(first["final"])).astype(np.int16), read_frames(final).astype(np.int16)
+        diff = (f"{np.abs(a - b).max()} / {np.abs(a - b).mean():.3f}" if a.shape == b.shape
+                else f"shapes {a.shape} vs {b.shape}")
+    record.update(same_frames=same_frames, same_file=same_file, level_diff=diff)
+    return record
+
+
 def end_to_end_split(records, timings: dict, total_s: float) -> dict:
     """End to end split into the transformer's sampling (its stages, load and unload included), the encoders, the
     VAE decode, the wait for the last video file and the rest; the ratio end to end / sampling."""
@@ -154,6 +210,9 @@ def main(argv=None) -> None:
     ap.add_argument("--inject-vae-oom", action="store_true",
                     help="every native conv3d of the VAE decoder raises HIP's out-of-memory error: the decode must "
                          "finish through smaller tiles and then the rocm conv fallback")
+    ap.add_argument("--x264-params", action="append", default=None,
+                    help="run the job once more with these x264 parameters ('default': configs/video.py's); "
+                         "repeat the option to run the same job several times and compare the runs")
     args = ap.parse_args(argv)
     if args.calibrate_vae:
         logging.basicConfig(level=logging.INFO)
@@ -180,26 +239,38 @@ def main(argv=None) -> None:
     comps = build_components(args.tiny)
     build_s = time.perf_counter() - t0
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    memory = MemoryManager(device=device, cap_gb=args.cap_gb, preserved_gb=args.preserved_gb,
-                           prefetch_depth=args.depth)
-    if args.vae_tiled:
-        memory.vae_policy.streamed = False
     height, width = (64, 64) if args.tiny else (608, 640)
-    memory.set_workload(height, width, 9)
-    prepare_s = memory.prepare(**comps.models())
-    if args.inject_vae_oom:
-        _inject_vae_oom(memory)
     request = Request(image=_image(height, width), prompt="a red fox runs through fresh snow", seconds=args.seconds,
                       steps=args.steps, teacache=0.0, seed=31337)
     prepared = prepare(request, comps.preset.default_resolution)
+
+    def run_job(outputs: Path, x264_params: str):
+        memory = MemoryManager(device=device, cap_gb=args.cap_gb, preserved_gb=args.preserved_gb,
+                               prefetch_depth=args.depth)
+        if args.vae_tiled:
+            memory.vae_policy.streamed = False
+        memory.set_workload(height, width, 9)
+        prepare_s = memory.prepare(**comps.models())
+        if args.inject_vae_oom:
+            _inject_vae_oom(memory)
+        with _x264_params(x264_params):
+            t0 = time.perf_counter()
+            events = list(generate(prepared, comps, memory, outputs=outputs))
+            total_s = time.perf_counter() - t0
+        end = events[-1]
+        if isinstance(end, Failed):
+            raise SystemExit(f"job failed: {end.message}\n{end.detail}")
+        assert isinstance(end, Done)
+        return end, memory, total_s, prepare_s
+
     with tempfile.TemporaryDirectory() as outputs:
-        t0 = time.perf_counter()
-        events = list(generate(prepared, comps, memory, outputs=outputs))
-        total_s = time.perf_counter() - t0
-    end = events[-1]
-    if isinstance(end, Failed):
-        raise SystemExit(f"job failed: {end.message}\n{end.detail}")
-    assert isinstance(end, Done)
+        runs = []
+        for n, params in enumerate(args.x264_params or ["default"]):
+            end, memory_n, total_n, prepare_n = run_job(Path(outputs) / f"run{n}", params)
+            runs.append(_run_record(n, params, end, total_n, runs[0] if runs else None))
+            if n == 0:
+                memory, total_s, prepare_s, first_end = memory_n, total_n, prepare_n, end
+        end = first_end
     plan = sec.make_plan("original", args.seconds, 9)
     decoded = [sec.pixel_frames(plan.decode_frames(s)) for s in plan.sections]
     stages, section, dec_i = [], 0, 0
@@ -226,7 +297,7 @@ def main(argv=None) -> None:
                "frames": end.frames, "stages": stages, "inject_vae_oom": args.inject_vae_oom, "split": split,
                "vae_speed": {"cudnn_benchmark": args.vae_cudnn_benchmark, "channels_last": args.vae_channels_last,
                              "native_ops": args.vae_native_ops, "streamed": bool(memory.vae_policy.streamed)},
-               "conv_fallback": _conv_report(memory)}
+               "conv_fallback": _conv_report(memory), "runs": runs}
     args.out.write_text(json.dumps(summary, indent=1, default=str))
     print(f"\n{summary['device']}, torch {summary['torch']}, cap {args.cap_gb:g} GB, preserved "
           f"{args.preserved_gb:g} GB, {plan.count} sections × {args.steps} steps, {end.frames} frames")
@@ -246,6 +317,13 @@ def main(argv=None) -> None:
         print(f"| {name} | {seconds:.2f} | {100 * seconds / total_s:.1f}% |")
     print(f"| **end to end** | {total_s:.2f} | **{split['ratio']:.3f}× the transformer's sampling** |")
     print(f"(video writing on the background thread: {split['video_background_s']:.2f} s of work, overlapped)")
+    if len(runs) > 1:
+        print("\n| run | x264 parameters | end to end s | video writer's work s | waited for the last file s | "
+              "raw frames = run 0 | final.mp4 = run 0 | decoded final vs run 0: max / mean levels |\n"
+              "|---|---|---|---|---|---|---|---|")
+        for r in runs:
+            print(f"| {r['run']} | {r['x264_params']} | {r['total_s']:.2f} | {r['writer_s']:.2f} | "
+                  f"{r['waited_s']:.2f} | {r['same_frames']} | {r['same_file']} | {r['level_diff']} |")
     print(f"\nend to end {total_s:.1f} s; switching models {switch_s:.2f} s = {100 * switch_s / total_s:.1f}%; "
           f"peak reserved {summary['peak_reserved'] / GIB:.2f} GB (cap {args.cap_gb:g}); one-time pack+pin "
           f"{prepare_s:.1f} s; build {build_s:.1f} s")

@@ -51,6 +51,14 @@ class VideoEncoding:
     parallel_segments: int = 0
     # Niceness of the writer's threads (Linux): encoding yields the CPU to the thread that drives the GPU.
     writer_nice: int = 10
+    # x264's own parameters for every segment. `stitchable`: stream headers that do not depend on the content, so
+    # segments join into one stream. `cpu-independent`: x264's macroblock-tree propagation in its portable C code
+    # instead of the SIMD routine the CPU would select. The AVX-512 routine (libx264 as bundled with PyAV 18, on
+    # CPUs with AVX-512: Intel Skylake-X and later, AMD Zen 4 and later) reads memory it never wrote, so the same
+    # frames gave different bytes from run to run, more often under load (tests/test_video.py shows it with
+    # glibc's MALLOC_PERTURB_ patterns). With it, the bytes depend only on the frames and these settings, on every
+    # CPU; the C routine costs no measurable encode time (BENCHMARKS.md, "The same video every run").
+    x264_params: str = "stitchable=1:cpu-independent=1"
 
 
 DECODE_SPEED = VaeDecodeSpeed()

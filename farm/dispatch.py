@@ -127,7 +127,7 @@ class Farm:
         as they come, ending with Done or Failed. LogLines say which worker and node run it, and what happened when
         a worker was lost: the job then goes on from its last finished section on another worker."""
         import ray
-        from pipeline.events import Done, Failed, LogLine
+        from pipeline.events import Done, Failed, LogLine, Started
 
         avoid, job_dir, lost = None, None, 0
         while True:
@@ -146,6 +146,8 @@ class Farm:
                         job_dir = event.job_dir or job_dir
                         yield LogLine("info", f"{slot.name} on {event.node} runs this job")
                         continue
+                    if isinstance(event, Started):
+                        job_dir = event.job_dir
                     ended = isinstance(event, (Done, Failed))
                     yield event
                 return
@@ -219,21 +221,23 @@ class Farm:
         return last
 
     def _next_attempt(self, job, job_dir: Path | None, worker: str):
-        """After a lost worker: (what to run next, what to tell the user). From the job's last section checkpoint
-        when there is one; from the start (a new folder) when it had not finished a section."""
+        """After a lost worker: (what to run next, what to tell the user). A job that has its folder continues
+        there (pipeline/resume.py): from its last section checkpoint, or from the start when it had not finished
+        a section; one lost before its folder existed starts again as it was asked."""
         from pipeline.checkpoint import load_checkpoint
-        from pipeline.jobs import CHECKPOINT, Job, load_job
+        from pipeline.jobs import CHECKPOINT
 
-        if job_dir is not None and (job_dir / CHECKPOINT).is_file():
-            done = int(load_checkpoint(job_dir)[1]["sections_done"])
-            return Path(job_dir), (f"{worker} was lost (its process ended); the job continues on another worker from "
-                             f"its last finished section ({done}); the dead worker is being restarted")
-        if isinstance(job, (str, Path)):
-            return None, f"{worker} was lost and job {Path(job).name} has no finished section to continue from"
-        if job_dir is not None:
-            Job(job_dir, load_job(job_dir)).update(status="failed", error=f"{worker} was lost before the first "
-                                                                          f"section; the job was started again")
-        return job, (f"{worker} was lost before the job finished a section; it starts again on another worker; "
+        if job_dir is None and isinstance(job, (str, Path)):
+            job_dir = Path(job)
+        if job_dir is not None and (Path(job_dir) / "job.json").is_file():
+            if (job_dir / CHECKPOINT).is_file():
+                done = int(load_checkpoint(job_dir)[1]["sections_done"])
+                where = f"from its last finished section ({done})"
+            else:
+                where = "from the start, in its folder (it had not finished a section)"
+            return Path(job_dir), (f"{worker} was lost (its process ended); the job continues on another worker "
+                                   f"{where}; the dead worker is being restarted")
+        return job, (f"{worker} was lost before the job had its folder; it starts again on another worker; "
                      f"the dead worker is being restarted")
 
 

@@ -12,7 +12,7 @@ import queue
 import time
 from pathlib import Path
 
-from pipeline.events import Done, Failed, Progress, SectionVideo
+from pipeline.events import Done, Failed, Progress, Started
 from ui.runner import JobRunner, Ticket, Waiting
 
 log = logging.getLogger(__name__)
@@ -72,8 +72,8 @@ class FarmRunner(JobRunner):
                 worker = self.farm.assignments.get(ticket.id)
                 if worker:
                     event = dataclasses.replace(event, message=f"[{worker}] {event.message or event.stage}")
-            if isinstance(event, SectionVideo):
-                ticket.job_dir = Path(event.path).parent
+            if isinstance(event, Started):
+                ticket.job_dir = event.job_dir
             elif isinstance(event, (Done, Failed)):
                 if isinstance(event, Done):
                     self._learn(ticket, event)

@@ -13,6 +13,14 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class Started:
+    """The job has its folder (job.json and its images written, pipeline/jobs.py): from here on, whatever happens
+    to the process, `resume` continues it there. A queue notes the folder at this event."""
+    job_dir: Path
+    resumed: bool = False       # continuing a folder that was made before
+
+
+@dataclass(frozen=True)
 class Progress:
     stage: str                  # "text encoders", "VAE encode", "image encoder", "sampling", "VAE decode", ...
     section: int                # 1-based; 0 before sampling starts
@@ -85,5 +93,5 @@ class Cancelled:
     message: str = "Cancelled before it started."
 
 
-Event = Progress | Preview | LogLine | SectionVideo | Done | Failed
+Event = Started | Progress | Preview | LogLine | SectionVideo | Done | Failed
 RunnerEvent = Event | MemoryReport | Cancelled

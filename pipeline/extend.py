@@ -89,7 +89,7 @@ def min_frames(window: int) -> int:
     return sec.VAE_TIME_RATIO * window + 1
 
 
-def _job_source(job_dir: Path, request) -> tuple[ExtendSource, Image.Image]:
+def job_source(job_dir: Path, request) -> tuple[ExtendSource, Image.Image]:
     from pipeline.checkpoint import load_checkpoint
     from pipeline.jobs import CHECKPOINT, finished_video, load_job
 
@@ -128,7 +128,7 @@ def load_source(request, resolution: int) -> tuple[ExtendSource, Image.Image]:
     """The checked input of `request.input_video` and the start image. Raises InputError naming the field."""
     path = Path(request.input_video).expanduser()
     if path.is_dir() and (path / "job.json").is_file():
-        return _job_source(path, request)
+        return job_source(path, request)
     w = request.latent_window
     video = load_video(path, resolution, request.fps, min_frames(w))
     latents = 1 + (len(video.frames) - 1) // sec.VAE_TIME_RATIO

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from common.files import atomic_copy, file_sha256
 from pipeline.errors import InputError
-from pipeline.extend import ExtendSource, min_frames
+from pipeline.extend import ExtendSource, job_source, min_frames
 from pipeline.video_input import VIDEO_SUFFIXES, load_video
 
 KEPT_STEM = "input_video"               # the job folder's copy of an input video: input_video.mp4, .webm …
@@ -37,9 +37,10 @@ def _damaged(job_dir: Path, why: str) -> InputError:
                                     f"resumed: extend the input again")
 
 
-def restore_source(job_dir: Path, record, request) -> ExtendSource:
+def restore_source(job_dir: Path, record, request, *, whole: bool = False) -> ExtendSource:
     """The ExtendSource of a job folder's recorded "source", for resuming it with `request` (its checked settings).
-    Raises InputError when the record is damaged or the input video is gone or changed."""
+    `whole`: the extension starts again (no section of its own was finished), so an input job's latents are read
+    too, as when it was started. Raises InputError when the record is damaged or the input is gone or changed."""
     if not isinstance(record, dict) or record.get("kind") not in ("video", "job"):
         raise _damaged(job_dir, "kind")
     done, sha = record.get("sections_as_context"), record.get("sha256")
@@ -47,7 +48,13 @@ def restore_source(job_dir: Path, record, request) -> ExtendSource:
         raise _damaged(job_dir, "sections_as_context or sha256")
     path = Path(str(record.get("path", "")))
     if record["kind"] == "job":
-        return ExtendSource("job", path, sha, done, job_seed=record.get("seed"), preset=record.get("preset"))
+        if not whole:
+            return ExtendSource("job", path, sha, done, job_seed=record.get("seed"), preset=record.get("preset"))
+        source, _ = job_source(path, request)
+        if source.sha256 != sha or source.sections_done != done:
+            raise InputError("job folder", f"{job_dir.name} extends the job {path.name}, which has changed since "
+                                           f"(its video or latents differ): extend it again")
+        return source
     kept = record.get("kept")
     candidates = [job_dir / kept] if isinstance(kept, str) and kept and Path(kept).name == kept else []
     candidates.append(path)

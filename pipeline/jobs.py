@@ -1,14 +1,18 @@
 """One folder per job under outputs/: input images, a video per section, final.mp4 and job.json.
 
-Job ids are generated (time + random), never taken from user text. Every file is written atomically (common/files.py: temp file +
-rename), so a crash never leaves a half-written file under a real name. job.json says what state the job is in:
-running, done, stopped or failed.
+Job ids are generated (time + random), never taken from user text. A job folder is there whole or not at all: it is
+made under a hidden name, gets its images and then job.json, and only then takes its id (`Job.create`), so a folder
+named by an id always holds what its job needs to run again. Every file is written atomically (common/files.py:
+temp file + rename), so a crash never leaves a half-written file under a real name. job.json says what state the
+job is in: running, done, stopped or failed.
 """
 from __future__ import annotations
 
 import json
+import os
 import platform
 import secrets
+import shutil
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -45,6 +49,21 @@ def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
+PARTIAL_SUFFIX = ".partial"             # a job folder being made: .<id>.partial, hidden from every listing
+PARTIAL_STALE_S = 3600.0                # one this old was left by a process that died while making it
+
+
+def sweep_partial(outputs: Path) -> None:
+    """Remove the half-made job folders a killed process left behind (older than an hour: another process may be
+    making one right now)."""
+    for d in Path(outputs).glob("." + "*" + PARTIAL_SUFFIX):
+        try:
+            if d.is_dir() and time.time() - d.stat().st_mtime > PARTIAL_STALE_S:
+                shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass
+
+
 @dataclass
 class Job:
     dir: Path
@@ -55,22 +74,39 @@ class Job:
         return self.dir.name
 
     @classmethod
-    def create(cls, outputs: Path, settings: dict, models: dict) -> "Job":
+    def create(cls, outputs: Path, settings: dict, models: dict, fill=None) -> "Job":
+        """A new job folder, there whole or not at all: made as a hidden `.<id>.partial`, filled by `fill(job)` (the
+        files the job starts from: its images, an input video's copy; it may add to `job.info`), given job.json
+        last, then renamed to its id. If `fill` fails the folder is removed; a process killed meanwhile leaves only
+        the hidden folder (swept an hour later)."""
         outputs = Path(outputs)
         outputs.mkdir(parents=True, exist_ok=True)
+        sweep_partial(outputs)
         for _ in range(10):
-            d = outputs / new_job_id()
+            job_id = new_job_id()
+            partial = outputs / f".{job_id}{PARTIAL_SUFFIX}"
+            if (outputs / job_id).exists():
+                continue
             try:
-                d.mkdir()
+                partial.mkdir()
                 break
             except FileExistsError:
                 continue
         else:
             raise RuntimeError(f"could not create a job folder in {outputs}")
-        job = cls(d, {"id": d.name, "status": "running", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                      "settings": settings, "models": models, "versions": package_versions(),
-                      "sections": [], "timings": {}, "memory": {}, "videos": [], "final": None, "error": None})
-        job.save()
+        job = cls(partial, {"id": job_id, "status": "running", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                            "settings": settings, "models": models, "versions": package_versions(),
+                            "sections": [], "timings": {}, "memory": {}, "videos": [], "final": None,
+                            "error": None})
+        try:
+            if fill is not None:
+                fill(job)
+            job.save()
+            os.rename(partial, outputs / job_id)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        job.dir = outputs / job_id
         return job
 
     def path(self, name: str) -> Path:
@@ -94,15 +130,14 @@ class Job:
 
     def keep_upload(self, name: str, source) -> Path | None:
         """Copy the file a user gave (an image path) into the job folder as `name` + its image suffix, untouched,
-        and record it in job.json's "uploads" (the app's "Reuse settings" puts it back). Other sources (bytes,
-        arrays, PIL images) are not files of the user's: nothing is kept."""
+        and note it in the record's "uploads" (the app's "Reuse settings" puts it back; saved with job.json's next
+        write). Other sources (bytes, arrays, PIL images) are not files of the user's: nothing is kept."""
         if not isinstance(source, (str, Path)) or not Path(source).is_file():
             return None
         suffix = Path(source).suffix.lower()
         path = self.path(name + (suffix if suffix in UPLOAD_SUFFIXES else ".img"))
         atomic_write_bytes(path, Path(source).read_bytes())
         self.info.setdefault("uploads", {})[name] = path.name
-        self.save()
         return path
 
     def finish(self, status: str, final: Path | None, *, error: str | None = None, timings: dict | None = None,

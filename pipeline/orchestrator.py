@@ -36,7 +36,7 @@ from pipeline.cancel import CancelToken
 from pipeline import lora
 from pipeline.errors import InputError, JobStopped
 from pipeline.eta import Remaining
-from pipeline.events import Done, Event, Failed, LogLine, Preview, Progress, SectionVideo
+from pipeline.events import Done, Event, Failed, LogLine, Preview, Progress, SectionVideo, Started
 from pipeline.images import to_model_tensor
 from pipeline.jobs import Job
 from pipeline.logcapture import capture_logs
@@ -84,15 +84,22 @@ def generate(prepared: PreparedRequest, components: Components, memory: MemoryMa
 
 
 @dataclass
-class ResumeState:
-    """Where an interrupted job stands (from its folder): see pipeline/resume.py."""
-    job: Job
+class SavedSections:
+    """An interrupted job's checkpoint: the sections it finished (pipeline/checkpoint.py)."""
     history: torch.Tensor
     real: torch.Tensor
     start_latent: torch.Tensor
     end_latent: torch.Tensor | None
     rng_state: torch.Tensor
     sections_done: int
+
+
+@dataclass
+class ResumeState:
+    """Where an interrupted job stands (from its folder): see pipeline/resume.py. `saved` is None when it was
+    stopped before its first section was finished: it starts again in its folder."""
+    job: Job
+    saved: SavedSections | None
 
 
 class JobRun:
@@ -155,6 +162,7 @@ class JobRun:
                 # LoRA files read and checked against the transformer before the job folder and any stage
                 self.loras = lora.load_set(self.request.loras, self.lora_dir, self.models.transformer)
                 self._open_job()
+                yield Started(self.job.dir, resumed=self.resume is not None)
                 for w in self.prepared.warnings:
                     yield LogLine("warning", w)
                 r = self.request
@@ -230,6 +238,7 @@ class JobRun:
             yield self.progress("VAE decode", n, r.steps, f"section {n}/{self.plan.count}: decoding")
             pixels = self._decode(sec.latents_to_decode(self.plan, section, real))
             self.writer.submit(pixels, n, self.job.path(f"section_{n:02d}.mp4"))   # written while the next samples
+            del pixels                                  # the writer's now (pipeline/video_writer.py)
             yield from drain()
             yield from self._written()
 
@@ -247,30 +256,36 @@ class JobRun:
 
     # ---- a new job or a resumed one: every difference between the two is in these three methods ---------------
     def _open_job(self) -> None:
-        """A new job gets a folder with its prepared images; a resumed one goes on in its own folder."""
+        """A new job gets a folder with its prepared images (job.json written last, pipeline/jobs.py); a resumed one
+        goes on in its own folder."""
         if self.resume:
             self.job = self.resume.job
             self.job.update(status="running", resumed=self.job.info.get("resumed", 0) + 1)
-            log.info("resuming after section %d", self.resume.sections_done)
+            saved = self.resume.saved
+            log.info("resuming after section %d" % saved.sections_done if saved else
+                     "starting again: no section was finished before it stopped")
             return
-        self.job = Job.create(self.outputs, self.request.settings(), self._model_info())
-        if self.loras:
-            self.job.update(loras=self.loras.record())               # file, sha256, strength of each
-        self.job.save_image("input.png", self.prepared.image)
-        self.job.keep_upload("upload", self.request.image)                  # the user's file, for reuse
-        if self.prepared.end_image is not None:
-            self.job.save_image("end.png", self.prepared.end_image)
-            self.job.keep_upload("upload_end", self.request.end_image)
-        if self.prepared.source is not None:           # an input video is kept in the folder (resume needs it)
-            self.job.update(source=extend_resume.kept_record(self.job, self.prepared.source))
+
+        def fill(job: Job) -> None:
+            if self.loras:
+                job.info["loras"] = self.loras.record()               # file, sha256, strength of each
+            job.save_image("input.png", self.prepared.image)
+            job.keep_upload("upload", self.request.image)                  # the user's file, for reuse
+            if self.prepared.end_image is not None:
+                job.save_image("end.png", self.prepared.end_image)
+                job.keep_upload("upload_end", self.request.end_image)
+            if self.prepared.source is not None:        # an input video is kept in the folder (resume needs it)
+                job.info["source"] = extend_resume.kept_record(job, self.prepared.source)
+
+        self.job = Job.create(self.outputs, self.request.settings(), self._model_info(), fill)
 
     def _starting_point(self, drain):
         """(start latent, end latent, latent history, sections done): a new job encodes its images (VAE encode);
         a resumed one takes them, and the random generator's state, from its checkpoint."""
-        if self.resume:
-            self.generator.set_state(self.resume.rng_state)
-            return (self.resume.start_latent, self.resume.end_latent, self.resume.history,
-                    self.resume.sections_done)
+        saved = self.resume.saved if self.resume else None
+        if saved is not None:
+            self.generator.set_state(saved.rng_state)
+            return saved.start_latent, saved.end_latent, saved.history, saved.sections_done
         if self.prepared.source is not None:
             return (yield from extend.starting_point(self, drain))
         yield self.progress("VAE encode")
@@ -280,21 +295,34 @@ class JobRun:
 
     def _rebuild_video(self, done: int, drain) -> Iterator[Event]:
         """Decode the finished sections again (resume, extending a job), so the blends match an uninterrupted run
-        exactly; an input video's frames start the video as they are."""
+        exactly; an input video's frames start the video as they are. A resumed job whose process died before
+        the video of a finished section was written (it is written while the next section samples) writes it
+        now: the same file an uninterrupted run writes."""
         source, first = self.prepared.source, 0
+        saved = self.resume.saved if self.resume is not None else None
         if source is not None and source.frames is not None:     # an input video: its frames, then (resuming)
             self.writer.submit(source.frames)                     # the new sections made before the stop
             first = source.sections_done
-            if self.resume is None:
+            if saved is None:
                 return
-        real_now = self.resume.real if self.resume is not None else source.real
+        real_now = saved.real if saved is not None else source.real
+        recorded = set(self.job.info["videos"]) if saved is not None else None
+        inherited = source.sections_done if source is not None else 0      # an extended job's: never written here
         for section in self.plan.sections[first:done]:
-            yield self.progress("VAE decode", section.index + 1, self.request.steps,
-                                f"resuming: decoding section {section.index + 1}/{done} again")
+            n = section.index + 1
+            yield self.progress("VAE decode", n, self.request.steps, f"resuming: decoding section {n}/{done} again")
             real = sec.real_latents_after(self.plan, section, real_now, done)
-            self.writer.submit(self._decode(sec.latents_to_decode(self.plan, section, real)))
+            pixels = self._decode(sec.latents_to_decode(self.plan, section, real))
+            name = f"section_{n:02d}.mp4"
+            if recorded is not None and name not in recorded and n > inherited:
+                self.writer.submit(pixels, n, self.job.path(name))
+            else:
+                self.writer.submit(pixels)
+            del pixels
             yield from drain()
-        self.last_video = self.job.path(self.job.info["videos"][-1]) if self.job.info["videos"] else None
+            yield from self._written()
+        if self.last_video is None and self.job.info["videos"]:
+            self.last_video = self.job.path(self.job.info["videos"][-1])
 
     # ---- stages -------------------------------------------------------------------------------------------------
     def _encode_text(self) -> SectionTexts:

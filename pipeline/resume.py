@@ -2,8 +2,10 @@
 
 The folder holds the settings (job.json), the prepared images and, after every finished section, the latent
 history with the random generator's state (latents.safetensors). Resuming re-encodes the prompt and the image
-(deterministic), decodes the finished sections again so the cross-fades match, and samples the remaining sections
-with the saved generator state: the final video equals that of an uninterrupted run with the same seed.
+(deterministic), decodes the finished sections again so the cross-fades match (writing the video of a finished
+section whose file the stopped process had not written yet), and samples the remaining sections with the saved
+generator state: the final video, and every section's, equals that of an uninterrupted run with the same seed.
+A job stopped before its first section was finished starts again in its folder from its saved request.
 
 Like a new job, a resume is checked once, before any model loads: `prepare_resume(job_dir)` reads job.json,
 checks its settings and decodes the images (a `ResumeRequest`); `resume(...)` takes that and runs it.
@@ -53,8 +55,6 @@ def resume_request(job_dir: Path) -> tuple[Request, dict]:
         raise _damaged(job_dir, "no model preset")
     if info.get("status") == "done":
         raise InputError("job folder", f"{job_dir.name} is already complete ({info.get('final')})")
-    if not (job_dir / CHECKPOINT).is_file():
-        raise InputError("job folder", f"{job_dir.name} has no finished section to continue from; start it again")
     end = job_dir / "end.png"
     request = Request.from_mapping(settings, unknown="ignore", image=job_dir / "input.png",
                                    end_image=end if end.exists() else None)
@@ -77,7 +77,9 @@ def prepare_resume(job_dir: str | Path) -> ResumeRequest:
     if info.get("source") is not None:     # an extension's plan starts with its input (pipeline/extend_resume.py)
         from pipeline.extend_resume import restore_source
 
-        prepared = dataclasses.replace(prepared, source=restore_source(job_dir, info["source"], prepared.request))
+        whole = not (job_dir / CHECKPOINT).is_file()            # starting again: all of the input's state
+        prepared = dataclasses.replace(prepared, source=restore_source(job_dir, info["source"], prepared.request,
+                                                                       whole=whole))
     return ResumeRequest(job_dir, prepared, preset)
 
 
@@ -88,7 +90,7 @@ def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir
     from pipeline.checkpoint import load_checkpoint
     from pipeline.events import Failed
     from pipeline.jobs import Job
-    from pipeline.orchestrator import JobRun, ResumeState
+    from pipeline.orchestrator import JobRun, ResumeState, SavedSections
 
     if not isinstance(job, ResumeRequest):
         raise TypeError(f"resume() takes a ResumeRequest (from pipeline.prepare_resume), not {type(job).__name__}")
@@ -108,9 +110,12 @@ def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir
     for stale in job_dir.glob(".*"):          # temp files of writes the crash cut short
         if stale.is_file() and (stale.name.endswith(".tmp") or ".partial." in stale.name):
             stale.unlink()
-    tensors, meta = load_checkpoint(job_dir)
-    state = ResumeState(Job(job_dir, info), tensors["history"], tensors["real"], tensors["start_latent"],
-                        tensors.get("end_latent"), tensors["rng_state"], int(meta["sections_done"]))
+    saved = None
+    if (job_dir / CHECKPOINT).is_file():
+        tensors, meta = load_checkpoint(job_dir)
+        saved = SavedSections(tensors["history"], tensors["real"], tensors["start_latent"], tensors.get("end_latent"),
+                              tensors["rng_state"], int(meta["sections_done"]))
+    state = ResumeState(Job(job_dir, info), saved)
     run = JobRun(job.prepared, components, memory or MemoryManager(), cancel or CancelToken(), job_dir.parent, state,
                  lora_dir=lora_dir)
     yield from run.events()

@@ -223,10 +223,14 @@ def append_section(plan: SectionPlan, section: Section, history: torch.Tensor, g
 
 def real_latents_after(plan: SectionPlan, section: Section, real_now: torch.Tensor, sections_done: int
                        ) -> torch.Tensor:
-    """The real latents as they were right after an earlier `section`, cut from those after `sections_done`
-    sections (before the original mode's last section, which adds the start latent)."""
+    """The real latents as they were right after `section` (one of the first `sections_done`), cut from those after
+    `sections_done` sections. In the original mode the newest latents come first, and the last section also put
+    the start latent in front of them."""
     if plan.mode == "original":
-        return real_now[:, :, (sections_done - 1 - section.index) * plan.window:]
+        if section.index == sections_done - 1:
+            return real_now
+        start = 1 if sections_done == plan.count else 0
+        return real_now[:, :, start + (sections_done - 1 - section.index) * plan.window:]
     return real_now[:, :, : plan.real_latent_frames(section)]
 
 

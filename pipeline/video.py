@@ -3,7 +3,9 @@
 A file is a sequence of segments, each an independent closed H.264 stream (starting with an IDR frame) encoded by
 `encode_segment`, joined without re-encoding by `write_segments`. x264 runs with `stitchable` (stream headers
 that do not depend on the content) so every segment has the same SPS/PPS and the joined stream is one valid
-stream. A segment's bytes depend only on its frames and configs.video.ENCODING:
+stream. A segment's bytes depend only on its frames and configs.video.ENCODING, on any CPU and in any run:
+- `cpu-independent`: x264's AVX-512 macroblock-tree routine reads memory it never wrote (configs/video.py), which
+  made the bytes change from run to run on AVX-512 CPUs; x264 runs that step in its C code instead;
 - frame threads, never slices: PyAV opens libx264 with slice threading and, unless told otherwise, x264 picks its
   thread count from the CPUs the calling thread may run on (sched_getaffinity), one slice per thread; that count
   is written into the stream, so the bytes used to follow the CPU set of the process (tests/test_video.py shows
@@ -62,7 +64,7 @@ def encode_segment(frames: np.ndarray, *, fps: int = 30, crf: int = 16,
         stream.pix_fmt = "yuv420p"
         stream.codec_context.thread_type = "FRAME"
         stream.options = {"crf": str(int(crf)), "preset": encoding.preset, "threads": str(encoding.x264_threads),
-                          "x264-params": "stitchable=1"}
+                          "x264-params": encoding.x264_params}
         for frame in frames:
             vf = av.VideoFrame.from_ndarray(frame[: stream.height, : stream.width], format="rgb24")
             for packet in stream.encode(vf.reformat(format="yuv420p")):

@@ -119,6 +119,7 @@ def test_the_upload_kept_by_the_job_is_what_reuse_restores(tmp_path):
     source = tmp_path / "mine.JPG"
     make_image(300, 200).save(source, format="JPEG")
     kept = job.keep_upload("upload", str(source))
+    job.save()
     assert kept.name == "upload.jpg" and kept.read_bytes() == source.read_bytes()
     entry = jg.read_job(d)
     assert entry.original_image == kept and entry.original_end_image is None

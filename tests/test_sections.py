@@ -88,6 +88,22 @@ def test_history_bookkeeping_f1_mode():
     assert [float(real[0, 0, i, 0, 0]) for i in range(real.shape[2])] == [7, 1, 1, 1, 2, 2, 2]
 
 
+@pytest.mark.parametrize("mode", ["original", "f1"])
+def test_real_latents_after_any_earlier_section_whatever_was_done_since(mode):
+    """A resume decodes each finished section from the latest checkpoint's real latents: cut from those, they are
+    the real latents right after that section, also once the last section (original mode: the start latent in
+    front) is done."""
+    plan = sec.SectionPlan(mode, 3, 4)
+    start = _latents(1, 7.0)
+    history, reals = sec.empty_history(plan, start), []
+    for s in plan.sections:
+        history, real = sec.append_section(plan, s, history, _latents(3, s.index + 1.0), start)
+        reals.append(real)
+    for done in range(1, plan.count + 1):
+        for s in plan.sections[:done]:
+            assert torch.equal(sec.real_latents_after(plan, s, reals[done - 1], done), reals[s.index]), (done, s)
+
+
 def test_soft_append_is_a_linear_crossfade():
     a = torch.zeros(1, 1, 5, 1, 1)
     b = torch.ones(1, 1, 4, 1, 1)

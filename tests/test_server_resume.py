@@ -14,7 +14,7 @@ from pipeline.request import Request
 from pipeline.sections import make_plan
 from pipeline.video import read_frames
 from tests.conftest import make_image
-from tests.server_helpers import (CHROMIUM_ARGS, Fault, Gate, api_job, browser_or_skip, job_info, saved_image,
+from tests.server_helpers import (CHROMIUM_ARGS, Gate, api_job, browser_or_skip, job_info, saved_image,
                                   tiny_runner)
 from ui.runner import SessionBusy
 
@@ -127,13 +127,7 @@ def test_api_resume_continues_a_stopped_job(server, client, image, tiny_original
     _assert_same_as(folder, uninterrupted)
     assert server.runner.open_tickets == 0                       # API calls leave no ticket behind
 
-    with Fault(tiny_original.transformer.single_transformer_blocks[0], RuntimeError("injected")):
-        with pytest.raises(AppError, match="RuntimeError: injected"):
-            client.predict(**_job(image, seconds=1.2), api_name="/video")
-    failed_early = max(server.jobs(), key=lambda d: (d / "job.json").stat().st_mtime_ns)
-    assert job_info(failed_early)["status"] == "failed"
     refusals = [(stopped["job_id"], "already complete"), (uninterrupted.name, "already complete"),
-                (failed_early.name, "has no finished section to continue from"),
                 ("../" + stopped["job_id"], "job_id: there is no job"), ("", "job_id: there is no job"),
                 ("/etc", "job_id: there is no job"), ("x" * 500, "job_id: there is no job")]
     jobs = server.jobs()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import subprocess
+import sys
 import threading
 from dataclasses import replace
 
@@ -17,6 +19,7 @@ from pipeline import sections as sec
 from pipeline.video import encode_segment, read_frames, write_segments
 from pipeline.video_buffer import VideoBuffer
 from pipeline.video_writer import SectionWriter, segment_groups
+from tests.conftest import ROOT
 
 
 def moving_frames(n: int, h: int = 96, w: int = 128, seed: int = 0) -> np.ndarray:
@@ -78,6 +81,43 @@ def test_our_segments_do_not_depend_on_cpus_or_runs():
             encode_segment(frames)]
     assert runs[0] == runs[1] == runs[2]
     assert b"sliced_threads=0" in runs[0] and f"threads={ENCODING.x264_threads} ".encode() in runs[0]
+
+
+ENCODE_IN_CHILD = """
+import hashlib, sys
+from dataclasses import replace
+from configs.video import ENCODING
+from pipeline.video import encode_segment
+from tests.test_video import moving_frames
+encoding = replace(ENCODING, x264_params=sys.argv[1])
+for n, h, w in ((33, 64, 64), (24, 128, 160)):
+    print(hashlib.sha256(encode_segment(moving_frames(n, h, w), encoding=encoding)).hexdigest())
+"""
+
+
+def encoded_in_child(malloc_perturb: int, x264_params: str = ENCODING.x264_params) -> str:
+    """Hashes of two segments encoded in a fresh process whose freed and new heap memory glibc fills with a byte
+    pattern (MALLOC_PERTURB_): what memory held before must not reach the bytes."""
+    env = dict(os.environ, MALLOC_PERTURB_=str(malloc_perturb),
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    r = subprocess.run([sys.executable, "-c", ENCODE_IN_CHILD, x264_params], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_our_segments_do_not_depend_on_what_the_heap_held():
+    """The cause of the videos that differed between runs on AVX-512 CPUs (under load most of all): libx264's
+    AVX-512 macroblock-tree routine reads memory it never wrote. The same frames in fresh processes whose heap
+    holds different leftovers give the same bytes (x264's `cpu-independent`: that step in its C code)."""
+    assert encoded_in_child(165) == encoded_in_child(77) == encoded_in_child(1)
+
+
+def test_our_segments_are_the_bytes_of_x264s_portable_code():
+    """The same bytes as x264 without any assembly (`asm=0`): no instruction set the CPU offers changes them."""
+    frames = moving_frames(24, 128, 160)
+    portable = replace(ENCODING, x264_params=ENCODING.x264_params + ":asm=0")
+    assert encode_segment(frames) == encode_segment(frames, encoding=portable)
 
 
 def test_segment_groups_keep_every_segment_at_two_frames_or_more():

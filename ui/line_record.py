@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from pipeline import queue_store as qs
-from pipeline.events import Progress, SectionVideo
+from pipeline.events import Progress, Started
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,8 @@ class _Tap:
         self.last = 0.0
 
     def put(self, event) -> None:
-        if isinstance(event, SectionVideo):
-            self.recorder._update(self.ticket, job_dir=Path(event.path).parent.name)
+        if isinstance(event, Started):         # from here on a restart continues it in its folder
+            self.recorder._update(self.ticket, job_dir=event.job_dir.name)
         elif isinstance(event, Progress) and time.monotonic() - self.last > PROGRESS_EVERY_S:
             from ui.view import progress_line
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pipeline import queue_store as qs
 from pipeline.errors import InputError
-from pipeline.events import Cancelled, Done, Failed, Progress, SectionVideo
+from pipeline.events import Cancelled, Done, Failed, Progress, Started
 from ui.runner import JobRunner, SessionBusy, Waiting
 
 log = logging.getLogger(__name__)
@@ -123,8 +123,8 @@ class QueueWorker:
         try:
             for batch in self.runner.run(ticket, tick_s=self.poll_s):
                 for event in batch:
-                    if isinstance(event, SectionVideo):
-                        self.store.update(entry.id, job_dir=Path(event.path).parent.name)
+                    if isinstance(event, Started):     # a restart continues it in its folder from here on
+                        self.store.update(entry.id, job_dir=event.job_dir.name)
                     elif isinstance(event, Progress) and time.monotonic() - last > PROGRESS_EVERY_S:
                         last = time.monotonic()
                         self.store.update(entry.id, progress=event.fraction, message=progress_line(event))

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 from pipeline.cancel import CancelToken
-from pipeline.events import Cancelled, Done, Failed, LogLine, MemoryReport, Progress, SectionVideo
+from pipeline.events import Cancelled, Done, Failed, LogLine, MemoryReport, Progress, SectionVideo, Started
 from pipeline.request import PreparedRequest, prepare
 from pipeline.resolution import check_fits
 from pipeline.resume import ResumeRequest, prepare_resume
@@ -381,8 +381,8 @@ class JobRunner(LineEstimates):
                 if isinstance(event, Progress):
                     event = dataclasses.replace(event, eta_s=eta.update(event.stage, event.section, event.step,
                                                                         event.elapsed_s))
-                if isinstance(event, SectionVideo):
-                    ticket.job_dir = Path(event.path).parent
+                if isinstance(event, Started):
+                    ticket.job_dir = event.job_dir
                 elif isinstance(event, Progress) and event.eta_s is not None:
                     ticket.eta_s, ticket.eta_at = event.eta_s, time.monotonic()
                 elif isinstance(event, (Done, Failed)):

@@ -1,0 +1,125 @@
+"""Command-line jobs in processes that can be killed (SIGKILL) at any moment, cheaply.
+
+A fork server (multiprocessing's "forkserver") imports torch, diffusers, PyAV and the pipeline once; every job is a
+process forked from it (about a second to build the tiny models, no 5 s of imports each), runs
+`python -m pipeline ...` as the command line does, and can be killed like any process. Nothing in the server has run
+a torch operation, so forking it is safe (no thread pools exist yet).
+
+A child can also kill itself at a named moment (`KillAt`): the Nth call of a function of the pipeline, at its start
+or right after it returns, for the moments a random kill time seldom hits (the final file's copy).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PRELOAD = ["torch", "diffusers", "transformers", "av", "PIL.Image", "numpy", "safetensors.torch",
+           "pipeline.cli", "pipeline.components", "pipeline.orchestrator", "pipeline.tiny", "pipeline.resume"]
+
+
+@dataclass(frozen=True)
+class KillAt:
+    """Kill the child (SIGKILL) at the `call`th call of `module.attribute` ("pipeline.jobs:atomic_copy"), when it
+    starts (`after=False`) or right after it returned."""
+    target: str
+    call: int = 1
+    after: bool = False
+
+
+def _kill_at(spec: KillAt) -> None:
+    import importlib
+
+    module_name, _, attribute = spec.target.partition(":")
+    owner_name, _, method = attribute.partition(".")
+    module = importlib.import_module(module_name)
+    owner = getattr(module, owner_name) if method else module
+    name = method or attribute
+    real, calls = getattr(owner, name), []
+
+    def dying(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == spec.call and not spec.after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        out = real(*args, **kwargs)
+        if len(calls) == spec.call:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return out
+
+    setattr(owner, name, dying)
+
+
+def _child(argv: list[str], log_path: str, kill_at: KillAt | None) -> None:
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    if kill_at is not None:
+        _kill_at(kill_at)
+    from pipeline.__main__ import run
+
+    sys.argv = ["pipeline", *argv]
+    code = run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+class JobProcesses:
+    """Start `python -m pipeline` command lines as forked children of one fork server."""
+
+    def __init__(self, logs: Path):
+        self.logs = Path(logs)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self._context = multiprocessing.get_context("forkserver")
+        self._context.set_forkserver_preload(PRELOAD)
+        self._count = 0
+
+    def start(self, *argv, kill_at: KillAt | None = None):
+        self._count += 1
+        log = self.logs / f"child-{self._count}.log"
+        proc = self._context.Process(target=_child, args=([str(a) for a in argv], str(log), kill_at), daemon=True)
+        proc.start()
+        proc.log = log
+        return proc
+
+    def run(self, *argv, kill_at: KillAt | None = None, timeout: float = 300) -> int:
+        proc = self.start(*argv, kill_at=kill_at)
+        proc.join(timeout)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+            raise TimeoutError(f"pipeline {' '.join(map(str, argv))} ran over {timeout} s:\n{tail(proc.log)}")
+        return proc.exitcode
+
+
+def tail(path: Path, chars: int = 3000) -> str:
+    try:
+        return Path(path).read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+def job_folder(out: Path) -> Path | None:
+    """The job folder in `out`, once it exists (a folder being made is hidden: its name starts with a dot)."""
+    if not out.is_dir():
+        return None
+    found = [d for d in out.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    return found[0] if found else None
+
+
+def wait_for_folder(out: Path, proc, timeout: float = 120) -> tuple[Path | None, float]:
+    """(the job's folder, when it appeared by time.monotonic()); (None, now) when the process ended first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        folder = job_folder(out)
+        if folder is not None:
+            return folder, time.monotonic()
+        if not proc.is_alive():
+            return None, time.monotonic()
+        time.sleep(0.002)
+    raise TimeoutError(f"no job folder in {out} after {timeout} s:\n{tail(proc.log)}")
