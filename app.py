@@ -17,11 +17,13 @@ import gradio as gr  # noqa: E402
 
 from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
 from ui import panel_controls, panel_lora  # noqa: E402
+from ui.access import Access  # noqa: E402
 from ui.api import PUBLIC_ENDPOINTS, JobApi, hide_ui_endpoints  # noqa: E402
-from ui.cli import host_budget_problem, launch_options, parse_args, security_warnings, weight_storage  # noqa: E402
-from ui.context import LIVE_CALLS_MAX, AppContext, preserved_max_gb, preserved_text  # noqa: E402
+from ui.cli import (PUBLIC_NOTICE, host_budget_problem, launch_options, parse_args, public_without_login,  # noqa: E402
+                    security_warnings, weight_storage)
+from ui.context import AppContext, preserved_max_gb, preserved_text  # noqa: E402
 from ui.examples import write_examples  # noqa: E402
-from ui.guard import HandlerGuard  # noqa: E402
+from ui.guard import HeapKeeper, limit_queue_per_client  # noqa: E402
 from ui.layout import build_layout  # noqa: E402
 from ui.models import ComponentCache  # noqa: E402
 from ui.panel_jobs import JobsPanel  # noqa: E402
@@ -32,7 +34,10 @@ from ui.queue_api import QUEUE_ENDPOINTS  # noqa: E402
 from ui.runner import JobRunner  # noqa: E402
 
 log = logging.getLogger("steadyframe.app")
-QUEUE_MAX = 32          # jobs waiting in Gradio's queue at most (one GPU job runs at a time)
+QUEUE_MAX = 64          # events waiting in Gradio's queue at most (one GPU job runs at a time)
+QUEUED_PER_SESSION = 8  # ... of one page or API client, one login, one remote address (ui/guard.py)
+QUEUED_PER_LOGIN = 16
+QUEUED_PER_ADDRESS = 16
 QUEUE_POLL_S = 0.1     # how often Gradio's queue looks for new events when it has none (its own default: 1 ms)
 PROGRESS_POLL_S = 0.25  # how often it sends pending progress (its own default: 10 ms)
 
@@ -62,28 +67,34 @@ def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
                            host_ram_gb=getattr(args, "host_ram_gb", None), weight_storage=weight_storage(args),
                            lora_dir=getattr(args, "lora_dir", None))
     top = preserved_max_gb(args.vram_cap_gb, device)
-    examples = write_examples(outputs / ".examples")       # inside the served folder; never listed as a job
+    examples = write_examples(outputs / ".examples")       # never listed as a job (its name starts with a dot)
+    public = PUBLIC_NOTICE if public_without_login(args) else ""
+    notice = "\n\n".join(t for t in (missing_weights_message(preset, DEFAULTS.mode, args.model_dir), public) if t)
 
     with gr.Blocks(title="SteadyFrame", analytics_enabled=False) as app:
         ui = build_layout(preset, _device_text(device),
                           preserved_text(preset, args, device, min(MEMORY.preserved_gb, top), top),
-                          notice=missing_weights_message(preset, DEFAULTS.mode, args.model_dir),
+                          notice=notice or None,
                           preserved_max_gb=top, examples=examples, lora_dir=getattr(args, "lora_dir", None))
-        ctx = AppContext(args, preset, device, outputs, runner, ui, top, HandlerGuard(LIVE_CALLS_MAX),
-                         TokenCounter(preset, args.model_dir))
+        access = Access.of(getattr(args, "auth_pairs", None), getattr(args, "admin", ()))
+        keeper = HeapKeeper()
+        live, quick = AppContext.guards(keeper)
+        ctx = AppContext(args, preset, device, outputs, runner, ui, top, live, quick,
+                         TokenCounter(preset, args.model_dir), access, public, keeper)
         panel_controls.wire(app, ctx)
         if ui.lora is not None:
-            panel_lora.wire(ui.lora, ui.loras)
+            panel_lora.wire(ui.lora, ui.loras, ctx.quick)
         jobs = JobsPanel(ctx)
         RunPanel(ctx, jobs).wire(app, gr.State(None))
         jobs.wire(app)
-        JobApi(runner, preset.default_resolution).register(ui.controls(), concurrency_id="gpu",
-                                                           concurrency_limit=JOBS_MAX)
+        JobApi(runner, preset.default_resolution, access).register(ui.controls(), concurrency_id="gpu",
+                                                                   concurrency_limit=JOBS_MAX)
         app.queue_worker = start_queue(ctx, app)       # the queue on disk (ui/panel_queue.py)
 
     hide_ui_endpoints(app, PUBLIC_ENDPOINTS + QUEUE_ENDPOINTS)
     # api_open=False: queued events (jobs, gallery) cannot be called around the queue and its limits
     app.queue(max_size=QUEUE_MAX, default_concurrency_limit=4, api_open=False)
+    limit_queue_per_client(app, QUEUED_PER_SESSION, QUEUED_PER_LOGIN, QUEUED_PER_ADDRESS)
     idle_quietly(app)
     return app
 

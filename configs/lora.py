@@ -11,6 +11,7 @@ class LoraLimits:
     strength_min: float = -2.0
     strength_max: float = 2.0
     max_count: int = 8                    # LoRAs in one job
+    max_text_chars: int = 2000            # the setting's text (8 file names and strengths fit many times over)
     ui_slots: int = 3                     # the page's LoRA rows
 
 

@@ -122,7 +122,7 @@ class Farm:
             self._free.notify_all()
 
     # ---- running --------------------------------------------------------------------------------------------------
-    def run(self, key: str, job, cancel) -> Iterator:
+    def run(self, key: str, job, cancel, owner: str | None = None) -> Iterator:
         """Run `job` (a PreparedRequest, or a job folder to continue) on a free worker and yield its pipeline events
         as they come, ending with Done or Failed. LogLines say which worker and node run it, and what happened when
         a worker was lost: the job then goes on from its last finished section on another worker."""
@@ -140,7 +140,7 @@ class Farm:
             stopper = _Stopper(slot, key, cancel)
             ended = slot.reviving = False
             try:
-                for ref in slot.actor.run.remote(key, job):
+                for ref in slot.actor.run.remote(key, job, owner):
                     event = ray.get(ref)
                     if isinstance(event, Placed):
                         job_dir = event.job_dir or job_dir

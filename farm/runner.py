@@ -67,7 +67,7 @@ class FarmRunner(JobRunner):
 
     def _run_job(self, ticket: Ticket, request, out: queue.Queue, t0: float) -> None:
         job = ticket.resume if ticket.resuming is not None else ticket.prepared
-        for event in self.farm.run(ticket.id, job, ticket.cancel):
+        for event in self.farm.run(ticket.id, job, ticket.cancel, ticket.owner):
             if isinstance(event, Progress):
                 worker = self.farm.assignments.get(ticket.id)
                 if worker:

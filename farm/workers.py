@@ -134,7 +134,7 @@ class JobWorker:
             cancel.cancel()
         return cancel is not None
 
-    def run(self, key: str, job) -> Iterator:
+    def run(self, key: str, job, owner: str | None = None) -> Iterator:
         """Run `job` (a PreparedRequest: a new job; a Path: continue that job folder) and yield its events, first a
         Placed once its folder exists, a MemoryReport (the worker's memory timeline) before the end. Always ends
         with Done or Failed: an error before the job could start (weights missing, a damaged folder) is a Failed
@@ -146,7 +146,7 @@ class JobWorker:
         with self._lock:
             self._cancels[key] = cancel
         try:
-            yield from self._run(job, cancel)
+            yield from self._run(job, cancel, owner)
         except Exception as e:  # the stream must end with a verdict the page can show
             log.error("%s: job %s could not run: %s", self.name, key, e, exc_info=True)
             yield Failed(f"{type(e).__name__}: {e}".splitlines()[0][:300], traceback.format_exc())
@@ -154,7 +154,7 @@ class JobWorker:
             with self._lock:
                 self._cancels.pop(key, None)
 
-    def _run(self, job, cancel) -> Iterator:
+    def _run(self, job, cancel, owner: str | None = None) -> Iterator:
         from memory import MemoryManager
         from pipeline.events import Done, Failed, MemoryReport
         from pipeline.jobs import Job, load_job
@@ -176,7 +176,7 @@ class JobWorker:
             yield Failed(f"mode: the loaded models are for mode '{components.mode}', not '{request.mode}'")
             return
         else:
-            run = JobRun(job, components, memory, cancel, self.config.outputs)
+            run = JobRun(job, components, memory, cancel, self.config.outputs, owner=owner)
             events = run.events()
         for event in events:
             if run is not None and run.job is not None:

@@ -154,6 +154,32 @@ def _load_role(role: str, folder: Path, src: ComponentSource):
     return trim_llama(model) if role == "text_encoder" else model
 
 
+def transformer_skeleton(preset: ModelPreset, mode: str, model_dir: str | Path | None = None) -> torch.nn.Module | None:
+    """The transformer's layers without weights (on the meta device), from its config: what a LoRA is checked
+    against before its job runs. None when the real preset's config is not on this computer yet."""
+    from diffusers import HunyuanVideoFramepackTransformer3DModel as Transformer
+
+    if preset.tiny:
+        with torch.device("meta"):
+            return Transformer(**preset.tiny_configs["transformer"])
+    src = preset.sources(mode)["transformer"]
+    if model_dir:
+        folder = _local_folder(Path(model_dir).expanduser(), src)
+    else:                       # the Hugging Face cache only: nothing is downloaded for a check
+        from huggingface_hub import snapshot_download
+
+        try:
+            root = Path(snapshot_download(src.repo, revision=src.revision, cache_dir=hf_cache_dir(),
+                                          local_files_only=True))
+        except download_errors():
+            return None
+        folder = root / src.subfolder if src.subfolder else root
+    if folder is None or not (folder / "config.json").is_file():
+        return None
+    with torch.device("meta"):
+        return Transformer.from_config(Transformer.load_config(folder))
+
+
 def load_components(preset: ModelPreset | str, mode: str = "original", model_dir: str | Path | None = None
                     ) -> Components:
     """Load (or build) every component of `preset` for `mode` on the CPU, in eval mode without gradients."""

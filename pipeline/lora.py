@@ -74,6 +74,9 @@ def parse_spec(text) -> tuple[LoraChoice, ...]:
         text = ",".join(str(t) for t in text)
     if not isinstance(text, str):
         raise InputError(FIELD, f"text like 'style.safetensors:0.8' is required, got {type(text).__name__}")
+    if len(text) > LORA.max_text_chars:
+        raise InputError(FIELD, f"{len(text)} characters; the setting may have at most {LORA.max_text_chars} (at "
+                                f"most {LORA.max_count} LoRAs, each 'file.safetensors:strength')")
     out = []
     for item in re.split(r"[,\n]", text):
         item = item.strip()
@@ -99,6 +102,17 @@ def parse_spec(text) -> tuple[LoraChoice, ...]:
     return tuple(out)
 
 
+def names_only(spec) -> None:
+    """A client's setting (page, API): every LoRA must be a file of the LoRA folder, named by its file name; a path
+    is refused (the command line, run by the machine's own user, may give paths). Raises InputError."""
+    for choice in parse_spec(spec):
+        name = choice.name
+        if not name or name != Path(name).name or name in (".", "..") or "\\" in name or name.startswith("~") \
+                or Path(name).is_absolute():
+            raise InputError(FIELD, f"{name[:80]!r}: name a file of the LoRA folder (its file name, as the list "
+                                    f"shows it), not a path")
+
+
 def format_spec(choices) -> str:
     return ", ".join(c.spec() for c in choices)
 
@@ -114,12 +128,11 @@ def lora_files(folder) -> list[str]:
 def resolve(name: str, folder) -> Path:
     folder = Path(folder) if folder else Path(LORA.folder)
     given = Path(name).expanduser()
-    candidates = [given] if given.is_absolute() or len(given.parts) > 1 else [folder / given, given]
-    for path in candidates:
-        if path.is_file():
-            return path
-    raise InputError(FIELD, f"{name}: no such file (looked in {candidates[0].parent}); put it in the LoRA folder "
-                            f"or give its path")
+    path = given if given.is_absolute() or len(given.parts) > 1 else folder / given     # a bare name: the folder's
+    if path.is_file():
+        return path
+    raise InputError(FIELD, f"{name}: no such file (looked in {path.parent}); put it in the LoRA folder or give "
+                            f"its path (./{name} for one in the current folder)")
 
 
 # ---- reading a file -------------------------------------------------------------------------------------------------

@@ -64,12 +64,13 @@ def oom_advice(records, memory: MemoryManager, kept_video: bool) -> str:
 
 def generate(prepared: PreparedRequest, components: Components, memory: MemoryManager | None = None, *,
              cancel: CancelToken | None = None, outputs: str | Path = "outputs",
-             lora_dir: str | Path | None = None) -> Iterator[Event]:
+             lora_dir: str | Path | None = None, owner: str | None = None) -> Iterator[Event]:
     """Run one job. Always ends with exactly one Done or Failed event.
 
     `prepared` comes from `pipeline.prepare(request, components.preset.default_resolution)`, which the caller (UI,
     API, CLI) runs once to refuse bad input before anything loads: the request is checked and its images decoded
-    there, never again here."""
+    there, never again here. `owner`: the app's user who started it (job.json's "owner"; the app shows a job to
+    its owner only when it has several users)."""
     if not isinstance(prepared, PreparedRequest):
         raise TypeError(f"generate() takes a PreparedRequest (from pipeline.prepare), not {type(prepared).__name__}")
     if prepared.request.mode != components.mode:
@@ -79,7 +80,7 @@ def generate(prepared: PreparedRequest, components: Components, memory: MemoryMa
         yield Failed(prepared.source.problem(components))
         return
     run = JobRun(prepared, components, memory or MemoryManager(), cancel or CancelToken(), Path(outputs),
-                 lora_dir=lora_dir)
+                 lora_dir=lora_dir, owner=owner)
     yield from run.events()
 
 
@@ -107,12 +108,13 @@ class JobRun:
 
     def __init__(self, prepared: PreparedRequest, components: Components, memory: MemoryManager,
                  cancel: CancelToken, outputs: Path, resume: ResumeState | None = None,
-                 lora_dir: str | Path | None = None):
+                 lora_dir: str | Path | None = None, owner: str | None = None):
         self.prepared, self.models, self.memory, self.cancel, self.outputs = (prepared, components, memory, cancel,
                                                                               outputs)
         self.resume = resume
         self.request = prepared.request
         self.lora_dir = lora_dir                # where LoRA names are looked up (pipeline/lora.py)
+        self.owner = owner                      # job.json's "owner" (a new job's)
         self.loras = lora.LoraSet()
         self.plan = sec.make_plan(self.request.mode, self.request.seconds, self.request.latent_window,
                                   self.request.fps)
@@ -267,6 +269,8 @@ class JobRun:
             return
 
         def fill(job: Job) -> None:
+            if self.owner is not None:
+                job.info["owner"] = self.owner
             if self.loras:
                 job.info["loras"] = self.loras.record()               # file, sha256, strength of each
             job.save_image("input.png", self.prepared.image)

@@ -65,24 +65,10 @@ def copy_problem(images: Mapping[str, Any]) -> str | None:
     return None
 
 
-def outside(values: Mapping[str, Any], root: Path) -> str | None:
-    """The first image of `values` that is not a path inside `root` (anything else but a path counts), or None."""
-    for name, _ in IMAGE_FIELDS:
-        path = values.get(name)
-        if path is None or path == "":
-            continue
-        try:
-            if not isinstance(path, (str, Path)) or not Path(path).resolve().is_relative_to(Path(root).resolve()):
-                return name
-        except (OSError, ValueError):           # a NUL byte, a loop of links
-            return name
-    return None
-
-
-def read_jsonl(text: str, default_resolution: int, base: Path | None = None, *, images_under: Path | None = None
-               ) -> list[dict]:
+def read_jsonl(text: str, default_resolution: int, base: Path | None = None, *, files=None) -> list[dict]:
     """Every job of a JSON-lines text, checked before any is queued: InputError naming the first bad line.
-    `images_under`: the images must be files in that folder (a file uploaded to the server names no other)."""
+    `files(name, value) -> path`: what a file named in a line may be (the app: only the queue's own copies); it
+    sees each file's value before anything reads the file, and raises InputError to refuse it."""
     jobs = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
@@ -95,13 +81,9 @@ def read_jsonl(text: str, default_resolution: int, base: Path | None = None, *, 
         if not isinstance(obj, dict):
             raise InputError(f"line {number}", "each line must be a JSON object with a job's settings")
         try:
-            values = checked_values(obj, default_resolution, base=base)
-            name = outside(values, images_under) if images_under is not None else None
-            if name is not None:
-                raise InputError(name, f"{values[name]} is outside the outputs folder: a jobs file sent to the app "
-                                       "may name only images in it (an exported queue's); add other images with "
-                                       "'Add one job per image' or `python -m pipeline queue add`")
-            jobs.append(values)
+            if files is not None:
+                obj = {**obj, **{name: files(name, obj[name]) for name in FILE_NAMES if obj.get(name) not in (None, "")}}
+            jobs.append(checked_values(obj, default_resolution, base=base))
         except InputError as e:
             raise InputError(f"line {number}", f"{e.field}: {e.message}") from None
     if not jobs:

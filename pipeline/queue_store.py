@@ -28,11 +28,11 @@ from typing import Any, Iterable, Mapping
 from common.files import file_sha256
 from pipeline.errors import InputError
 from pipeline.queue_lines import (FILE_NAMES, IMAGE_FIELDS, VIDEO_SHA256, checked_values, copy_problem,  # noqa: F401
-                                  outside, read_jsonl)                                      # (the store's API)
+                                  read_jsonl)                                               # (the store's API)
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2                      # 2: entries.owner (1 is brought up to it when opened)
 QUEUE_DIR = ".queue"                    # under outputs/: hidden from the gallery (its name starts with a dot)
 DB_NAME = "queue.db"                    # in QUEUE_DIR
 IMAGES_DIR = "images"                   # in QUEUE_DIR: <entry id>/start.png, end.png
@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS entries (
     progress  REAL NOT NULL DEFAULT 0,
     message   TEXT NOT NULL DEFAULT '',
     created   REAL NOT NULL,
-    updated   REAL NOT NULL
+    updated   REAL NOT NULL,
+    owner     TEXT
 );
 CREATE INDEX IF NOT EXISTS entries_position ON entries (position);
 """
@@ -72,6 +73,7 @@ class Entry:
     message: str = ""
     created: float = 0.0
     updated: float = 0.0
+    owner: str | None = None            # the app's user who added it (ui/access.py); None without logins
 
     def values(self) -> dict:
         """Settings and image paths by control name (a Request's fields)."""
@@ -81,6 +83,12 @@ class Entry:
         """The entry as the API and the export show it."""
         return {"id": self.id, "status": self.status, "progress": round(self.progress, 4),
                 "message": self.message, "job_id": self.job_dir, **self.values()}
+
+
+def missing(entry_id) -> InputError:
+    """What asking for an entry that is not there (or not the asker's) gets."""
+    return InputError("queued job", f"there is no job {repr(entry_id)[:60]} in the queue; use an id from the queue's "
+                                    f"list")
 
 
 @dataclass
@@ -130,6 +138,11 @@ class QueueStore:
         row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
         if row is None:
             db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        elif row[0] == "1":                     # before owners: every entry is the app's (no owner)
+            with self._write() as tx:           # (another process may have done it meanwhile)
+                if tx.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == "1":
+                    tx.execute("ALTER TABLE entries ADD COLUMN owner TEXT")
+                    tx.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
         elif row[0] != str(SCHEMA_VERSION):
             raise sqlite3.DatabaseError(f"schema version {row[0]}; this version of the app reads {SCHEMA_VERSION}")
 
@@ -181,7 +194,7 @@ class QueueStore:
     @staticmethod
     def _entry(row) -> Entry:
         return Entry(row[0], row[1], row[2], json.loads(row[3]), json.loads(row[4]), row[5], row[6], row[7], row[8],
-                     row[9])
+                     row[9], row[10])
 
     def entries(self, statuses: Iterable[str] | None = None) -> list[Entry]:
         """Entries in line order (finished ones too unless `statuses` says which)."""
@@ -197,22 +210,22 @@ class QueueStore:
         """The entry `entry_id`; InputError("job") when there is none (or it is not waiting, with waiting=True)."""
         entry = self.get(entry_id) if isinstance(entry_id, str) else None
         if entry is None:
-            shown = repr(entry_id)[:60]
-            raise InputError("queued job", f"there is no job {shown} in the queue; use an id from the queue's list")
+            raise missing(entry_id)
         if waiting and entry.status != WAITING:
             raise InputError("queued job", f"job {entry.id} is {entry.status}; only a waiting job can be changed")
         return entry
 
     # ---- changing ---------------------------------------------------------------------------------------------------
-    def add(self, values: Mapping[str, Any]) -> Entry:
+    def add(self, values: Mapping[str, Any], *, owner: str | None = None) -> Entry:
         """Append a job (its values checked by `checked_values`) last in line; its images are copied into the
         queue's folder first."""
-        return self.add_many([values])[0]
+        return self.add_many([values], owner=owner)[0]
 
     def add_many(self, many: list[Mapping[str, Any]], *, status: str = WAITING, job_dir: str | None = None,
-                 message: str = "") -> list[Entry]:
+                 message: str = "", owner: str | None = None) -> list[Entry]:
         """Append several jobs in this order, in one transaction (another client's jobs never come between).
-        `status` IN_LINE, `job_dir`, `message`: a job of the app's line (ui/line_record.py)."""
+        `status` IN_LINE, `job_dir`, `message`: a job of the app's line (ui/line_record.py). `owner`: the app's
+        user who added them."""
         staged = [(secrets.token_hex(6), *self._split(values)) for values in many]
         ids = []
         try:
@@ -223,9 +236,9 @@ class QueueStore:
                 top = db.execute("SELECT COALESCE(MAX(position), 0) FROM entries").fetchone()[0]
                 for n, (entry_id, settings, images) in enumerate(staged, 1):
                     db.execute("INSERT INTO entries (id, position, status, settings, images, job_dir, message, "
-                               "created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                               "created, updated, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                (entry_id, top + n, status, json.dumps(settings), json.dumps(images), job_dir, message,
-                                now, now))
+                                now, now, owner))
                     ids.append(entry_id)
         except BaseException:
             for entry_id, _, _ in staged:
@@ -370,10 +383,12 @@ class QueueStore:
         return [self.get(r[0]) for r in rows]
 
     # ---- JSON lines -------------------------------------------------------------------------------------------------
-    def export_jsonl(self, statuses: Iterable[str] = (WAITING, RUNNING, IN_LINE)) -> str:
+    def export_jsonl(self, statuses: Iterable[str] = (WAITING, RUNNING, IN_LINE), keep=None) -> str:
         """The unfinished jobs as JSON lines, one job's settings and image paths a line, in line order (what
-        `import_jsonl` and `python -m pipeline batch` read)."""
+        `import_jsonl` and `python -m pipeline batch` read). `keep`: only the entries with these ids."""
         lines = []
         for e in self.entries(statuses):
+            if keep is not None and e.id not in keep:
+                continue
             lines.append(json.dumps({k: v for k, v in e.values().items() if v is not None}, ensure_ascii=False))
         return "".join(line + "\n" for line in lines)

@@ -77,6 +77,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.timeout(limit))
 
 
+def uploaded(path) -> str:
+    """A copy of the file `path` in Gradio's upload folder, as an upload through the page or the API leaves it (the
+    app takes files from clients only from there: ui/settings.py client_file)."""
+    import secrets
+    import shutil
+
+    from gradio.utils import get_upload_folder
+
+    folder = Path(get_upload_folder()) / f"test-{secrets.token_hex(8)}"
+    folder.mkdir(parents=True)
+    return str(Path(shutil.copy(path, folder / Path(path).name)).resolve())
+
+
 def make_image(width: int = 96, height: int = 80, seed: int = 0, mode: str = "RGB"):
     from PIL import Image
 

@@ -51,11 +51,12 @@ def encode(payload) -> bytes:
     return json.dumps(payload, allow_nan=True).encode("utf-8")
 
 
-def call(url: str, event: Event, data, *, event_data=None, timeout: float = 60.0, raw: bytes | None = None
-         ) -> Answer:
+def call(url: str, event: Event, data, *, event_data=None, timeout: float = 60.0, raw: bytes | None = None,
+         session: str | None = None) -> Answer:
     """Call `event` with `data` (any JSON value; normally a list, one value per input) as the page does.
-    `raw` replaces the whole request body (malformed JSON and the like)."""
-    session = uuid.uuid4().hex[:11]
+    `raw` replaces the whole request body (malformed JSON and the like). `session`: the page's session (a new one
+    per call by default)."""
+    session = session or uuid.uuid4().hex[:11]
     body = raw if raw is not None else encode({"data": data, "fn_index": event.fn_index, "event_data": event_data,
                                                "session_hash": session, "trigger_id": None})
     t0 = time.monotonic()

@@ -74,7 +74,7 @@ def test_handlers_turn_a_job_into_updates(tmp_path, tiny_original):
     import gradio as gr
     import torch
 
-    from tests.conftest import make_image
+    from tests.conftest import make_image, uploaded
     from ui import settings as st
     from ui.models import ComponentCache
     from ui.runner import JobRunner
@@ -87,14 +87,14 @@ def test_handlers_turn_a_job_into_updates(tmp_path, tiny_original):
     values = dict(st.default_values(64), seconds=1.2, steps=2, end_image=None, input_video=None)
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"not an image")
-    values["image"] = {"path": str(broken), "orig_name": "broken.png"}
+    values["image"] = {"path": uploaded(broken), "orig_name": "broken.png"}
     with pytest.raises(gr.Error) as e:
         submit(session, *[values[n] for n in st.CONTROLS])
     # the page names the field by its label
     assert e.value.message.startswith("Start image:") and runner.last_error("tab-1") == e.value.message
 
     make_image().save(tmp_path / "start.png")
-    values["image"] = {"path": str(tmp_path / "start.png")}
+    values["image"] = {"path": uploaded(tmp_path / "start.png")}
     ticket_id, start_btn, end_btn, status, _ = submit(session, *[values[n] for n in st.CONTROLS])
     assert start_btn["interactive"] is False and end_btn["interactive"] is True and status == "Starting…"
     updates = list(run(ticket_id))

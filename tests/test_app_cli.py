@@ -49,11 +49,14 @@ def test_auth_parsing():
     for bad in ("alice", ":pw", "alice:", ""):
         with pytest.raises(ValueError):
             parse_auth(bad)
-    assert parse_args(["--auth", "u:p"]).auth_pair == ("u", "p")
+    assert parse_args(["--auth", "u:p"]).auth_pairs == [("u", "p")]
+    args = parse_args(["--auth", "a:1", "--auth", "b:2", "--admin", "b"])
+    assert args.auth_pairs == [("a", "1"), ("b", "2")] and args.admin == ["b"]
 
 
 @pytest.mark.parametrize("argv", [["--auth", "nopassword"], ["--vram-cap-gb", "0"], ["--port", "70000"],
-                                  ["--preset", "nope"]])
+                                  ["--preset", "nope"], ["--auth", "a:1", "--auth", "a:2"],
+                                  ["--auth", "a:1", "--admin", "b"]])
 def test_bad_arguments_exit_with_usage(argv, capsys):
     with pytest.raises(SystemExit) as e:
         parse_args(argv)
@@ -65,6 +68,6 @@ def test_launch_options(tmp_path):
                        "--inbrowser"])
     kw = launch_options(args).kwargs()
     assert kw["server_name"] == "127.0.0.1" and kw["server_port"] == 7999
-    assert kw["auth"] == ("u", "p") and kw["inbrowser"] is True and kw["share"] is False
-    assert kw["allowed_paths"] == [str((tmp_path / "out").resolve())]
+    assert kw["auth"] == [("u", "p")] and kw["inbrowser"] is True and kw["share"] is False
+    assert kw["allowed_paths"] == [] and kw["blocked_paths"] == [str((tmp_path / "out").resolve())]
     assert kw["max_file_size"]

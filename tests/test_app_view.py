@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from configs import DEFAULTS, MEMORY, get_preset
+from pipeline.errors import InputError
 from pipeline.events import Done, Failed, LogLine, Preview, Progress, SectionVideo
+from tests.conftest import make_image, uploaded
 from ui import hints, plots
 from ui import settings as st
 from ui.runner import Cancelled, MemoryReport
@@ -124,10 +126,15 @@ def test_settings_round_trip_and_conversions(tmp_path):
 
     values = dict(zip(st.CONTROLS, [None] * len(st.CONTROLS)))
     values.update(st.default_values(64))
-    values.update(image={"path": str(tmp_path / "a.png"), "orig_name": "a.png"}, end_image=None, seed=42.0,
+    make_image(64, 64).save(tmp_path / "a.png")
+    upload = uploaded(tmp_path / "a.png")
+    values.update(image={"path": upload, "orig_name": "a.png"}, end_image=None, seed=42.0,
                   steps=6.0, latent_window=9.0, resolution=64.0, crf=16.0, prompt=None)
     req = st.request_from_values(values)
-    assert req.image == str(tmp_path / "a.png") and req.end_image is None
+    assert req.image == upload and req.end_image is None
+    values["image"] = {"path": str(tmp_path / "a.png")}         # a path on the server, not an upload: refused
+    with pytest.raises(InputError, match="^image: only a file uploaded to this app"):
+        st.request_from_values(values)
     assert req.seed == 42 and isinstance(req.steps, int) and req.prompt == ""
     back = st.values_from_settings(req.settings(), 64)
     assert back["seed"] == 42 and back["steps"] == 6 and back["resolution"] == 64

@@ -14,6 +14,7 @@ from ui import settings as st
 from ui.api import JobApi, video_endpoint, video_signature
 from ui.layout import build_layout
 from ui.messages import input_error
+from tests.conftest import make_image, uploaded
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = Control("fake_knob", "int", 7, (2, 40), label="Fake knob", widget="slider", step=1, advanced=True,
@@ -72,16 +73,18 @@ def test_a_new_control_appears_on_the_page_and_in_the_api():
     assert "fake_knob" not in video_signature().parameters
 
 
-def test_api_values_reach_validation_by_name():
+def test_api_values_reach_validation_by_name(tmp_path):
     """/video hands every control's value to the request checks under its name (a fake control included)."""
     api = JobApi(None, 64)
     api.table = FAKE_TABLE
     endpoint = video_endpoint(api.video, FAKE_TABLE)
     page = st.default_values(64, FAKE_TABLE)            # Gradio sends every control's value (the page's default)
+    make_image(64, 64).save(tmp_path / "start.png")
+    start = uploaded(tmp_path / "start.png")
     with pytest.raises(gr.Error, match="fake knob: 41 is out of range; use a value between 2 and 40"):
-        endpoint("start.png", **{**page, "fake_knob": 41})
+        endpoint(start, **{**page, "fake_knob": 41})
     with pytest.raises(gr.Error, match="seconds: 121 is out of range; use a value between 1 and 120"):
-        endpoint("start.png", **{**page, "seconds": 121})
+        endpoint(start, **{**page, "seconds": 121})
     seen = {}
     video_endpoint(lambda values, request, progress: seen.update(values), FAKE_TABLE)("a.png", None, "p", fake_knob=3)
     assert seen["fake_knob"] == 3 and seen["prompt"] == "p" and seen["image"] == "a.png" and seen["seed"] is None
@@ -103,10 +106,11 @@ def test_page_messages_use_the_tables_labels():
             assert input_error(InputError(c.field_name, "bad")) == f"{c.label}: bad"
 
 
-def test_request_from_values_follows_the_table():
-    r = st.request_from_values({"image": {"path": "/tmp/a.png"}, "steps": 5.0, "prompt": None, "fake_knob": 9.0},
-                               FAKE_TABLE)
-    assert r.image == "/tmp/a.png" and r.steps == 5 and isinstance(r.steps, int) and r.prompt == ""
+def test_request_from_values_follows_the_table(tmp_path):
+    make_image(64, 64).save(tmp_path / "a.png")
+    a = uploaded(tmp_path / "a.png")
+    r = st.request_from_values({"image": {"path": a}, "steps": 5.0, "prompt": None, "fake_knob": 9.0}, FAKE_TABLE)
+    assert r.image == a and r.steps == 5 and isinstance(r.steps, int) and r.prompt == ""
     assert r.fake_knob == 9 and isinstance(r.fake_knob, int)
 
 

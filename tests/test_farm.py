@@ -236,7 +236,7 @@ class _HeldFarm:
         self.size, self.outputs, self.assignments, self.reviving = size, outputs, {}, 0
         self.release = threading.Event()
 
-    def run(self, key, job, cancel):
+    def run(self, key, job, cancel, owner=None):
         self.assignments[key] = f"worker-{len(self.assignments) + 1}"
         yield Progress("sampling", 1, 1, 1, 1, 0.0, None, "Sampling 1/1")
         self.release.wait(60)

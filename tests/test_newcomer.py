@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from configs import LIMITS, get_preset
-from tests.conftest import ROOT, make_image
+from tests.conftest import ROOT, make_image, uploaded
 from tests.test_cli import cli
 
 README = (ROOT / "README.md").read_text("utf-8")
@@ -165,8 +165,8 @@ def test_a_failed_job_pops_up_an_error(tmp_path):
     blocks = app_module.build_app(parse_args(["--preset", "tiny", "--outputs", str(tmp_path / "out")]), runner)
     fns = {f.name: f.fn for f in blocks.fns.values()}
     make_image().save(tmp_path / "start.png")
-    values = dict(st.default_values(64), image={"path": str(tmp_path / "start.png")}, end_image=None, input_video=None,
-                  seconds=1.2)
+    values = dict(st.default_values(64), image={"path": uploaded(tmp_path / "start.png")}, end_image=None,
+                  input_video=None, seconds=1.2)
     ticket_id = fns["submit"](SimpleNamespace(session_hash="tab"), *[values[n] for n in st.CONTROLS])[0]
     updates = []
     with pytest.raises(gr.Error) as e:

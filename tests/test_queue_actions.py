@@ -8,7 +8,7 @@ import gradio as gr
 import pytest
 
 from pipeline import queue_store as qs
-from tests.conftest import make_image
+from tests.conftest import make_image, uploaded
 from ui.queue_api import QueueActions, QueueApi
 from ui.queue_worker import QueueWorker
 
@@ -47,7 +47,7 @@ def test_hostile_values_get_a_clear_refusal(api, image, tmp_path):
     passed = []
     for fn, args in calls:
         try:
-            fn(*args)
+            fn(*args, None)                     # (Gradio's request: no logins)
             passed.append((fn.__name__, repr(args)))
         except gr.Error as e:
             assert ":" in str(e.message), e.message            # "field: what is wrong"
@@ -61,14 +61,16 @@ def test_hostile_values_get_a_clear_refusal(api, image, tmp_path):
     assert sorted(p.name for p in store.images_root.iterdir()) == [entry.id]
 
 
-def test_a_jsonl_upload_may_name_only_images_in_the_outputs_folder(api, image, tmp_path):
+def test_a_jsonl_upload_may_name_only_the_queues_own_copies(api, image, tmp_path):
     handlers, store = api
     jsonl = tmp_path / "jobs.jsonl"
     jsonl.write_text('{"image": "%s", "prompt": "outside"}\n' % image)
-    with pytest.raises(gr.Error, match="line 1: image: .*outside the outputs folder"):
-        handlers.import_jsonl(str(jsonl))
+    with pytest.raises(gr.Error, match="line 1: image: a jobs file sent to the app may name no file but the queue's"):
+        handlers.import_jsonl(uploaded(jsonl), None)
+    with pytest.raises(gr.Error, match="jobs file: only a file uploaded to this app"):
+        handlers.import_jsonl(str(jsonl), None)                      # the jobs file itself: an upload only
     inside = store.add(qs.checked_values({"image": str(image), "prompt": "inside"}, 128))
     jsonl.write_text(store.export_jsonl())
-    (again,) = handlers.import_jsonl(str(jsonl))
+    (again,) = handlers.import_jsonl(uploaded(jsonl), None)
     assert again["prompt"] == "inside" and again["id"] != inside.id
     assert [e.settings["prompt"] for e in store.entries()] == ["inside", "inside"]

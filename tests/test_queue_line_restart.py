@@ -1,7 +1,7 @@
 """Jobs started with /video (the Start button's path: JobRunner.reserve) survive the app being killed:
 `python app.py --preset tiny` with one /video job running and two waiting in its line is killed (SIGKILL), started
-again on the same outputs folder, and all three finish from the queue; the interrupted one continues from its last
-finished section in its own folder and equals an uninterrupted run of the same job."""
+again on the same outputs folder, and all three finish from the queue; the interrupted one continues in its own folder
+(from its last finished section, or from the start when it had none) and equals an uninterrupted run of the same job."""
 from __future__ import annotations
 
 import os
@@ -36,13 +36,13 @@ def test_killed_with_video_jobs_running_and_waiting_all_finish_after_a_restart(t
             wait_for(lambda: len(store.entries([qs.IN_LINE])) == n + 1, timeout=60, every=0.05,
                      what=f"job {n + 1} in line")
         job_id = wait_for(lambda: store.entries([qs.RUNNING])[0].job_dir, timeout=300, every=0.02,
-                          what="the first section of the long job")
+                          what="the long job's folder (noted as soon as it is made)")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(30)
         store.close()
     job_dir = outputs / job_id
     killed = job_info(job_dir)
-    assert killed["status"] == "running" and 1 <= len(killed["sections"]) < SECTIONS, killed["sections"]
+    assert killed["status"] == "running" and len(killed["sections"]) < SECTIONS, killed["sections"]
 
     with app_process(outputs, log_path=tmp_path / "second.log", start_timeout=300) as (url, proc):
         client = Client(url, verbose=False, download_files=str(tmp_path / "again"))
@@ -55,7 +55,7 @@ def test_killed_with_video_jobs_running_and_waiting_all_finish_after_a_restart(t
     assert [e["id"] for e in done] == [e["id"] for e in entries]
     assert done[0]["job_id"] == job_id                                    # continued in its own folder
     resumed, full_dir = job_info(job_dir), outputs / summary["job_id"]
-    assert resumed["status"] == "done" and resumed["resumed"] == 1
+    assert resumed["status"] == "done" and resumed["resumed"] == 1 and len(resumed["sections"]) == SECTIONS
     torch.testing.assert_close(load_checkpoint(job_dir)[0]["real"], load_checkpoint(full_dir)[0]["real"], atol=0,
                                rtol=0)
     assert resumed["sections"][-1]["frames_sha256"] == job_info(full_dir)["sections"][-1]["frames_sha256"]

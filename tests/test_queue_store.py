@@ -247,3 +247,22 @@ def test_readme_queue_section_is_the_queue_api_docstring():
     start = readme.index("## The queue")
     in_readme = readme[start:readme.index("\n## ", start + 1)]
     assert " ".join(section.split()) == " ".join(in_readme.split())
+
+
+def test_a_queue_of_the_version_before_owners_is_brought_up_to_date(tmp_path, image):
+    """Schema 1 (no owners): opened by this version, its entries keep everything and have no owner."""
+    import sqlite3
+
+    store, _ = qs.QueueStore.open(tmp_path)
+    entry = store.add(qs.checked_values({"image": str(image), "prompt": "old"}, 128))
+    store.close()
+    db = sqlite3.connect(qs.QueueStore(tmp_path).path)
+    db.executescript("ALTER TABLE entries DROP COLUMN owner; UPDATE meta SET value = '1' WHERE key = 'schema';")
+    db.close()
+    store, found = qs.QueueStore.open(tmp_path)
+    try:
+        (kept,) = store.entries()
+        assert found.warning is None and kept.id == entry.id and kept.settings["prompt"] == "old"
+        assert kept.owner is None and store.add(qs.checked_values({"image": str(image)}, 128), owner="bob").owner == "bob"
+    finally:
+        store.close()

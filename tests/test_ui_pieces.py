@@ -7,7 +7,7 @@ import pytest
 
 from configs import get_preset
 from pipeline.errors import InputError
-from tests.conftest import make_image
+from tests.conftest import make_image, uploaded
 
 
 def test_messages_name_fields_by_label_and_drop_class_names():
@@ -30,12 +30,14 @@ def test_uploads_are_checked_on_arrival(tmp_path):
     make_image(96, 80).save(good)
     bad.write_bytes(b"\x89PNG\r\n\x1a\nbroken")
     make_image(40, 30).save(small)
-    value = {"path": str(good), "orig_name": "good.png"}
+    value = {"path": uploaded(good), "orig_name": "good.png"}
     assert check_upload(value, "image") == (value, None)
     assert check_upload(None, "end_image") == (None, None)
-    kept, message = check_upload({"path": str(bad)}, "end_image")
+    kept, message = check_upload({"path": uploaded(bad)}, "end_image")
     assert kept is None and message.startswith("End image: ") and "bad.png" in message and "Error" not in message
-    kept, message = check_upload({"path": str(small)}, "image")
+    kept, message = check_upload({"path": str(good)}, "image")        # the server's file, not an upload
+    assert kept is None and message.startswith("Start image: only a file uploaded to this app")
+    kept, message = check_upload({"path": uploaded(small)}, "image")
     assert kept is None and "at least 64 pixels" in message
 
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-from pathlib import Path
 
 import gradio as gr
 
@@ -51,6 +50,8 @@ from configs.controls import CONTROLS as TABLE, Control
 from pipeline.errors import InputError
 from pipeline.events import Done, Failed, LogLine, Progress
 from ui import settings as st
+from ui.access import Access
+from ui.media import published
 from ui.runner import JobRunner, SessionBusy, Ticket, Waiting
 from ui.view import done_status, progress_line, waiting_text
 
@@ -62,9 +63,10 @@ PUBLIC_ENDPOINTS = ("video", "resume", "stop")
 class JobApi:
     """The endpoints' functions; `register()` wires them into the Blocks being built."""
 
-    def __init__(self, runner: JobRunner, default_resolution: int):
+    def __init__(self, runner: JobRunner, default_resolution: int, access: Access = Access()):
         self.runner = runner
         self.default_resolution = default_resolution
+        self.access = access
 
     def register(self, controls: list, *, concurrency_id: str = "gpu", concurrency_limit: int = 1,
                  table: tuple[Control, ...] = TABLE) -> None:
@@ -88,15 +90,17 @@ class JobApi:
 
         from ui.source_job import resolved
 
-        job = st.request_from_values(values, getattr(self, "table", TABLE))
+        user = self.access.user(request)
         try:
-            if getattr(job, "source_job", ""):            # a finished job by its id (ui/source_job.py)
-                job = resolved(job, self.runner.outputs)
+            job = st.request_from_values(values, getattr(self, "table", TABLE))    # uploads only
+            if getattr(job, "source_job", ""):                               # a finished job by its id
+                job = resolved(job, self.runner.outputs, self.access, user)
             prepared = prepare(job, self.default_resolution)       # checked and decoded once, here
         except InputError as e:
             log.info("API input rejected: %s", e)
             raise gr.Error(str(e), title="Please check the input", print_exception=False) from None
-        return self._run(self._reserve(request, lambda session: self.runner.reserve(session, prepared)), progress)
+        return self._run(self._reserve(request, lambda session: self.runner.reserve(session, prepared, owner=user)),
+                         progress)
 
     def resume(self, job_id, request: gr.Request, progress=gr.Progress()):
         """Continue a stopped or interrupted job from its last finished section; returns the video and a summary.
@@ -104,9 +108,9 @@ class JobApi:
         Args:
             job_id: the job's folder name under outputs/ (the summary's job_id), e.g. 20250101-120000-abc123
         """
-        job_dir = self._job_folder(job_id)
-        return self._run(self._reserve(request, lambda session: self.runner.reserve_resume(session, job_dir)),
-                         progress)
+        user = self.access.user(request)
+        return self._run(self._reserve(request, lambda session: self.runner.reserve_resume(
+            session, self.access.job_folder(self.runner.outputs, job_id, user, "job_id"), owner=user)), progress)
 
     # ---- helpers --------------------------------------------------------------------------------------------------
     def _reserve(self, request: gr.Request, reserve) -> Ticket:
@@ -116,18 +120,6 @@ class JobApi:
             raise gr.Error(str(e), title="Please check the input", print_exception=False) from None
         except SessionBusy as e:
             raise gr.Error(str(e), print_exception=False) from None
-
-    def _job_folder(self, job_id) -> Path:
-        """The folder of an existing job, found by comparing names (the text never becomes a path)."""
-        outputs = self.runner.outputs
-        if isinstance(job_id, str) and job_id and not job_id.startswith(".") and outputs.is_dir():
-            for d in outputs.iterdir():
-                if d.name == job_id and d.is_dir():
-                    return d
-        shown = repr(job_id) if len(repr(job_id)) <= 80 else repr(job_id)[:77] + "…"
-        raise gr.Error(f"job_id: there is no job {shown} in the outputs folder; use the job_id of a /video "
-                       "summary or a folder name from the Past jobs panel", title="Please check the input",
-                       print_exception=False)
 
     def _run(self, ticket: Ticket, progress) -> tuple[str | None, dict]:
         result, warnings = None, []
@@ -202,7 +194,7 @@ def outcome(result, warnings: list[str], fps: int) -> tuple[str | None, dict]:
                "seconds": round(result.frames / fps, 3) if fps else None,
                "video": f"{job_id}/{result.video.name}" if result.video else None, "warnings": warnings,
                "timings": result.timings, "message": message}
-    return (str(result.video) if result.video else None), summary
+    return published(result.video), summary
 
 
 def hide_ui_endpoints(blocks: gr.Blocks, public=PUBLIC_ENDPOINTS) -> None:

@@ -34,7 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--share", action="store_true", help="make a public gradio.live link (anyone with it can use "
                                                         "your GPU; combine with --auth)")
     p.add_argument("--inbrowser", action="store_true", help="open the app in the default browser")
-    p.add_argument("--auth", default=None, metavar="USER:PASS", help="protect the whole app with a login")
+    p.add_argument("--auth", action="append", default=None, metavar="USER:PASS",
+                   help="protect the whole app with a login; give it once per user (each user then sees and "
+                        "controls only their own jobs, queue entries and files)")
+    p.add_argument("--admin", action="append", default=[], metavar="USER",
+                   help="a user of --auth who sees and controls every user's jobs (the only user always does)")
     p.add_argument("--outputs", type=Path, default=Path("outputs"), help="where jobs are written (default outputs/)")
     p.add_argument("--temp-max-age", type=float, default=TEMP_MAX_AGE_S, metavar="SECONDS",
                    help="delete the server's temporary copies of uploads and shown videos after this long (default "
@@ -63,6 +67,16 @@ def parse_auth(value: str | None) -> tuple[str, str] | None:
     return user, password
 
 
+def parse_auths(values) -> list[tuple[str, str]]:
+    """Every --auth USER:PASS (a user given twice is refused: which password would count?)."""
+    pairs = [parse_auth(v) for v in ([values] if isinstance(values, str) else values or [])]
+    names = [user for user, _ in pairs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"--auth: the user {twice[0]!r} is given twice; give each user once")
+    return pairs
+
+
 def is_local_host(host: str) -> bool:
     if host in LOCAL_HOSTS:
         return True
@@ -72,25 +86,42 @@ def is_local_host(host: str) -> bool:
         return False
 
 
+EVERYONE_SEES = ("without --auth everyone who can open it sees every job, queue entry and video and can stop or "
+                 "remove them; add --auth USER:PASS (once per user) so that each user sees only their own")
+
+
 def security_warnings(args: argparse.Namespace) -> list[str]:
     """What the user should know about who can reach the app."""
     out = []
     if args.share:
         out.append("--share: the app gets a public gradio.live address; anyone who has the link can upload files "
-                   "and use your GPU" + ("" if args.auth else ". Add --auth USER:PASS to require a login."))
+                   "and use your GPU" + ("" if args.auth else f"; {EVERYONE_SEES}"))
     if not is_local_host(args.host):
         out.append(f"--host {args.host}: the app accepts connections from other computers on your network"
-                   + ("" if args.auth else "; there is no login. Add --auth USER:PASS to require one."))
+                   + ("" if args.auth else f"; there is no login, and {EVERYONE_SEES}"))
     return out
+
+
+PUBLIC_NOTICE = ("This app is open to everyone who has its address and has no login: everyone sees every job, "
+                 "queue entry and video here and can stop or remove them.")
+
+
+def public_without_login(args: argparse.Namespace) -> bool:
+    """Reachable by others (--share, or a host other than this computer) and no login."""
+    return (bool(args.share) or not is_local_host(args.host)) and not args.auth
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        args.auth_pair = parse_auth(args.auth)
+        args.auth_pairs = parse_auths(args.auth)
     except ValueError as e:
         parser.error(str(e))
+    users = {user for user, _ in args.auth_pairs}
+    unknown = [name for name in args.admin if name not in users]
+    if unknown:
+        parser.error(f"--admin: {unknown[0]!r} is not a user of --auth; give --auth {unknown[0]}:PASSWORD too")
     if args.vram_cap_gb <= 0:
         parser.error("--vram-cap-gb: must be more than 0")
     if args.host_ram_gb is not None and not args.host_ram_gb > 0:
@@ -133,20 +164,23 @@ class LaunchOptions:
     server_port: int | None
     share: bool
     inbrowser: bool
-    auth: tuple[str, str] | None
-    allowed_paths: list[str]
+    auth: list[tuple[str, str]] | None
+    blocked_paths: list[str]            # the outputs folder: nothing in it is served as it is (ui/media.py)
     max_file_size: int = MAX_UPLOAD
     temp_max_age_s: float = TEMP_MAX_AGE_S
 
     def kwargs(self) -> dict:
-        """Blocks.launch() keyword arguments, the page's style included. The lifespan deletes Gradio's temporary
-        copies of uploads and shown videos once older than temp_max_age_s (ui/tempfiles.py says why not Gradio's
-        own delete_cache)."""
+        """Blocks.launch() keyword arguments, the page's style included. Gradio serves the files in its upload
+        folder (uploads, and the copies of what the page shows: ui/media.py) and nothing of the outputs folder (the
+        queue's database, job.json files, other users' videos). The lifespan deletes Gradio's temporary copies of
+        uploads and shown videos once older than temp_max_age_s (ui/tempfiles.py says why not Gradio's own
+        delete_cache)."""
         from ui.layout import CSS
         from ui.tempfiles import cleanup_lifespan
 
         return {"server_name": self.server_name, "server_port": self.server_port, "share": self.share,
-                "inbrowser": self.inbrowser, "auth": self.auth, "allowed_paths": self.allowed_paths,
+                "inbrowser": self.inbrowser, "auth": self.auth or None, "allowed_paths": [],
+                "blocked_paths": self.blocked_paths,
                 "max_file_size": self.max_file_size, "show_error": True, "css": CSS,
                 "app_kwargs": {"lifespan": cleanup_lifespan(self.temp_max_age_s)}}
 
@@ -154,5 +188,6 @@ class LaunchOptions:
 def launch_options(args: argparse.Namespace) -> LaunchOptions:
     outputs = Path(args.outputs).expanduser().resolve()
     return LaunchOptions(server_name=args.host, server_port=args.port, share=bool(args.share),
-                         inbrowser=bool(args.inbrowser), auth=getattr(args, "auth_pair", parse_auth(args.auth)),
-                         allowed_paths=[str(outputs)], temp_max_age_s=getattr(args, "temp_max_age", TEMP_MAX_AGE_S))
+                         inbrowser=bool(args.inbrowser),
+                         auth=getattr(args, "auth_pairs", None) or parse_auths(args.auth),
+                         blocked_paths=[str(outputs)], temp_max_age_s=getattr(args, "temp_max_age", TEMP_MAX_AGE_S))

@@ -5,12 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ui.guard import HandlerGuard
+from ui.access import Access
+from ui.guard import HandlerGuard, HeapKeeper
 from ui.layout import Layout
 from ui.prompt_tokens import TokenCounter
 from ui.runner import JobRunner
 
-LIVE_CALLS_MAX = 2      # un-queued live handlers (hints, memory plan, random seed) running at once; more return at once
+# Un-queued handlers running at once (a call beyond that returns at once, ui/guard.py): the expensive ones (memory
+# plan, token count: up to ~0.5 s each), one per tab; the cheap ones (hints, random seed, LoRA picker: < 50 ms)
+LIVE_CALLS_MAX = 2
+QUICK_CALLS_MAX = 8
+QUICK_CALLS_PER_SESSION = 2
 
 
 @dataclass
@@ -22,8 +27,18 @@ class AppContext:
     runner: JobRunner
     ui: Layout
     preserved_max_gb: float       # the preserved-memory slider's top: the cap, or the card's memory if smaller
-    live: HandlerGuard
+    live: HandlerGuard            # the expensive live handlers
+    quick: HandlerGuard           # the cheap ones (never behind the expensive ones)
     tokens: TokenCounter
+    access: Access = Access()     # who sees what (--auth users; ui/access.py)
+    public_notice: str = ""       # on a network without a login: that everyone sees everything (ui/cli.py)
+    keeper: HeapKeeper | None = None   # gives the heap back after bursts (ui/guard.py)
+
+    @staticmethod
+    def guards(keeper: HeapKeeper | None = None) -> tuple[HandlerGuard, HandlerGuard]:
+        """(live, quick): the guards of the expensive and the cheap un-queued handlers."""
+        return (HandlerGuard(LIVE_CALLS_MAX, 1, keeper),
+                HandlerGuard(QUICK_CALLS_MAX, QUICK_CALLS_PER_SESSION, keeper))
 
     @property
     def default_resolution(self) -> int:

@@ -32,6 +32,11 @@ class JobEntry:
         return str(self.info.get("status", "?"))
 
     @property
+    def owner(self) -> str | None:
+        owner = self.info.get("owner")
+        return owner if isinstance(owner, str) else None
+
+    @property
     def settings(self) -> dict:
         s = self.info.get("settings")
         return s if isinstance(s, dict) else {}
@@ -138,8 +143,9 @@ def read_job(job_dir: Path) -> JobEntry | None:
     return JobEntry(Path(job_dir), info)
 
 
-def list_jobs(outputs: Path, limit: int = GALLERY_LIMIT) -> list[JobEntry]:
-    """Job folders under `outputs` that have a readable job.json, newest first (job ids start with the time)."""
+def list_jobs(outputs: Path, limit: int = GALLERY_LIMIT, sees=None) -> list[JobEntry]:
+    """Job folders under `outputs` that have a readable job.json, newest first (job ids start with the time).
+    `sees(owner)`: only the jobs whose job.json "owner" it accepts (ui/access.py)."""
     outputs = Path(outputs)
     if not outputs.is_dir():
         return []
@@ -147,17 +153,18 @@ def list_jobs(outputs: Path, limit: int = GALLERY_LIMIT) -> list[JobEntry]:
     for d in sorted((p for p in outputs.iterdir() if p.is_dir() and not p.name.startswith(".")),
                     key=lambda p: p.name, reverse=True):
         entry = read_job(d)
-        if entry is not None:
+        if entry is not None and (sees is None or sees(entry.owner)):
             entries.append(entry)
             if len(entries) >= limit:
                 break
     return entries
 
 
-def gallery_items(entries: list[JobEntry]) -> list[tuple[str, str]]:
-    """(picture path, caption) for gr.Gallery; entries without a picture are left out (as in shown_entries)."""
+def gallery_items(entries: list[JobEntry], publish=str) -> list[tuple[str, str]]:
+    """(picture, caption) for gr.Gallery; entries without a picture are left out (as in shown_entries). `publish`:
+    the picture's path → what the gallery is given (the app: a servable copy, ui/media.py)."""
     pictures = ((e.thumbnail, e) for e in entries)
-    return [(str(picture), e.caption()) for picture, e in pictures if picture is not None]
+    return [(publish(picture), e.caption()) for picture, e in pictures if picture is not None]
 
 
 def shown_entries(entries: list[JobEntry]) -> list[JobEntry]:

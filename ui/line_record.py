@@ -46,7 +46,8 @@ class LineRecorder:
         values = {**request.settings(), **{k: str(v) for k, v in files.items() if v is not None}}
         try:
             (entry,) = self.store.add_many([values], status=qs.IN_LINE, message=IN_LINE_TEXT,
-                                           job_dir=resuming.job_dir.name if resuming is not None else None)
+                                           job_dir=resuming.job_dir.name if resuming is not None else None,
+                                           owner=ticket.owner)
         except (OSError, sqlite3.Error) as e:
             log.warning("job %s is not kept in the queue (it will not survive a restart): %s", ticket.id, e)
             return False

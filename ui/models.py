@@ -41,6 +41,16 @@ class ComponentCache:
     def loaded_modes(self) -> list[str]:
         return list(self._cache)
 
+    def transformer_for_checks(self, mode: str):
+        """The loaded transformer of `mode`, else its layers without weights from its config (nothing is loaded or
+        downloaded for this); None when the config is not on this computer yet."""
+        components = self._cache.get(mode)
+        if components is not None:
+            return components.transformer
+        from pipeline.components import transformer_skeleton
+
+        return transformer_skeleton(self.preset, mode, self.model_dir)
+
     def get(self, mode: str):
         """The components for `mode`, loading them (and dropping the other mode's, for real weights) if needed.
         Raises pipeline.errors.WeightsNotFound when real weights are missing and cannot be downloaded."""

@@ -55,7 +55,7 @@ def long_job_note(ctx: AppContext, seconds, window, mode, steps) -> str:
 
 
 def wire(app: gr.Blocks, ctx: AppContext) -> None:
-    ui, live = ctx.ui, ctx.live
+    ui, live, quick = ctx.ui, ctx.live, ctx.quick
     hint_inputs = [ui.mode, ui.end_image, ui.seconds, ui.latent_window, ui.cfg, ui.rescale, ui.negative_prompt,
                    ui.crf, ui.teacache, ui.steps, ui.prompt, ui.prompt_blend]
 
@@ -68,7 +68,7 @@ def wire(app: gr.Blocks, ctx: AppContext) -> None:
         timed = hints.timeline_hint(prompt, seconds, window, mode, blend, DEFAULTS.fps)
         return "\n\n".join(t for t in (text, timed, note) if t)
 
-    live_hints = live.wrap(show_hints, gr.skip)
+    live_hints = quick.wrap(show_hints, gr.skip)
     for component in hint_inputs:
         component.change(live_hints, hint_inputs, ui.hints, preprocess=False, **HIDDEN)
     app.load(live_hints, hint_inputs, ui.hints, preprocess=False, **HIDDEN)
@@ -87,16 +87,18 @@ def wire(app: gr.Blocks, ctx: AppContext) -> None:
     tokens = live.wrap(token_count, gr.skip)
     ui.prompt.change(tokens, ui.prompt, ui.prompt_tokens, **HIDDEN)
     app.load(tokens, ui.prompt, ui.prompt_tokens, **HIDDEN)
-    ui.randomize.click(live.wrap(st.random_seed, gr.skip), None, ui.seed, **HIDDEN)
+    ui.randomize.click(quick.wrap(st.random_seed, gr.skip), None, ui.seed, **HIDDEN)
     ui.log.change(None, None, None, js=SCROLL_LOG_JS, show_progress="hidden")   # newest line in view
 
     for control, box in (("image", ui.image), ("end_image", ui.end_image)):
-        box.upload(upload_checker(control), box, [box, ui.status], preprocess=False, concurrency_limit=2,
+        box.upload(upload_checker(control, ctx.keeper), box, [box, ui.status], preprocess=False, concurrency_limit=2,
                    concurrency_id="uploads", show_progress="hidden")
 
 
-def upload_checker(control: str):
+def upload_checker(control: str, keeper=None):
     def check_image(value):
+        if keeper is not None:
+            keeper.worked()                 # a decoded image's memory goes back to the OS after a burst
         kept, message = check_upload(value, control)
         if message is None:
             return gr.skip(), ""

@@ -1,6 +1,7 @@
 """Past jobs: the gallery of job folders (a frame of each video, status, length, time), the selected job's video
 and details, "Reuse settings" (the settings and the images as the user uploaded them) and the Resume button's
-state."""
+state. The page holds job ids, never paths: each is looked up among the jobs the user may see (ui/access.py), and
+what is shown of a job folder is a servable copy (ui/media.py)."""
 from __future__ import annotations
 
 import io
@@ -9,9 +10,11 @@ from pathlib import Path
 
 import gradio as gr
 
+from pipeline.errors import InputError
 from ui import jobs_gallery
 from ui import settings as st
 from ui.context import AppContext
+from ui.media import published
 
 log = logging.getLogger(__name__)
 
@@ -25,39 +28,46 @@ class JobsPanel:
         ui = self.ui
         return [ui.selected_job, ui.job_video, ui.job_details, ui.reuse, ui.resume, ui.extend]
 
-    def refresh(self):
-        entries = jobs_gallery.shown_entries(jobs_gallery.list_jobs(self.ctx.outputs))
-        return jobs_gallery.gallery_items(entries), [str(e.dir) for e in entries]
+    def refresh(self, request: gr.Request = None):
+        user = self.ctx.access.user(request)
+        entries = jobs_gallery.shown_entries(jobs_gallery.list_jobs(
+            self.ctx.outputs, sees=lambda owner: self.ctx.access.sees(user, owner)))
+        return jobs_gallery.gallery_items(entries, published), [e.id for e in entries]
 
     refresh_gallery = refresh
 
-    def select_dir(self, job_dir) -> tuple:
-        """(selected job, its video, its details, Reuse, Resume) for the job folder `job_dir` as it is now."""
+    def _entry(self, job_id, request) -> jobs_gallery.JobEntry | None:
+        """The job `job_id` if the user may see it (else None)."""
+        try:
+            folder = self.ctx.access.job_folder(self.ctx.outputs, job_id, self.ctx.access.user(request), "job")
+        except InputError:
+            return None
+        return jobs_gallery.read_job(folder)
+
+    def select_id(self, job_id, request: gr.Request = None) -> tuple:
+        """(selected job, its video, its details, Reuse, Resume, Extend) for the job `job_id` as it is now."""
         off = gr.update(interactive=False)
-        if not job_dir:
+        if not job_id:
             return None, None, None, off, off, off
-        entry = jobs_gallery.read_job(Path(job_dir))
+        entry = self._entry(job_id, request)
         if entry is None:
-            return None, None, {"error": "job.json could not be read"}, off, off, off
-        video = str(entry.video) if entry.video else None
-        return (str(entry.dir), video, entry.details(), gr.update(interactive=True),
+            return None, None, {"error": "this job is no longer there (or its job.json cannot be read)"}, off, off, off
+        return (entry.id, published(entry.video), entry.details(), gr.update(interactive=True),
                 gr.update(interactive=entry.resumable), gr.update(interactive=entry.settings.get("mode") == "f1"))
 
-    def select_job(self, job_dirs, evt: gr.SelectData):
+    def select_job(self, job_ids, evt: gr.SelectData, request: gr.Request):
         index = evt.index
-        if not job_dirs or not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(job_dirs):
-            return self.select_dir(None)
-        return self.select_dir(job_dirs[index])
+        if not job_ids or not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(job_ids):
+            return self.select_id(None)
+        return self.select_id(job_ids[index], request)
 
-    def reuse_settings(self, job_dir):
-        entry = jobs_gallery.read_job(Path(job_dir)) if job_dir else None
+    def reuse_settings(self, job_id, request: gr.Request):
+        entry = self._entry(job_id, request) if job_id else None
         if entry is None:
             raise gr.Error("Select a job in the gallery first.")
         values = st.values_from_settings(entry.settings, self.ctx.default_resolution)
-        image = entry.original_image or entry.input_image
-        values["image"] = str(image) if image else None
-        end = entry.original_end_image or entry.end_image
-        values["end_image"] = str(end) if end else None
+        values["image"] = published(entry.original_image or entry.input_image)
+        values["end_image"] = published(entry.original_end_image or entry.end_image)
         for name in st.IMAGES:          # the other uploads (the video to extend) are not reused: chosen afresh
             values.setdefault(name, None)
         which = "the start image you uploaded" if entry.original_image else \
@@ -90,9 +100,10 @@ class JobsPanel:
         ui.extend.click(self.extend, ui.selected_job, [ui.source_job, ui.mode, ui.image, ui.input_video],
                         show_progress="hidden")
 
-    def extend(self, job_dir):
+    def extend(self, job_id, request: gr.Request):
         """The selected job as the job to extend (F1 mode; no start image or video with it)."""
-        if not job_dir:
+        entry = self._entry(job_id, request) if job_id else None
+        if entry is None:
             raise gr.Error("Select a job in the gallery first.")
-        gr.Info(f"Job {Path(job_dir).name} will be extended: set the length to add and press Start.")
-        return Path(job_dir).name, "f1", None, None
+        gr.Info(f"Job {entry.id} will be extended: set the length to add and press Start.")
+        return entry.id, "f1", None, None

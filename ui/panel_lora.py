@@ -42,8 +42,12 @@ def place(widgets, folder) -> LoraPicker:
 
 def added(name, strength, text) -> str:
     """The LoRAs box with `name` at `strength` (replacing its earlier strength); a box that does not parse is
-    left for the job's check to explain, with the new LoRA appended."""
-    if not name:
+    left for the job's check to explain, with the new LoRA appended. Bounded: a name that is not a file of the
+    folder's list, or a box over the setting's length limit, leaves the box as it is."""
+    if not isinstance(text, str) or len(text) > LORA.max_text_chars:
+        return gr.skip()
+    if not name or not isinstance(name, str) or isinstance(strength, bool) or not isinstance(strength, (int, float)) \
+            or not LORA.strength_min <= strength <= LORA.strength_max:
         return text or ""
     item = lora.LoraChoice(str(name), float(strength)).spec()
     try:
@@ -53,13 +57,14 @@ def added(name, strength, text) -> str:
     return lora.format_spec([*choices, lora.LoraChoice(str(name), round(float(strength), 4))])
 
 
-def wire(picker: LoraPicker, box: gr.Textbox) -> None:
+def wire(picker: LoraPicker, box: gr.Textbox, guard) -> None:
+    """The picker's buttons (un-queued, so bounded by `guard`: ui/guard.py)."""
     hidden = dict(queue=False, show_progress="hidden")
-    picker.add.click(added, [picker.file, picker.strength, box], box, **hidden)
-    picker.clear.click(lambda: "", None, box, **hidden)
+    picker.add.click(guard.wrap(added, gr.skip), [picker.file, picker.strength, box], box, **hidden)
+    picker.clear.click(guard.wrap(lambda: "", gr.skip), None, box, **hidden)
 
     def relist(current):
         files = lora.lora_files(picker.folder)
         return gr.update(choices=files, value=current if current in files else (files[0] if files else None))
 
-    picker.refresh.click(relist, picker.file, picker.file, **hidden)
+    picker.refresh.click(guard.wrap(relist, gr.skip), picker.file, picker.file, **hidden)

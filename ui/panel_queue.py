@@ -17,6 +17,7 @@ from ui import settings as st
 from ui.context import AppContext
 from ui.queue_api import QueueActions, QueueApi
 from ui.line_record import LineRecorder
+from ui.media import published
 from ui.queue_worker import QueueWorker
 
 log = logging.getLogger(__name__)
@@ -89,15 +90,18 @@ class QueuePanel:
         self.ctx, self.actions, self.parts = ctx, actions, parts
         self.warning = warning
 
-    def refresh(self, picked=None):
-        entries = self.actions.store.entries()
+    def _user(self, request) -> str | None:
+        return self.ctx.access.user(request)
+
+    def refresh(self, picked=None, request: gr.Request = None):
+        entries = self.actions.visible(self._user(request))
         choices = [(f"{n}. {e.id} · {e.status} · {str(e.settings.get('prompt', ''))[:30]}", e.id)
                    for n, e in enumerate(entries, 1)]
         value = picked if any(picked == c[1] for c in choices) else None
         return rows(entries), gr.update(choices=choices, value=value)
 
-    def _after(self, text: str, picked=None):
-        return (text, *self.refresh(picked))
+    def _after(self, text: str, request, picked=None):
+        return (text, *self.refresh(picked, request))
 
     @staticmethod
     def _refuse(error: InputError):
@@ -105,48 +109,64 @@ class QueuePanel:
         raise gr.Error(f"{field}: {messages.plain(error.message)}", title="Please check the input",
                        print_exception=False)
 
-    def _do(self, action, done_text, picked=None):
+    def _do(self, action, done_text, request, picked=None):
         try:
             result = action()
         except InputError as e:
             self._refuse(e)
         text = done_text(result) if callable(done_text) else done_text
-        return self._after(text, picked)
+        return self._after(text, request, picked)
 
     # ---- handlers ---------------------------------------------------------------------------------------------------
-    def on_load(self, picked=None):
+    def on_load(self, picked=None, request: gr.Request = None):
         text = f"⚠ {self.warning}" if self.warning else ""
-        return self._after(text, picked)
+        if self.ctx.public_notice:
+            text = "\n\n".join(t for t in (text, f"⚠ {self.ctx.public_notice}") if t)
+        return self._after(text, request, picked)
 
-    def add(self, *values):
-        page = self.actions.page_values(dict(zip(st.CONTROLS, values)))
-        return self._do(lambda: self.actions.add(page), lambda e: f"Added job {e.id} to the queue.")
+    def add(self, request: gr.Request, *values):
+        user = self._user(request)
+        return self._do(lambda: self.actions.add(self.actions.page_values(dict(zip(st.CONTROLS, values))), user),
+                        lambda e: f"Added job {e.id} to the queue.", request)
 
-    def add_images(self, images, *values):
-        page = self.actions.page_values({**dict(zip(st.CONTROLS, values)), "image": None})
-        page.pop("image")
-        return self._do(lambda: self.actions.add_images(images, page),
-                        lambda added: f"Added {len(added)} job{'s' if len(added) != 1 else ''} (one per image).")
+    def add_images(self, request: gr.Request, images, *values):
+        user = self._user(request)
 
-    def import_jsonl(self, path):
-        return self._do(lambda: self.actions.import_jsonl(path),
-                        lambda added: f"Imported {len(added)} job{'s' if len(added) != 1 else ''}.")
+        def add():
+            page = self.actions.page_values({**dict(zip(st.CONTROLS, values)), "image": None})
+            page.pop("image")
+            return self.actions.add_images(images, page, user)
 
-    def export(self):
-        return self.actions.export_path()
+        return self._do(add, lambda added: f"Added {len(added)} job{'s' if len(added) != 1 else ''} (one per image).",
+                        request)
 
-    def step(self, picked, by: int):
-        return self._do(lambda: self.actions.step(picked, by), "Moved.", picked)
+    def import_jsonl(self, path, request: gr.Request):
+        return self._do(lambda: self.actions.import_jsonl(path, self._user(request)),
+                        lambda added: f"Imported {len(added)} job{'s' if len(added) != 1 else ''}.", request)
 
-    def remove(self, picked):
-        return self._do(lambda: self.actions.remove(picked), lambda text: text)
+    def export(self, request: gr.Request):
+        return self.actions.export_path(self._user(request))
 
-    def save(self, picked, *values):
-        page = self.actions.page_values(dict(zip(st.CONTROLS, values)))
-        page.pop("image")               # the job keeps its own images (one job per image: each its own)
-        page.pop("end_image")
-        return self._do(lambda: self.actions.edit(picked, page), lambda e: f"Saved the settings into job {e.id}.",
-                        picked)
+    def step(self, picked, by: int, request):
+        return self._do(lambda: self.actions.step(picked, by, self._user(request)), "Moved.", request, picked)
+
+    def up(self, picked, request: gr.Request):
+        return self.step(picked, -1, request)
+
+    def down(self, picked, request: gr.Request):
+        return self.step(picked, +1, request)
+
+    def remove(self, picked, request: gr.Request):
+        return self._do(lambda: self.actions.remove(picked, self._user(request)), lambda text: text, request)
+
+    def save(self, request: gr.Request, picked, *values):
+        def edit():
+            page = self.actions.page_values(dict(zip(st.CONTROLS, values)))
+            page.pop("image")               # the job keeps its own images (one job per image: each its own)
+            page.pop("end_image")
+            return self.actions.edit(picked, page, self._user(request))
+
+        return self._do(edit, lambda e: f"Saved the settings into job {e.id}.", request, picked)
 
     @staticmethod
     def pick_row(evt: gr.SelectData):
@@ -154,13 +174,13 @@ class QueuePanel:
         row = evt.row_value if isinstance(evt.row_value, list) else None
         return row[1] if row and len(row) > 1 else gr.skip()
 
-    def load(self, picked):
+    def load(self, picked, request: gr.Request):
         try:
-            entry = self.actions.store.require(picked)
+            entry = self.actions._own(picked, self._user(request))
         except InputError as e:
             self._refuse(e)
         values = st.values_from_settings(entry.settings, self.ctx.default_resolution)
-        values.update({name: entry.images.get(name) for name in st.IMAGES})     # the images (and video) it keeps
+        values.update({name: published(entry.images.get(name)) for name in st.IMAGES})   # the files it keeps
         gr.Info(f"Settings of queued job {entry.id} loaded.")
         return [values[name] for name in st.CONTROLS]
 
@@ -177,8 +197,8 @@ class QueuePanel:
         p.add_images.click(self.add_images, [p.images, *controls], shown, preprocess=False, **quick)
         p.import_file.upload(self.import_jsonl, p.import_file, shown, preprocess=False, **quick)
         p.export.click(self.export, None, p.export_file, **quick)
-        p.up.click(lambda picked: self.step(picked, -1), p.pick, shown, **quick)
-        p.down.click(lambda picked: self.step(picked, +1), p.pick, shown, **quick)
+        p.up.click(self.up, p.pick, shown, **quick)
+        p.down.click(self.down, p.pick, shown, **quick)
         p.remove.click(self.remove, p.pick, shown, **quick)
         p.save.click(self.save, [p.pick, *controls], shown, preprocess=False, **quick)
         p.load.click(self.load, p.pick, controls, show_progress="hidden")
@@ -196,7 +216,7 @@ def start_queue(ctx: AppContext, app: gr.Blocks) -> QueueWorker:
         log.info("queue: %d job(s) waiting in %s", waiting, store.path)
     ctx.runner.recorder = LineRecorder(store)          # Start and /video jobs are kept in it too (ui/line_record.py)
     worker = QueueWorker(store, ctx.runner, ctx.default_resolution)
-    actions = QueueActions(store, worker, ctx.default_resolution)
+    actions = QueueActions(store, worker, ctx.default_resolution, ctx.access)
     panel = QueuePanel(ctx, actions, build_parts(), found.warning)
     panel.wire(app)
     QueueApi(actions).register(ctx.ui.controls())

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from pathlib import Path
 
 import gradio as gr
 
@@ -17,6 +16,7 @@ from ui import settings as st
 from ui.context import AppContext
 from ui.guard import HandlerGuard
 from ui.layout import SHOW_PREVIEW_JS
+from ui.media import published
 from ui.panel_controls import LONG_JOB_SECTIONS, expected_time, section_count
 from ui.panel_jobs import JobsPanel
 from ui.runner import SessionBusy
@@ -71,21 +71,25 @@ class RunPanel:
 
         from ui.source_job import resolved
 
-        job = st.request_from_values(dict(zip(st.CONTROLS, values)))
+        user = self.ctx.access.user(request)
         try:
-            prepared = prepare(resolved(job, self.ctx.outputs), self.ctx.default_resolution)   # checked once, here
+            job = st.request_from_values(dict(zip(st.CONTROLS, values)))           # uploads only
+            job = resolved(job, self.ctx.outputs, self.ctx.access, user)          # a job to extend, by its id
+            prepared = prepare(job, self.ctx.default_resolution)                  # checked once, here
             question = self.needs_confirmation(request.session_hash, job)
             if question is not None:
                 return None, gr.skip(), gr.skip(), question, gr.skip()
-            return self.started(self.runner.reserve(request.session_hash, prepared))
+            return self.started(self.runner.reserve(request.session_hash, prepared, owner=user))
         except (InputError, SessionBusy) as e:
             self.refuse(request.session_hash, e)
 
-    def submit_resume(self, job_dir, request: gr.Request):
+    def submit_resume(self, job_id, request: gr.Request):
+        user = self.ctx.access.user(request)
         try:
-            if not job_dir:
+            if not job_id:
                 raise InputError("job", "select a job in the gallery first")
-            return self.started(self.runner.reserve_resume(request.session_hash, Path(job_dir)))
+            folder = self.ctx.access.job_folder(self.ctx.outputs, job_id, user, "job")
+            return self.started(self.runner.reserve_resume(request.session_hash, folder, owner=user))
         except (InputError, SessionBusy) as e:
             self.refuse(request.session_hash, e)
 
@@ -119,6 +123,8 @@ class RunPanel:
         names = {"preview": ui.preview, "video": ui.video, "progress": ui.progress, "log": ui.log,
                  "status": ui.status}
         changes = view.take_changes()
+        if changes.get("video") is not None:
+            changes["video"] = published(changes["video"])          # a servable copy (ui/media.py)
         updates = {names[k]: v for k, v in changes.items() if k in names}
         if "memory" in changes:
             report = changes["memory"]
@@ -131,11 +137,11 @@ class RunPanel:
 
     def finish(self, ticket_id, selected_job, request: gr.Request):
         current = self.runner.current(request.session_hash)
-        gallery, job_dirs = self.jobs.refresh()
-        details = self.jobs.select_dir(selected_job)            # the selected job as it is now (after Resume)
+        gallery, job_ids = self.jobs.refresh(request)
+        details = self.jobs.select_id(selected_job, request)    # the selected job as it is now (after Resume)
         if ticket_id is None or current is not None and current.id != ticket_id and not current.finished:
-            return gr.skip(), gr.skip(), gallery, job_dirs, *details   # not started, or a newer job is under way
-        return gr.update(interactive=True), gr.update(interactive=False), gallery, job_dirs, *details
+            return gr.skip(), gr.skip(), gallery, job_ids, *details    # not started, or a newer job is under way
+        return gr.update(interactive=True), gr.update(interactive=False), gallery, job_ids, *details
 
     # ---- End ----------------------------------------------------------------------------------------------------
     def stop(self, request: gr.Request):

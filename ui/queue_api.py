@@ -19,8 +19,8 @@ sha256 before it runs); a finished job to extend is named by its id (`source_job
 In the page: the **Queue** panel lists the jobs with their status and progress. *Add to queue* adds the settings
 above as a job; *Add one job per image* adds one job for each uploaded image with the prompt and settings above;
 *Import JSON lines* adds the jobs of a `.jsonl` file (one job's settings a line, as `python -m pipeline batch`
-reads; a file sent to the app may name only images in the outputs folder, as an exported queue does); *Export*
-saves the waiting jobs as such a file. Click a job's row to pick it, then move it up or down, remove it (End on a
+reads; a file sent to the app may name no file but the queue's own copies of your queued jobs' images, which is what
+an exported queue names; at most 500 lines and 1 MB); *Export* saves your waiting jobs as such a file. Click a job's row to pick it, then move it up or down, remove it (End on a
 waiting job: it goes at once; on the running one: it stops at its next step, keeping its video), load its
 settings into the controls, or save the settings above into it (its images stay).
 
@@ -64,101 +64,167 @@ from configs.controls import CONTROLS as TABLE
 from pipeline import queue_store as qs
 from pipeline.errors import InputError
 from ui import settings as st
+from ui.access import Access
 
 log = logging.getLogger(__name__)
 
 EXPORT_KEEP_S = 3600            # exported files are deleted after this
+IMAGES_MAX = 32                 # images (jobs) one "one job per image" request may add
+IMPORT_BYTES_MAX = 1 << 20      # a jobs file sent to the app: its size and lines at most (read before parsing)
+IMPORT_LINES_MAX = 500
 QUEUE_ENDPOINTS = ("queue_add", "queue_add_images", "queue_list", "queue_move", "queue_edit", "queue_remove",
                    "queue_import", "queue_export")
 
 
 class QueueActions:
-    """What the page and the API do to the queue. Each raises InputError naming the field when refused."""
+    """What the page and the API do to the queue, for a user (ui/access.py: with several users each sees and
+    changes only their own entries). Each raises InputError naming the field when refused."""
 
-    def __init__(self, store: qs.QueueStore, worker, default_resolution: int):
+    def __init__(self, store: qs.QueueStore, worker, default_resolution: int, access: Access = Access()):
         self.store, self.worker = store, worker
         self.default_resolution = default_resolution
+        self.access = access
 
-    def _checked(self, values: Mapping[str, Any], base: Path | None = None) -> dict:
+    def _checked(self, values: Mapping[str, Any], user: str | None) -> dict:
+        """A job's values checked as a job's now (what it reads: its files, its LoRAs and their keys), not when it
+        runs."""
         from ui.source_job import resolved_values
 
-        return qs.checked_values(resolved_values(values, self.store.outputs), self.default_resolution, base=base)
+        checked = qs.checked_values(resolved_values(values, self.store.outputs, self.access, user),
+                                    self.default_resolution)
+        return self._loras_checked(checked)
+
+    def _loras_checked(self, checked: dict) -> dict:
+        from pipeline.lora import names_only
+
+        if checked.get("loras"):
+            names_only(checked["loras"])
+            self.worker.runner.check_loras(checked["mode"], checked["loras"])
+        return checked
 
     def _added(self, entries):
         self.worker.wake()
         return entries
 
+    def _own(self, entry_id, user: str | None, *, waiting: bool = False) -> qs.Entry:
+        """The entry, if the user may see it (another user's is "not there", like a missing one)."""
+        entry = self.store.get(entry_id) if isinstance(entry_id, str) else None
+        if entry is None or not self.access.sees(user, entry.owner):
+            raise qs.missing(entry_id)
+        return self.store.require(entry.id, waiting=waiting)
+
+    def visible(self, user: str | None, statuses=None) -> list[qs.Entry]:
+        return [e for e in self.store.entries(statuses) if self.access.sees(user, e.owner)]
+
     @staticmethod
     def page_values(values: Mapping[str, Any]) -> dict:
-        """Settings and image paths by name from the page's control values (uploads as Gradio hands them over)."""
+        """Settings and uploaded files by name from a client's control values (uploads only: ui/settings.py)."""
         request = st.request_from_values(values)
         return {**request.settings(), "image": request.image, "end_image": request.end_image,
                 "input_video": request.input_video}
 
-    def add(self, values: Mapping[str, Any]) -> qs.Entry:
-        """Add a job: `values` by control name (settings and image paths)."""
-        return self._added(self.store.add(self._checked(values)))
+    def add(self, values: Mapping[str, Any], user: str | None = None) -> qs.Entry:
+        """Add a job: `values` by control name (settings and the uploads' paths)."""
+        return self._added(self.store.add(self._checked(values, user), owner=user))
 
-    def add_images(self, images: list, values: Mapping[str, Any]) -> list[qs.Entry]:
+    def add_images(self, images: list, values: Mapping[str, Any], user: str | None = None) -> list[qs.Entry]:
         if not isinstance(values, Mapping):
             raise InputError("settings", "give the jobs' settings as a JSON object, e.g. {\"prompt\": \"waves\"}")
         if not isinstance(images, (list, tuple)):
             images = [images] if images else []
-        paths = [st.upload_path(i) for i in images]
-        if not paths or not all(isinstance(p, str) and p for p in paths):
+        if len(images) > IMAGES_MAX:
+            raise InputError("images", f"{len(images)} images; at most {IMAGES_MAX} at once (one job each)")
+        paths = [st.client_file(i, "images") for i in images]
+        if not paths or not all(paths):
             raise InputError("images", "upload one or more images: one job is added per image")
-        checked = [self._checked({**values, "image": p}) for p in paths]
-        return self._added(self.store.add_many(checked))
+        checked = [self._checked({**values, "image": p}, user) for p in paths]
+        return self._added(self.store.add_many(checked, owner=user))
 
-    def import_jsonl(self, path) -> list[qs.Entry]:
-        path = st.upload_path(path)
-        if not path or not isinstance(path, str):
+    def import_jsonl(self, upload, user: str | None = None) -> list[qs.Entry]:
+        path = st.client_file(upload, "jobs file")
+        if path is None:
             raise InputError("jobs file", "upload a .jsonl file: one job's settings (a JSON object) a line")
+        size = Path(path).stat().st_size
+        if size > IMPORT_BYTES_MAX:
+            raise InputError("jobs file", f"{size / 2**20:.1f} MB; a jobs file sent to the app may have at most "
+                                          f"{IMPORT_BYTES_MAX >> 20} MB (use `python -m pipeline queue add` for more)")
         try:
             text = Path(path).read_text("utf-8")
-        except (OSError, ValueError) as e:                    # unreadable, not UTF-8, a NUL in the name
+        except (OSError, ValueError) as e:                    # unreadable, not UTF-8
             raise InputError("jobs file", f"cannot read it ({type(e).__name__}); save it as UTF-8 text") from None
-        jobs = qs.read_jsonl(text, self.default_resolution, Path(path).parent, images_under=self.store.outputs)
-        return self._added(self.store.add_many(jobs))
+        lines = text.count("\n") + 1
+        if lines > IMPORT_LINES_MAX:
+            raise InputError("jobs file", f"{lines} lines; a jobs file sent to the app may have at most "
+                                          f"{IMPORT_LINES_MAX} (use `python -m pipeline queue add` for more)")
+        jobs = qs.read_jsonl(text, self.default_resolution, files=lambda name, value: self._queue_copy(name, value,
+                                                                                                      user))
+        for number, job in enumerate(jobs, 1):
+            try:
+                self._loras_checked(job)
+            except InputError as e:
+                raise InputError("jobs file", f"job {number}: {e.field}: {e.message}") from None
+        return self._added(self.store.add_many(jobs, owner=user))
 
-    def export_path(self) -> str:
-        """The waiting jobs as a JSON-lines file in a temporary folder (Gradio sends a copy; files older than
+    def _queue_copy(self, name: str, value, user: str | None) -> str:
+        """A file named in a jobs file sent to the app: only the queue's copy of an image or video of one of the
+        user's entries (what an export names). Refused with one message whatever the path is."""
+        refused = InputError(name, "a jobs file sent to the app may name no file but the queue's copies of your "
+                                   "queued jobs' images (what Export writes); add other images with 'Add one job "
+                                   "per image' or the /queue_add API")
+        if not isinstance(value, str):
+            raise refused
+        root = self.store.images_root.resolve()
+        try:
+            real = Path(value).resolve()
+            inside = real.is_relative_to(root) and len(real.relative_to(root).parts) == 2
+        except (OSError, ValueError, RuntimeError):
+            inside = False
+        entry = self.store.get(real.relative_to(root).parts[0]) if inside else None
+        if entry is None or not self.access.sees(user, entry.owner) or not real.is_file():
+            raise refused
+        return str(real)
+
+    def export_path(self, user: str | None = None) -> str:
+        """The user's waiting jobs as a JSON-lines file in a temporary folder (Gradio sends a copy; files older than
         EXPORT_KEEP_S are deleted at the next export)."""
         folder = Path(tempfile.gettempdir()) / "steadyframe-queue-exports"
         folder.mkdir(exist_ok=True)
         for old in folder.glob("queue-*.jsonl"):
             if time.time() - old.stat().st_mtime > EXPORT_KEEP_S:
                 old.unlink(missing_ok=True)
+        keep = {e.id for e in self.visible(user)}
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, prefix="queue-", suffix=".jsonl",
                                          delete=False) as f:
-            f.write(self.store.export_jsonl())
+            f.write(self.store.export_jsonl(keep=keep))
         return f.name
 
-    def edit(self, entry_id, values: Mapping[str, Any]) -> qs.Entry:
+    def edit(self, entry_id, values: Mapping[str, Any], user: str | None = None) -> qs.Entry:
         """Change a waiting job: `values` are merged over its settings (so {"seconds": 4} changes only that)."""
-        entry = self.store.require(entry_id, waiting=True)
+        entry = self._own(entry_id, user, waiting=True)
         if not isinstance(values, Mapping):
             raise InputError("settings", "give the settings to change as a JSON object, e.g. {\"seconds\": 4}")
         merged = {**entry.values(), **{k: v for k, v in values.items() if v is not None or k == "end_image"}}
-        return self.store.edit(entry.id, self._checked(merged))
+        return self.store.edit(entry.id, self._checked(merged, user))
 
-    def move(self, entry_id, index) -> list[qs.Entry]:
+    def move(self, entry_id, index, user: str | None = None) -> list[qs.Entry]:
         if isinstance(index, bool) or not isinstance(index, (int, float)) or not math.isfinite(index) \
                 or index != int(index):
             raise InputError("position", "give a whole number: 0 is first among the waiting jobs")
-        return self.store.move(entry_id, int(index))
+        self.store.move(self._own(entry_id, user, waiting=True).id, int(index))
+        return self.visible(user)
 
-    def step(self, entry_id, by: int) -> list[qs.Entry]:
+    def step(self, entry_id, by: int, user: str | None = None) -> list[qs.Entry]:
         """Move a waiting job up (-1) or down (+1) among the waiting jobs."""
-        entry = self.store.require(entry_id, waiting=True)
+        entry = self._own(entry_id, user, waiting=True)
         waiting = [e.id for e in self.store.entries([qs.WAITING])]
-        return self.store.move(entry.id, max(waiting.index(entry.id) + by, 0))
+        self.store.move(entry.id, max(waiting.index(entry.id) + by, 0))
+        return self.visible(user)
 
-    def remove(self, entry_id) -> str:
-        return self.worker.stop(entry_id)
+    def remove(self, entry_id, user: str | None = None) -> str:
+        return self.worker.stop(self._own(entry_id, user).id)
 
-    def listing(self) -> list[dict]:
-        return [e.summary() for e in self.store.entries()]
+    def listing(self, user: str | None = None) -> list[dict]:
+        return [e.summary() for e in self.visible(user)]
 
 
 class QueueApi:
@@ -187,7 +253,6 @@ class QueueApi:
             result = gr.JSON(label="result", visible=False)
             export = gr.File(label="queue", visible=False)
         quick = dict(show_progress="hidden", concurrency_limit=2, concurrency_id="queue")
-        a = self.actions
         add = video_endpoint(self.add, table)            # /video's parameters
         add.__name__ = add.__qualname__ = "queue_add"
         add.__doc__ = add.__doc__.replace(VIDEO_DOC, "Add a job to the queue on disk (it runs when the GPU is free); "
@@ -195,41 +260,61 @@ class QueueApi:
         trigger.click(add, controls, result, api_name="queue_add", preprocess=False, **quick)
         trigger.click(self.add_images, [images, settings], result, api_name="queue_add_images", preprocess=False,
                       **quick)
-        trigger.click(a.listing, None, result, api_name="queue_list", **quick)
+        trigger.click(self.listing, None, result, api_name="queue_list", **quick)
         trigger.click(self.move, [job, position], result, api_name="queue_move", **quick)
         trigger.click(self.edit, [job, settings], result, api_name="queue_edit", **quick)
         trigger.click(self.remove, job, result, api_name="queue_remove", **quick)
         trigger.click(self.import_jsonl, jobs_file, result, api_name="queue_import", preprocess=False, **quick)
-        trigger.click(a.export_path, None, export, api_name="queue_export", **quick)
+        trigger.click(self.export_path, None, export, api_name="queue_export", **quick)
 
-    def add(self, values: dict, request=None, progress=None) -> dict:
+    def _user(self, request) -> str | None:
+        return self.actions.access.user(request)
+
+    def add(self, values: dict, request: gr.Request = None, progress=None) -> dict:
         """Add a job (the /video parameters) to the queue on disk; returns the queued job."""
-        return self._call(self.actions.add, self.actions.page_values(values)).summary()
+        user = self._user(request)
+        return self._call(lambda: self.actions.add(self.actions.page_values(values), user)).summary()
 
-    def add_images(self, images, settings) -> list[dict]:
-        """Add one job per image, each with `settings` (a JSON object of /video parameters)."""
+    def add_images(self, images, settings, request: gr.Request) -> list[dict]:
+        """Add one job per image (at most 32), each with `settings` (a JSON object of /video parameters)."""
         if settings is not None and not isinstance(settings, dict):
             raise gr.Error("settings: give a JSON object of /video parameters, e.g. {\"prompt\": \"waves\"}",
                            title="Please check the input", print_exception=False)
-        return [e.summary() for e in self._call(self.actions.add_images, images, settings or {})]
+        user = self._user(request)
 
-    def move(self, job, position) -> list[dict]:
+        def add():
+            values = {k: v for k, v in self.actions.page_values(settings or {}).items() if k != "image"}
+            return self.actions.add_images(images, {k: v for k, v in values.items()
+                                                    if k in (settings or {}) or k not in qs.FILE_NAMES}, user)
+
+        return [e.summary() for e in self._call(add)]
+
+    def listing(self, request: gr.Request) -> list[dict]:
+        """The queue: your jobs (every job without logins), in line order."""
+        return self.actions.listing(self._user(request))
+
+    def move(self, job, position, request: gr.Request) -> list[dict]:
         """Put a waiting job at `position` among the waiting jobs (0: first); returns the queue."""
-        return [e.summary() for e in self._call(self.actions.move, job, position)]
+        return [e.summary() for e in self._call(self.actions.move, job, position, self._user(request))]
 
-    def edit(self, job, settings) -> dict:
-        """Change a waiting job's settings (a JSON object of the settings to change; images: paths under the
-        outputs folder only)."""
-        name = qs.outside(settings, self.actions.store.outputs) if isinstance(settings, dict) else None
-        if name is not None:
-            raise gr.Error(f"{name}: only an image in the outputs folder can be named here; add a job with "
-                           "/queue_add to use another image", title="Please check the input", print_exception=False)
-        return self._call(self.actions.edit, job, settings).summary()
+    def edit(self, job, settings, request: gr.Request) -> dict:
+        """Change a waiting job's settings (a JSON object of the settings to change; its images stay: to use other
+        images, remove the job and add it again)."""
+        files = [name for name in qs.FILE_NAMES if isinstance(settings, dict) and settings.get(name) not in (None, "")]
+        if files:
+            raise gr.Error(f"{files[0]}: a queued job keeps its images; remove the job and add it again with "
+                           "/queue_add to use another file", title="Please check the input", print_exception=False)
+        return self._call(self.actions.edit, job, settings, self._user(request)).summary()
 
-    def remove(self, job) -> dict:
+    def remove(self, job, request: gr.Request) -> dict:
         """End for a queued job: a waiting one is removed at once, a running one stops at its next step."""
-        return {"message": self._call(self.actions.remove, job)}
+        return {"message": self._call(self.actions.remove, job, self._user(request))}
 
-    def import_jsonl(self, jobs_file) -> list[dict]:
-        """Add the jobs of a JSON-lines file (one job's settings a line), all checked before any is added."""
-        return [e.summary() for e in self._call(self.actions.import_jsonl, jobs_file)]
+    def import_jsonl(self, jobs_file, request: gr.Request) -> list[dict]:
+        """Add the jobs of a JSON-lines file (one job's settings a line; at most 500 lines and 1 MB), all checked
+        before any is added."""
+        return [e.summary() for e in self._call(self.actions.import_jsonl, jobs_file, self._user(request))]
+
+    def export_path(self, request: gr.Request) -> str:
+        """Your waiting jobs as a JSON-lines file (what /queue_import reads)."""
+        return self.actions.export_path(self._user(request))

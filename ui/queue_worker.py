@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from pathlib import Path
 
 from pipeline import queue_store as qs
 from pipeline.errors import InputError
@@ -93,7 +92,7 @@ class QueueWorker:
         if entry.job_dir:
             folder = self.runner.outputs / entry.job_dir
             try:
-                return self.runner.reserve_resume(session, folder, entry=entry.id)
+                return self.runner.reserve_resume(session, folder, entry=entry.id, owner=entry.owner)
             except InputError as e:         # no finished section yet (or already complete): start it again
                 if "already complete" in str(e):
                     return None
@@ -103,7 +102,8 @@ class QueueWorker:
         problem = qs.copy_problem(entry.images)
         if problem is not None:
             raise InputError("video", problem)
-        return self.runner.reserve(session, Request.from_mapping(entry.values(), unknown="ignore"), entry=entry.id)
+        return self.runner.reserve(session, Request.from_mapping(entry.values(), unknown="ignore"), entry=entry.id,
+                                   owner=entry.owner)
 
     def _run(self, entry: qs.Entry) -> None:
         import time

@@ -59,6 +59,7 @@ class Ticket:
     eta_at: float = 0.0
     first_since: float = 0.0                   # when it became first in line (orphan check)
     entry: str | None = None                   # its entry in the queue's store (ui/line_record.py, queue_worker.py)
+    owner: str | None = None                   # the app's user who started it (ui/access.py; None: no logins)
     recorded: bool = False                     # that entry was made for it here (Start, /video): it goes with it
 
     @property
@@ -101,15 +102,27 @@ class JobRunner(LineEstimates):
         self.recorder = None                    # ui/line_record.LineRecorder: the line kept in the queue's store
         sweep_stale(self.outputs)
 
+    def check_loras(self, mode: str, spec) -> None:
+        """A job's LoRAs read and checked against the transformer now (a queued job's, when it is added), not only
+        when it runs. Raises InputError naming the file and the first bad key. Without the real weights on this
+        computer yet, only the setting is checked; the files are checked when the job runs."""
+        from pipeline import lora
+
+        if not lora.parse_spec(spec):
+            return
+        model = self.models.transformer_for_checks(mode)
+        if model is not None:
+            lora.load_set(spec, self.lora_dir, model)
+
     # ---- sessions -----------------------------------------------------------------------------------------------
-    def reserve(self, session: str, job, *, entry: str | None = None) -> Ticket:
+    def reserve(self, session: str, job, *, entry: str | None = None, owner: str | None = None) -> Ticket:
         """A ticket for the session's next job, last in line. `job`: a Request (checked and its images decoded
         here; raises InputError naming the field), a PreparedRequest (pipeline.prepare, as the API does) or a
         ResumeRequest (reserve_resume). A session has at most one unfinished job; a job folder is resumed by one
         ticket at a time. A new job's image files are copied into the ticket's own folder (the user's upload is
         kept in the job folder from there, whatever the temp-file sweeper does meanwhile). With a recorder, the job
         is also kept in the queue's store (its copies there are the staged ones); `entry`: it has an entry there
-        already (the queue worker's job)."""
+        already (the queue worker's job). `owner`: the user who starts it (job.json and the queue note it)."""
         if isinstance(job, ResumeRequest):
             prepared, resuming = job.prepared, job
         elif isinstance(job, PreparedRequest):
@@ -119,7 +132,7 @@ class JobRunner(LineEstimates):
         if resuming is None:        # a size that cannot fit under the cap is refused here, before anything loads
             check_fits(prepared, self.models.preset, self.vram_cap_gb, self.weight_storage)
         folder = resuming.job_dir if resuming is not None else None
-        ticket = Ticket(session, prepared, resuming, entry=entry)
+        ticket = Ticket(session, prepared, resuming, entry=entry, owner=owner)
         kept = entry is None and self.recorder is not None and self.recorder.keep(ticket)   # its copies: the store's
         if not kept and resuming is None:
             staged, ticket.staged = stage_images(self.outputs, ticket.id, prepared.request)
@@ -140,7 +153,8 @@ class JobRunner(LineEstimates):
             self._unstage(ticket)
             raise
 
-    def reserve_resume(self, session: str, job_dir: Path, *, entry: str | None = None) -> Ticket:
+    def reserve_resume(self, session: str, job_dir: Path, *, entry: str | None = None,
+                       owner: str | None = None) -> Ticket:
         """A ticket that continues the interrupted job in `job_dir`, a folder of this runner's outputs. Raises
         pipeline.errors.InputError when the folder cannot be resumed (the message says why), SessionBusy as
         reserve() does. The folder's status is read again when the job runs (it may have finished meanwhile)."""
@@ -149,7 +163,7 @@ class JobRunner(LineEstimates):
         job_dir = Path(job_dir).resolve()
         if job_dir.parent != self.outputs.resolve() or not job_dir.is_dir() or job_dir.name.startswith("."):
             raise InputError("job folder", f"{job_dir.name} is not a job folder of this app's outputs")
-        return self.reserve(session, prepare_resume(job_dir), entry=entry)       # a damaged job.json: InputError
+        return self.reserve(session, prepare_resume(job_dir), entry=entry, owner=owner)   # damaged: InputError
 
     def forget(self, ticket: Ticket) -> None:
         """Drop a finished ticket (API calls: nothing refers to it afterwards)."""
@@ -371,7 +385,7 @@ class JobRunner(LineEstimates):
             events = resume(ticket.resuming, components, memory, cancel=ticket.cancel, lora_dir=self.lora_dir)
         else:
             events = generate(ticket.prepared, components, memory, cancel=ticket.cancel, outputs=self.outputs,
-                              lora_dir=self.lora_dir)
+                              lora_dir=self.lora_dir, owner=ticket.owner)
         # the ETA again, from the same events, with the decode speed of the last complete job until this job has
         # decoded a section (the pipeline alone has no earlier job to go by)
         eta = Remaining.for_plan(plan_of(request), int(request.steps),

@@ -36,8 +36,9 @@ def random_seed() -> int:
 
 
 def upload_path(value: Any) -> str | None:
-    """The file path of an upload as Gradio hands it over without preprocessing (a FileData dict or model), or a
-    plain path; None when nothing was uploaded."""
+    """The file path a client's value names, as Gradio hands it over without preprocessing (a FileData dict or
+    model, a gr.Video payload, a plain path); None when it names none. Not checked: `client_file` is what
+    handlers call."""
     if value is None or value == "":
         return None
     if isinstance(value, (str, Path)):
@@ -45,8 +46,48 @@ def upload_path(value: Any) -> str | None:
     if isinstance(value, Mapping):
         if isinstance(value.get("video"), Mapping):        # a gr.Video payload: {"video": FileData, ...}
             return upload_path(value["video"])
-        return value.get("path") or None
-    return getattr(value, "path", None)
+        path = value.get("path")
+        return path if isinstance(path, str) and path else None
+    path = getattr(value, "path", None)
+    return path if isinstance(path, str) and path else None
+
+
+def upload_folder() -> Path:
+    """Gradio's upload folder: where every file a client sent (and every copy Gradio serves) lives."""
+    from gradio.utils import get_upload_folder
+
+    return Path(get_upload_folder()).resolve()
+
+
+def _names_no_file(value: Any) -> bool:
+    """Nothing uploaded: no value, an empty text, or an empty upload payload."""
+    if value is None or value == "":
+        return True
+    if isinstance(value, Mapping):
+        inner = value.get("video") if isinstance(value.get("video"), Mapping) else value
+        return inner.get("path") is None or inner.get("path") == ""
+    return False
+
+
+def client_file(value: Any, field: str) -> str | None:
+    """The path of a file a client uploaded (the only way a file comes in from the page or the API), or None when
+    the value names none. A path that is not a file in Gradio's upload folder, after links are followed, is refused
+    with one message whatever is there: a client learns nothing about the server's files. Raises InputError naming
+    the field."""
+    from pipeline.errors import InputError
+
+    path = upload_path(value)
+    if path is None and _names_no_file(value):
+        return None
+    try:
+        real = Path(path).resolve() if path and "\x00" not in path else None
+        inside = real is not None and real.is_relative_to(upload_folder()) and real.is_file()
+    except (OSError, ValueError, RuntimeError):
+        inside = False
+    if not inside:
+        raise InputError(field, "only a file uploaded to this app can be used here, not a path on the server; "
+                                "upload the file (scripts: gradio_client.handle_file)")
+    return str(real)
 
 
 def _whole(value):
@@ -58,8 +99,9 @@ def _whole(value):
 
 
 def request_from_values(values: Mapping[str, Any], table: tuple[Control, ...] = TABLE):
-    """A pipeline Request from the control values (by name). Nothing is validated here: the pipeline's `prepare`
-    does that and names the field."""
+    """A pipeline Request from a client's control values (by name). The files must be uploads (`client_file`:
+    raises InputError naming the field); the rest is validated by the pipeline's `prepare`, which names the
+    field."""
     from pipeline.request import Request, request_class
 
     cls = Request if table is TABLE else request_class(table)
@@ -69,13 +111,17 @@ def request_from_values(values: Mapping[str, Any], table: tuple[Control, ...] = 
             continue
         value = values[c.name]
         if c.is_file:
-            value = upload_path(value)
+            value = client_file(value, c.field_name)
         elif c.kind == "int":
             value = _whole(value)
         elif c.kind == "text":
             value = value or ""
         kwargs[c.name] = value
     kwargs.setdefault("image", None)
+    if kwargs.get("loras"):
+        from pipeline.lora import names_only
+
+        names_only(kwargs["loras"])             # LoRA files by their names in the LoRA folder, never a path
     return cls(**kwargs)
 
 

@@ -13,8 +13,12 @@ log = logging.getLogger(__name__)
 
 
 def image_size(value) -> tuple[int, int] | None:
-    """(height, width) of an uploaded start image from its header (EXIF rotation applied), None without one."""
-    path = st.upload_path(value)
+    """(height, width) of an uploaded start image from its header (EXIF rotation applied), None without one (or
+    for a value that is not an upload)."""
+    try:
+        path = st.client_file(value, "image")
+    except InputError:
+        return None
     if path is None:
         return None
     from PIL import Image

@@ -6,7 +6,7 @@ import logging
 
 from pipeline.errors import InputError
 from ui import messages
-from ui.settings import upload_path
+from ui.settings import client_file
 
 log = logging.getLogger(__name__)
 
@@ -16,13 +16,13 @@ FIELDS = {"image": "image", "end_image": "end image"}        # control name -> t
 def check_upload(value, control: str) -> tuple[object, str | None]:
     """(the value to keep in the box, a message or None): the upload if the pipeline's loader accepts it (the same
     checks as at Start: readable, a supported format, a usable size), else (None, why)."""
-    path = upload_path(value)
-    if path is None:
-        return value, None
     from pipeline.images import load_image
 
     field = FIELDS[control]
     try:
+        path = client_file(value, field)
+        if path is None:
+            return value, None
         load_image(path, field)
     except InputError as e:
         log.info("upload refused: %s", e)

@@ -1,0 +1,240 @@
+"""The app on a network, probed by hostile clients (127.0.0.1 only, bounded loops): `python app.py --preset tiny` in
+its own process.
+
+- No client reads what it did not upload: a path on the server given as an image, an end image, a video, a LoRA or
+  a jobs file's image (to /video, /queue_add, /queue_add_images, /queue_import, Start, the memory plan) is refused
+  with one message whether the file exists or not; nothing is copied into the outputs or shown.
+- The page shows what it made through copies; nothing of the outputs folder is served (the queue's database,
+  job.json, the videos under their own paths).
+- No client can starve the others: two clients looping the memory plan at 2048×2048 leave a third client's hints
+  and random seed answering within a second; one client cannot fill Gradio's queue; the size limits (images per
+  request, a jobs file's lines, the LoRA box) answer at once; a job started during the abuse runs; the server's
+  memory goes back to its idle figure after the bursts.
+"""
+from __future__ import annotations
+
+import io
+import json
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import psutil
+import pytest
+
+from tests import fuzz_helpers as fz
+from tests.conftest import make_image
+from tests.server_helpers import app_process
+from ui.settings import CONTROLS
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+JOB = dict(prompt="a quiet sea", seconds=1.2, steps=2, seed=3)
+SAME_REFUSAL = "only a file uploaded to this app can be used here"
+LATENCY_MAX_S = 1.0
+
+
+def _png(width: int, height: int, seed: int = 0) -> bytes:
+    buf = io.BytesIO()
+    make_image(width, height, seed=seed).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _zeros_png(side: int) -> bytes:
+    """A black side×side PNG: a few hundred kB to send, side² pixels to decode."""
+    import numpy as np
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((side, side), np.uint8), "L").save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def _words(text: str) -> str:
+    return re.sub(r"\{[^}]*\}|'[^']*'|\S*/\S*", "<path>", text)
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _file_url(url: str, path) -> str:
+    return url + "gradio_api/file=" + urllib.request.pathname2url(str(path))
+
+
+def _refusal(client, api_name: str, **kwargs) -> str:
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError) as e:
+        client.predict(**kwargs, api_name=api_name)
+    return str(e.value)
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    root = tmp_path_factory.mktemp("abuse")
+    secret = root / "server-secret.png"            # a file on the server no client uploaded
+    secret.write_bytes(_png(96, 80, seed=9))
+    with app_process(root / "outputs", log_path=root / "app.log") as (url, proc):
+        yield url, proc, root / "outputs", secret, root
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    from gradio_client import Client
+
+    url, _, _, _, root = app
+    return Client(url, verbose=False, download_files=str(root / "downloads"))
+
+
+def test_server_files_are_never_read_copied_or_served(app, client, tmp_path):
+    from gradio_client import handle_file
+
+    url, _, outputs, secret, _ = app
+    start = tmp_path / "start.png"
+    start.write_bytes(_png(96, 80))
+    raw = {"path": str(secret)}                                # a path, without Gradio's file marker
+    missing = str(secret.with_name("no-such-file.png"))
+    attempts = [
+        ("/video", lambda path: dict(image={"path": path}, **JOB)),
+        ("/video", lambda path: dict(image=handle_file(str(start)), end_image={"path": path}, **JOB)),
+        ("/video", lambda path: dict(input_video={"path": path}, mode="f1", **JOB)),
+        ("/queue_add", lambda path: dict(image={"path": path}, **JOB)),
+        ("/queue_add", lambda path: dict(image=path, **JOB)),
+        ("/queue_add_images", lambda path: dict(images=[handle_file(str(start))], settings={"end_image": path})),
+        ("/queue_add_images", lambda path: dict(images=[{"path": path}], settings={"prompt": "x"})),
+        ("/queue_import", lambda path: dict(jobs_file={"path": path})),
+    ]
+    for api_name, kwargs in attempts:
+        there = _refusal(client, api_name, **kwargs(str(secret)))
+        gone = _refusal(client, api_name, **kwargs(missing))
+        # refused, and the answer says nothing of whether the path exists (the same words, paths aside)
+        assert _words(there) == _words(gone), (api_name, there, gone)
+        assert "not found" not in there and "does not exist" not in there, there
+    # the page's own events: Start, and the memory plan (which reads an image's size from its header)
+    events = {e.name: e for e in fz.events(url)}
+    plain = json.loads(fz.call(url, events["memory_plan"], [6, 640, 0, 0, 9, None]).body)["data"][0]
+    shown = fz.call(url, events["memory_plan"], [6, 640, 0, 0, 9, raw]).body
+    assert json.loads(shown)["data"][0] == plain                  # the same plan as with no image at all
+    values = [raw if name == "image" else None for name in CONTROLS]
+    answer = fz.call(url, events["submit"], values)
+    assert not answer.ok and SAME_REFUSAL in answer.body
+    jobs = outputs / "jobs.jsonl"
+    jobs.write_text(json.dumps({"image": str(secret), "prompt": "x"}) + "\n")
+    status, body = fz.upload(url, "jobs.jsonl", jobs.read_bytes())
+    assert status == 200
+    text = _refusal(client, "/queue_import", jobs_file=handle_file(str(jobs)))
+    assert "may name no file but the queue's copies" in text
+    lora = _refusal(client, "/video", image=handle_file(str(start)), loras="/etc/x.safetensors:1", **JOB)
+    assert "name a file of the LoRA folder" in lora
+    jobs.unlink()
+    # nothing of the secret file reached the outputs, and nothing was queued or started
+    copies = [p for p in outputs.rglob("*") if p.is_file() and p.read_bytes() == secret.read_bytes()]
+    assert copies == [] and client.predict(api_name="/queue_list") == []
+    assert not [d for d in outputs.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    # and the server's file itself is not served
+    assert _get(_file_url(url, secret)) == 403
+
+
+def test_only_what_the_page_shows_is_served(app, client, tmp_path):
+    from gradio_client import handle_file
+
+    url, _, outputs, _, _ = app
+    start = tmp_path / "start.png"
+    start.write_bytes(_png(96, 80))
+    video, summary = client.predict(image=handle_file(str(start)), **JOB, api_name="/video")
+    job = outputs / summary["job_id"]
+    assert summary["status"] == "done" and (job / "final.mp4").is_file()
+    for private in (outputs / ".queue" / "queue.db", job / "job.json", job / "final.mp4", job / "input.png"):
+        assert private.is_file() and _get(_file_url(url, private)) == 403, private
+    # what the API returned is a copy that is served (and holds the video)
+    assert open(video, "rb").read() == (job / "final.mp4").read_bytes()
+
+
+def _ask(url, event, data, session) -> tuple[float, object]:
+    answer = fz.call(url, event, data, session=session, timeout=30)
+    data = json.loads(answer.body).get("data") if answer.ok else None
+    return answer.seconds, (data or [None])[0]
+
+
+def test_hostile_clients_cannot_starve_the_others(app, client, tmp_path):
+    from gradio_client import handle_file
+
+    url, proc, outputs, _, _ = app
+    events = {e.name: e for e in fz.events(url)}
+    server = psutil.Process(proc.pid)
+    start = tmp_path / "start.png"
+    start.write_bytes(_png(96, 80))
+    client.predict(image=handle_file(str(start)), **JOB, api_name="/video")      # models built: the idle figure
+    time.sleep(3)
+    idle_rss = server.memory_info().rss
+
+    status, body = fz.upload(url, "big.png", _png(2048, 2048))
+    assert status == 200
+    big = {"path": json.loads(body)[0], "meta": {"_type": "gradio.FileData"}}
+    stop = threading.Event()
+    hostile_calls = []
+
+    def hostile(session):
+        while not stop.is_set():
+            fz.call(url, events["memory_plan"], [6, 2048, 0, 0, 64, big], session=session, timeout=60)
+            hostile_calls.append(1)
+
+    attackers = [threading.Thread(target=hostile, args=(f"hostile-{n}",), daemon=True) for n in range(2)]
+    for t in attackers:
+        t.start()
+    try:
+        # a job started during the abuse still runs
+        job = client.submit(image=handle_file(str(start)), **{**JOB, "seed": 4}, api_name="/video")
+        victim = uuid.uuid4().hex[:11]
+        hint = ["original", None, 5, 9, 1, 0, "", 16, 0.15, 25, "x", 0]
+        slow = []
+        for _ in range(10):
+            seconds, seed = _ask(url, events["random_seed"], [], victim)
+            if not (seconds < LATENCY_MAX_S and isinstance(seed, int)):
+                slow.append(("random seed", round(seconds, 2), seed))
+            seconds, text = _ask(url, events["show_hints"], hint, victim)
+            if not (seconds < LATENCY_MAX_S and isinstance(text, str)):
+                slow.append(("hints", round(seconds, 2), text))
+            time.sleep(0.2)
+        assert not slow, slow
+        assert len(hostile_calls) >= 4                # the attack did run meanwhile
+        # size limits answer at once, naming the limit
+        t0 = time.monotonic()
+        lora = fz.call(url, events["added"], ["a.safetensors", 1.0, "x.safetensors:1, " * 100_000], session=victim)
+        assert lora.seconds < LATENCY_MAX_S
+        many = [handle_file(str(start))] * 33
+        assert "at most 32" in _refusal(client, "/queue_add_images", images=many, settings={"prompt": "x"})
+        lines = tmp_path / "lines.jsonl"
+        lines.write_text('{"prompt": "x"}\n' * 600)
+        assert "at most 500" in _refusal(client, "/queue_import", jobs_file=handle_file(str(lines)))
+        assert time.monotonic() - t0 < 30
+        # one page cannot fill Gradio's queue: its events beyond 8 waiting are refused
+        status, body = fz.upload(url, "bomb.png", _zeros_png(8192))       # slow to check: 67 Mpixels to decode
+        bomb = {"path": json.loads(body)[0], "meta": {"_type": "gradio.FileData"}}
+        check = events["check_image"]
+        flood = fz.encode({"data": [bomb], "fn_index": check.fn_index, "session_hash": "flooder",
+                           "event_data": None, "trigger_id": None})
+        codes = [fz._post(url + "gradio_api/queue/join", flood, 30) for _ in range(12)]
+        refused = [body for code, body in codes if code != 200]
+        assert refused and all("Too many requests" in body for body in refused), codes
+        _, summary = job.result(timeout=300)
+        assert summary["status"] == "done"
+    finally:
+        stop.set()
+        for t in attackers:
+            t.join(90)
+    # the memory the bursts took goes back within a minute
+    deadline = time.monotonic() + 60
+    while server.memory_info().rss > 1.2 * idle_rss and time.monotonic() < deadline:
+        time.sleep(2)
+    rss = server.memory_info().rss
+    assert rss <= 1.2 * idle_rss, f"RSS {rss / 2**20:.0f} MiB a minute after the bursts; idle {idle_rss / 2**20:.0f}"
