@@ -110,7 +110,7 @@ def build_components(tiny: bool = False, seed: int = 0):
     if tiny:
         return load_components("tiny", "original")
     from configs.presets import HUNYUAN
-    from pipeline.llama_trim import trim_llama
+    from memory.llama_trim import trim_llama
     from pipeline.text import template_crop_start
     from pipeline.tiny import build_clip_tokenizer, build_feature_extractor, build_llama_tokenizer
 

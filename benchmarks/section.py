@@ -56,7 +56,7 @@ def _ensure_video_writer() -> bool:
 
         return av is not None
     except ImportError:
-        import pipeline.video_writer as writer
+        import video.section_writer as writer
 
         def write_nothing(segments, path, **_):
             Path(path).write_bytes(b"")
@@ -149,7 +149,7 @@ def _run_record(n: int, params: str, end, total_s: float, first: dict | None) ->
     video writer's time; compared with the first run."""
     import hashlib
 
-    from pipeline.video import read_frames
+    from video.mp4 import read_frames
 
     info = json.loads((end.job_dir / "job.json").read_text())
     final = Path(end.video)

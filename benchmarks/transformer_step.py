@@ -89,7 +89,7 @@ def run_sync_swap(tr, inputs, device, cap_gb, preserved_gb, warmup, steps, pinne
     """Baselines with the plan's resident blocks and no overlap for the others: `.to(device)` before /
     `.to("cpu")` after each block (`pinned=False`), or a blocking copy from the pinned host pack (`pinned=True`)."""
     from memory import HostPack, MemoryManager
-    from memory.attention import AttentionGuard
+    from rocm.sdpa import AttentionGuard
     from memory.chunkload import load_chunks, unload_chunks
     from pipeline.denoiser import FramepackDenoiser
 

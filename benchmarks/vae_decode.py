@@ -89,7 +89,7 @@ def bench_vae(tiny: bool):
 
 
 def _levels(pixels: torch.Tensor) -> torch.Tensor:
-    """The uint8 levels the video gets (pipeline.video.pixels_to_frames' arithmetic)."""
+    """The uint8 levels the video gets (video.mp4.pixels_to_frames' arithmetic)."""
     return ((pixels.float().clamp(-1, 1) + 1.0) * 127.5 + 0.5).to(torch.uint8)
 
 

@@ -6,7 +6,7 @@ option. Everything else is derived from this table:
 - `configs.generation.DEFAULTS` / `LIMITS` (the numbers below, by name),
 - `pipeline.request.Request` (one field per row), its checks (`pipeline.request.check_settings`) and
   `Request.from_mapping` (job.json, resume, batch lines, the CLI's values),
-- the command line's options (`pipeline.cli.add_settings`),
+- the command line's options (`cli.commands.add_settings`),
 - the page's controls and the `/video` API's parameters (`ui/`),
 - the README's table of controls (`python -m configs.readme --write README.md`; tests/test_controls.py fails
   when it is out of date).

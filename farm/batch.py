@@ -1,4 +1,4 @@
-"""`python -m pipeline batch jobs.jsonl --gpus 0,1` (or --ray ADDRESS): the batch's jobs on a farm, as many at once as
+"""`python -m cli batch jobs.jsonl --gpus 0,1` (or --ray ADDRESS): the batch's jobs on a farm, as many at once as
 it has workers. Each job's worker and result are printed as they come; the caller prints the summary."""
 from __future__ import annotations
 

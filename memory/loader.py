@@ -7,7 +7,7 @@ pageable RAM, or read from the files when a stage needs it) is the host plan's c
 by the memory manager when a job starts. Every tensor the model saves must be in the files with the right shape;
 otherwise `IncompatibleWeights` says which (the caller may fall back to the library's own loader). A caller's
 `prepare` then shapes the model before its pack is made (the text encoder drops what it never runs,
-pipeline/llama_trim.py): only the modules the model has then become chunks, so tensors it dropped are never read.
+memory/llama_trim.py): only the modules the model has then become chunks, so tensors it dropped are never read.
 """
 from __future__ import annotations
 

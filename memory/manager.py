@@ -28,7 +28,7 @@ from typing import Iterator
 import torch
 
 from configs.memory import MEMORY, run_switch
-from memory.attention import AttentionGuard
+from rocm.sdpa import AttentionGuard
 from memory.budget import DEFAULT_PREFETCH_DEPTH, MemoryBudget, Placement, Workload, is_transformer
 from memory.chunkload import Staging, load_chunks, unload_chunks
 from memory.hostpack import HostPack

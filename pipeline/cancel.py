@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from pipeline.errors import JobStopped
+from common.errors import JobStopped
 
 
 class CancelToken:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from configs.presets import ComponentSource, ModelPreset, get_preset
-from pipeline.errors import WeightsNotFound
+from common.errors import WeightsNotFound
 from pipeline.text import template_crop_start
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ def _load_role(role: str, folder: Path, src: ComponentSource):
     from transformers import AutoTokenizer, CLIPTokenizer, SiglipImageProcessorPil
 
     from memory.loader import IncompatibleWeights, load_from_files
-    from pipeline.llama_trim import trim_llama
+    from memory.llama_trim import trim_llama
 
     dt = _dtype(src.dtype)
     if role == "tokenizer":

@@ -30,7 +30,7 @@ import torch
 from PIL import Image
 
 from pipeline import sections as sec
-from pipeline.errors import InputError
+from common.errors import InputError
 from common.files import file_sha256
 from pipeline.video_input import FIELD, InputVideo, load_video
 
@@ -192,18 +192,3 @@ def starting_point(run, drain):
     run._timed("VAE encode", time.monotonic() - t)
     yield from drain()
     return start, None, video_history(tail), source.sections_done
-
-
-def prepare_extend(request, warnings: list[str]):
-    """`prepare` for a request with a video (its settings already checked): the input read and checked once, the
-    start image its last frame (a job folder: its own start image). Raises InputError naming the field."""
-    import logging
-
-    from pipeline.request import PreparedRequest
-
-    check_request(request)
-    source, image = load_source(request, request.resolution)
-    for w in warnings:
-        logging.getLogger(__name__).warning(w)
-    return PreparedRequest(request, image, None, image.height, image.width, request.prompt, tuple(warnings),
-                           source)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.files import atomic_copy, file_sha256
-from pipeline.errors import InputError
+from common.errors import InputError
 from pipeline.extend import ExtendSource, job_source, min_frames
 from pipeline.video_input import VIDEO_SUFFIXES, load_video
 

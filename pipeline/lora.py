@@ -40,7 +40,7 @@ from torch import nn
 from common.files import file_sha256
 from configs.lora import LORA
 from memory.deltas import WeightDelta, clear_deltas, set_deltas
-from pipeline.errors import InputError
+from common.errors import InputError
 
 log = logging.getLogger(__name__)
 

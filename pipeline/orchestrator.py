@@ -34,7 +34,7 @@ from pipeline.decode_speed import decode_speed
 from pipeline.denoiser import FramepackDenoiser
 from pipeline.cancel import CancelToken
 from pipeline import lora
-from pipeline.errors import InputError, JobStopped
+from common.errors import InputError, JobStopped
 from pipeline.eta import Remaining
 from pipeline.events import Done, Event, Failed, LogLine, Preview, Progress, SectionVideo, Started
 from pipeline.images import to_model_tensor
@@ -47,7 +47,7 @@ from pipeline.request import PreparedRequest
 from pipeline.sampling import sample_section
 from pipeline.text import encode_prompt
 from pipeline.timeline_text import SectionTexts, encode_texts
-from pipeline.video_writer import SectionWriter, WrittenSection
+from video.section_writer import SectionWriter, WrittenSection
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def generate(prepared: PreparedRequest, components: Components, memory: MemoryMa
              lora_dir: str | Path | None = None, owner: str | None = None) -> Iterator[Event]:
     """Run one job. Always ends with exactly one Done or Failed event.
 
-    `prepared` comes from `pipeline.prepare(request, components.preset.default_resolution)`, which the caller (UI,
+    `prepared` comes from `pipeline.request.prepare(request, components.preset.default_resolution)`, which the caller (UI,
     API, CLI) runs once to refuse bad input before anything loads: the request is checked and its images decoded
     there, never again here. `owner`: the app's user who started it (job.json's "owner"; the app shows a job to
     its owner only when it has several users)."""
@@ -240,7 +240,7 @@ class JobRun:
             yield self.progress("VAE decode", n, r.steps, f"section {n}/{self.plan.count}: decoding")
             pixels = self._decode(sec.latents_to_decode(self.plan, section, real))
             self.writer.submit(pixels, n, self.job.path(f"section_{n:02d}.mp4"))   # written while the next samples
-            del pixels                                  # the writer's now (pipeline/video_writer.py)
+            del pixels                                  # the writer's now (video/section_writer.py)
             yield from drain()
             yield from self._written()
 

@@ -13,7 +13,7 @@ from PIL import Image
 from configs.controls import CONTROLS, Control, control
 from configs.generation import LIMITS
 from pipeline import timeline
-from pipeline.errors import InputError
+from common.errors import InputError
 from pipeline.images import load_image, resize_center_crop
 from pipeline.resolution import job_size
 
@@ -198,6 +198,19 @@ def setting_problems(settings: dict, default_resolution: int = 640) -> dict[str,
     return problems
 
 
+def _prepare_extension(request, warnings: list[str]) -> PreparedRequest:
+    """`prepare` for a request with a video (its settings already checked): the input read and checked once, the
+    start image its last frame (a job folder: its own start image). Raises InputError naming the field."""
+    from pipeline import extend          # torch and PyAV: imported when a request extends a video (this stays light)
+
+    extend.check_request(request)
+    source, image = extend.load_source(request, request.resolution)
+    for w in warnings:
+        log.warning(w)
+    return PreparedRequest(request, image, None, image.height, image.width, request.prompt, tuple(warnings),
+                           source)
+
+
 def prepare(request: Request, default_resolution: int = 640, *, images_prepared: bool = False) -> PreparedRequest:
     """Check every field and load the images. Raises InputError naming the first bad field.
 
@@ -210,9 +223,7 @@ def prepare(request: Request, default_resolution: int = 640, *, images_prepared:
                                           f"its outputs folder; here give the job's folder as the video to extend "
                                           f"(input_video, --extend outputs/<job id>)")
     if r.input_video is not None:                      # extending a video: its own checks and start image
-        from pipeline.extend import prepare_extend
-
-        return prepare_extend(dataclasses.replace(r, **settings), warnings)
+        return _prepare_extension(dataclasses.replace(r, **settings), warnings)
     if r.end_image is not None and r.mode != "original":
         raise InputError("end image", "only the original mode supports an end frame; choose mode 'original' or "
                                       "remove the end image")

@@ -1,14 +1,14 @@
 """The size of a job: the bucket of its start image at the target resolution, or a custom width × height; and the
 check, before any model loads, that the size fits under the VRAM cap (memory/resolution.py), with the nearest size
 that does when it does not. The page (ui/runner.py, at Start and for the /video API) and the command line
-(pipeline/cli.py) call `check_fits`; the page's memory plan shows `plan_text`."""
+(cli/commands.py) call `check_fits`; the page's memory plan shows `plan_text`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from configs.memory import MEMORY
 from pipeline.buckets import MIN_SIDE, nearest_bucket, scaled_sizes
-from pipeline.errors import InputError
+from common.errors import InputError
 
 WIDTH, HEIGHT, RESOLUTION = "custom width", "custom height", "resolution"      # the fields the messages name
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.errors import InputError
+from common.errors import InputError
 from pipeline.jobs import CHECKPOINT, load_job
 from pipeline.request import PreparedRequest, Request, prepare, setting_problems
 

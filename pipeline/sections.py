@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from configs.generation import LIMITS
+from video.blend import soft_append
 
 VAE_TIME_RATIO = 4                     # pixel frames per latent frame of the HunyuanVideo VAE (causal)
 HISTORY_ORIGINAL = (1, 2, 16)          # clean 1x, 2x, 4x frames, read from the start of the history
@@ -237,18 +238,6 @@ def real_latents_after(plan: SectionPlan, section: Section, real_now: torch.Tens
 def latents_to_decode(plan: SectionPlan, section: Section, real: torch.Tensor) -> torch.Tensor:
     n = plan.decode_frames(section)
     return real[:, :, :n] if plan.mode == "original" else real[:, :, -n:]
-
-
-def soft_append(before: torch.Tensor, after: torch.Tensor, overlap: int) -> torch.Tensor:
-    """Join two clips along time (dim 2) with a linear cross-fade over `overlap` frames."""
-    if overlap <= 0:
-        return torch.cat([before, after], dim=2)
-    if before.shape[2] < overlap or after.shape[2] < overlap:
-        raise ValueError(f"cannot cross-fade {overlap} frames between clips of {before.shape[2]} and "
-                         f"{after.shape[2]} frames")
-    w = torch.linspace(1, 0, overlap, dtype=before.dtype, device=before.device).view(1, 1, -1, 1, 1)
-    blended = w * before[:, :, -overlap:] + (1 - w) * after[:, :, :overlap]
-    return torch.cat([before[:, :, :-overlap], blended, after[:, :, overlap:]], dim=2)
 
 
 def join_video(plan: SectionPlan, video: torch.Tensor | None, decoded: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Prompt encoding: Llama (templated, hidden_states[-3], cropped) and CLIP-L (pooled).
 
-The Llama of a job is trimmed (pipeline/llama_trim.py): without the layers after the hidden state we take, whose
+The Llama of a job is trimmed (memory/llama_trim.py): without the layers after the hidden state we take, whose
 `last_hidden_state` is that hidden state. A `LlamaModel` built directly (not trimmed) works too.
 """
 from __future__ import annotations
@@ -9,6 +9,8 @@ import logging
 from dataclasses import dataclass
 
 import torch
+
+from memory.llama_trim import LLAMA_SKIP_LAYERS, TRIMMED_ATTR
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +25,6 @@ PROMPT_TEMPLATE = (
 )
 LLAMA_MAX_TOKENS = 256
 CLIP_MAX_TOKENS = 77
-LLAMA_SKIP_LAYERS = 2          # hidden_states[-(2 + 1)]
-TRIMMED_ATTR = "steadyframe_trimmed"     # set on a Llama without its last LLAMA_SKIP_LAYERS layers and final norm
 
 
 def template_crop_start(tokenizer, template: str = PROMPT_TEMPLATE) -> int:

@@ -27,7 +27,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from pipeline.errors import InputError
+from common.errors import InputError
 
 FIELD = "prompt"           # configs/controls.py's field name of the prompt; the page shows it as "Prompt"
 SHOWN = 40                 # characters of a prompt's text quoted in a message

@@ -72,7 +72,7 @@ def _seeded(seed: int, build):
 
 def build_tiny_llama(preset: ModelPreset):
     """The tiny preset's whole Llama, as a real repo holds it (what tests save in the repos' layout); the job's
-    text encoder is this one trimmed (pipeline/llama_trim.py)."""
+    text encoder is this one trimmed (memory/llama_trim.py)."""
     from transformers import LlamaConfig, LlamaModel
 
     return _seeded(preset.tiny_seed, lambda: LlamaModel(LlamaConfig(**preset.tiny_configs["llama"])))
@@ -84,7 +84,7 @@ def build_tiny_models(preset: ModelPreset, mode: str) -> dict:
     from diffusers import AutoencoderKLHunyuanVideo, HunyuanVideoFramepackTransformer3DModel
     from transformers import CLIPTextConfig, CLIPTextModel, SiglipVisionConfig, SiglipVisionModel
 
-    from pipeline.llama_trim import trim_llama
+    from memory.llama_trim import trim_llama
 
     cfg = preset.tiny_configs
     seed = preset.tiny_seed

@@ -23,7 +23,7 @@ import numpy as np
 
 from common.files import file_sha256
 from configs.generation import LIMITS
-from pipeline.errors import InputError
+from common.errors import InputError
 from pipeline.images import nearest_bucket, resize_center_crop
 
 log = logging.getLogger(__name__)

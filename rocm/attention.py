@@ -2,10 +2,10 @@
 
 PyTorch's ROCm wheels run flash / memory-efficient SDPA through AOTriton, and keep those kernels off on the archs
 AOTriton calls experimental unless ``TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1`` was set before torch first
-checked (configs/rocm_profiles.py has the sources); SDPA then silently takes the math kernel. ``aotriton_note``
-says so for a device; ``attention_check`` (``python -m rocm doctor``) times FramePack's attention shape (bf16,
-head 128, ~18k tokens, with and without a key-padding mask) on every SDPA backend, and through the app's own
-``memory.attention.AttentionGuard``, which decides what the app will use.
+checked (configs/rocm_profiles.py has the sources); SDPA then silently takes the math kernel
+(``rocm.sdpa.aotriton_note`` says so for a device). ``attention_check`` (``python -m rocm doctor``) times
+FramePack's attention shape (bf16, head 128, ~18k tokens, with and without a key-padding mask) on every SDPA
+backend, and through the app's own ``rocm.sdpa.AttentionGuard``, which decides what the app will use.
 """
 
 from __future__ import annotations
@@ -13,27 +13,11 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from typing import Callable, Mapping
+from typing import Callable
 
-from configs.rocm_profiles import AOTRITON_EXPERIMENTAL_VAR
-from rocm.env import aotriton_gated
 from common.units import GIB
 
 logger = logging.getLogger(__name__)
-
-
-def aotriton_note(backend: str, arch: str | None, environ: Mapping[str, str]) -> str | None:
-    """Why flash / memory-efficient attention may be off on this ROCm device; None when the gate is open or
-    does not apply."""
-    if backend != "rocm" or not arch or not aotriton_gated(arch):
-        return None
-    value = environ.get(AOTRITON_EXPERIMENTAL_VAR)
-    if value == "1":
-        return None
-    shown = "unset" if value is None else f"{value!r}"
-    return (f"{AOTRITON_EXPERIMENTAL_VAR} is {shown}, so PyTorch may keep its AOTriton flash / memory-efficient "
-            f"kernels off on {arch}; SteadyFrame's profile sets it to 1 unless you set it (it must be set before "
-            f"the app starts)")
 
 
 def _backends():
@@ -70,7 +54,7 @@ def _case(device, dtype, tokens, heads, head_dim, masked, reps, warmup, budget_b
     import torch.nn.functional as F
     from torch.nn.attention import sdpa_kernel
 
-    from memory.attention import MATH_BYTES_PER_SCORE, AttentionGuard   # the app's own choice (lazy import)
+    from rocm.sdpa import MATH_BYTES_PER_SCORE, AttentionGuard   # the app's own choice (lazy import)
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     q, k, v = (torch.randn(1, heads, tokens, head_dim, generator=gen).to(device, dtype) for _ in range(3))

@@ -19,7 +19,8 @@ import sys
 from rocm.arch import detect_arch, device_facts as torch_device_facts, resolve_runtime, visible_devices_note
 from rocm.conv_plan import conv_plan
 from configs.rocm_profiles import DEFAULTS
-from rocm.attention import aotriton_note, attention_check
+from rocm.attention import attention_check
+from rocm.sdpa import aotriton_note
 from rocm.doctor_text import render_text  # noqa: F401  (re-exported: rocm.doctor.render_text)
 from rocm.env import apply_env_profile, check_environment
 from rocm.paths import cache_dir

@@ -2,7 +2,7 @@
 
 A fork server (multiprocessing's "forkserver") imports torch, diffusers, PyAV and the pipeline once; every job is a
 process forked from it (about a second to build the tiny models, no 5 s of imports each), runs
-`python -m pipeline ...` as the command line does, and can be killed like any process. Nothing in the server has run
+`python -m cli ...` as the command line does, and can be killed like any process. Nothing in the server has run
 a torch operation, so forking it is safe (no thread pools exist yet).
 
 A child can also kill itself at a named moment (`KillAt`): the Nth call of a function of the pipeline, at its start
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PRELOAD = ["torch", "diffusers", "transformers", "av", "PIL.Image", "numpy", "safetensors.torch",
-           "pipeline.cli", "pipeline.components", "pipeline.orchestrator", "pipeline.tiny", "pipeline.resume"]
+           "cli.commands", "pipeline.components", "pipeline.orchestrator", "pipeline.tiny", "pipeline.resume"]
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def _child(argv: list[str], log_path: str, kill_at: KillAt | None) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     if kill_at is not None:
         _kill_at(kill_at)
-    from pipeline.__main__ import run
+    from cli.__main__ import run
 
     sys.argv = ["pipeline", *argv]
     code = run()
@@ -70,7 +70,7 @@ def _child(argv: list[str], log_path: str, kill_at: KillAt | None) -> None:
 
 
 class JobProcesses:
-    """Start `python -m pipeline` command lines as forked children of one fork server."""
+    """Start `python -m cli` command lines as forked children of one fork server."""
 
     def __init__(self, logs: Path):
         self.logs = Path(logs)

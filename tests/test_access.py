@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.errors import InputError
+from common.errors import InputError
 from tests.conftest import make_image, uploaded
 from ui import settings as st
 from ui.access import Access

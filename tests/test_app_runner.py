@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.errors import WeightsNotFound
+from common.errors import WeightsNotFound
 from pipeline.events import Done, Failed, Preview, Progress, SectionVideo
 from pipeline.request import Request
 from tests.conftest import make_image

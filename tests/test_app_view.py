@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import DEFAULTS, MEMORY, get_preset
-from pipeline.errors import InputError
+from common.errors import InputError
 from pipeline.events import Done, Failed, LogLine, Preview, Progress, SectionVideo
 from tests.conftest import make_image, uploaded
 from ui import hints, plots

@@ -1,7 +1,7 @@
-"""What `python -m pipeline batch` does when it is killed and run again (as the README says): it keeps no queue, so
+"""What `python -m cli batch` does when it is killed and run again (as the README says): it keeps no queue, so
 the second run runs every line again from the start, in new job folders; the killed line's folder is left as it
-was (status "running", its checkpoint) and `python -m pipeline resume` continues it to the very video the rerun's
-same line made. (A list of jobs that continues by itself is the app's queue: `python -m pipeline queue add`.)"""
+was (status "running", its checkpoint) and `python -m cli resume` continues it to the very video the rerun's
+same line made. (A list of jobs that continues by itself is the app's queue: `python -m cli queue add`.)"""
 from __future__ import annotations
 
 import json
@@ -30,7 +30,7 @@ def test_a_killed_batch_runs_again_from_the_start_and_its_killed_job_resumes(tmp
     jobs.write_text(json.dumps({"image": "in.png", "prompt": "long", "seconds": 4.8, "steps": 4, "seed": 2}) + "\n" +
                     json.dumps({"image": "in.png", "prompt": "short", "seconds": 1.2, "steps": 2, "seed": 3}) + "\n")
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "batch", str(jobs), "--preset", "tiny", "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "batch", str(jobs), "--preset", "tiny", "--out",
                              str(out), "-q"], cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
     killed = None

@@ -87,12 +87,12 @@ def test_live_hints_explain_a_length_beyond_the_limit():
 
 
 def test_preserved_memory_hint_refuses_out_of_range_values_without_computing(monkeypatch):
-    import memory.plan
+    import memory.estimate
 
     tiny = get_preset("tiny")
     computed = []
-    real = memory.plan.describe_preserved
-    monkeypatch.setattr(memory.plan, "describe_preserved", lambda *a, **k: computed.append(a) or real(*a, **k))
+    real = memory.estimate.describe_preserved
+    monkeypatch.setattr(memory.estimate, "describe_preserved", lambda *a, **k: computed.append(a) or real(*a, **k))
     for value in (float("nan"), float("inf"), -1, "x" * 1_000_000, [6]):
         assert hints.preserved_hint(tiny, 20, value, "cuda").startswith("(enter a number between 0 and")
     too_big = hints.preserved_hint(tiny, 20, 1e12, "cuda", max_gb=20)      # above the cap: says so, plainly
@@ -163,7 +163,7 @@ def test_job_records_are_read_with_bounds(tmp_path):
 
 def test_resume_refuses_a_hand_edited_job_before_loading_anything(tmp_path):
     from pipeline.checkpoint import CHECKPOINT
-    from pipeline.errors import InputError
+    from common.errors import InputError
     from pipeline.resume import resume_request
 
     job = _job(tmp_path, "20250101-000000-dddddd", {"seconds": 1e12, "seed": 1})

@@ -62,6 +62,6 @@ def test_960_and_custom_sizes_change_the_plan_and_an_over_cap_size_is_refused(br
         jobs = wait_for(lambda: [d for d in outputs.iterdir() if (d / "final.mp4").exists()], what="a finished job")
         settings = job_info(jobs[0])["settings"]
         assert (settings["width"], settings["height"], settings["resolution"]) == (96, 64, 960)
-        from pipeline.video import read_frames
+        from video.mp4 import read_frames
 
         assert read_frames(jobs[0] / "final.mp4").shape[1:3] == (64, 96)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.video import read_frames
+from video.mp4 import read_frames
 from common.files import file_sha256
 from tests.browser_helpers import require_browser, set_number, wait_status
 from tests.server_helpers import job_info, launched

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pipeline import queue_store as qs
+from jobs import store as qs
 from tests.browser_helpers import fill_job, queue_table as _table, require_browser, set_number
 from tests.server_helpers import Gate, job_info, wait_for
 

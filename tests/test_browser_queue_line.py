@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import queue_store as qs
-from pipeline.video import read_frames
+from jobs import store as qs
+from video.mp4 import read_frames
 from tests.browser_helpers import fill_job, queue_table, require_browser, wait_status
 from tests.server_helpers import Gate, job_info, launched, saved_image, wait_for
 

@@ -12,7 +12,7 @@ from configs.presets import HUNYUAN, TINY
 from memory.plan import framepack_tokens
 from memory.resolution import model_figures, resolution_cost
 from pipeline.buckets import BUCKET_TARGETS, bucket_table, nearest_bucket, scaled_sizes
-from pipeline.errors import InputError
+from common.errors import InputError
 from pipeline.request import Request, prepare
 from pipeline.resolution import JobSize, check_fits, custom_size, job_size, refusal
 from tests.conftest import make_image
@@ -199,7 +199,7 @@ FAST = dict(prompt="a boat", seconds=1.2, steps=2, seed=3, teacache=0.0)
 @pytest.mark.parametrize("size", [dict(resolution=128), dict(width=144, height=80)], ids=["bucket-128", "custom"])
 def test_a_tiny_job_at_another_size_makes_frames_of_that_size(tiny_original, tmp_path, size):
     from pipeline.events import Done
-    from pipeline.video import read_frames
+    from video.mp4 import read_frames
     from tests.conftest import run_job
 
     events, last = run_job(Request(image=make_image(96, 80), **FAST, **size), tiny_original, tmp_path)
@@ -213,7 +213,7 @@ def test_a_tiny_job_at_another_size_makes_frames_of_that_size(tiny_original, tmp
 
 # ---- the command line and the page's runner (the /video API goes through it too) -------------------------------------
 def test_cli_custom_size_and_refusal_before_models_load(tmp_path):
-    from pipeline.video import read_frames
+    from video.mp4 import read_frames
     from tests.test_cli import cli
 
     image = tmp_path / "in.png"

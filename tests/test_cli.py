@@ -1,4 +1,4 @@
-"""The command line, run as a user would: `python -m pipeline generate|batch` on the tiny preset."""
+"""The command line, run as a user would: `python -m cli generate|batch` on the tiny preset."""
 from __future__ import annotations
 
 import json
@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 
 from pipeline.sections import make_plan
-from pipeline.video import read_frames
+from video.mp4 import read_frames
 from tests.conftest import ROOT, make_image
 
 
 def cli(*args, cwd=ROOT, timeout=300):
     env = dict(os.environ, HF_HUB_OFFLINE="1",
                 PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    return subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

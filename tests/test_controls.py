@@ -9,8 +9,8 @@ import pytest
 from configs import DEFAULTS, LIMITS, MEMORY
 from configs.controls import CONTROLS, Control, control
 from configs.readme import README_BEGIN, README_END, markdown_table, readme_with_table
-from pipeline import cli
-from pipeline.errors import InputError
+from cli import commands as cli
+from common.errors import InputError
 from pipeline.request import Request, check_settings, check_value, request_class, setting_problems
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -99,7 +99,7 @@ def test_the_real_api_signature():
 
 
 def test_page_messages_use_the_tables_labels():
-    from pipeline.errors import InputError
+    from common.errors import InputError
 
     for c in CONTROLS:
         if c.widget:

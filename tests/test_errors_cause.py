@@ -10,7 +10,7 @@ import pytest
 import pipeline.components as components
 import pipeline.resume
 from configs import PRESETS
-from pipeline.errors import InputError, WeightsNotFound
+from common.errors import InputError, WeightsNotFound
 from pipeline.jobs import CHECKPOINT
 from tests.conftest import make_image
 from tests.test_cli import cli

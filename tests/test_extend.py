@@ -23,12 +23,12 @@ import torch
 
 from pipeline import sections as sec
 from pipeline.checkpoint import load_checkpoint
-from pipeline.errors import InputError
+from common.errors import InputError
 from pipeline.extend import load_source, min_frames
 from pipeline.orchestrator import generate
 from pipeline.request import Request, prepare
-from pipeline.video import encode_segment, read_frames
-from pipeline.video_buffer import VideoBuffer
+from video.mp4 import encode_segment, read_frames
+from video.buffer import VideoBuffer
 from common.files import file_sha256
 from pipeline.video_input import resample
 from tests.conftest import make_image

@@ -10,12 +10,12 @@ import torch
 
 from pipeline.cancel import CancelToken
 from pipeline.checkpoint import load_checkpoint
-from pipeline.errors import InputError
+from common.errors import InputError
 from pipeline.events import Done, Progress
 from pipeline.orchestrator import generate
 from pipeline.request import Request, prepare
 from pipeline.resume import prepare_resume, resume
-from pipeline.video import read_frames
+from video.mp4 import read_frames
 from tests.conftest import make_image
 from tests.test_extend import COMMON, W, moving_frames, run, write_video
 

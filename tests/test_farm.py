@@ -142,7 +142,7 @@ def test_the_app_without_farm_options_never_imports_ray(tmp_path):
         from ui.cli import parse_args
         args = parse_args(["--preset", "tiny", "--outputs", {str(tmp_path)!r}])
         app.build_app(args)
-        from pipeline.cli import build_parser
+        from cli.commands import build_parser
         build_parser().parse_args(["batch", "jobs.jsonl", "--preset", "tiny"])
         import farm
         assert not farm.farm_options(args).enabled

@@ -13,7 +13,7 @@ from pipeline.events import Done, Failed, LogLine, Preview, Progress, SectionVid
 from pipeline.orchestrator import generate
 from pipeline.request import Request, prepare
 from pipeline.sections import make_plan
-from pipeline.video import read_frames, read_metadata, write_mp4
+from video.mp4 import read_frames, read_metadata, write_mp4
 from tests.conftest import make_image, run_job
 
 FAST = dict(steps=3, teacache=0.0, resolution=64)

@@ -115,7 +115,7 @@ def test_a_budget_too_small_fails_before_any_weight_is_read(saved, tmp_path):
 
 def _cli(*args):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    return subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], env=env, capture_output=True,
                           text=True, timeout=300)
 
 

@@ -5,10 +5,10 @@ import pytest
 
 from configs.presets import HUNYUAN, TINY
 from memory.hostbudget import cgroup_memory_limit, default_host_budget, job_working_bytes
-from memory.hostnominal import nominal_models
+from memory.estimate import nominal_models
 from memory.hostplan import FRAMEPACK_STAGES, PER_JOB, HostBudgetError, ModelHost, StageUse, plan_host
 from common.units import GIB
-from memory.plan import describe_preserved
+from memory.estimate import describe_preserved
 
 OVERHEAD, RESERVE = int(3.0 * GIB), int(1.5 * GIB)
 
@@ -81,7 +81,7 @@ def test_priorities_streamed_blocks_then_per_section_models_then_encoders():
     homes = plan.homes("transformer")
     assert all(homes[i] == "ram" for i in tr.streamed)                       # never read from disk per section
     assert plan.homes("vae") == ("ram",)                                     # used every section
-    llama = plan.model("text_encoder")                     # its rest holds no weights (pipeline/llama_trim.py)
+    llama = plan.model("text_encoder")                     # its rest holds no weights (memory/llama_trim.py)
     assert {h for h, b in zip(plan.homes("text_encoder"), llama.chunk_bytes) if b} == {"file"}   # 13 GB per job
     assert "ram" in homes and "file" in homes                                # part of the resident part from disk
     per_job, per_section = plan.file_reads("transformer")

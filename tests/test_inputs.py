@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.errors import InputError
+from common.errors import InputError
 from pipeline.images import buckets_for, load_image, nearest_bucket
 from pipeline.request import Request, prepare
 from tests.conftest import make_image

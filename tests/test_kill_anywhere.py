@@ -1,6 +1,6 @@
 """The same request gives the same video every run, and a job killed (SIGKILL) at any moment resumes to it.
 
-Jobs run as command lines (`python -m pipeline generate|resume`) in processes forked from one fork server
+Jobs run as command lines (`python -m cli generate|resume`) in processes forked from one fork server
 (tests/kill_helpers.py), so killing them costs no start-up each time. Two uninterrupted runs must give the same
 bytes (every section's video, final.mp4, and the raw frames' hashes before encoding); then a job is killed at a
 seeded random schedule of moments spread over its whole run (measured from when its folder appears), and at the
@@ -128,7 +128,7 @@ MOMENTS = {
                                                                    after=True),
     "after the last checkpoint, before the last video": KillAt("pipeline.orchestrator:save_checkpoint", 3,
                                                                after=True),
-    "inside the video writer": KillAt("pipeline.video_writer:write_segments", 2),
+    "inside the video writer": KillAt("video.section_writer:write_segments", 2),
     "inside a decode": KillAt("pipeline.orchestrator:JobRun._decode", 2),
     "before the final file's copy": KillAt("pipeline.jobs:atomic_copy", 1),
     "after the final file, before job.json says done": KillAt("pipeline.jobs:atomic_copy", 1, after=True),

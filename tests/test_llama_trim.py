@@ -1,4 +1,4 @@
-"""The Llama without what the text stage never uses (pipeline/llama_trim.py): the same embeddings, bit for bit, with
+"""The Llama without what the text stage never uses (memory/llama_trim.py): the same embeddings, bit for bit, with
 fewer bytes packed and read. Real models throughout (the tiny preset's, and saved as safetensors like the real repo)."""
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ from common.units import GIB
 from configs.presets import HUNYUAN, TINY
 from memory import HostPack, MemoryManager
 from memory.chunk import _align
-from memory.hostnominal import REAL_LLAMA_CONFIG, _chunk_sizes, _items, nominal_models, nominal_plan
+from memory.estimate import REAL_LLAMA_CONFIG, _chunk_sizes, _items, nominal_models, nominal_plan
 from memory.hostplan import PER_JOB, StageUse
 from memory.loader import load_from_files
 from pipeline.components import _load_role, load_components
-from pipeline.llama_trim import EMBED_NAME, FileEmbedding, trim_llama
-from pipeline.text import (LLAMA_MAX_TOKENS, LLAMA_SKIP_LAYERS, PROMPT_TEMPLATE, TRIMMED_ATTR, encode_llama,
+from memory.llama_trim import EMBED_NAME, FileEmbedding, trim_llama
+from memory.llama_trim import LLAMA_SKIP_LAYERS, TRIMMED_ATTR
+from pipeline.text import (LLAMA_MAX_TOKENS, PROMPT_TEMPLATE, encode_llama,
                            encode_prompt, template_crop_start)
 from pipeline.tiny import build_llama_tokenizer, build_tiny_llama
 from tests.test_loading import HUNYUAN_FP32, save_like_repos

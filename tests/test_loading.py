@@ -10,8 +10,8 @@ import torch
 
 from configs.presets import HUNYUAN
 from pipeline.components import load_components
-from pipeline.errors import WeightsNotFound
-from pipeline.llama_trim import EMBED_NAME
+from common.errors import WeightsNotFound
+from memory.llama_trim import EMBED_NAME
 from pipeline.tiny import build_tiny_llama
 from tests.conftest import make_image, run_job
 
@@ -25,7 +25,7 @@ HUNYUAN_FP32 = dataclasses.replace(HUNYUAN_FP32, default_resolution=64)
 
 def save_like_repos(components, root: Path) -> None:
     """Save every component where the real repos keep it: <root>/<owner>/<repo>/<subfolder>/. The Llama is saved
-    whole, as the repo holds it (the components' one is trimmed: pipeline/llama_trim.py)."""
+    whole, as the repo holds it (the components' one is trimmed: memory/llama_trim.py)."""
     for role, src in HUNYUAN.sources(components.mode).items():
         folder = root / src.repo / (src.subfolder or "")
         folder.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from common.units import GIB
 from memory import HostPack, MemoryManager
 from pipeline import lora
-from pipeline.errors import InputError
+from common.errors import InputError
 from tests.conftest import make_image
 from tests.lora_helpers import RANK, WRITERS, merged_by_hand, write_comfy, write_diffusers, write_musubi
 
@@ -211,7 +211,7 @@ def test_a_job_with_a_lora_records_it_and_the_next_job_is_as_before(tiny_origina
 
 
 def test_cli_lora_option_repeats(tmp_path):
-    from pipeline.cli import build_parser, request_from_args
+    from cli.commands import build_parser, request_from_args
 
     args = build_parser().parse_args(["generate", "--image", "x.png", "--lora", "a.safetensors:0.8", "--lora",
                                       "b.safetensors:-1", "--lora-dir", str(tmp_path)])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from memory.attention import AttentionGuard, chunk_rows, chunked_sdpa
+from rocm.sdpa import AttentionGuard, chunk_rows, chunked_sdpa
 
 ATOL = 1e-5
 
@@ -68,7 +68,7 @@ def test_guard_patches_only_inside_and_logs_its_choice(tiny_original, caplog):
 
     reference = step()
     calls = []
-    with caplog.at_level("INFO", logger="memory.attention"):
+    with caplog.at_level("INFO", logger="rocm.sdpa"):
         with AttentionGuard("cpu", chunk_budget_bytes=4096, force_chunked=True, label="transformer") as guard:
             assert F.scaled_dot_product_attention is not original
             wrapped = F.scaled_dot_product_attention

@@ -5,7 +5,8 @@ import pytest
 
 from configs.presets import HUNYUAN, TINY
 from common.units import GIB
-from memory.plan import (REAL_TRANSFORMER_CONFIG, activation_bytes, describe_preserved, framepack_tokens,
+from memory.estimate import describe_preserved
+from memory.plan import (REAL_TRANSFORMER_CONFIG, activation_bytes, framepack_tokens,
                          plan_residency, transformer_sizes)
 
 

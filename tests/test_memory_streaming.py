@@ -132,7 +132,7 @@ def test_out_of_order_call_is_a_counted_miss_and_still_exact(deep_transformer):
 def test_text_encoder_streams_when_it_does_not_fit(tiny_original):
     from transformers import LlamaConfig, LlamaModel
 
-    from pipeline.llama_trim import trim_llama
+    from memory.llama_trim import trim_llama
 
     c = tiny_original
     # the tiny preset's Llama keeps one layer once trimmed (no blocks); this one keeps three, as a job trims it

@@ -40,7 +40,7 @@ def test_readme_chromium_line_updates_the_package_lists_and_answers_yes():
 
 
 def test_readme_api_error_example_is_a_message_the_app_really_gives():
-    from pipeline.errors import InputError
+    from common.errors import InputError
     from pipeline.request import Request, prepare
 
     quoted = re.search(r"e\.g\. `(seconds: [^`]+)`", README.replace("\n", " ")).group(1)
@@ -152,7 +152,7 @@ def test_a_failed_job_pops_up_an_error(tmp_path):
     import torch
 
     import app as app_module
-    from pipeline.errors import WeightsNotFound
+    from common.errors import WeightsNotFound
     from ui import settings as st
     from ui.cli import parse_args
     from ui.models import ComponentCache
@@ -199,7 +199,7 @@ def test_resuming_a_complete_job_says_where_its_video_is_and_exits_0_before_load
     (job / "final.mp4").write_bytes(b"\x00" * 10)
     (job / "job.json").write_text(json.dumps({"status": "done", "final": "final.mp4", "settings": {},
                                               "models": {"preset": "tiny"}}))
-    code = ("import sys; from pipeline.cli import main; rc = main(['resume', sys.argv[1]]); "
+    code = ("import sys; from cli.commands import main; rc = main(['resume', sys.argv[1]]); "
             "print('torch loaded' if 'torch' in sys.modules else 'nothing loaded'); sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code, str(job)], cwd=ROOT, capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)

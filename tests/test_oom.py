@@ -12,7 +12,7 @@ from memory import MemoryManager
 from pipeline.checkpoint import load_checkpoint
 from pipeline.events import Done, Failed, LogLine
 from pipeline.request import Request
-from pipeline.video import read_frames
+from video.mp4 import read_frames
 from tests.conftest import make_image, run_job
 
 

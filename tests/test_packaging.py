@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import ROOT
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
-LIGHT = ("pipeline.events", "pipeline.cancel", "pipeline.errors", "pipeline.request", "pipeline.resume",
+LIGHT = ("pipeline.events", "pipeline.cancel", "common.errors", "pipeline.request", "pipeline.resume",
          "pipeline.jobs", "ui.runner", "rocm", "configs", "common.files", "common.units", "common.patches",
          "common.paths")
 
@@ -27,7 +27,7 @@ def _python(code: str, cwd: Path = ROOT, **env) -> subprocess.CompletedProcess:
 
 def test_the_console_scripts_are_declared():
     assert PYPROJECT["project"]["name"] == "steadyframe"
-    assert PYPROJECT["project"]["scripts"] == {"steadyframe": "app:main", "steadyframe-cli": "pipeline.__main__:run"}
+    assert PYPROJECT["project"]["scripts"] == {"steadyframe": "app:main", "steadyframe-cli": "cli.__main__:run"}
 
 
 @pytest.mark.parametrize("script", ["steadyframe", "steadyframe-cli"])
@@ -40,7 +40,7 @@ def test_each_console_script_resolves_to_a_callable(script):
 
 
 def test_the_cli_entry_runs_its_subcommands():
-    r = _python("import sys; sys.argv = ['steadyframe-cli', '--help']; from pipeline.__main__ import run; run()")
+    r = _python("import sys; sys.argv = ['steadyframe-cli', '--help']; from cli.__main__ import run; run()")
     assert r.returncode == 0, r.stderr
     assert "usage: steadyframe-cli" in r.stdout and all(c in r.stdout for c in ("generate", "batch", "resume"))
 

@@ -32,7 +32,7 @@ def reference_latents(components, image, prompt, *, mode, window, sections, end_
     from pipeline.tiny import build_tiny_llama
 
     c = components
-    # diffusers takes hidden_states[-3] itself: the whole Llama (ours is trimmed, pipeline/llama_trim.py)
+    # diffusers takes hidden_states[-3] itself: the whole Llama (ours is trimmed, memory/llama_trim.py)
     pipe = HunyuanVideoFramepackPipeline(
         text_encoder=build_tiny_llama(c.preset), tokenizer=c.tokenizer, transformer=c.transformer, vae=c.vae,
         scheduler=diffusers_euler_scheduler(), text_encoder_2=c.text_encoder_2, tokenizer_2=c.tokenizer_2,

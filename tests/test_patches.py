@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from common import patches
 from memory import MemoryManager
-from memory.attention import AttentionGuard
+from rocm.sdpa import AttentionGuard
 from memory.vae import VaeDecodePolicy
 from pipeline.events import Done, Failed
 from pipeline.request import Request

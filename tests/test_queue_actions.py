@@ -7,7 +7,7 @@ import math
 import gradio as gr
 import pytest
 
-from pipeline import queue_store as qs
+from jobs import store as qs
 from tests.conftest import make_image, uploaded
 from ui.queue_api import QueueActions, QueueApi
 from ui.queue_worker import QueueWorker

@@ -10,7 +10,7 @@ import threading
 import pytest
 from gradio_client import handle_file
 
-from pipeline import queue_store as qs
+from jobs import store as qs
 from tests.server_helpers import Gate, job_info, saved_image, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -12,9 +12,9 @@ from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 
 from common.files import file_sha256
-from pipeline import queue_store as qs
+from jobs import store as qs
 from pipeline.request import Request, prepare
-from pipeline.video import encode_segment, read_frames
+from video.mp4 import encode_segment, read_frames
 from tests.server_helpers import Gate, job_info, saved_image, wait_for
 from tests.test_extend import COMMON, OVERLAP, moving_frames, write_video
 

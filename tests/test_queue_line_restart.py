@@ -11,7 +11,7 @@ import pytest
 import torch
 from gradio_client import Client, handle_file
 
-from pipeline import queue_store as qs
+from jobs import store as qs
 from pipeline.checkpoint import load_checkpoint
 from tests.server_helpers import app_process, job_info, saved_image, wait_for
 

@@ -11,9 +11,9 @@ import signal
 import pytest
 import torch
 
-from pipeline import queue_store as qs
+from jobs import store as qs
 from pipeline.checkpoint import load_checkpoint
-from pipeline.video import read_frames
+from video.mp4 import read_frames
 from tests.server_helpers import app_process, job_info, saved_image, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -1,4 +1,4 @@
-"""The queue on disk (pipeline/queue_store.py): order, reorder, remove, edit, export/import, a restart with an
+"""The queue on disk (jobs/store.py): order, reorder, remove, edit, export/import, a restart with an
 interrupted job, a damaged database, and adds from several threads and processes."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from pipeline import queue_store as qs
-from pipeline.errors import InputError
+from jobs import store as qs
+from common.errors import InputError
 from tests.conftest import make_image
 
 ROOT = qs.Path(__file__).resolve().parents[1]
@@ -190,7 +190,7 @@ def test_adds_from_threads_keep_each_clients_order(store, image):
 
 def test_another_process_sees_the_same_queue(store, image):
     store.add(job(image, "here"))
-    code = ("import sys; from pipeline import queue_store as qs; s, _ = qs.QueueStore.open(qs.Path(sys.argv[1])); "
+    code = ("import sys; from jobs import store as qs; s, _ = qs.QueueStore.open(qs.Path(sys.argv[1])); "
             "s.add(qs.checked_values({'image': sys.argv[2], 'prompt': 'there'}, 128)); "
             "print(len(s.entries()))")
     out = subprocess.run([sys.executable, "-c", code, str(store.outputs), str(image)], cwd=ROOT,
@@ -200,7 +200,7 @@ def test_another_process_sees_the_same_queue(store, image):
 
 
 def test_the_command_line_adds_lists_moves_exports_and_removes(tmp_path, image, capsys):
-    from pipeline import cli
+    from cli import commands as cli
 
     out = tmp_path / "out"
     jobs = image.parent / "jobs.jsonl"
@@ -227,11 +227,11 @@ def test_the_command_line_adds_lists_moves_exports_and_removes(tmp_path, image, 
 
 
 def test_python_m_pipeline_queue_runs(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "pipeline", "queue", "list", "--outputs", str(tmp_path / "o")],
+    out = subprocess.run([sys.executable, "-m", "cli", "queue", "list", "--outputs", str(tmp_path / "o")],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout == "", out.stderr
     assert qs.QueueStore(tmp_path / "o").path.is_file()
-    help_text = subprocess.run([sys.executable, "-m", "pipeline", "-h"], cwd=ROOT, capture_output=True, text=True,
+    help_text = subprocess.run([sys.executable, "-m", "cli", "-h"], cwd=ROOT, capture_output=True, text=True,
                                timeout=120).stdout
     assert "queue" in help_text
 

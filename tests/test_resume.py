@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pipeline.checkpoint import CHECKPOINT, load_checkpoint
-from pipeline.video import read_frames
+from video.mp4 import read_frames
 from tests.conftest import ROOT, make_image
 from tests.test_cli import cli
 
@@ -65,7 +65,7 @@ def _assert_same_result(job, uninterrupted):
 @pytest.mark.parametrize("kill_after", [1, 2])
 def test_sigkill_after_a_section_then_resume_equals_uninterrupted(image, uninterrupted, tmp_path, kill_after):
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "generate", "--image", str(image), *SETTINGS,
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "generate", "--image", str(image), *SETTINGS,
                              "--out", str(out), "-q"], cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     job = None
@@ -107,7 +107,7 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one(image, uninterrup
                     os.kill(os.getpid(), signal.SIGKILL)
             real_write(path, data)
         ckpt.atomic_write_bytes = dying_write
-        from pipeline.cli import main
+        from cli.commands import main
         main(sys.argv[1:])
     """)
     r = subprocess.run([sys.executable, "-c", child], cwd=ROOT, env=_env(), capture_output=True, text=True,

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 import rocm_helpers  # noqa: F401  (puts the repo on sys.path)
-from memory.attention import AttentionGuard
-from rocm.attention import aotriton_note, attention_check
+from rocm.sdpa import AttentionGuard
+from rocm.attention import attention_check
+from rocm.sdpa import aotriton_note
 
 VAR = "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"
 
@@ -33,7 +34,7 @@ def test_aotriton_note(backend, arch, env, expect):
 def test_the_stage_log_line_says_why_attention_is_chunked(caplog):
     q = torch.randn(1, 2, 64, 16)
     note = aotriton_note("rocm", "gfx1100", {})
-    with caplog.at_level("INFO", logger="memory.attention"):
+    with caplog.at_level("INFO", logger="rocm.sdpa"):
         with AttentionGuard("cpu", chunk_budget_bytes=4096, force_chunked=True, label="transformer",
                             gate_note=note) as guard:
             out = F.scaled_dot_product_attention(q, q, q)

@@ -199,7 +199,7 @@ def test_framepack_rounding_of_the_model_wrapper():
 
 
 def test_model_wrapper_guidance_and_stop():
-    from pipeline.errors import JobStopped
+    from common.errors import JobStopped
 
     field = VelocityField(torch.float32)
     x = torch.randn(1, 16)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from pipeline import sections as sec
-from pipeline.video import pixels_to_frames
-from pipeline.video_buffer import VideoBuffer
+from video.mp4 import pixels_to_frames
+from video.buffer import VideoBuffer
 
 
 @pytest.mark.parametrize("seconds,window,expected", [

@@ -8,11 +8,11 @@ import threading
 import pytest
 
 from pipeline.checkpoint import CHECKPOINT, load_checkpoint
-from pipeline.errors import InputError
+from common.errors import InputError
 from pipeline.events import Done, SectionVideo
 from pipeline.request import Request
 from pipeline.sections import make_plan
-from pipeline.video import read_frames
+from video.mp4 import read_frames
 from tests.conftest import make_image
 from tests.server_helpers import (CHROMIUM_ARGS, Gate, api_job, browser_or_skip, job_info, saved_image,
                                   tiny_runner)

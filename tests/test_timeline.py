@@ -11,7 +11,7 @@ from pipeline import timeline as tl
 from pipeline.cancel import CancelToken
 from pipeline.checkpoint import load_checkpoint
 from pipeline.denoiser import FramepackDenoiser
-from pipeline.errors import InputError
+from common.errors import InputError
 from pipeline.events import Done, Progress
 from pipeline.orchestrator import generate
 from pipeline.request import Request, prepare

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from configs import get_preset
-from pipeline.errors import InputError
+from common.errors import InputError
 from tests.conftest import make_image, uploaded
 
 

@@ -7,7 +7,7 @@ import torch
 
 import pipeline.request
 from pipeline.cancel import CancelToken
-from pipeline.cli import Runner, build_parser, request_from_args
+from cli.commands import Runner, build_parser, request_from_args
 from pipeline.events import Done, Progress
 from pipeline.orchestrator import generate
 from pipeline.request import Request, prepare
@@ -47,7 +47,7 @@ def test_the_cli_decodes_the_image_once_per_job(tiny_original, tmp_path, decodes
 
 
 def test_a_batch_decodes_each_image_once(tiny_original, tmp_path, decodes):
-    from pipeline.cli import run_batch
+    from cli.commands import run_batch
 
     for name in ("a.png", "b.png"):
         make_image(96, 80).save(tmp_path / name)

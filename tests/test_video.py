@@ -16,9 +16,9 @@ import torch
 
 from configs.video import ENCODING
 from pipeline import sections as sec
-from pipeline.video import encode_segment, read_frames, write_segments
-from pipeline.video_buffer import VideoBuffer
-from pipeline.video_writer import SectionWriter, segment_groups
+from video.mp4 import encode_segment, read_frames, write_segments
+from video.buffer import VideoBuffer
+from video.section_writer import SectionWriter, segment_groups
 from tests.conftest import ROOT
 
 
@@ -87,7 +87,7 @@ ENCODE_IN_CHILD = """
 import hashlib, sys
 from dataclasses import replace
 from configs.video import ENCODING
-from pipeline.video import encode_segment
+from video.mp4 import encode_segment
 from tests.test_video import moving_frames
 encoding = replace(ENCODING, x264_params=sys.argv[1])
 for n, h, w in ((33, 64, 64), (24, 128, 160)):
@@ -240,7 +240,7 @@ def test_a_job_samples_the_next_section_while_the_last_one_is_written(tiny_origi
     written, waits only at its end, and records the wait and the background time."""
     import time as _time
 
-    import pipeline.video_writer as vw
+    import video.section_writer as vw
     from pipeline.events import Done, Progress, SectionVideo
     from pipeline.request import Request
     from tests.conftest import make_image, run_job
@@ -266,7 +266,7 @@ def test_a_job_samples_the_next_section_while_the_last_one_is_written(tiny_origi
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.bfloat16])
 def test_frames_are_the_quantisation_formula_and_the_pixels_stay_as_they_were(dtype):
-    from pipeline.video import pixels_to_frames
+    from video.mp4 import pixels_to_frames
 
     g = torch.Generator().manual_seed(3)
     pixels = (torch.randn(1, 3, 5, 7, 9, generator=g) * 0.8).to(dtype)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import InputError
+from common.errors import InputError
 from pipeline.jobs import load_job
 from pipeline.request import shown
 

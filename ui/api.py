@@ -47,7 +47,7 @@ import logging
 import gradio as gr
 
 from configs.controls import CONTROLS as TABLE, Control
-from pipeline.errors import InputError
+from common.errors import InputError
 from pipeline.events import Done, Failed, LogLine, Progress
 from ui import settings as st
 from ui.access import Access

@@ -142,7 +142,7 @@ def host_budget_problem(args: argparse.Namespace, device_type: str) -> str | Non
     checked at start before any model loads; None if a plan fits. Also logs the budget and where it comes from."""
     from configs import get_preset
     from memory.hostbudget import default_host_budget
-    from memory.hostnominal import nominal_plan
+    from memory.estimate import nominal_plan
     from memory.hostplan import HostBudgetError
 
     if args.host_ram_gb is None:

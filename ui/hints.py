@@ -51,7 +51,7 @@ def timeline_hint(prompt, seconds, latent_window, mode, blend, fps: int = DEFAUL
     """For a timed prompt ([0s: …] [2s: …], pipeline/timeline.py): which prompt each section gets, or what is wrong
     with the timeline for this video ('' for a plain prompt). Bounded work; never raises."""
     from pipeline import sections, timeline
-    from pipeline.errors import InputError
+    from common.errors import InputError
 
     s, w, b = number(seconds), number(latent_window), number(blend)
     if not isinstance(prompt, str) or not timeline.is_timeline(prompt[: LIMITS.prompt_chars_max]) or s is None \
@@ -102,10 +102,10 @@ def hints_markdown(plan: str, problems: list[tuple[str, str]]) -> str:
 def preserved_hint(preset, cap_gb: float, preserved_gb, device_type: str, host_ram_gb: float | None = None,
                    weight_storage: str = "native", max_gb: float | None = None,
                    size: tuple[int, int] | None = None, window: int = 9) -> str:
-    """What the preserved-memory slider means here, GPU and host side (memory.plan.describe_preserved), never
+    """What the preserved-memory slider means here, GPU and host side (memory.estimate.describe_preserved), never
     raising. A value that cannot work (more than the cap or the card holds, or a plan that runs out of memory)
     starts with "⚠ … cannot work" and says why."""
-    from memory.plan import describe_preserved
+    from memory.estimate import describe_preserved
 
     top = MEMORY.preserved_max_gb if max_gb is None else max_gb
     value = number(preserved_gb)

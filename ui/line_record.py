@@ -1,10 +1,10 @@
 """The app's line kept on disk: every job started with Start, Resume or a /video or /resume call is also an entry of
-the queue's store (pipeline/queue_store.py) while it waits or runs, so a restart of the app (a crash, a kill, a
+the queue's store (jobs/store.py) while it waits or runs, so a restart of the app (a crash, a kill, a
 power cut) shows it and continues it.
 
 While the app runs, such a job runs in the runner's line as before (ui/runner.py: click order, the page's live
 previews, End); its entry (status "in line", then "running") follows it: its job folder once the first section is
-saved, its progress. The queue's copies of its files (pipeline/queue_store.py copies them into outputs/.queue/) are
+saved, its progress. The queue's copies of its files (jobs/store.py copies them into outputs/.queue/) are
 the ones the job reads, in place of the runner's own staging. When the job ends (done, stopped, failed, or End
 while it waited) the entry leaves the queue at once. When the app stops first, the entry stays: at the next start
 it waits in the queue (QueueStore.open), and the queue worker (ui/queue_worker.py) runs it like any queued job,
@@ -18,7 +18,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from pipeline import queue_store as qs
+from jobs import store as qs
 from pipeline.events import Progress, Started
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ def label(field: str) -> str:
 
 
 def input_error(error) -> str:
-    """A pipeline.errors.InputError for the page: 'Start image: the file … is not a readable image. …'."""
+    """A common.errors.InputError for the page: 'Start image: the file … is not a readable image. …'."""
     field = getattr(error, "field", None)
     message = getattr(error, "message", None)
     if field is None or message is None:

@@ -53,7 +53,7 @@ class ComponentCache:
 
     def get(self, mode: str):
         """The components for `mode`, loading them (and dropping the other mode's, for real weights) if needed.
-        Raises pipeline.errors.WeightsNotFound when real weights are missing and cannot be downloaded."""
+        Raises common.errors.WeightsNotFound when real weights are missing and cannot be downloaded."""
         with self._lock:
             if mode in self._cache:
                 return self._cache[mode]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from pipeline.errors import InputError
+from common.errors import InputError
 from ui import jobs_gallery
 from ui import settings as st
 from ui.context import AppContext

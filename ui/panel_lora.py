@@ -9,7 +9,7 @@ import gradio as gr
 
 from configs.lora import LORA
 from pipeline import lora
-from pipeline.errors import InputError
+from common.errors import InputError
 
 
 @dataclass

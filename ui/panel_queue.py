@@ -1,4 +1,4 @@
-"""The Queue panel: the jobs waiting on disk (pipeline/queue_store.py) with their status and progress, and what can
+"""The Queue panel: the jobs waiting on disk (jobs/store.py) with their status and progress, and what can
 be done to them: add the page's settings as a job, one job per uploaded image, import/export JSON lines, move a
 waiting job up or down, remove it (End on a waiting job: at once), load its settings into the controls or save the
 controls into it. `start_queue(ctx)` opens the store, starts the worker and registers the /queue_* API."""
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from pipeline import queue_store as qs
-from pipeline.errors import InputError
+from jobs import store as qs
+from common.errors import InputError
 from ui import messages
 from ui import settings as st
 from ui.context import AppContext

@@ -9,7 +9,7 @@ import threading
 
 import gradio as gr
 
-from pipeline.errors import InputError
+from common.errors import InputError
 from pipeline.events import Failed
 from ui import messages, plots
 from ui import settings as st

@@ -94,7 +94,7 @@ class TokenCounter:
                 f'{limit} tokens are used; the rest is cut. Shorten the prompt.</span>')
 
     def _timeline_markdown(self, prompt: str, limit: int) -> str:
-        from pipeline.errors import InputError
+        from common.errors import InputError
         from pipeline.timeline import parse
 
         try:

@@ -18,7 +18,7 @@ sha256 before it runs); a finished job to extend is named by its id (`source_job
 
 In the page: the **Queue** panel lists the jobs with their status and progress. *Add to queue* adds the settings
 above as a job; *Add one job per image* adds one job for each uploaded image with the prompt and settings above;
-*Import JSON lines* adds the jobs of a `.jsonl` file (one job's settings a line, as `python -m pipeline batch`
+*Import JSON lines* adds the jobs of a `.jsonl` file (one job's settings a line, as `python -m cli batch`
 reads; a file sent to the app may name no file but the queue's own copies of your queued jobs' images, which is what
 an exported queue names; at most 500 lines and 1 MB); *Export* saves your waiting jobs as such a file. Click a job's row to pick it, then move it up or down, remove it (End on a
 waiting job: it goes at once; on the running one: it stops at its next step, keeping its video), load its
@@ -45,9 +45,9 @@ path = client.predict(api_name="/queue_export")                # a .jsonl file o
 ```
 
 From the command line, with or without the app running (it picks the jobs up within a second):
-`python -m pipeline queue add jobs.jsonl --outputs outputs`, `python -m pipeline queue list --outputs outputs`,
-`python -m pipeline queue export waiting.jsonl`, `python -m pipeline queue remove <id>`,
-`python -m pipeline queue move <id> 0`.
+`python -m cli queue add jobs.jsonl --outputs outputs`, `python -m cli queue list --outputs outputs`,
+`python -m cli queue export waiting.jsonl`, `python -m cli queue remove <id>`,
+`python -m cli queue move <id> 0`.
 """
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ from typing import Any, Mapping
 import gradio as gr
 
 from configs.controls import CONTROLS as TABLE
-from pipeline import queue_store as qs
-from pipeline.errors import InputError
+from jobs import store as qs
+from common.errors import InputError
 from ui import settings as st
 from ui.access import Access
 
@@ -147,7 +147,7 @@ class QueueActions:
         size = Path(path).stat().st_size
         if size > IMPORT_BYTES_MAX:
             raise InputError("jobs file", f"{size / 2**20:.1f} MB; a jobs file sent to the app may have at most "
-                                          f"{IMPORT_BYTES_MAX >> 20} MB (use `python -m pipeline queue add` for more)")
+                                          f"{IMPORT_BYTES_MAX >> 20} MB (use `python -m cli queue add` for more)")
         try:
             text = Path(path).read_text("utf-8")
         except (OSError, ValueError) as e:                    # unreadable, not UTF-8
@@ -155,7 +155,7 @@ class QueueActions:
         lines = text.count("\n") + 1
         if lines > IMPORT_LINES_MAX:
             raise InputError("jobs file", f"{lines} lines; a jobs file sent to the app may have at most "
-                                          f"{IMPORT_LINES_MAX} (use `python -m pipeline queue add` for more)")
+                                          f"{IMPORT_LINES_MAX} (use `python -m cli queue add` for more)")
         jobs = qs.read_jsonl(text, self.default_resolution, files=lambda name, value: self._queue_copy(name, value,
                                                                                                       user))
         for number, job in enumerate(jobs, 1):

@@ -1,4 +1,4 @@
-"""The queue worker: runs the waiting jobs of the queue on disk (pipeline/queue_store.py), first in line first,
+"""The queue worker: runs the waiting jobs of the queue on disk (jobs/store.py), first in line first,
 through the app's JobRunner, so they share the one GPU, the runner's line and its End handling with the jobs
 started from the page and by /video. It takes the next queued job only when the runner's line is empty, so a
 queued job waits in the store (where it can still be reordered, edited or removed) until the GPU is free.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from pipeline import queue_store as qs
-from pipeline.errors import InputError
+from jobs import store as qs
+from common.errors import InputError
 from pipeline.events import Cancelled, Done, Failed, Progress, Started
 from ui.runner import JobRunner, SessionBusy, Waiting
 

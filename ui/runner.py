@@ -156,9 +156,9 @@ class JobRunner(LineEstimates):
     def reserve_resume(self, session: str, job_dir: Path, *, entry: str | None = None,
                        owner: str | None = None) -> Ticket:
         """A ticket that continues the interrupted job in `job_dir`, a folder of this runner's outputs. Raises
-        pipeline.errors.InputError when the folder cannot be resumed (the message says why), SessionBusy as
+        common.errors.InputError when the folder cannot be resumed (the message says why), SessionBusy as
         reserve() does. The folder's status is read again when the job runs (it may have finished meanwhile)."""
-        from pipeline.errors import InputError
+        from common.errors import InputError
 
         job_dir = Path(job_dir).resolve()
         if job_dir.parent != self.outputs.resolve() or not job_dir.is_dir() or job_dir.name.startswith("."):
@@ -359,7 +359,7 @@ class JobRunner(LineEstimates):
             out.put(Progress("loading models", 0, 0, 0, request.steps, time.monotonic() - t0, None, what))
             out.put(LogLine("info", what))
         from memory import MemoryManager, default_device        # heavy imports: after the first message
-        from pipeline.errors import WeightsNotFound
+        from common.errors import WeightsNotFound
         from pipeline.eta import Remaining
         from pipeline.logcapture import capture_logs
         from pipeline.orchestrator import generate

@@ -74,7 +74,7 @@ def client_file(value: Any, field: str) -> str | None:
     the value names none. A path that is not a file in Gradio's upload folder, after links are followed, is refused
     with one message whatever is there: a client learns nothing about the server's files. Raises InputError naming
     the field."""
-    from pipeline.errors import InputError
+    from common.errors import InputError
 
     path = upload_path(value)
     if path is None and _names_no_file(value):

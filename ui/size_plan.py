@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from pipeline.errors import InputError
+from common.errors import InputError
 from ui import hints, messages
 from ui import settings as st
 

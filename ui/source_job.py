@@ -9,7 +9,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipeline.errors import InputError
+from common.errors import InputError
 from ui.access import Access
 
 FIELD = "job to extend"

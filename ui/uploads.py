@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from pipeline.errors import InputError
+from common.errors import InputError
 from ui import messages
 from ui.settings import client_file
 

@@ -1,4 +1,4 @@
-"""`python -m pipeline ...` and the `steadyframe-cli` command: the ROCm environment profile is applied before torch
+"""`python -m cli ...` and the `steadyframe-cli` command: the ROCm environment profile is applied before torch
 is imported."""
 import sys
 
@@ -9,7 +9,7 @@ def run() -> int:
     rocm.apply_env_profile()
     rocm.configure_host_heap()       # fixed glibc thresholds: RSS given back between sections and jobs
 
-    from pipeline.cli import main    # after the environment profile, on purpose
+    from cli.commands import main    # after the environment profile, on purpose
 
     return main()
 

@@ -1,12 +1,12 @@
 """A queued job's values checked as a job's, and JSON-lines job files read line by line (the queue's import;
-pipeline/queue_store.py keeps the jobs, ui/queue_api.py and pipeline/queue_cli.py read files with these)."""
+jobs/store.py keeps the jobs, ui/queue_api.py and cli/queue.py read files with these)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipeline.errors import InputError
+from common.errors import InputError
 
 # (control, the name of its copy in the queue): the job's files, copied into the queue's folder when it is added
 IMAGE_FIELDS = (("image", "start"), ("end_image", "end"), ("input_video", "video"))

@@ -12,8 +12,8 @@ import hashlib
 import numpy as np
 import torch
 
-from pipeline.sections import soft_append
-from pipeline.video import pixels_to_frames
+from video.blend import soft_append
+from video.mp4 import pixels_to_frames
 
 Part = tuple[int | None, np.ndarray]     # (key of a settled chunk, or None for the edge; (T, H, W, 3) uint8)
 

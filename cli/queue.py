@@ -1,11 +1,11 @@
-"""`python -m pipeline queue ...`: the app's job queue on disk (pipeline/queue_store.py) from the command line,
+"""`python -m cli queue ...`: the app's job queue on disk (jobs/store.py) from the command line,
 whether the app is running or not (a running app picks new jobs up within a second; a stopped one at its start).
 
-    python -m pipeline queue add jobs.jsonl [--outputs outputs]     one job a line, all checked before any is added
-    python -m pipeline queue list [--json]
-    python -m pipeline queue export waiting.jsonl
-    python -m pipeline queue move <id> <position>                   0: first among the waiting jobs
-    python -m pipeline queue remove <id>                            a waiting or finished job
+    python -m cli queue add jobs.jsonl [--outputs outputs]     one job a line, all checked before any is added
+    python -m cli queue list [--json]
+    python -m cli queue export waiting.jsonl
+    python -m cli queue move <id> <position>                   0: first among the waiting jobs
+    python -m cli queue remove <id>                            a waiting or finished job
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from configs import PRESETS
-from pipeline import queue_store as qs
-from pipeline.errors import InputError
+from jobs import store as qs
+from common.errors import InputError
 
 EXIT_OK, EXIT_INPUT = 0, 2
 
@@ -27,11 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the app's outputs folder (default: outputs)")
     common.add_argument("--preset", default="hunyuan", choices=sorted(PRESETS),
                         help="the model preset the app runs (its default resolution checks the jobs; default hunyuan)")
-    p = argparse.ArgumentParser(prog="python -m pipeline queue",
+    p = argparse.ArgumentParser(prog="python -m cli queue",
                                 description="The app's job queue (outputs/.queue/queue.db): add, list, export, move, "
                                             "remove. The app runs the waiting jobs one after another.")
     sub = p.add_subparsers(dest="action", required=True)
-    a = sub.add_parser("add", parents=[common], help="add the jobs of a JSON-lines file (as `python -m pipeline "
+    a = sub.add_parser("add", parents=[common], help="add the jobs of a JSON-lines file (as `python -m cli "
                                                      "batch` reads)")
     a.add_argument("jobs", type=Path)
     ls = sub.add_parser("list", parents=[common], help="the queue in its order, with each job's status")

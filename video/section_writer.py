@@ -1,8 +1,8 @@
 """The section videos, written on a background thread while the next section samples.
 
 The orchestrator hands each decoded part to `SectionWriter.submit` and goes on; the writer thread blends it into
-the video (pipeline/video_buffer.py), hashes the raw frames and writes the section's mp4. Each file is the whole
-video so far (the UI's growing video), made of segments (pipeline/video.py): every settled chunk is encoded once,
+the video (video/buffer.py), hashes the raw frames and writes the section's mp4. Each file is the whole
+video so far (the UI's growing video), made of segments (video/mp4.py): every settled chunk is encoded once,
 on a small pool of threads, and reused by every later file; only the edge the next section will blend into is
 encoded again. So the work per section stays the same however long the video gets, and the job waits at its end
 only for the last file. Results come back in order through `poll()` (non-blocking) and `finish()` (waits); an
@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from configs.video import ENCODING, VideoEncoding
-from pipeline.video import encode_segment, write_segments
-from pipeline.video_buffer import VideoBuffer, frames_sha256
+from video.mp4 import encode_segment, write_segments
+from video.buffer import VideoBuffer, frames_sha256
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-log = logging.getLogger("pipeline.cli")
+log = logging.getLogger("cli.commands")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _log_file: list[Path] = []          # the log file of this process, once setup_logging() opened it

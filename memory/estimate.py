@@ -1,9 +1,10 @@
-"""The host plan from the models' nominal sizes, before anything is loaded: for the UI's live hint under the
-preserved-memory slider and for the up-front check of --host-ram-gb (app start, CLI) that refuses a budget no plan
-fits before a single weight is read.
+"""What a job will cost before anything is loaded: the GPU residency the preserved memory gives and the host plan
+from the models' nominal sizes, for the UI's live hint under the preserved-memory slider (`describe_preserved`) and
+for the up-front check of --host-ram-gb (app start, CLI) that refuses a budget no plan fits before a single weight
+is read (`nominal_plan`).
 
 Sizes: the transformer and the Llama are built on the meta device with the real configs (exact bytes per chunk,
-and their fp8 sizes), the Llama trimmed as a job loads it (pipeline/llama_trim.py: without its last layers and final
+and their fp8 sizes), the Llama trimmed as a job loads it (memory/llama_trim.py: without its last layers and final
 norm, and with real weights without its embedding, whose rows are read from the files per prompt); CLIP, the VAE
 and SigLIP are one chunk of their preset size. The process's own memory is not known yet: the larger of what it
 holds now and an estimate (configs/memory.py, host_overhead_gb on a GPU). The plan a job makes measures it instead
@@ -14,10 +15,11 @@ from __future__ import annotations
 from functools import lru_cache
 
 from configs.memory import MEMORY
-from memory.hostbudget import default_host_budget, job_working_bytes, rss_breakdown
-from memory.hostplan import FRAMEPACK_STAGES, HostPlan, ModelHost, plan_host
 from common.units import GB, GIB
-from memory.plan import (REAL_TRANSFORMER_CONFIG, activation_bytes, framepack_tokens, plan_residency)
+from memory.hostbudget import default_host_budget, job_working_bytes, rss_breakdown
+from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError, HostPlan, ModelHost, plan_host
+from memory.plan import (REAL_TRANSFORMER_CONFIG, activation_bytes, framepack_tokens, plan_residency,
+                         transformer_sizes)
 
 REAL_LLAMA_CONFIG = (("vocab_size", 128320), ("hidden_size", 4096), ("intermediate_size", 14336),
                      ("num_hidden_layers", 32), ("num_attention_heads", 32), ("num_key_value_heads", 8))
@@ -48,7 +50,7 @@ def _chunk_sizes(kind: str, config_items: tuple, dtype_bytes: int, files: bool =
         else:
             from transformers import LlamaConfig, LlamaModel
 
-            from pipeline.llama_trim import trim_llama
+            from memory.llama_trim import trim_llama
 
             model = trim_llama(LlamaModel(LlamaConfig(**dict(config_items))))
             if files:
@@ -123,3 +125,47 @@ def nominal_plan(preset, mode: str, cap_gb: float, preserved_gb: float, device_t
     models = nominal_models(preset, mode, cap_gb, preserved_gb, device_type, weight_storage)
     return plan_host(models, FRAMEPACK_STAGES, NOMINAL_SECTIONS, budget, nominal_overhead(device_type),
                      int(MEMORY.host_reserve_gb * GIB), pinned=device_type == "cuda" and MEMORY.pin_host_memory)
+
+
+def describe_preserved(preset, cap_gb: float, preserved_gb: float, device_type: str,
+                       host_ram_gb: float | None = None, weight_storage: str = "native",
+                       size: tuple[int, int] = (608, 640), window: int = 9) -> str:
+    """What the preserved-memory slider means on this machine, in one line (the UI shows it live), with the host
+    side: how much host RAM a default job takes of the budget and what is read from the weight files. `size`:
+    the job's (height, width), for the activation estimate (memory/resolution.py says what the size costs)."""
+    host = describe_host(preset, cap_gb, preserved_gb, device_type, host_ram_gb, weight_storage)
+    if device_type != "cuda":
+        return (f"CPU run: no GPU, so nothing is capped or streamed (the slider only matters on a GPU; "
+                f"a {cap_gb:g} GB cap with {preserved_gb:g} GB preserved would apply there). {host}")
+    if preset.tiny:
+        cfg = preset.tiny_configs["transformer"]
+        items = tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in cfg.items()))
+        sizes, other = transformer_sizes(items, 4)
+        act = 0
+    else:
+        sizes, other = transformer_sizes(REAL_TRANSFORMER_CONFIG, 2)
+        act = activation_bytes(framepack_tokens(size[0], size[1], window))
+    plan = plan_residency(sizes, other, int(cap_gb * GIB), int(preserved_gb * GIB), min_resident=1,
+                          activation_bytes=act)
+    warn = plan.warnings()
+    return plan.describe() + (f". Warning: {'; '.join(warn)}" if warn else "") + f". {host}"
+
+
+def describe_host(preset, cap_gb: float, preserved_gb: float, device_type: str, host_ram_gb: float | None = None,
+                  weight_storage: str = "native") -> str:
+    """'Host: 21.3 of 24.0 GB (...)' for a default-length job, or why the budget cannot work."""
+    try:
+        plan = nominal_plan(preset, "original", cap_gb, preserved_gb, device_type, host_ram_gb, weight_storage)
+    except HostBudgetError as e:
+        return f"Host RAM: {e}"
+    held = "pinned" if plan.pinned else "in RAM"
+    per_section = sum(plan.file_reads(m.name)[1] for m in plan.models)
+    per_job = plan.file_reads_per_job - per_section * plan.sections
+    files = []
+    if per_section:
+        files.append(f"{per_section / GIB:.1f} GB read from the weight files per section")
+    if per_job:
+        files.append(f"{per_job / GIB:.1f} GB per job")
+    storage = ", weights in fp8" if weight_storage == "fp8" else ""
+    return (f"Host: {plan.peak / GIB:.1f} of {plan.budget / GIB:.1f} GB ({plan.persistent_bytes / GIB:.1f} GB "
+            f"{held}{storage}" + (f"; {', '.join(files)}" if files else "") + ")")

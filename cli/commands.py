@@ -1,4 +1,4 @@
-"""Command line: `python -m pipeline generate|batch|resume ...` (see --help)."""
+"""Command line: `python -m cli generate|batch|resume ...` (see --help)."""
 from __future__ import annotations
 
 import argparse
@@ -13,9 +13,9 @@ from configs import MEMORY, PRESETS
 from configs.controls import CONTROLS, Control
 from configs.lora import LORA
 from farm.options import add_arguments as add_farm_arguments, farm_options
-from pipeline import cli_log
+from cli import log as cli_log
 
-log = logging.getLogger("pipeline.cli")
+log = logging.getLogger("cli.commands")
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_STOPPED = 0, 1, 2, 130
 
@@ -76,7 +76,7 @@ def add_settings(p: argparse.ArgumentParser, controls: tuple[Control, ...] = CON
 
 
 def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentParser:
-    prog = "steadyframe-cli" if Path(sys.argv[0]).name == "steadyframe-cli" else "python -m pipeline"
+    prog = "steadyframe-cli" if Path(sys.argv[0]).name == "steadyframe-cli" else "python -m cli"
     parser = argparse.ArgumentParser(prog=prog, description="FramePack image-to-video, headless.")
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="make one video")
@@ -92,7 +92,7 @@ def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentP
     _add_common(r)
     r.set_defaults(preset=None)
     sub.add_parser("queue", add_help=False, help="the app's job queue on disk: add, list, export, move, remove "
-                                                 "(python -m pipeline queue -h)")     # pipeline/queue_cli.py
+                                                 "(python -m cli queue -h)")     # cli/queue.py
     return parser
 
 
@@ -107,7 +107,7 @@ def request_from_args(a: argparse.Namespace):
 
 def request_from_json(obj: dict, base: Path):
     """A batch line -> Request; relative image paths are relative to the jobs file."""
-    from pipeline.errors import InputError
+    from common.errors import InputError
     from pipeline.request import Request
 
     if not isinstance(obj, dict):
@@ -141,7 +141,7 @@ class Runner:
     def host_problem(self, request) -> str | None:
         """Why the host-RAM budget cannot work for this request (checked before any model loads), or None."""
         from memory import default_device
-        from memory.hostnominal import nominal_plan
+        from memory.estimate import nominal_plan
         from memory.hostplan import HostBudgetError
 
         device = torch_device_type(self.args.device or default_device())
@@ -155,7 +155,7 @@ class Runner:
     def run(self, request) -> tuple[int, object]:
         """Run one job: `request` is a Request (checked here, before any model loads) or a PreparedRequest (a
         batch line, checked when the file was read); either way its images are decoded once."""
-        from pipeline.errors import InputError
+        from common.errors import InputError
         from pipeline.events import Failed
         from pipeline.orchestrator import generate
         from pipeline.request import PreparedRequest, prepare
@@ -201,7 +201,7 @@ class Runner:
         if done is not None:
             print(f"job {Path(job_dir).name} is already complete; its video is {done.resolve()}")
             return EXIT_OK, None
-        from pipeline.errors import InputError
+        from common.errors import InputError
         from pipeline.events import Failed
         from pipeline.resume import prepare_resume, resume
 
@@ -291,7 +291,7 @@ def _progress_bar():
 def read_batch(path: Path, default_resolution: int) -> tuple[list[tuple[int, object]], list[tuple[int, str, str]]]:
     """Every job of a JSON-lines file, checked before any of them runs (a bad line is refused at once, not after
     the jobs before it): ([(line number, PreparedRequest)], [(line number, "invalid", reason)])."""
-    from pipeline.errors import InputError
+    from common.errors import InputError
     from pipeline.request import prepare
 
     lines = path.read_text("utf-8").splitlines()
@@ -346,7 +346,7 @@ def run_batch(runner: Runner, path: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["queue"]:
-        from pipeline.queue_cli import main as queue_main
+        from cli.queue import main as queue_main
 
         return queue_main(argv[1:])
     parser = build_parser()
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     cli_log.setup_logging(args.quiet, args.verbose)
     runner = Runner(args)
     if args.command == "generate":
-        from pipeline.errors import InputError
+        from common.errors import InputError
 
         try:
             request = request_from_args(args)

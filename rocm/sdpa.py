@@ -7,12 +7,13 @@ which fused kernel (flash, memory-efficient, cuDNN) takes this call and runs it 
 none applies (dtype, head size, mask kind on this device), it splits the queries into chunks whose score matrix
 fits the chunk budget. Each choice is logged once per kind of call and stage and kept in `choices` (for job.json);
 when a ROCm GPU ends up on the chunked math kernel, the line also says why fused kernels may be off
-(`rocm.attention.aotriton_note`: PyTorch's TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL gate).
+(`aotriton_note`: PyTorch's TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL gate).
 """
 from __future__ import annotations
 
 import logging
 import os
+from typing import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from common import patches
 from common.patches import Patch
 from common.units import GIB
+from configs.rocm_profiles import AOTRITON_EXPERIMENTAL_VAR
+from rocm.env import aotriton_gated
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +31,21 @@ FUSED = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.
 _NAMES = {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "memory-efficient",
           SDPBackend.CUDNN_ATTENTION: "cudnn", SDPBackend.MATH: "math"}
 MATH_BYTES_PER_SCORE = 12        # fp32 scores, their softmax and a cast, per (query, key) pair and head
+
+
+def aotriton_note(backend: str, arch: str | None, environ: Mapping[str, str]) -> str | None:
+    """Why flash / memory-efficient attention may be off on this ROCm device; None when the gate is open or
+    does not apply."""
+    if backend != "rocm" or not arch or not aotriton_gated(arch):
+        return None
+    value = environ.get(AOTRITON_EXPERIMENTAL_VAR)
+    if value == "1":
+        return None
+    shown = "unset" if value is None else f"{value!r}"
+    return (f"{AOTRITON_EXPERIMENTAL_VAR} is {shown}, so PyTorch may keep its AOTriton flash / memory-efficient "
+            f"kernels off on {arch}; SteadyFrame's profile sets it to 1 unless you set it (it must be set before "
+            f"the app starts)")
+
 
 
 def chunk_rows(query: torch.Tensor, key: torch.Tensor, budget_bytes: int) -> int:
@@ -153,7 +171,6 @@ class AttentionGuard:
     def _gate_note(self) -> str | None:
         if self.gate_note is None and self.device.type == "cuda":
             from rocm.arch import detect_runtime
-            from rocm.attention import aotriton_note
 
             runtime = detect_runtime(self.device)
             self.gate_note = aotriton_note(runtime.backend, runtime.arch, os.environ) or ""

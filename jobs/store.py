@@ -8,7 +8,7 @@ worker (ui/queue_worker.py) runs the first waiting entry; at the next start an e
 the first waiting one again and continues from its job folder's last section (pipeline/resume.py).
 
 Storage: the standard library's sqlite3 in WAL mode, one connection per thread, every change in one
-transaction (`BEGIN IMMEDIATE`), so the app, its API calls and `python -m pipeline queue` in another process see
+transaction (`BEGIN IMMEDIATE`), so the app, its API calls and `python -m cli queue` in another process see
 one consistent queue in one order. A database that cannot be read (a damaged file, another program's file, a
 newer schema) is moved aside (`queue.db.damaged-<time>`) with a warning and a new, empty queue is started.
 """
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from common.files import file_sha256
-from pipeline.errors import InputError
-from pipeline.queue_lines import (FILE_NAMES, IMAGE_FIELDS, VIDEO_SHA256, checked_values, copy_problem,  # noqa: F401
+from common.errors import InputError
+from jobs.jsonl import (FILE_NAMES, IMAGE_FIELDS, VIDEO_SHA256, checked_values, copy_problem,  # noqa: F401
                                   read_jsonl)                                               # (the store's API)
 
 log = logging.getLogger(__name__)
@@ -385,7 +385,7 @@ class QueueStore:
     # ---- JSON lines -------------------------------------------------------------------------------------------------
     def export_jsonl(self, statuses: Iterable[str] = (WAITING, RUNNING, IN_LINE), keep=None) -> str:
         """The unfinished jobs as JSON lines, one job's settings and image paths a line, in line order (what
-        `import_jsonl` and `python -m pipeline batch` read). `keep`: only the entries with these ids."""
+        `import_jsonl` and `python -m cli batch` read). `keep`: only the entries with these ids."""
         lines = []
         for e in self.entries(statuses):
             if keep is not None and e.id not in keep:

@@ -21,11 +21,12 @@ from torch import nn
 
 from memory.hostpack import _ATTR as PACK_ATTR
 from memory.weightfiles import TensorSource, WeightFiles
-from pipeline.text import LLAMA_SKIP_LAYERS, TRIMMED_ATTR
 
 log = logging.getLogger(__name__)
 
 EMBED_NAME = "embed_tokens.weight"
+LLAMA_SKIP_LAYERS = 2          # the text stage takes hidden_states[-(2 + 1)] (pipeline/text.py)
+TRIMMED_ATTR = "steadyframe_trimmed"     # set on a Llama without its last LLAMA_SKIP_LAYERS layers and final norm
 
 
 class FileEmbedding(nn.Module):
