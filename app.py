@@ -1,8 +1,8 @@
 """SteadyFrame's web app: `python app.py [--preset tiny] [--host] [--port] [--share] [--auth user:pass] ...`.
 
 UI wiring only: the layout lives in ui/layout.py, the handlers in ui/panel_*.py (one module per part of the page),
-the job line/cancel handling in ui/runner.py, the event -> component conversion in ui/view.py. `build_app(args)`
-returns the Blocks (tests launch it on a free port).
+the event -> component conversion in ui/view.py; every job goes through the one queue and runner (jobs/).
+`build_app(config)` returns the Blocks (tests launch it on a free port).
 """
 import rocm  # first: the ROCm environment profile must be applied before anything imports torch
 
@@ -11,27 +11,28 @@ ROCM_ENV = rocm.apply_env_profile()
 import logging  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import gradio as gr  # noqa: E402
 
 from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
+from configs.runtime import Config  # noqa: E402
+from jobs.local import LocalExecutor  # noqa: E402
+from jobs.models import ComponentCache  # noqa: E402
+from jobs.runner import Runner, open_runner  # noqa: E402
 from ui import panel_controls, panel_lora  # noqa: E402
 from ui.access import Access  # noqa: E402
 from ui.api import PUBLIC_ENDPOINTS, JobApi, hide_ui_endpoints  # noqa: E402
-from ui.cli import (PUBLIC_NOTICE, host_budget_problem, launch_options, parse_args, public_without_login,  # noqa: E402
-                    security_warnings, weight_storage)
 from ui.context import AppContext, preserved_max_gb, preserved_text  # noqa: E402
 from ui.examples import write_examples  # noqa: E402
 from ui.guard import HeapKeeper, limit_queue_per_client  # noqa: E402
+from ui.launch import (PUBLIC_NOTICE, host_budget_problem, launch_options, parse_args,  # noqa: E402
+                       public_without_login, security_warnings)
 from ui.layout import build_layout  # noqa: E402
-from ui.models import ComponentCache  # noqa: E402
 from ui.panel_jobs import JobsPanel  # noqa: E402
-from ui.panel_queue import start_queue  # noqa: E402
+from ui.panel_queue import wire_queue  # noqa: E402
 from ui.panel_run import JOBS_MAX, RunPanel  # noqa: E402
 from ui.prompt_tokens import TokenCounter  # noqa: E402
 from ui.queue_api import QUEUE_ENDPOINTS  # noqa: E402
-from ui.runner import JobRunner  # noqa: E402
 
 log = logging.getLogger("steadyframe.app")
 QUEUE_MAX = 64          # events waiting in Gradio's queue at most (one GPU job runs at a time)
@@ -52,50 +53,61 @@ def _device_text(device) -> str:
     return f"{name} ({backend})"
 
 
-def build_app(args, runner: JobRunner | None = None) -> gr.Blocks:
-    """The whole app as a gr.Blocks (queue configured, not launched). The panels in ui/ wire their own events:
-    panel_controls (live hints, memory plan, token count, upload checks), panel_run (Start, Resume, End, the
-    running job), panel_jobs (past jobs), api (the API for scripts)."""
+def app_runner(config: Config, device) -> tuple[Runner, str | None]:
+    """The one runner of the outputs folder's queue (and the store's warning): its jobs run on the farm of
+    --ray/--gpus/--cpu-workers (Ray is imported only then) or in this process."""
+    models = ComponentCache(config.preset, config.model_dir)
+    if config.farm.enabled:
+        from farm.executor import start_farm
+
+        executor = start_farm(config, models)
+    else:
+        executor = LocalExecutor(config, models, device)
+    return open_runner(config, executor, device_type=device.type)
+
+
+def build_app(config: Config, runner: Runner | None = None) -> gr.Blocks:
+    """The whole app as a gr.Blocks (queue configured, runner started, not launched). The panels in ui/ wire their
+    own events: panel_controls (live hints, memory plan, token count, upload checks), panel_run (Start, Resume,
+    End, the running job), panel_jobs (past jobs), panel_queue (the queue), api (the API for scripts)."""
     from memory import default_device
     from pipeline.availability import missing_weights_message
 
-    preset = get_preset(args.preset)
+    preset = get_preset(config.preset)
     device = default_device()
-    outputs = Path(args.outputs).expanduser().resolve()
+    outputs = config.outputs.expanduser().resolve()
+    warning = None
     if runner is None:
-        runner = JobRunner(ComponentCache(preset.name, args.model_dir), outputs, args.vram_cap_gb, device,
-                           host_ram_gb=getattr(args, "host_ram_gb", None), weight_storage=weight_storage(args),
-                           lora_dir=getattr(args, "lora_dir", None))
-    top = preserved_max_gb(args.vram_cap_gb, device)
+        runner, warning = app_runner(config, device)
+    top = preserved_max_gb(config.vram_cap_gb, device)
     examples = write_examples(outputs / ".examples")       # never listed as a job (its name starts with a dot)
-    public = PUBLIC_NOTICE if public_without_login(args) else ""
-    notice = "\n\n".join(t for t in (missing_weights_message(preset, DEFAULTS.mode, args.model_dir), public) if t)
+    public = PUBLIC_NOTICE if public_without_login(config) else ""
+    notice = "\n\n".join(t for t in (missing_weights_message(preset, DEFAULTS.mode, config.model_dir), public) if t)
 
     with gr.Blocks(title="SteadyFrame", analytics_enabled=False) as app:
         ui = build_layout(preset, _device_text(device),
-                          preserved_text(preset, args, device, min(MEMORY.preserved_gb, top), top),
-                          notice=notice or None,
-                          preserved_max_gb=top, examples=examples, lora_dir=getattr(args, "lora_dir", None))
-        access = Access.of(getattr(args, "auth_pairs", None), getattr(args, "admin", ()))
+                          preserved_text(preset, config, device, min(MEMORY.preserved_gb, top), top),
+                          notice=notice or None, preserved_max_gb=top, examples=examples, lora_dir=config.lora_dir)
+        access = Access.of(config.web.auth, config.web.admins)
         keeper = HeapKeeper()
         live, quick = AppContext.guards(keeper)
-        ctx = AppContext(args, preset, device, outputs, runner, ui, top, live, quick,
-                         TokenCounter(preset, args.model_dir), access, public, keeper)
+        ctx = AppContext(config, preset, device, outputs, runner, ui, top, live, quick,
+                         TokenCounter(preset, config.model_dir), access, public, keeper)
         panel_controls.wire(app, ctx)
         if ui.lora is not None:
             panel_lora.wire(ui.lora, ui.loras, ctx.quick)
         jobs = JobsPanel(ctx)
         RunPanel(ctx, jobs).wire(app, gr.State(None))
         jobs.wire(app)
-        JobApi(runner, preset.default_resolution, access).register(ui.controls(), concurrency_id="gpu",
-                                                                   concurrency_limit=JOBS_MAX)
-        app.queue_worker = start_queue(ctx, app)       # the queue on disk (ui/panel_queue.py)
+        JobApi(runner, access).register(ui.controls(), concurrency_id="gpu", concurrency_limit=JOBS_MAX)
+        wire_queue(ctx, app, warning)                  # the queue panel and the /queue_* API (ui/panel_queue.py)
 
     hide_ui_endpoints(app, PUBLIC_ENDPOINTS + QUEUE_ENDPOINTS)
     # api_open=False: queued events (jobs, gallery) cannot be called around the queue and its limits
     app.queue(max_size=QUEUE_MAX, default_concurrency_limit=4, api_open=False)
     limit_queue_per_client(app, QUEUED_PER_SESSION, QUEUED_PER_LOGIN, QUEUED_PER_ADDRESS)
     idle_quietly(app)
+    app.runner = runner.start()
     return app
 
 
@@ -111,50 +123,35 @@ def idle_quietly(app: gr.Blocks) -> None:
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    args = parse_args(argv)
+    config = parse_args(argv)
     for line in ROCM_ENV.lines():
         log.info(line)
     log.info("%s", rocm.configure_host_heap())
-    for warning in security_warnings(args):
+    for warning in security_warnings(config):
         log.warning(warning)
     from pipeline.availability import missing_weights_message
 
-    missing = missing_weights_message(get_preset(args.preset), DEFAULTS.mode, args.model_dir)
+    missing = missing_weights_message(get_preset(config.preset), DEFAULTS.mode, config.model_dir)
     if missing:
         log.warning(missing)
     from memory import default_device
 
-    problem = host_budget_problem(args, default_device().type)
+    problem = host_budget_problem(config, default_device().type)
     if problem:
         log.error("%s", problem)
         return 2
     try:
-        runner = farm_runner(args)
-    except (RuntimeError, ConnectionError, ValueError) as e:      # no cluster there, no GPUs in it
-        log.error("the job farm could not start: %s", e)
+        app = build_app(config)
+    except (RuntimeError, ConnectionError, ValueError) as e:      # the farm: no cluster there, no GPUs in it
+        log.error("the app could not start: %s", e)
         return 2
-    app = build_app(args, runner)
-    options = launch_options(args)
-    app.launch(**options.kwargs(), prevent_thread_lock=True)
-    log.info("serving on %s (preset %s, outputs %s); Ctrl-C stops the app", app.local_url, args.preset,
-             Path(args.outputs).resolve())
+    app.launch(**launch_options(config).kwargs(), prevent_thread_lock=True)
+    log.info("serving on %s (preset %s, outputs %s); Ctrl-C stops the app", app.local_url, config.preset,
+             config.outputs.resolve())
     if app.share_url:
         log.info("public link: %s", app.share_url)
     serve_until_stopped(app)
     return 0
-
-
-def farm_runner(args) -> JobRunner | None:
-    """With --ray/--gpus/--cpu-workers, a runner whose jobs run on a Ray farm (farm/); otherwise None (the app's own
-    runner, and Ray is never imported)."""
-    from farm import farm_options
-
-    if not farm_options(args).enabled:
-        return None
-    from farm.runner import start_farm_runner
-
-    outputs = Path(args.outputs).expanduser().resolve()
-    return start_farm_runner(args, ComponentCache(args.preset, args.model_dir), outputs, weight_storage(args))
 
 
 def serve_until_stopped(app: gr.Blocks) -> None:
@@ -175,6 +172,7 @@ def serve_until_stopped(app: gr.Blocks) -> None:
         signal.signal(signal.SIGTERM, previous)
         log.info("stopping the server")
         app.close()
+        app.runner.close(timeout=5)
 
 
 if __name__ == "__main__":

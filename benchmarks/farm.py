@@ -84,7 +84,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     from farm.dispatch import Farm
-    from farm.options import FarmOptions, parse_gpus
+    from configs.options import parse_gpus
+    from configs.runtime import FarmOptions
     from farm.workers import WorkerConfig
     from PIL import Image
 

@@ -1,4 +1,12 @@
-"""Command line: `python -m cli generate|batch|resume ...` (see --help)."""
+"""Command line: `python -m cli generate|batch|resume ...` (see --help).
+
+Every job goes through the outputs folder's one queue (jobs/store.py) and its one runner (jobs/runner.py), as the
+app's do: `generate`, `batch` and `resume` add their jobs to the queue (checked whole by the runner's pre-flight
+first), then run the queue in this process until their jobs have ended, with a progress bar. When the app (or
+another command line) already runs that queue, its runner runs them: this command then follows them in the queue
+and says how they ended. A command line killed while its jobs run leaves them in the queue, where the next runner
+(the app at its start, or the next command line) continues them in their job folders.
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,21 +14,22 @@ import json
 import logging
 import signal
 import sys
-import traceback
+import time
 from pathlib import Path
 
-from configs import MEMORY, PRESETS
-from configs.controls import CONTROLS, Control
-from configs.lora import LORA
-from farm.options import add_arguments as add_farm_arguments, farm_options
 from cli import log as cli_log
+from configs.controls import CONTROLS, Control
+from configs.options import add_process_options, config_from
+from configs.runtime import Config
 
 log = logging.getLogger("cli.commands")
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_STOPPED = 0, 1, 2, 130
+FOLLOW_S = 1.0              # how often a job run by another process is looked at in the queue
 
 # The option (and the batch file's key) that sets each field a request check can name (configs/controls.py).
-OPTION_OF_FIELD = {**{c.field_name: c.option for c in CONTROLS if c.option}, "job folder": "job_dir"}
+OPTION_OF_FIELD = {**{c.field_name: c.option for c in CONTROLS if c.option}, "job folder": "job_dir",
+                   "host RAM": "--host-ram-gb"}
 KEY_OF_FIELD = {c.field_name: c.name for c in CONTROLS}
 
 
@@ -29,24 +38,8 @@ def cli_message(error, names: dict[str, str]) -> str:
     return error.cli_text(names.get(error.field, error.field))
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="hunyuan", choices=list(PRESETS),
-                   help="hunyuan = real weights (~42 GB, downloaded once); tiny = random tiny models, no download")
-    p.add_argument("--model-dir", type=Path, help="folder laid out like the repos (<dir>/<owner>/<repo>/...); "
-                                                  "nothing is downloaded when given")
-    p.add_argument("--outputs", "--out", dest="outputs", type=Path, default=Path("outputs"),
-                   help="folder for job folders (default: outputs)")
-    p.add_argument("--vram-cap-gb", type=float, default=MEMORY.vram_cap_gb, help="hard VRAM cap (default 20)")
-    p.add_argument("--no-pin", action="store_true", help="do not page-lock host copies (when host RAM is short)")
-    p.add_argument("--host-ram-gb", type=float, default=MEMORY.host_ram_gb,
-                   help="host RAM this program may use; weights that do not fit are read from the weight files when "
-                        "needed (default: this machine's RAM minus a margin for the OS and a browser; logged)")
-    p.add_argument("--fp8", action="store_true",
-                   help="keep the transformer and the Llama text encoder in fp8 in host RAM (half the RAM and "
-                        "half the bytes streamed per step; weights rounded to 3 mantissa bits, see README)")
-    p.add_argument("--device", help="cuda, cuda:1 or cpu (default: the GPU if there is one)")
-    p.add_argument("--lora-dir", type=Path, default=Path(LORA.folder),
-                   help=f"folder where --lora names are looked up (default {LORA.folder}/)")
+def _add_common(p: argparse.ArgumentParser, *, preset_default: str | None = "hunyuan") -> None:
+    add_process_options(p, preset_default=preset_default)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, warnings only")
     p.add_argument("-v", "--verbose", action="store_true", help="stage messages (memory status, timings)")
 
@@ -86,11 +79,9 @@ def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentP
     b.add_argument("jobs", type=Path, help="each line: a JSON object with generate's settings, e.g. "
                                            '{"image": "a.png", "prompt": "...", "seconds": 3}')
     _add_common(b)
-    add_farm_arguments(b)           # --ray / --gpus / --cpu-workers: the jobs side by side on several GPUs (farm/)
     r = sub.add_parser("resume", help="continue an interrupted job from its folder")
     r.add_argument("job_dir", type=Path, help="the job's folder under outputs/")
-    _add_common(r)
-    r.set_defaults(preset=None)
+    _add_common(r, preset_default=None)
     sub.add_parser("queue", add_help=False, help="the app's job queue on disk: add, list, export, move, remove "
                                                  "(python -m cli queue -h)")     # cli/queue.py
     return parser
@@ -105,158 +96,100 @@ def request_from_args(a: argparse.Namespace):
     return Request.from_mapping(values)
 
 
-def request_from_json(obj: dict, base: Path):
-    """A batch line -> Request; relative image paths are relative to the jobs file."""
-    from common.errors import InputError
-    from pipeline.request import Request
+def say_rounding(request, quiet: bool) -> None:
+    """The length is whole sections: say what --seconds becomes when it is not one."""
+    from pipeline.sections import make_plan
 
-    if not isinstance(obj, dict):
-        raise InputError("job", "each line must be a JSON object")
-    return Request.from_mapping(obj, base=base)
+    plan = make_plan(request.mode, request.seconds, request.latent_window, request.fps)
+    actual = plan.total_frames / request.fps
+    if not quiet and abs(actual - request.seconds) >= 0.05:
+        print(f"--seconds {request.seconds:g} is rounded to whole sections: {plan.count} section(s), "
+              f"{plan.total_frames} frames = {actual:.1f} s", file=sys.stderr)
 
 
-class Runner:
-    """Loads components once per mode and runs jobs, printing progress."""
+class Command:
+    """One command line's jobs: queued in the outputs folder's queue, then run here (or followed, when another
+    process runs that queue)."""
 
-    def __init__(self, args: argparse.Namespace):
-        self.args = args
-        self._components = {}
+    def __init__(self, config: Config, *, quiet: bool, verbose: bool, preset_given: bool = True):
+        self.config, self.quiet, self.verbose = config, quiet, verbose
+        self.preset_given = preset_given            # resume: else the job's own preset
+        self.runner = None
 
-    def components(self, mode: str):
-        from pipeline.components import load_components
-
-        if mode not in self._components:
-            self._components.clear()            # one set in host memory at a time
-            self._components[mode] = load_components(self.args.preset, mode, self.args.model_dir)
-        return self._components[mode]
-
-    def memory(self, request):
-        from memory import MemoryManager, default_device
-
-        device = self.args.device or default_device()
-        return MemoryManager(device=device, cap_gb=self.args.vram_cap_gb, preserved_gb=request.preserved_gb,
-                             pin_host_memory=not self.args.no_pin, host_ram_gb=self.args.host_ram_gb,
-                             weight_storage="fp8" if self.args.fp8 else "native")
-
-    def host_problem(self, request) -> str | None:
-        """Why the host-RAM budget cannot work for this request (checked before any model loads), or None."""
+    def open(self):
+        """The queue's runner (not started): its jobs run on the farm of --ray/--gpus/--cpu-workers, or here."""
+        from jobs.local import LocalExecutor
+        from jobs.models import ComponentCache
+        from jobs.runner import open_runner
         from memory import default_device
-        from memory.estimate import nominal_plan
-        from memory.hostplan import HostBudgetError
 
-        device = torch_device_type(self.args.device or default_device())
-        try:
-            nominal_plan(PRESETS[self.args.preset], request.mode, self.args.vram_cap_gb, request.preserved_gb,
-                         device, self.args.host_ram_gb, "fp8" if self.args.fp8 else "native")
-        except HostBudgetError as e:
-            return f"--host-ram-gb: {e}"
-        return None
+        models = ComponentCache(self.config.preset, self.config.model_dir)
+        device = _device(self.config.device) if self.config.device else default_device()
+        if self.config.farm.enabled:
+            from farm.executor import start_farm
 
-    def run(self, request) -> tuple[int, object]:
-        """Run one job: `request` is a Request (checked here, before any model loads) or a PreparedRequest (a
-        batch line, checked when the file was read); either way its images are decoded once."""
-        from common.errors import InputError
-        from pipeline.events import Failed
-        from pipeline.orchestrator import generate
-        from pipeline.request import PreparedRequest, prepare
-        from pipeline.resolution import check_fits
-
-        prepared = request
-        if not isinstance(prepared, PreparedRequest):
             try:
-                prepared = prepare(request, PRESETS[self.args.preset].default_resolution)   # before models load
-            except InputError as e:
-                print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
-                return EXIT_INPUT, Failed(str(e))
-        request = prepared.request
-        try:                                    # the size fits under the cap (pipeline/resolution.py)
-            check_fits(prepared, PRESETS[self.args.preset], self.args.vram_cap_gb,
-                       "fp8" if self.args.fp8 else "native")
-        except InputError as e:
-            print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
-            return EXIT_INPUT, Failed(str(e))
-        problem = self.host_problem(request)
-        if problem:
-            print(f"error: {problem}", file=sys.stderr)
-            return EXIT_INPUT, Failed(problem)
-        self._say_rounding(request)
-        return self._drive(lambda cancel: generate(prepared, self.components(request.mode), self.memory(request),
-                                                   cancel=cancel, outputs=self.args.outputs,
-                                                   lora_dir=self.args.lora_dir), request.mode)
+                executor = start_farm(self.config, models)
+            except (RuntimeError, ConnectionError, ValueError) as e:      # no Ray, no cluster there, no GPUs
+                print(f"error: the job farm could not start: {e}", file=sys.stderr)
+                raise SystemExit(EXIT_FAILED) from None
+        else:
+            executor = LocalExecutor(self.config, models, device)
+        self.runner, warning = open_runner(self.config, executor, device_type=device.type)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+        return self.runner
 
-    def _say_rounding(self, request) -> None:
-        """The length is whole sections: say what --seconds becomes when it is not one."""
-        from pipeline.sections import make_plan
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close(timeout=30)
+            close = getattr(self.runner.executor, "close", None)
+            if close is not None:
+                close()
 
-        plan = make_plan(request.mode, request.seconds, request.latent_window, request.fps)
-        actual = plan.total_frames / request.fps
-        if not self.args.quiet and abs(actual - request.seconds) >= 0.05:
-            print(f"--seconds {request.seconds:g} is rounded to whole sections: {plan.count} section(s), "
-                  f"{plan.total_frames} frames = {actual:.1f} s", file=sys.stderr)
+    # ---- running ------------------------------------------------------------------------------------------------
+    def run(self, jobs: list) -> list[tuple[int, object]]:
+        """Run (or follow) the queued jobs to their ends: [(exit code, the last event or entry)] in their order.
+        Ctrl-C stops them after their current step (a second Ctrl-C aborts)."""
+        runner = self.runner
+        if runner.store.runner_alive():
+            print("the queue of this outputs folder is run by another process (the app?): following the job(s) "
+                  "there", file=sys.stderr)
+            return [self._follow(job) for job in jobs]
+        runner.start()
+        results = []
+        for job in jobs:
+            results.append(self._stream(job))
+        return results
 
-    def resume(self, job_dir: Path) -> tuple[int, object]:
-        from pipeline.jobs import finished_video
+    def _stream(self, job) -> tuple[int, object]:
+        """A job run by this process's runner: its events on a progress bar; Ctrl-C stops it after its step."""
+        from pipeline.events import Cancelled, Done, Failed, LogLine, Progress, SectionVideo
+        from jobs.line import Waiting
+        from jobs.text import waiting_text
 
-        done = finished_video(job_dir)       # a finished job: said at once, nothing loaded
-        if done is not None:
-            print(f"job {Path(job_dir).name} is already complete; its video is {done.resolve()}")
-            return EXIT_OK, None
-        from common.errors import InputError
-        from pipeline.events import Failed
-        from pipeline.resume import prepare_resume, resume
-
-        try:
-            job = prepare_resume(job_dir)             # job.json and settings checked, images decoded: once
-        except InputError as e:
-            print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
-            return EXIT_INPUT, Failed(str(e))
-        request = job.request
-        self.args.preset = self.args.preset or job.preset
-        problem = self.host_problem(request)
-        if problem:
-            print(f"error: {problem}", file=sys.stderr)
-            return EXIT_INPUT, Failed(problem)
-        return self._drive(lambda cancel: resume(job, self.components(request.mode), self.memory(request),
-                                                 cancel=cancel, lora_dir=self.args.lora_dir), request.mode)
-
-    def _drive(self, start, mode: str) -> tuple[int, object]:
-        """Run a job's event stream with a progress bar; Ctrl-C stops after the current step. The bar says what is
-        happening (loading the models, each stage) and counts the steps of all sections (TeaCache-skipped ones
-        too: every step is reported)."""
-        from pipeline.events import Done, Failed, LogLine, Progress, SectionVideo
-        from pipeline.cancel import CancelToken
-
-        cancel = CancelToken()
-        previous = signal.signal(signal.SIGINT, lambda *_: self._interrupt(cancel))
-        bar = None if self.args.quiet else _progress_bar()
+        previous = signal.signal(signal.SIGINT, lambda *_: self._interrupt(job.entry))
+        bar = None if self.quiet else _progress_bar()
         last = None
         try:
-            if bar is not None and mode not in self._components:
-                bar.set_description(f"loading the {self.args.preset} models")
-            for ev in start(cancel):
-                last = ev
-                if bar is None:
-                    continue
-                if isinstance(ev, Progress):
-                    if ev.sections and bar.total != ev.sections * ev.steps:
-                        bar.reset(total=ev.sections * ev.steps)
-                    bar.n = max(0, ev.section - 1) * ev.steps + ev.step if ev.section else 0
-                    where = f"section {ev.section}/{ev.sections}" if ev.section else ""
-                    bar.set_description(f"{ev.stage} {where}".strip())
-                elif isinstance(ev, SectionVideo):
-                    bar.write(f"section {ev.section}/{ev.sections}: {ev.frames} frames -> {ev.path}")
-                elif isinstance(ev, LogLine) and ev.level != "info":
-                    bar.write(f"{ev.level}: {ev.message}")
-        except Exception as e:  # loading failed (e.g. weights missing): a clear line; the traceback is logged
-            if bar is not None:
-                bar.close()
-                bar = None
-            # Always in the log file (and the record keeps the cause); on the terminal only with -v.
-            log.error("the job could not run: %s", e, exc_info=True, extra={"terminal": self.args.verbose})
-            where = cli_log.log_file_note()
-            print(f"error: {e}" + ("" if self.args.verbose else f" (-v shows the traceback{where})"),
-                  file=sys.stderr)
-            return EXIT_FAILED, Failed(str(e), traceback.format_exc())
+            for batch in self.runner.stream(job):
+                for ev in batch:
+                    last = ev
+                    if bar is None:
+                        continue
+                    if isinstance(ev, Waiting):
+                        bar.set_description(waiting_text(ev))
+                    elif isinstance(ev, Progress):
+                        if ev.sections and bar.total != ev.sections * ev.steps:
+                            bar.reset(total=ev.sections * ev.steps)
+                        bar.n = max(0, ev.section - 1) * ev.steps + ev.step if ev.section else 0
+                        where = f"section {ev.section}/{ev.sections}" if ev.section else ""
+                        bar.set_description(f"{ev.stage} {where}".strip())
+                        bar.refresh()
+                    elif isinstance(ev, SectionVideo):
+                        bar.write(f"section {ev.section}/{ev.sections}: {ev.frames} frames -> {ev.path}")
+                    elif isinstance(ev, LogLine) and ev.level != "info":
+                        bar.write(f"{ev.level}: {ev.message}")
         finally:
             signal.signal(signal.SIGINT, previous)
             if bar is not None:
@@ -265,21 +198,54 @@ class Runner:
             what = "stopped; kept" if last.stopped else "done:"
             print(f"{what} {last.video} ({last.frames} frames) in {last.job_dir}")
             return (EXIT_STOPPED if last.stopped else EXIT_OK), last
-        print(f"error: {last.message}", file=sys.stderr)
-        return (EXIT_INPUT if last.job_dir is None else EXIT_FAILED), last
+        if isinstance(last, Cancelled):
+            print("stopped before it started", file=sys.stderr)
+            return EXIT_STOPPED, last
+        message = getattr(last, "message", "the job ended without a result")
+        if isinstance(last, Failed) and last.detail:
+            # always in the log file (the record keeps the cause); on the terminal only with -v
+            log.error("the job failed: %s\n%s", message, last.detail, extra={"terminal": self.verbose})
+        where = "" if self.verbose or not getattr(last, "detail", "") else \
+            f" (-v shows the traceback{cli_log.log_file_note()})"
+        print(f"error: {message}{where}", file=sys.stderr)
+        return (EXIT_INPUT if getattr(last, "job_dir", None) is None else EXIT_FAILED), last
 
-    @staticmethod
-    def _interrupt(cancel) -> None:
-        if cancel.cancelled:
+    def _follow(self, job) -> tuple[int, object]:
+        """A job run by another process: its progress and end, read from the queue."""
+        from jobs import store as qs
+
+        store, said = self.runner.store, ""
+        while True:
+            entry = store.get(job.entry)
+            if entry is None:
+                print("error: the job left the queue before it ended", file=sys.stderr)
+                return EXIT_FAILED, None
+            if entry.message and entry.message != said and not self.quiet:
+                print(f"{entry.id}: {entry.message}", file=sys.stderr)
+                said = entry.message
+            if entry.status in qs.FINISHED:
+                folder = self.config.outputs / entry.job_dir if entry.job_dir else None
+                if entry.status == qs.FAILED:
+                    print(f"error: {entry.message}", file=sys.stderr)
+                    return EXIT_FAILED, entry
+                final = folder / "final.mp4" if folder is not None else None
+                what = "stopped; kept" if entry.status == qs.STOPPED else "done:"
+                print(f"{what} {final} in {folder}")
+                return (EXIT_STOPPED if entry.status == qs.STOPPED else EXIT_OK), entry
+            time.sleep(FOLLOW_S)
+
+    def _interrupt(self, entry_id: str) -> None:
+        job = self.runner.get(entry_id)
+        if job is not None and job.cancel.cancelled:
             raise KeyboardInterrupt
         print("\nstopping after this step (Ctrl-C again to abort)...", file=sys.stderr)
-        cancel.cancel()
+        self.runner.stop(entry_id)
 
 
-def torch_device_type(device) -> str:
+def _device(name: str):
     import torch
 
-    return torch.device(device).type
+    return torch.device(name)
 
 
 def _progress_bar():
@@ -288,33 +254,32 @@ def _progress_bar():
     return tqdm(total=None, unit="step", dynamic_ncols=True, desc="starting")
 
 
-def read_batch(path: Path, default_resolution: int) -> tuple[list[tuple[int, object]], list[tuple[int, str, str]]]:
+def read_batch(path: Path, preflight) -> tuple[list[tuple[int, object]], list[tuple[int, str, str]]]:
     """Every job of a JSON-lines file, checked before any of them runs (a bad line is refused at once, not after
     the jobs before it): ([(line number, PreparedRequest)], [(line number, "invalid", reason)])."""
     from common.errors import InputError
-    from pipeline.request import prepare
+    from pipeline.request import Request
 
-    lines = path.read_text("utf-8").splitlines()
     jobs, invalid = [], []
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(path.read_text("utf-8").splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
-            prepared = prepare(request_from_json(json.loads(line), path.parent), default_resolution)
+            obj = json.loads(line)
+            if not isinstance(obj, dict):
+                raise InputError("job", "each line must be a JSON object")
+            jobs.append((number, preflight.prepare(Request.from_mapping(obj, base=path.parent))))
         except InputError as e:
             invalid.append((number, "invalid", cli_message(e, KEY_OF_FIELD)))
-            continue
         except (ValueError, RecursionError, TypeError) as e:   # not JSON (JSONDecodeError is a ValueError)
-            reason = f"not a JSON object ({type(e).__name__}: {str(e)[:200]})"
-            invalid.append((number, "invalid", reason))
-            continue
-        jobs.append((number, prepared))
+            invalid.append((number, "invalid", f"not a JSON object ({type(e).__name__}: {str(e)[:200]})"))
     return jobs, invalid
 
 
-def run_batch(runner: Runner, path: Path) -> int:
+def run_batch(command: Command, path: Path) -> int:
+    runner = command.open()
     try:
-        jobs, invalid = read_batch(path, PRESETS[runner.args.preset].default_resolution)
+        jobs, invalid = read_batch(path, runner.preflight)
     except (OSError, UnicodeDecodeError) as e:
         print(f"error: jobs: cannot read {path}: {e}", file=sys.stderr)
         return EXIT_INPUT
@@ -322,15 +287,11 @@ def run_batch(runner: Runner, path: Path) -> int:
         print(f"line {number}: invalid: {reason}", file=sys.stderr)
     if invalid and jobs:
         print(f"{len(invalid)} invalid line(s) skipped; running the other {len(jobs)} job(s)", file=sys.stderr)
+    queued = runner.submit_many([p for _, p in jobs], origin="batch", checked=True) if jobs else []
+    for (number, prepared), job in zip(jobs, queued):
+        print(f"line {number}: {prepared.request.prompt[:60]!r} (queued as {job.entry})")
     results = list(invalid)
-    if farm_options(runner.args).enabled:
-        from farm.batch import run_on_farm
-
-        results += run_on_farm(runner.args, jobs)
-        jobs = []
-    for number, prepared in jobs:
-        print(f"line {number}: {prepared.request.prompt[:60]!r}")
-        code, last = runner.run(prepared)
+    for (number, _), (code, last) in zip(jobs, command.run(queued)):
         status = {EXIT_OK: "done", EXIT_STOPPED: "stopped"}.get(code, "failed")
         where = str(getattr(last, "video", None) or getattr(last, "message", ""))
         results.append((number, status, where))
@@ -343,6 +304,54 @@ def run_batch(runner: Runner, path: Path) -> int:
     return EXIT_OK if results and done == len(results) else EXIT_FAILED
 
 
+def run_generate(command: Command, request) -> int:
+    from common.errors import InputError
+
+    runner = command.open()
+    try:
+        job = runner.submit(request, origin="cli")                # the one pre-flight, before any model loads
+    except InputError as e:
+        print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
+        return EXIT_INPUT
+    say_rounding(job.request, command.quiet)
+    return command.run([job])[0][0]
+
+
+def run_resume(command: Command, job_dir: Path) -> int:
+    from common.errors import InputError
+    from pipeline.jobs import finished_video
+
+    done = finished_video(job_dir)       # a finished job: said at once, nothing loaded
+    if done is not None:
+        print(f"job {Path(job_dir).name} is already complete; its video is {done.resolve()}")
+        return EXIT_OK
+    from pipeline.resume import prepare_resume
+
+    try:
+        job = prepare_resume(job_dir)             # job.json and settings checked, images decoded: once
+    except InputError as e:
+        print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
+        return EXIT_INPUT
+    command.config = _replace(command.config, preset=command.config.preset if command.preset_given else job.preset,
+                              outputs=Path(job_dir).resolve().parent)
+    runner = command.open()
+    try:
+        problem = runner.preflight.host_problem(job.request.mode, job.request.preserved_gb)
+        if problem:
+            raise InputError("host RAM", problem)
+        queued = runner.submit(job, origin="cli")
+    except InputError as e:
+        print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
+        return EXIT_INPUT
+    return command.run([queued])[0][0]
+
+
+def _replace(config: Config, **changes) -> Config:
+    import dataclasses
+
+    return dataclasses.replace(config, **changes)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["queue"]:
@@ -351,18 +360,20 @@ def main(argv: list[str] | None = None) -> int:
         return queue_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.host_ram_gb is not None and not args.host_ram_gb > 0:
-        parser.error("--host-ram-gb: must be more than 0 (GB of host RAM this program may use)")
+    config = config_from(parser, args)
     cli_log.setup_logging(args.quiet, args.verbose)
-    runner = Runner(args)
-    if args.command == "generate":
-        from common.errors import InputError
+    command = Command(config, quiet=args.quiet, verbose=args.verbose, preset_given=args.preset is not None)
+    try:
+        if args.command == "generate":
+            from common.errors import InputError
 
-        try:
-            request = request_from_args(args)
-        except InputError as e:                 # a start image or a video is required (configs/controls.py)
-            parser.error(cli_message(e, OPTION_OF_FIELD))
-        return runner.run(request)[0]
-    if args.command == "resume":
-        return runner.resume(args.job_dir)[0]
-    return run_batch(runner, args.jobs)
+            try:
+                request = request_from_args(args)
+            except InputError as e:                 # a start image or a video is required (configs/controls.py)
+                parser.error(cli_message(e, OPTION_OF_FIELD))
+            return run_generate(command, request)
+        if args.command == "resume":
+            return run_resume(command, args.job_dir)
+        return run_batch(command, args.jobs)
+    finally:
+        command.close()

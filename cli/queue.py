@@ -14,9 +14,13 @@ import json
 import sys
 from pathlib import Path
 
-from configs import PRESETS
-from jobs import store as qs
 from common.errors import InputError
+from configs import PRESETS
+from configs.runtime import Config
+from jobs import jsonl
+from jobs import store as qs
+from jobs.preflight import Preflight
+from jobs.runner import enqueue
 
 EXIT_OK, EXIT_INPUT = 0, 2
 
@@ -64,8 +68,9 @@ def main(argv: list[str] | None = None) -> int:
             except (OSError, UnicodeDecodeError) as e:
                 print(f"error: jobs: cannot read {args.jobs}: {e}", file=sys.stderr)
                 return EXIT_INPUT
-            jobs = qs.read_jsonl(text, PRESETS[args.preset].default_resolution, args.jobs.resolve().parent)
-            for e in store.add_many(jobs):
+            preflight = Preflight(Config(preset=args.preset, outputs=args.outputs))     # the app's one pre-flight
+            prepared = jsonl.prepare_lines(jsonl.read_lines(text), preflight, args.jobs.resolve().parent)
+            for e, _ in enqueue(store, preflight, prepared, origin="queue", checked=True):
                 print(f"added {e.id}: {str(e.settings.get('prompt', ''))[:60]!r}")
         elif args.action == "list":
             for e in store.entries():

@@ -4,10 +4,8 @@ The unit of parallelism is the job (splitting one FramePack job across PCIe-conn
 saves). Ray runs one worker actor per GPU (farm/workers.py), each holding its own models and MemoryManager (the VRAM
 cap and the host-RAM budget apply per worker); the dispatcher (farm/dispatch.py) hands each job to a free worker,
 streams its events back (Ray actor generators) and, when a worker dies mid-job, continues the job on another worker
-from its last section checkpoint (pipeline/resume.py). farm/runner.py puts the farm behind the UI's job runner.
+from its last section checkpoint (pipeline/resume.py). farm/executor.py puts the farm behind the one runner
+(jobs/runner.py): the queue's jobs run as many at once as there are workers.
 
-Importing this package (and farm.options) does not import Ray: the app without --ray/--gpus never loads it.
+Importing this package does not import Ray: the app without --ray/--gpus never loads it.
 """
-from farm.options import FarmOptions, add_arguments, farm_options
-
-__all__ = ["FarmOptions", "add_arguments", "farm_options"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from farm.options import FarmOptions
+from configs.runtime import FarmOptions
 from farm.workers import JobWorker, Placed, WorkerConfig
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """A farm worker: one Ray actor per GPU (or per CPU "device"), running whole jobs with the same orchestrator as the
 app (pipeline.orchestrator.JobRun, pipeline.resume.resume).
 
-Each worker is its own process: its own models (ui.models.ComponentCache), its own MemoryManager per job (the VRAM
+Each worker is its own process: its own models (jobs.models.ComponentCache), its own MemoryManager per job (the VRAM
 cap is set on the worker's GPU; the host-RAM budget is this worker's), nothing shared with the other workers by
 accident. `run` is an actor generator: the dispatcher receives each event as it is made. `stop` runs beside it (a
 threaded actor with room for both), so End reaches a job on any worker. The class is plain Python; farm/dispatch.py
@@ -97,7 +97,7 @@ class JobWorker:
         import rocm
 
         rocm.apply_env_profile()             # before torch loads in this process
-        from ui.models import ComponentCache
+        from jobs.models import ComponentCache
 
         self.name, self.config = name, config
         self.node = node_name()

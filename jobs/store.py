@@ -1,11 +1,13 @@
-"""The job queue on disk: one SQLite database in the outputs folder (outputs/.queue/queue.db) and the queued jobs'
-own copies of their images (outputs/.queue/images/<entry id>/), so the queue survives a restart, a crash or a
-power loss.
+"""The one job queue, on disk: one SQLite database in the outputs folder (outputs/.queue/queue.db) and the queued
+jobs' own copies of their images (outputs/.queue/images/<entry id>/), so the queue survives a restart, a crash or a
+power loss. Every way of starting a job adds it here (the page's Start, the API, the queue panel, the command
+line, a batch file), and the one runner (jobs/runner.py) runs it.
 
 An entry is a job's settings (control values by name, as in job.json) and its images, a place in line, a status
-(waiting, running, done, stopped, failed), its progress and, once it has one, its job folder. The app's queue
-worker (ui/queue_worker.py) runs the first waiting entry; at the next start an entry that was running becomes
-the first waiting one again and continues from its job folder's last section (pipeline/resume.py).
+(waiting, running, done, stopped, failed), its progress, where it came from (page, api, queue, cli, batch), who
+started it and, once it has one, its job folder. One process at a time holds the runner's lease (`take_lease`):
+the one that runs the queue. When a process takes it, the entries left running by the process that held it
+before (killed, or gone) wait again first in line, and each continues in its job folder (pipeline/resume.py).
 
 Storage: the standard library's sqlite3 in WAL mode, one connection per thread, every change in one
 transaction (`BEGIN IMMEDIATE`), so the app, its API calls and `python -m cli queue` in another process see
@@ -16,30 +18,33 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import shutil
+import socket
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from common.files import file_sha256
+import psutil
+
+from common.files import atomic_copy, atomic_write_bytes, file_sha256
 from common.errors import InputError
-from jobs.jsonl import (FILE_NAMES, IMAGE_FIELDS, VIDEO_SHA256, checked_values, copy_problem,  # noqa: F401
-                                  read_jsonl)                                               # (the store's API)
+from jobs.jsonl import FILE_NAMES, IMAGE_FIELDS, VIDEO_SHA256
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2                      # 2: entries.owner (1 is brought up to it when opened)
+SCHEMA_VERSION = 2                      # 2: entries.owner and .origin (1 is brought up to it when opened)
 QUEUE_DIR = ".queue"                    # under outputs/: hidden from the gallery (its name starts with a dot)
 DB_NAME = "queue.db"                    # in QUEUE_DIR
 IMAGES_DIR = "images"                   # in QUEUE_DIR: <entry id>/start.png, end.png
 WAITING, RUNNING, DONE, STOPPED, FAILED = "waiting", "running", "done", "stopped", "failed"
-IN_LINE = "in line"         # started with Start or /video: it runs in the app's line (ui/line_record.py), not the
-                            # worker's; it leaves the queue when it ends, and waits here again after a restart
 FINISHED = (DONE, STOPPED, FAILED)
+ORIGINS = ("page", "api", "queue", "cli", "batch")      # where an entry came from (the page's Start: "page")
+LEASE_STALE_S = 30.0        # a runner's lease not renewed this long is free (another computer's process died)
 BUSY_TIMEOUT_S = 10.0
 
 SCHEMA = """
@@ -55,7 +60,8 @@ CREATE TABLE IF NOT EXISTS entries (
     message   TEXT NOT NULL DEFAULT '',
     created   REAL NOT NULL,
     updated   REAL NOT NULL,
-    owner     TEXT
+    owner     TEXT,
+    origin    TEXT NOT NULL DEFAULT 'queue'
 );
 CREATE INDEX IF NOT EXISTS entries_position ON entries (position);
 """
@@ -74,6 +80,7 @@ class Entry:
     created: float = 0.0
     updated: float = 0.0
     owner: str | None = None            # the app's user who added it (ui/access.py); None without logins
+    origin: str = "queue"               # page, api, queue, cli, batch
 
     def values(self) -> dict:
         """Settings and image paths by control name (a Request's fields)."""
@@ -82,7 +89,30 @@ class Entry:
     def summary(self) -> dict:
         """The entry as the API and the export show it."""
         return {"id": self.id, "status": self.status, "progress": round(self.progress, 4),
-                "message": self.message, "job_id": self.job_dir, **self.values()}
+                "message": self.message, "job_id": self.job_dir, "origin": self.origin, **self.values()}
+
+
+def _png(image) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    (image if isinstance(image, Image.Image) else Image.fromarray(image)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _lease(token: str, now: float) -> dict:
+    return {"token": token, "pid": os.getpid(), "host": socket.gethostname(), "renewed": now}
+
+
+def _lease_gone(held: dict, now: float) -> bool:
+    """The holder is gone: its process ended (this computer), or it stopped renewing (any computer)."""
+    if now - float(held.get("renewed", 0)) > LEASE_STALE_S:
+        return True
+    if held.get("host") == socket.gethostname():
+        return not psutil.pid_exists(int(held.get("pid", -1)))
+    return False
 
 
 def missing(entry_id) -> InputError:
@@ -93,9 +123,7 @@ def missing(entry_id) -> InputError:
 
 @dataclass
 class Recovered:
-    """What `QueueStore.open` found: the entries that were running when the app stopped, and a warning when the
-    database had to be moved aside."""
-    interrupted: list = field(default_factory=list)
+    """What `QueueStore.open` found: a warning when the database had to be moved aside."""
     warning: str | None = None
 
 
@@ -114,8 +142,7 @@ class QueueStore:
     # ---- opening ----------------------------------------------------------------------------------------------------
     @classmethod
     def open(cls, outputs: Path) -> tuple["QueueStore", Recovered]:
-        """The store of `outputs` (created when missing; moved aside and started again when unreadable), with the
-        entries that were running when the app last stopped put back first in line."""
+        """The store of `outputs` (created when missing; moved aside and started again when unreadable)."""
         store = cls(outputs)
         store.folder.mkdir(parents=True, exist_ok=True)
         found = Recovered()
@@ -125,7 +152,6 @@ class QueueStore:
             store.close()
             found.warning = store._move_aside(e)
             store._check()
-        found.interrupted = store._requeue_running()
         return store, found
 
     def _check(self) -> None:
@@ -138,10 +164,12 @@ class QueueStore:
         row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
         if row is None:
             db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-        elif row[0] == "1":                     # before owners: every entry is the app's (no owner)
+        elif row[0] == "1":                     # before owners: every entry is the app's (no owner), queued
             with self._write() as tx:           # (another process may have done it meanwhile)
                 if tx.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == "1":
                     tx.execute("ALTER TABLE entries ADD COLUMN owner TEXT")
+                    tx.execute("ALTER TABLE entries ADD COLUMN origin TEXT NOT NULL DEFAULT 'queue'")
+                    tx.execute("UPDATE entries SET status = ? WHERE status = 'in line'", (WAITING,))
                     tx.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
         elif row[0] != str(SCHEMA_VERSION):
             raise sqlite3.DatabaseError(f"schema version {row[0]}; this version of the app reads {SCHEMA_VERSION}")
@@ -194,7 +222,7 @@ class QueueStore:
     @staticmethod
     def _entry(row) -> Entry:
         return Entry(row[0], row[1], row[2], json.loads(row[3]), json.loads(row[4]), row[5], row[6], row[7], row[8],
-                     row[9], row[10])
+                     row[9], row[10], row[11])
 
     def entries(self, statuses: Iterable[str] | None = None) -> list[Entry]:
         """Entries in line order (finished ones too unless `statuses` says which)."""
@@ -216,16 +244,18 @@ class QueueStore:
         return entry
 
     # ---- changing ---------------------------------------------------------------------------------------------------
-    def add(self, values: Mapping[str, Any], *, owner: str | None = None) -> Entry:
+    def add(self, values: Mapping[str, Any], *, owner: str | None = None, origin: str = "queue",
+            job_dir: str | None = None) -> Entry:
         """Append a job (its values checked by `checked_values`) last in line; its images are copied into the
-        queue's folder first."""
-        return self.add_many([values], owner=owner)[0]
+        queue's folder first. `job_dir`: it continues that job folder (a resume)."""
+        return self.add_many([values], owner=owner, origin=origin, job_dir=job_dir)[0]
 
-    def add_many(self, many: list[Mapping[str, Any]], *, status: str = WAITING, job_dir: str | None = None,
-                 message: str = "", owner: str | None = None) -> list[Entry]:
+    def add_many(self, many: list[Mapping[str, Any]], *, job_dir: str | None = None, message: str = "",
+                 owner: str | None = None, origin: str = "queue") -> list[Entry]:
         """Append several jobs in this order, in one transaction (another client's jobs never come between).
-        `status` IN_LINE, `job_dir`, `message`: a job of the app's line (ui/line_record.py). `owner`: the app's
-        user who added them."""
+        `owner`: the app's user who added them; `origin`: where they came from (ORIGINS)."""
+        if origin not in ORIGINS:
+            raise ValueError(f"origin: {origin!r} is not one of {ORIGINS}")
         staged = [(secrets.token_hex(6), *self._split(values)) for values in many]
         ids = []
         try:
@@ -236,9 +266,9 @@ class QueueStore:
                 top = db.execute("SELECT COALESCE(MAX(position), 0) FROM entries").fetchone()[0]
                 for n, (entry_id, settings, images) in enumerate(staged, 1):
                     db.execute("INSERT INTO entries (id, position, status, settings, images, job_dir, message, "
-                               "created, updated, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                               (entry_id, top + n, status, json.dumps(settings), json.dumps(images), job_dir, message,
-                                now, now, owner))
+                               "created, updated, owner, origin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                               (entry_id, top + n, WAITING, json.dumps(settings), json.dumps(images), job_dir,
+                                message, now, now, owner, origin))
                     ids.append(entry_id)
         except BaseException:
             for entry_id, _, _ in staged:
@@ -248,17 +278,25 @@ class QueueStore:
 
     @staticmethod
     def _split(values: Mapping[str, Any]) -> tuple[dict, dict]:
+        """(settings, files): a file is a path, or an image given as data (a PIL image, an array), kept as it is
+        until `_stage` copies it."""
         names = dict(IMAGE_FIELDS)
         settings = {k: v for k, v in values.items() if k not in names}
-        images = {k: (str(values[k]) if values.get(k) else None) for k in names}
+        images = {k: (str(values[k]) if isinstance(values.get(k), (str, Path)) else values.get(k))
+                  if values.get(k) is not None and values.get(k) != "" else None for k in names}
         return settings, images
 
     def _stage(self, entry_id: str, images: dict) -> dict:
+        """The entry's own copies of its files (an image given as data is saved as a PNG)."""
         folder = self.images_root / entry_id
         out = {}
         for name, stem in IMAGE_FIELDS:
             source = images.get(name)
-            if not source:
+            if source is None:
+                continue
+            if not isinstance(source, (str, Path)):          # an image as data: kept as a PNG
+                folder.mkdir(parents=True, exist_ok=True)
+                out[name] = str(atomic_write_bytes(folder / f"{stem}.png", _png(source)))
                 continue
             source = Path(source)
             if source.parent == folder:
@@ -268,11 +306,7 @@ class QueueStore:
                 out[name] = str(source)
                 continue
             folder.mkdir(parents=True, exist_ok=True)
-            target = folder / (stem + source.suffix.lower()[:8])
-            tmp = target.with_name("." + target.name + ".tmp")
-            shutil.copyfile(source, tmp)
-            tmp.replace(target)
-            out[name] = str(target)
+            out[name] = str(atomic_copy(source, folder / (stem + source.suffix.lower()[:8])))
         video = out.get("input_video")
         if video and Path(video).parent == folder:       # the copy's hash, checked before the job runs
             out[VIDEO_SHA256] = images.get(VIDEO_SHA256) if Path(images.get("input_video") or "") == Path(video) \
@@ -323,15 +357,15 @@ class QueueStore:
         """Take a waiting or finished job out of the queue at once (its images go with it)."""
         entry = self.require(entry_id)
         with self._write() as db:
-            gone = db.execute("DELETE FROM entries WHERE id = ? AND status NOT IN (?, ?)",
-                              (entry.id, RUNNING, IN_LINE)).rowcount
+            gone = db.execute("DELETE FROM entries WHERE id = ? AND status != ?", (entry.id, RUNNING)).rowcount
         if not gone:
             raise InputError("queued job", f"job {entry.id} is {entry.status}; press End (or stop it) instead")
         shutil.rmtree(self.images_root / entry.id, ignore_errors=True)
         return entry
 
     def forget(self, entry_id: str) -> None:
-        """A job of the app's line has ended: out of the queue, whatever its status, with its images."""
+        """A job started from a page or the API has ended and its page has the result: out of the queue, whatever
+        its status, with its images."""
         with self._write() as db:
             db.execute("DELETE FROM entries WHERE id = ?", (str(entry_id),))
         shutil.rmtree(self.images_root / str(entry_id), ignore_errors=True)
@@ -368,22 +402,55 @@ class QueueStore:
         """A finished job no longer needs the queue's copies (its job folder keeps the user's images)."""
         shutil.rmtree(self.images_root / entry_id, ignore_errors=True)
 
-    def _requeue_running(self) -> list[Entry]:
-        """(At open.) Entries left running by a stopped app wait again, first in line: the worker continues each
-        from its job folder's last section. Jobs of the stopped app's line (Start, /video) wait as queued jobs."""
+    # ---- the runner's lease ---------------------------------------------------------------------------------------
+    def take_lease(self, token: str) -> bool:
+        """Become the process that runs this queue, if no live one is (False: another process holds the lease).
+        Taking it puts the entries the previous holder left running back first in line (it is gone: they continue
+        in their job folders)."""
+        now = time.time()
         with self._write() as db:
-            rows = db.execute("SELECT id FROM entries WHERE status = ? ORDER BY position", (RUNNING,)).fetchall()
-            top = db.execute("SELECT COALESCE(MIN(position), 0) FROM entries").fetchone()[0]
-            for n, (entry_id,) in enumerate(rows):
-                db.execute("UPDATE entries SET position = ? WHERE id = ?", (top - len(rows) + n, entry_id))
-            db.execute("UPDATE entries SET status = ?, message = ? WHERE status = ?",
-                       (WAITING, "interrupted: continues from its last finished section", RUNNING))
-            db.execute("UPDATE entries SET status = ?, message = ? WHERE status = ?",
-                       (WAITING, "the app stopped before it ran (started with Start or /video)", IN_LINE))
-        return [self.get(r[0]) for r in rows]
+            row = db.execute("SELECT value FROM meta WHERE key = 'runner'").fetchone()
+            held = json.loads(row[0]) if row else None
+            if held is not None and held.get("token") != token and not _lease_gone(held, now):
+                return False
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('runner', ?)", (json.dumps(_lease(token, now)),))
+            if held is None or held.get("token") != token:
+                self._requeue_running(db)
+        return True
+
+    def renew_lease(self, token: str) -> bool:
+        """Still the runner (the lease is renewed); False when another process took it meanwhile."""
+        with self._write() as db:
+            row = db.execute("SELECT value FROM meta WHERE key = 'runner'").fetchone()
+            if row is None or json.loads(row[0]).get("token") != token:
+                return False
+            db.execute("UPDATE meta SET value = ? WHERE key = 'runner'", (json.dumps(_lease(token, time.time())),))
+        return True
+
+    def release_lease(self, token: str) -> None:
+        with self._write() as db:
+            row = db.execute("SELECT value FROM meta WHERE key = 'runner'").fetchone()
+            if row is not None and json.loads(row[0]).get("token") == token:
+                db.execute("DELETE FROM meta WHERE key = 'runner'")
+
+    def runner_alive(self) -> bool:
+        """Does a live process run this queue now?"""
+        row = self._db().execute("SELECT value FROM meta WHERE key = 'runner'").fetchone()
+        return row is not None and not _lease_gone(json.loads(row[0]), time.time())
+
+    @staticmethod
+    def _requeue_running(db) -> None:
+        """(Taking the lease.) Entries left running by the previous runner wait again, first in line."""
+        rows = db.execute("SELECT id FROM entries WHERE status = ? ORDER BY position", (RUNNING,)).fetchall()
+        top = db.execute("SELECT COALESCE(MIN(position), 0) FROM entries").fetchone()[0]
+        for n, (entry_id,) in enumerate(rows):
+            db.execute("UPDATE entries SET position = ?, status = ?, message = ? WHERE id = ?",
+                       (top - len(rows) + n, WAITING, "interrupted: continues in its job folder", entry_id))
+        if rows:
+            log.info("queue: %d interrupted job(s) continue: %s", len(rows), ", ".join(r[0] for r in rows))
 
     # ---- JSON lines -------------------------------------------------------------------------------------------------
-    def export_jsonl(self, statuses: Iterable[str] = (WAITING, RUNNING, IN_LINE), keep=None) -> str:
+    def export_jsonl(self, statuses: Iterable[str] = (WAITING, RUNNING), keep=None) -> str:
         """The unfinished jobs as JSON lines, one job's settings and image paths a line, in line order (what
         `import_jsonl` and `python -m cli batch` read). `keep`: only the entries with these ids."""
         lines = []

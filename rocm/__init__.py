@@ -26,7 +26,7 @@ _LAZY = {
     "synchronize": "rocm.allocator", "job_heap": "rocm.allocator", "configure_host_heap": "rocm.allocator",
     "vae_decode_log": "rocm.vae_log", "VaeDecodeRecord": "rocm.vae_log", "StallWatchdog": "rocm.vae_log",
     "detect_arch": "rocm.arch", "detect_runtime": "rocm.arch", "arch_family": "rocm.arch",
-    "SafeConv2d": "rocm.safe_conv", "SafeConv3d": "rocm.safe_conv", "patch_model": "rocm.safe_conv",
+    "SafeConv2d": "rocm.api", "SafeConv3d": "rocm.api", "patch_model": "rocm.api",
     "unpatch_model": "rocm.safe_conv", "bypass_report": "rocm.safe_conv",
     "initialize_miopen_fallback": "rocm.api", "miopen_safe_execution": "rocm.api",
     "with_miopen_fallback": "rocm.api", "enable_miopen_bypass": "rocm.api", "print_bypass_report": "rocm.api",

@@ -28,7 +28,8 @@ import threading
 
 from rocm.conv_fallback import ConvFallback, new_conv_fallback
 from rocm.policy import BypassConfig, BypassStrategy, Conv2dBypassConfig, FallbackStrategy
-from rocm.safe_conv import SafeConv2d, SafeConv3d, bypass_report, patch_model, patched_layers, unpatch_model
+from rocm import safe_conv
+from rocm.safe_conv import bypass_report, patched_layers, unpatch_model
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +141,28 @@ def enable_miopen_bypass(strategy: BypassStrategy | str = BypassStrategy.AUTO, v
     logger.log(logging.INFO if verbose else logging.DEBUG, "conv bypass: strategy %s, size threshold %g px",
                config.strategy.name, config.size_threshold)
     return config
+
+
+class SafeConv2d(safe_conv.SafeConv2d):
+    """``rocm.safe_conv.SafeConv2d`` whose default fallback is this API's shared one."""
+
+    def _get_fallback(self):
+        return self.fallback or get_default_fallback()
+
+
+class SafeConv3d(safe_conv.SafeConv3d):
+    """``rocm.safe_conv.SafeConv3d`` whose default fallback is this API's shared one."""
+
+    def _get_fallback(self):
+        return self.fallback or get_default_fallback()
+
+
+def patch_model(model, config=None, recursive: bool = True, *, fallback: ConvFallback | None = None):
+    """``rocm.safe_conv.patch_model`` with this API's shared fallback as the layers' default (so the strategy set
+    by ``enable_miopen_bypass`` applies to them, as in the field notes)."""
+    if isinstance(config, ConvFallback):         # patch_model(model, fallback) of earlier versions
+        config, fallback = None, config
+    return safe_conv.patch_model(model, config, recursive, fallback=fallback or get_default_fallback())
 
 
 def print_bypass_report(model, file=None) -> str:

@@ -13,6 +13,8 @@ from collections import Counter
 import torch.nn.functional as F
 from torch import nn
 
+from rocm.conv_fallback import ConvFallback, new_conv_fallback
+
 logger = logging.getLogger(__name__)
 
 
@@ -28,11 +30,11 @@ class _SafeConvMixin:
         self.tier_counts: Counter = Counter()
 
     def _get_fallback(self):
-        if self.fallback is not None:
-            return self.fallback
-        from rocm.api import get_default_fallback
-
-        return get_default_fallback()
+        """The fallback given to the layer (patch_model gives one to all the layers it makes), else one of its
+        own, made at its first forward."""
+        if self.fallback is None:
+            self.fallback = new_conv_fallback()
+        return self.fallback
 
     def _conv_forward(self, input, weight, bias):
         fallback = self._get_fallback()
@@ -114,12 +116,11 @@ def patch_model(model: nn.Module, config=None, recursive: bool = True, *, fallba
     """Replace every plain ``nn.Conv2d`` / ``nn.Conv3d`` (exact class; subclasses with their own forward are
     left alone) with the Safe version, keeping the weights; returns ``model`` (changed in place), as in the field
     notes: ``model = patch_model(model)``. ``config``: a ``BypassConfig`` for the patched layers (default: their
-    fallback's); ``recursive=False`` patches only direct children; ``fallback``: a ``ConvFallback`` (default:
-    the shared one). ``patched_layers(model)`` lists what was replaced."""
-    from rocm.conv_fallback import ConvFallback
-
+    fallback's); ``recursive=False`` patches only direct children; ``fallback``: a ``ConvFallback`` (default: a
+    new one, shared by the layers patched here). ``patched_layers(model)`` lists what was replaced."""
     if isinstance(config, ConvFallback):         # patch_model(model, fallback) of earlier versions
         config, fallback = None, config
+    fallback = fallback or new_conv_fallback()
     modules = model.named_modules() if recursive else model.named_children()
     replaced = []
     for name, module in list(modules):

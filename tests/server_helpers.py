@@ -53,7 +53,7 @@ class Server:
 def tiny_runner(outputs: Path, components, cap_gb: float = 20):
     """A JobRunner on the CPU whose models are the session's tiny components (built once per test session)."""
     from pipeline.components import load_components
-    from ui.models import ComponentCache
+    from jobs.models import ComponentCache
     from ui.runner import JobRunner
 
     def loader(preset, mode, model_dir):

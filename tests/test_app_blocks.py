@@ -76,7 +76,7 @@ def test_handlers_turn_a_job_into_updates(tmp_path, tiny_original):
 
     from tests.conftest import make_image, uploaded
     from ui import settings as st
-    from ui.models import ComponentCache
+    from jobs.models import ComponentCache
     from ui.runner import JobRunner
 
     runner = JobRunner(ComponentCache("tiny", loader=lambda *a: tiny_original), tmp_path / "out", 20,

@@ -12,7 +12,7 @@ from common.errors import WeightsNotFound
 from pipeline.events import Done, Failed, Preview, Progress, SectionVideo
 from pipeline.request import Request
 from tests.conftest import make_image
-from ui.models import ComponentCache
+from jobs.models import ComponentCache
 from ui.runner import Cancelled, JobRunner, MemoryReport, SessionBusy, Waiting
 
 

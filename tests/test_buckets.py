@@ -235,9 +235,9 @@ def test_cli_custom_size_and_refusal_before_models_load(tmp_path):
 
 
 def test_the_runner_refuses_at_reserve_and_the_page_plan_says_why(tmp_path):
-    from ui.models import ComponentCache
+    from jobs.models import ComponentCache
     from ui.runner import JobRunner
-    from ui.size_plan import size_line
+    from ui.memory_plan import size_line
 
     runner = JobRunner(ComponentCache("tiny"), tmp_path / "outputs", vram_cap_gb=2.0)
     with pytest.raises(InputError) as e:

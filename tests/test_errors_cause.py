@@ -56,7 +56,7 @@ def test_a_type_error_in_resume_is_not_called_a_damaged_job_json(tmp_path, monke
 def test_the_ui_runner_does_not_call_a_bug_a_damaged_job_json(tmp_path, monkeypatch, tiny_original):
     import torch
 
-    from ui.models import ComponentCache
+    from jobs.models import ComponentCache
     from ui.runner import JobRunner
 
     runner = JobRunner(ComponentCache("tiny", loader=lambda *a: tiny_original), tmp_path, vram_cap_gb=20,

@@ -40,7 +40,7 @@ def farm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runner(farm):
     from farm.runner import FarmRunner
-    from ui.models import ComponentCache
+    from jobs.models import ComponentCache
 
     return FarmRunner(farm, ComponentCache("tiny"), farm.outputs, 20.0)
 
@@ -246,7 +246,7 @@ class _HeldFarm:
 
 def test_the_line_fills_every_worker_then_waits(tmp_path):
     from farm.runner import FarmRunner
-    from ui.models import ComponentCache
+    from jobs.models import ComponentCache
     from ui.runner import Waiting
 
     farm = _HeldFarm(2, tmp_path)

@@ -155,7 +155,7 @@ def test_a_failed_job_pops_up_an_error(tmp_path):
     from common.errors import WeightsNotFound
     from ui import settings as st
     from ui.cli import parse_args
-    from ui.models import ComponentCache
+    from jobs.models import ComponentCache
     from ui.runner import JobRunner
 
     def loader(*_):

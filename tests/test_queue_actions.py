@@ -7,6 +7,7 @@ import math
 import gradio as gr
 import pytest
 
+from jobs import jsonl
 from jobs import store as qs
 from tests.conftest import make_image, uploaded
 from ui.queue_api import QueueActions, QueueApi
@@ -34,7 +35,7 @@ HOSTILE = [None, "", 5, -1, math.nan, math.inf, True, [], {}, [[[1]]], "x" * 100
 
 def test_hostile_values_get_a_clear_refusal(api, image, tmp_path):
     handlers, store = api
-    entry = store.add(qs.checked_values({"image": str(image), "prompt": "kept"}, 128))
+    entry = store.add(jsonl.checked_values({"image": str(image), "prompt": "kept"}, 128))
     calls = []
     for bad in HOSTILE:
         calls += [(handlers.move, (bad, 0)), (handlers.move, (entry.id, bad)), (handlers.edit, (bad, {})),
@@ -69,7 +70,7 @@ def test_a_jsonl_upload_may_name_only_the_queues_own_copies(api, image, tmp_path
         handlers.import_jsonl(uploaded(jsonl), None)
     with pytest.raises(gr.Error, match="jobs file: only a file uploaded to this app"):
         handlers.import_jsonl(str(jsonl), None)                      # the jobs file itself: an upload only
-    inside = store.add(qs.checked_values({"image": str(image), "prompt": "inside"}, 128))
+    inside = store.add(jsonl.checked_values({"image": str(image), "prompt": "inside"}, 128))
     jsonl.write_text(store.export_jsonl())
     (again,) = handlers.import_jsonl(uploaded(jsonl), None)
     assert again["prompt"] == "inside" and again["id"] != inside.id

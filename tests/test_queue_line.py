@@ -12,6 +12,7 @@ from gradio_client import handle_file
 from gradio_client.exceptions import AppError
 
 from common.files import file_sha256
+from jobs import jsonl
 from jobs import store as qs
 from pipeline.request import Request, prepare
 from video.mp4 import encode_segment, read_frames
@@ -79,7 +80,7 @@ def test_a_queued_extension_keeps_its_video_and_runs(server, client, tmp_path):
     copy = qs.Path(entry["input_video"])
     store = qs.QueueStore(server.outputs)
     assert copy.parent == store.images_root / entry["id"] and copy.read_bytes() == clip.read_bytes()
-    assert store.get(entry["id"]).images[qs.VIDEO_SHA256] == file_sha256(clip)
+    assert store.get(entry["id"]).images[jsonl.VIDEO_SHA256] == file_sha256(clip)
     done = wait_for(lambda: (lambda e: e if e["status"] in qs.FINISHED else None)(
         next(e for e in listing(client) if e["id"] == entry["id"])), timeout=300, every=0.5, what="the job")
     assert done["status"] == qs.DONE, done["message"]
@@ -100,12 +101,12 @@ def test_a_queued_extension_keeps_its_video_and_runs(server, client, tmp_path):
 def test_a_changed_copy_of_a_queued_video_is_noticed(tmp_path):
     clip = write_video(tmp_path / "clip.mp4", moving_frames(40), codec="libx264")
     store, _ = qs.QueueStore.open(tmp_path / "out")
-    entry = store.add(qs.checked_values({"input_video": str(clip), **COMMON}, 64))
-    assert qs.copy_problem(entry.images) is None
+    entry = store.add(jsonl.checked_values({"input_video": str(clip), **COMMON}, 64))
+    assert jsonl.copy_problem(entry.images) is None
     edited = store.edit(entry.id, {**entry.values(), "prompt": "edited"})      # the same copy, the same hash
-    assert edited.images[qs.VIDEO_SHA256] == file_sha256(clip) and qs.copy_problem(edited.images) is None
+    assert edited.images[jsonl.VIDEO_SHA256] == file_sha256(clip) and jsonl.copy_problem(edited.images) is None
     qs.Path(entry.images["input_video"]).write_bytes(b"not the video")
-    assert "changed since the job was queued" in qs.copy_problem(entry.images)
+    assert "changed since the job was queued" in jsonl.copy_problem(entry.images)
     assert json.loads(store.export_jsonl())["input_video"] == entry.images["input_video"]
     store.close()
 

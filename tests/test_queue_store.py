@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from jobs import jsonl
 from jobs import store as qs
 from common.errors import InputError
 from tests.conftest import make_image
@@ -34,7 +35,7 @@ def store(tmp_path):
 
 
 def job(image, prompt="a cat", **kw):
-    return qs.checked_values({"image": str(image), "prompt": prompt, "seconds": 1.2, "steps": 2, **kw}, 128)
+    return jsonl.checked_values({"image": str(image), "prompt": prompt, "seconds": 1.2, "steps": 2, **kw}, 128)
 
 
 def prompts(store, statuses=None):
@@ -54,13 +55,13 @@ def test_add_keeps_order_and_copies_the_images_under_outputs(store, image):
 
 def test_checked_values_names_the_bad_field(image, tmp_path):
     with pytest.raises(InputError) as e:
-        qs.checked_values({"image": str(image), "prompt": "x", "seconds": 999}, 128)
+        jsonl.checked_values({"image": str(image), "prompt": "x", "seconds": 999}, 128)
     assert e.value.field.startswith("seconds") or "seconds" in str(e.value)
     with pytest.raises(InputError) as e:
-        qs.checked_values({"image": str(tmp_path / "missing.png"), "prompt": "x"}, 128)
+        jsonl.checked_values({"image": str(tmp_path / "missing.png"), "prompt": "x"}, 128)
     assert e.value.field == "image" and "not a file" in e.value.message
     with pytest.raises(InputError) as e:
-        qs.checked_values({"image": str(image), "prompt": "x", "colour": 3}, 128)
+        jsonl.checked_values({"image": str(image), "prompt": "x", "colour": 3}, 128)
     assert e.value.field == "colour"
 
 
@@ -108,7 +109,7 @@ def test_export_then_import_gives_the_same_jobs(store, image, tmp_path):
     lines = [json.loads(line) for line in text.splitlines()]
     assert [line["prompt"] for line in lines] == ["a", "b"] and lines[0]["seed"] == 5
     other, _ = qs.QueueStore.open(tmp_path / "elsewhere")
-    added = other.add_many(qs.read_jsonl(text, 128))
+    added = other.add_many(jsonl.read_jsonl(text, 128))
     assert [e.settings for e in added] == [e.settings for e in store.entries()]
     assert all(qs.Path(e.images["image"]).parent.parent == other.images_root for e in added)
     other.close()
@@ -122,12 +123,12 @@ def test_import_refuses_the_whole_file_and_names_the_line(store, image):
                                "line 3", "steps"),
                               ("\n# nothing\n", "jobs file", "no job")):
         with pytest.raises(InputError) as e:
-            qs.read_jsonl(text, 128)
+            jsonl.read_jsonl(text, 128)
         assert e.value.field == where and what in e.value.message
     assert store.entries() == []
     rel = image.parent / "jobs.jsonl"
     rel.write_text(json.dumps({"image": image.name, "prompt": "relative"}) + "\n")
-    assert qs.read_jsonl(rel.read_text(), 128, base=rel.parent)[0]["image"] == str(image.resolve())
+    assert jsonl.read_jsonl(rel.read_text(), 128, base=rel.parent)[0]["image"] == str(image.resolve())
 
 
 def test_a_restart_puts_the_running_job_first_again(tmp_path, image):
@@ -191,7 +192,7 @@ def test_adds_from_threads_keep_each_clients_order(store, image):
 def test_another_process_sees_the_same_queue(store, image):
     store.add(job(image, "here"))
     code = ("import sys; from jobs import store as qs; s, _ = qs.QueueStore.open(qs.Path(sys.argv[1])); "
-            "s.add(qs.checked_values({'image': sys.argv[2], 'prompt': 'there'}, 128)); "
+            "s.add(jsonl.checked_values({'image': sys.argv[2], 'prompt': 'there'}, 128)); "
             "print(len(s.entries()))")
     out = subprocess.run([sys.executable, "-c", code, str(store.outputs), str(image)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
@@ -254,7 +255,7 @@ def test_a_queue_of_the_version_before_owners_is_brought_up_to_date(tmp_path, im
     import sqlite3
 
     store, _ = qs.QueueStore.open(tmp_path)
-    entry = store.add(qs.checked_values({"image": str(image), "prompt": "old"}, 128))
+    entry = store.add(jsonl.checked_values({"image": str(image), "prompt": "old"}, 128))
     store.close()
     db = sqlite3.connect(qs.QueueStore(tmp_path).path)
     db.executescript("ALTER TABLE entries DROP COLUMN owner; UPDATE meta SET value = '1' WHERE key = 'schema';")
@@ -263,6 +264,6 @@ def test_a_queue_of_the_version_before_owners_is_brought_up_to_date(tmp_path, im
     try:
         (kept,) = store.entries()
         assert found.warning is None and kept.id == entry.id and kept.settings["prompt"] == "old"
-        assert kept.owner is None and store.add(qs.checked_values({"image": str(image)}, 128), owner="bob").owner == "bob"
+        assert kept.owner is None and store.add(jsonl.checked_values({"image": str(image)}, 128), owner="bob").owner == "bob"
     finally:
         store.close()

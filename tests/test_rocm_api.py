@@ -30,7 +30,7 @@ def fallback():
 def test_safeconv3d_equals_conv3d(fallback, padding_mode):
     torch.manual_seed(0)
     plain = nn.Conv3d(3, 5, (3, 3, 2), stride=(1, 2, 1), padding=(1, 1, 1), padding_mode=padding_mode)
-    safe = SafeConv3d.from_conv(plain)
+    safe = SafeConv3d.from_conv(plain, fallback)
     assert safe.weight is plain.weight and safe.bias is plain.bias
     x = torch.randn(2, 3, 4, 9, 8, requires_grad=True)
     out, ref = safe(x), plain(x)
@@ -72,7 +72,7 @@ def test_patch_model_keeps_weights_and_reports(fallback):
         ref = net(x)
     # tier 1 fails for the second Conv3d's input shape only -> that layer is bypassed
     fallback.fault_plan = FaultPlan([Fault(tier=1, kind="no_algorithm", op="conv3d", input_shape=(1, 4, 4, 6, 6))])
-    assert patch_model(net) is net
+    assert patch_model(net, fallback=fallback) is net
     replaced = patched_layers(net)
     assert replaced == ["stem", "blocks.0", "blocks.2"]
     assert isinstance(net.stem, SafeConv2d) and isinstance(net.blocks[0], SafeConv3d)

@@ -12,7 +12,7 @@ from pipeline.events import Done, Progress
 from pipeline.orchestrator import generate
 from pipeline.request import Request, prepare
 from tests.conftest import make_image
-from ui.models import ComponentCache
+from jobs.models import ComponentCache
 from ui.runner import JobRunner
 
 

@@ -48,12 +48,14 @@ import gradio as gr
 
 from configs.controls import CONTROLS as TABLE, Control
 from common.errors import InputError
-from pipeline.events import Done, Failed, LogLine, Progress
+from jobs.line import Waiting
+from jobs.runner import Job, Runner, SessionBusy
+from jobs.text import progress_line, waiting_text
+from pipeline.events import Cancelled, Done, Failed, LogLine, Progress
 from ui import settings as st
 from ui.access import Access
 from ui.media import published
-from ui.runner import JobRunner, SessionBusy, Ticket, Waiting
-from ui.view import done_status, progress_line, waiting_text
+from ui.view import done_status
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +65,8 @@ PUBLIC_ENDPOINTS = ("video", "resume", "stop")
 class JobApi:
     """The endpoints' functions; `register()` wires them into the Blocks being built."""
 
-    def __init__(self, runner: JobRunner, default_resolution: int, access: Access = Access()):
+    def __init__(self, runner: Runner, access: Access = Access()):
         self.runner = runner
-        self.default_resolution = default_resolution
         self.access = access
 
     def register(self, controls: list, *, concurrency_id: str = "gpu", concurrency_limit: int = 1,
@@ -86,21 +87,17 @@ class JobApi:
     # ---- endpoints ------------------------------------------------------------------------------------------------
     def video(self, values: dict, request: gr.Request = None, progress=None):
         """/video (see `video_endpoint`): `values` by control name."""
-        from pipeline.request import prepare
-
         from ui.source_job import resolved
 
         user = self.access.user(request)
-        try:
+
+        def submit(session):
             job = st.request_from_values(values, getattr(self, "table", TABLE))    # uploads only
             if getattr(job, "source_job", ""):                               # a finished job by its id
                 job = resolved(job, self.runner.outputs, self.access, user)
-            prepared = prepare(job, self.default_resolution)       # checked and decoded once, here
-        except InputError as e:
-            log.info("API input rejected: %s", e)
-            raise gr.Error(str(e), title="Please check the input", print_exception=False) from None
-        return self._run(self._reserve(request, lambda session: self.runner.reserve(session, prepared, owner=user)),
-                         progress)
+            return self.runner.submit(job, session=session, owner=user, origin="api")    # the one pre-flight
+
+        return self._run(self._submit(request, submit), progress)
 
     def resume(self, job_id, request: gr.Request, progress=gr.Progress()):
         """Continue a stopped or interrupted job from its last finished section; returns the video and a summary.
@@ -109,34 +106,33 @@ class JobApi:
             job_id: the job's folder name under outputs/ (the summary's job_id), e.g. 20250101-120000-abc123
         """
         user = self.access.user(request)
-        return self._run(self._reserve(request, lambda session: self.runner.reserve_resume(
-            session, self.access.job_folder(self.runner.outputs, job_id, user, "job_id"), owner=user)), progress)
+        return self._run(self._submit(request, lambda session: self.runner.submit_resume(
+            self.access.job_folder(self.runner.outputs, job_id, user, "job_id"), session=session, owner=user,
+            origin="api")), progress)
 
     # ---- helpers --------------------------------------------------------------------------------------------------
-    def _reserve(self, request: gr.Request, reserve) -> Ticket:
+    def _submit(self, request: gr.Request, submit) -> Job:
         try:
-            return reserve(request.session_hash)
+            return submit(request.session_hash)
         except InputError as e:
+            log.info("API input rejected: %s", e)
             raise gr.Error(str(e), title="Please check the input", print_exception=False) from None
         except SessionBusy as e:
             raise gr.Error(str(e), print_exception=False) from None
 
-    def _run(self, ticket: Ticket, progress) -> tuple[str | None, dict]:
+    def _run(self, job: Job, progress) -> tuple[str | None, dict]:
         result, warnings = None, []
-        try:
-            for batch in self.runner.run(ticket):
-                for event in batch:
-                    if isinstance(event, Progress):
-                        progress(event.fraction, desc=progress_line(event))
-                    elif isinstance(event, Waiting):
-                        progress(0.0, desc=waiting_text(event))
-                    elif isinstance(event, LogLine) and event.level == "warning":
-                        warnings.append(event.message)
-                    elif isinstance(event, (Done, Failed)):
-                        result = event
-        finally:
-            self.runner.forget(ticket)
-        return outcome(result, warnings, ticket.request.fps)
+        for batch in self.runner.stream(job):
+            for event in batch:
+                if isinstance(event, Progress):
+                    progress(event.fraction, desc=progress_line(event))
+                elif isinstance(event, Waiting):
+                    progress(0.0, desc=waiting_text(event))
+                elif isinstance(event, LogLine) and event.level == "warning":
+                    warnings.append(event.message)
+                elif isinstance(event, (Done, Failed, Cancelled)):
+                    result = event
+        return outcome(result, warnings, job.request.fps)
 
 
 VIDEO_DOC = "Image to video: runs one job to its end (in the GPU queue) and returns the video and a summary."

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from configs.runtime import Config
+from jobs.runner import Runner
 from ui.access import Access
 from ui.guard import HandlerGuard, HeapKeeper
 from ui.layout import Layout
 from ui.prompt_tokens import TokenCounter
-from ui.runner import JobRunner
 
 # Un-queued handlers running at once (a call beyond that returns at once, ui/guard.py): the expensive ones (memory
 # plan, token count: up to ~0.5 s each), one per tab; the cheap ones (hints, random seed, LoRA picker: < 50 ms)
@@ -20,18 +21,18 @@ QUICK_CALLS_PER_SESSION = 2
 
 @dataclass
 class AppContext:
-    args: object                  # the parsed command line (ui/cli.py)
+    config: Config                # the process's configuration (configs/runtime.py)
     preset: object                # configs.presets.ModelPreset
     device: object                # torch.device
     outputs: Path
-    runner: JobRunner
+    runner: Runner
     ui: Layout
     preserved_max_gb: float       # the preserved-memory slider's top: the cap, or the card's memory if smaller
     live: HandlerGuard            # the expensive live handlers
     quick: HandlerGuard           # the cheap ones (never behind the expensive ones)
     tokens: TokenCounter
     access: Access = Access()     # who sees what (--auth users; ui/access.py)
-    public_notice: str = ""       # on a network without a login: that everyone sees everything (ui/cli.py)
+    public_notice: str = ""       # on a network without a login: that everyone sees everything (ui/launch.py)
     keeper: HeapKeeper | None = None   # gives the heap back after bursts (ui/guard.py)
 
     @staticmethod
@@ -55,17 +56,15 @@ def preserved_max_gb(cap_gb: float, device) -> float:
     return round(top, 1)
 
 
-def preserved_text(preset, args, device, preserved_gb, max_gb: float, resolution=None, width=0, height=0,
+def preserved_text(preset, config: Config, device, preserved_gb, max_gb: float, resolution=None, width=0, height=0,
                    window=9, image=None) -> str:
     """The page's memory plan: the residency plan of the preserved memory, then what the job's size costs
-    (ui/size_plan.py)."""
+    (ui/memory_plan.py)."""
     from ui import hints
-    from ui.cli import weight_storage
-    from ui.size_plan import size_line
+    from ui.memory_plan import size_line
 
-    size, line = size_line(preset, args.vram_cap_gb, preset.default_resolution if resolution is None else resolution,
-                           width, height, window, image, weight_storage(args))
-    text = hints.preserved_hint(preset, args.vram_cap_gb, preserved_gb, device.type,
-                                getattr(args, "host_ram_gb", None), weight_storage(args), max_gb=max_gb,
-                                size=size, window=int(hints.number(window) or 9))
+    size, line = size_line(preset, config.vram_cap_gb, preset.default_resolution if resolution is None else
+                           resolution, width, height, window, image, config.weight_storage)
+    text = hints.preserved_hint(preset, config.vram_cap_gb, preserved_gb, device.type, config.host_ram_gb,
+                                config.weight_storage, max_gb=max_gb, size=size, window=int(hints.number(window) or 9))
     return "**Memory plan:** " + text + (f"\n\n{line}" if line else "")

@@ -74,11 +74,11 @@ def wire(app: gr.Blocks, ctx: AppContext) -> None:
     app.load(live_hints, hint_inputs, ui.hints, preprocess=False, **HIDDEN)
 
     def memory_plan(preserved_gb, resolution, width, height, window, image):
-        return preserved_text(ctx.preset, ctx.args, ctx.device, preserved_gb, ctx.preserved_max_gb, resolution,
+        return preserved_text(ctx.preset, ctx.config, ctx.device, preserved_gb, ctx.preserved_max_gb, resolution,
                               width, height, window, image)
 
     plan_inputs = [ui.preserved_gb, ui.resolution, ui.width, ui.height, ui.latent_window, ui.image]
-    for component in plan_inputs:          # the size's cost too (ui/size_plan.py)
+    for component in plan_inputs:          # the size's cost too (ui/memory_plan.py)
         component.change(live.wrap(memory_plan, gr.skip), plan_inputs, ui.preserved_info, preprocess=False, **HIDDEN)
 
     def token_count(prompt):

@@ -15,10 +15,8 @@ from common.errors import InputError
 from ui import messages
 from ui import settings as st
 from ui.context import AppContext
-from ui.queue_api import QueueActions, QueueApi
-from ui.line_record import LineRecorder
 from ui.media import published
-from ui.queue_worker import QueueWorker
+from ui.queue_api import QueueActions, QueueApi
 
 log = logging.getLogger(__name__)
 
@@ -204,20 +202,14 @@ class QueuePanel:
         p.load.click(self.load, p.pick, controls, show_progress="hidden")
 
 
-def start_queue(ctx: AppContext, app: gr.Blocks) -> QueueWorker:
-    """Open the outputs folder's queue (a damaged database is moved aside with a warning), start its worker, build
-    the panel and the /queue_* API (call inside the gr.Blocks being built, after the layout)."""
-    store, found = qs.QueueStore.open(ctx.outputs)
-    if found.interrupted:
-        log.info("queue: %d interrupted job(s) continue: %s", len(found.interrupted),
-                 ", ".join(e.id for e in found.interrupted))
-    waiting = len(store.entries([qs.WAITING]))
+def wire_queue(ctx: AppContext, app: gr.Blocks, warning: str | None = None) -> QueuePanel:
+    """The queue panel and the /queue_* API over the runner's queue (call inside the gr.Blocks being built, after
+    the layout). `warning`: the store's (a damaged database moved aside), shown on the panel."""
+    waiting = len(ctx.runner.store.entries([qs.WAITING]))
     if waiting:
-        log.info("queue: %d job(s) waiting in %s", waiting, store.path)
-    ctx.runner.recorder = LineRecorder(store)          # Start and /video jobs are kept in it too (ui/line_record.py)
-    worker = QueueWorker(store, ctx.runner, ctx.default_resolution)
-    actions = QueueActions(store, worker, ctx.default_resolution, ctx.access)
-    panel = QueuePanel(ctx, actions, build_parts(), found.warning)
+        log.info("queue: %d job(s) waiting in %s", waiting, ctx.runner.store.path)
+    actions = QueueActions(ctx.runner, ctx.access)
+    panel = QueuePanel(ctx, actions, build_parts(), warning)
     panel.wire(app)
     QueueApi(actions).register(ctx.ui.controls())
-    return worker.start()
+    return panel

@@ -19,8 +19,9 @@ from ui.layout import SHOW_PREVIEW_JS
 from ui.media import published
 from ui.panel_controls import LONG_JOB_SECTIONS, expected_time, section_count
 from ui.panel_jobs import JobsPanel
-from ui.runner import SessionBusy
-from ui.view import JobView, progress_html, waiting_text
+from jobs.runner import SessionBusy
+from jobs.text import waiting_text
+from ui.view import JobView, progress_html
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,10 @@ class RunPanel:
         title = "Please check the input" if isinstance(error, InputError) else None
         raise gr.Error(text, title=title, print_exception=False) from None
 
-    def started(self, ticket):
-        place = self.runner.waiting(ticket)
+    def started(self, job):
+        place = self.runner.waiting(job)
         text = waiting_text(place) if place is not None else "Starting…"
-        return (ticket.id, gr.update(interactive=False), gr.update(interactive=True), text,
+        return (job.id, gr.update(interactive=False), gr.update(interactive=True), text,
                 progress_html(None, idle_text=text))
 
     def needs_confirmation(self, session: str, job) -> str | None:
@@ -67,19 +68,17 @@ class RunPanel:
                 "shorten it.")
 
     def submit(self, request: gr.Request, *values):
-        from pipeline.request import prepare
-
         from ui.source_job import resolved
 
         user = self.ctx.access.user(request)
         try:
             job = st.request_from_values(dict(zip(st.CONTROLS, values)))           # uploads only
             job = resolved(job, self.ctx.outputs, self.ctx.access, user)          # a job to extend, by its id
-            prepared = prepare(job, self.ctx.default_resolution)                  # checked once, here
             question = self.needs_confirmation(request.session_hash, job)
             if question is not None:
                 return None, gr.skip(), gr.skip(), question, gr.skip()
-            return self.started(self.runner.reserve(request.session_hash, prepared, owner=user))
+            return self.started(self.runner.submit(job, session=request.session_hash, owner=user,
+                                                   origin="page"))                # the one pre-flight
         except (InputError, SessionBusy) as e:
             self.refuse(request.session_hash, e)
 
@@ -89,7 +88,8 @@ class RunPanel:
             if not job_id:
                 raise InputError("job", "select a job in the gallery first")
             folder = self.ctx.access.job_folder(self.ctx.outputs, job_id, user, "job")
-            return self.started(self.runner.reserve_resume(request.session_hash, folder, owner=user))
+            return self.started(self.runner.submit_resume(folder, session=request.session_hash, owner=user,
+                                                          origin="page"))
         except (InputError, SessionBusy) as e:
             self.refuse(request.session_hash, e)
 
@@ -98,16 +98,16 @@ class RunPanel:
         return f"⚠ {message}" if message else gr.skip()
 
     # ---- the running job --------------------------------------------------------------------------------------------
-    def run(self, ticket_id):
+    def run(self, job_id):
         ui = self.ui
-        ticket = self.runner.get(ticket_id)
-        if ticket is None or ticket.cancel.cancelled and not ticket.started:
+        job = self.runner.get(job_id)
+        if job is None or job.cancel.cancelled and not job.started:
             yield {ui.status: gr.skip()}    # dropped while waiting (End or tab closed), or not started
             return
-        view = JobView(fps=ticket.request.fps, mode=ticket.request.mode)
+        view = JobView(fps=job.request.fps, mode=job.request.mode)
         yield {ui.preview: None, ui.video: None, ui.log: "", ui.memory_plot: None,
                ui.timings: "_Shown after the job._"}
-        for batch in self.runner.run(ticket, tick_s=TICK_S):
+        for batch in self.runner.stream(job, tick_s=TICK_S):
             for event in batch:
                 view.apply(event)
             if not batch:
@@ -135,19 +135,19 @@ class RunPanel:
             updates.update({ui.start: gr.update(interactive=True), ui.end: gr.update(interactive=False)})
         return updates or {ui.status: gr.skip()}
 
-    def finish(self, ticket_id, selected_job, request: gr.Request):
+    def finish(self, job_id, selected_job, request: gr.Request):
         current = self.runner.current(request.session_hash)
         gallery, job_ids = self.jobs.refresh(request)
         details = self.jobs.select_id(selected_job, request)    # the selected job as it is now (after Resume)
-        if ticket_id is None or current is not None and current.id != ticket_id and not current.finished:
+        if job_id is None or current is not None and current.id != job_id and not current.finished:
             return gr.skip(), gr.skip(), gallery, job_ids, *details    # not started, or a newer job is under way
         return gr.update(interactive=True), gr.update(interactive=False), gallery, job_ids, *details
 
     # ---- End ----------------------------------------------------------------------------------------------------
     def stop(self, request: gr.Request):
         message = self.runner.cancel(request.session_hash)
-        ticket = self.runner.current(request.session_hash)
-        if ticket is not None and ticket.finished:
+        job = self.runner.current(request.session_hash)
+        if job is not None and job.finished:
             return f"■ {message}", gr.update(interactive=True), gr.update(interactive=False)
         return f"■ {message}", gr.skip(), gr.skip()
 
@@ -161,21 +161,21 @@ class RunPanel:
             self._confirmed.pop(request.session_hash, None)
 
     # ---- wiring -----------------------------------------------------------------------------------------------------
-    def wire(self, app: gr.Blocks, ticket_state: gr.State) -> None:
+    def wire(self, app: gr.Blocks, job_state: gr.State) -> None:
         ui = self.ui
         run_outputs = [ui.preview, ui.video, ui.progress, ui.log, ui.status, ui.memory_plot, ui.timings, ui.report,
                        ui.start, ui.end]
         finish_outputs = [ui.start, ui.end, ui.gallery, ui.jobs_state, *self.jobs.detail_outputs]
 
         def queue_job(submitted, api_name=None):
-            """After a ticket is reserved: the job waits its turn in the runner's line and streams to the page."""
+            """After a job is queued: it waits its turn in the queue and streams to the page."""
             submitted.failure(self.show_submit_error, None, ui.status, queue=False, show_progress="hidden")
-            submitted.success(self.run, ticket_state, run_outputs, concurrency_limit=JOBS_MAX, concurrency_id="gpu",
+            submitted.success(self.run, job_state, run_outputs, concurrency_limit=JOBS_MAX, concurrency_id="gpu",
                               show_progress="full", show_progress_on=[ui.progress], api_name=api_name) \
-                .then(self.finish, [ticket_state, ui.selected_job], finish_outputs,
+                .then(self.finish, [job_state, ui.selected_job], finish_outputs,
                       show_progress="hidden")      # queued: it reads the job folders
 
-        started_outputs = [ticket_state, ui.start, ui.end, ui.status, ui.progress]
+        started_outputs = [job_state, ui.start, ui.end, ui.status, ui.progress]
         checks = dict(show_progress="hidden", concurrency_limit=SUBMITS_MAX, concurrency_id="submit")
         queue_job(ui.start.click(self.submit, ui.controls(), started_outputs, preprocess=False,
                                  trigger_mode="multiple", **checks), api_name="generate")

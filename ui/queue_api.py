@@ -61,8 +61,10 @@ from typing import Any, Mapping
 import gradio as gr
 
 from configs.controls import CONTROLS as TABLE
+from jobs import jsonl
 from jobs import store as qs
 from common.errors import InputError
+from jobs.runner import Runner
 from ui import settings as st
 from ui.access import Access
 
@@ -78,33 +80,21 @@ QUEUE_ENDPOINTS = ("queue_add", "queue_add_images", "queue_list", "queue_move", 
 
 class QueueActions:
     """What the page and the API do to the queue, for a user (ui/access.py: with several users each sees and
-    changes only their own entries). Each raises InputError naming the field when refused."""
+    changes only their own entries). Jobs are added through the one runner (jobs/runner.py), checked whole by its
+    pre-flight when they are added. Each raises InputError naming the field when refused."""
 
-    def __init__(self, store: qs.QueueStore, worker, default_resolution: int, access: Access = Access()):
-        self.store, self.worker = store, worker
-        self.default_resolution = default_resolution
+    def __init__(self, runner: Runner, access: Access = Access()):
+        self.runner, self.store = runner, runner.store
         self.access = access
 
-    def _checked(self, values: Mapping[str, Any], user: str | None) -> dict:
-        """A job's values checked as a job's now (what it reads: its files, its LoRAs and their keys), not when it
-        runs."""
+    def _request(self, values: Mapping[str, Any], user: str | None):
+        """A client's job (its files already checked as uploads; a job to extend, named by its id, looked up)."""
+        from pipeline.lora import names_only
+        from pipeline.request import Request
         from ui.source_job import resolved_values
 
-        checked = qs.checked_values(resolved_values(values, self.store.outputs, self.access, user),
-                                    self.default_resolution)
-        return self._loras_checked(checked)
-
-    def _loras_checked(self, checked: dict) -> dict:
-        from pipeline.lora import names_only
-
-        if checked.get("loras"):
-            names_only(checked["loras"])
-            self.worker.runner.check_loras(checked["mode"], checked["loras"])
-        return checked
-
-    def _added(self, entries):
-        self.worker.wake()
-        return entries
+        names_only(values.get("loras"))                     # LoRAs by their names in the LoRA folder only
+        return Request.from_mapping(resolved_values(values, self.store.outputs, self.access, user))
 
     def _own(self, entry_id, user: str | None, *, waiting: bool = False) -> qs.Entry:
         """The entry, if the user may see it (another user's is "not there", like a missing one)."""
@@ -116,6 +106,9 @@ class QueueActions:
     def visible(self, user: str | None, statuses=None) -> list[qs.Entry]:
         return [e for e in self.store.entries(statuses) if self.access.sees(user, e.owner)]
 
+    def _queued(self, jobs) -> list[qs.Entry]:
+        return [self.store.get(job.entry) for job in jobs]
+
     @staticmethod
     def page_values(values: Mapping[str, Any]) -> dict:
         """Settings and uploaded files by name from a client's control values (uploads only: ui/settings.py)."""
@@ -125,7 +118,8 @@ class QueueActions:
 
     def add(self, values: Mapping[str, Any], user: str | None = None) -> qs.Entry:
         """Add a job: `values` by control name (settings and the uploads' paths)."""
-        return self._added(self.store.add(self._checked(values, user), owner=user))
+        (entry,) = self._queued(self.runner.submit_many([self._request(values, user)], owner=user))
+        return entry
 
     def add_images(self, images: list, values: Mapping[str, Any], user: str | None = None) -> list[qs.Entry]:
         if not isinstance(values, Mapping):
@@ -137,8 +131,8 @@ class QueueActions:
         paths = [st.client_file(i, "images") for i in images]
         if not paths or not all(paths):
             raise InputError("images", "upload one or more images: one job is added per image")
-        checked = [self._checked({**values, "image": p}, user) for p in paths]
-        return self._added(self.store.add_many(checked, owner=user))
+        requests = [self._request({**values, "image": p}, user) for p in paths]
+        return self._queued(self.runner.submit_many(requests, owner=user))
 
     def import_jsonl(self, upload, user: str | None = None) -> list[qs.Entry]:
         path = st.client_file(upload, "jobs file")
@@ -156,14 +150,16 @@ class QueueActions:
         if lines > IMPORT_LINES_MAX:
             raise InputError("jobs file", f"{lines} lines; a jobs file sent to the app may have at most "
                                           f"{IMPORT_LINES_MAX} (use `python -m cli queue add` for more)")
-        jobs = qs.read_jsonl(text, self.default_resolution, files=lambda name, value: self._queue_copy(name, value,
-                                                                                                      user))
-        for number, job in enumerate(jobs, 1):
+        jobs = jsonl.read_lines(text, files=lambda name, value: self._queue_copy(name, value, user))
+        from pipeline.lora import names_only
+
+        for number, values in jobs:
             try:
-                self._loras_checked(job)
+                names_only(values.get("loras"))             # LoRAs by their names in the LoRA folder only
             except InputError as e:
-                raise InputError("jobs file", f"job {number}: {e.field}: {e.message}") from None
-        return self._added(self.store.add_many(jobs, owner=user))
+                raise InputError(f"line {number}", f"{e.field}: {e.message}") from None
+        prepared = jsonl.prepare_lines(jobs, self.runner.preflight)
+        return self._queued(self.runner.submit_many(prepared, owner=user, checked=True))
 
     def _queue_copy(self, name: str, value, user: str | None) -> str:
         """A file named in a jobs file sent to the app: only the queue's copy of an image or video of one of the
@@ -199,12 +195,16 @@ class QueueActions:
         return f.name
 
     def edit(self, entry_id, values: Mapping[str, Any], user: str | None = None) -> qs.Entry:
-        """Change a waiting job: `values` are merged over its settings (so {"seconds": 4} changes only that)."""
+        """Change a waiting job: `values` are merged over its settings (so {"seconds": 4} changes only that); the
+        whole job is checked again by the pre-flight."""
+        from jobs.runner import entry_values
+
         entry = self._own(entry_id, user, waiting=True)
         if not isinstance(values, Mapping):
             raise InputError("settings", "give the settings to change as a JSON object, e.g. {\"seconds\": 4}")
         merged = {**entry.values(), **{k: v for k, v in values.items() if v is not None or k == "end_image"}}
-        return self.store.edit(entry.id, self._checked(merged, user))
+        prepared = self.runner.preflight.prepare(self._request(merged, user))
+        return self.store.edit(entry.id, entry_values(prepared.request))
 
     def move(self, entry_id, index, user: str | None = None) -> list[qs.Entry]:
         if isinstance(index, bool) or not isinstance(index, (int, float)) or not math.isfinite(index) \
@@ -221,7 +221,7 @@ class QueueActions:
         return self.visible(user)
 
     def remove(self, entry_id, user: str | None = None) -> str:
-        return self.worker.stop(self._own(entry_id, user).id)
+        return self.runner.stop(self._own(entry_id, user).id)
 
     def listing(self, user: str | None = None) -> list[dict]:
         return [e.summary() for e in self.visible(user)]
@@ -285,7 +285,7 @@ class QueueApi:
         def add():
             values = {k: v for k, v in self.actions.page_values(settings or {}).items() if k != "image"}
             return self.actions.add_images(images, {k: v for k, v in values.items()
-                                                    if k in (settings or {}) or k not in qs.FILE_NAMES}, user)
+                                                    if k in (settings or {}) or k not in jsonl.FILE_NAMES}, user)
 
         return [e.summary() for e in self._call(add)]
 
@@ -300,7 +300,7 @@ class QueueApi:
     def edit(self, job, settings, request: gr.Request) -> dict:
         """Change a waiting job's settings (a JSON object of the settings to change; its images stay: to use other
         images, remove the job and add it again)."""
-        files = [name for name in qs.FILE_NAMES if isinstance(settings, dict) and settings.get(name) not in (None, "")]
+        files = [name for name in jsonl.FILE_NAMES if isinstance(settings, dict) and settings.get(name) not in (None, "")]
         if files:
             raise gr.Error(f"{files[0]}: a queued job keeps its images; remove the job and add it again with "
                            "/queue_add to use another file", title="Please check the input", print_exception=False)

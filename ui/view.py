@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.events import Done, Failed, LogLine, Preview, Progress, SectionVideo
+from jobs.line import Waiting
+from jobs.text import format_seconds, progress_parts, waiting_text
+from pipeline.events import Cancelled, Done, Failed, LogLine, MemoryReport, Preview, Progress, SectionVideo
 from ui.messages import plain
-from ui.runner import Cancelled, MemoryReport, Waiting
 
 log = logging.getLogger(__name__)
 
@@ -34,53 +35,8 @@ def enlarge(image: np.ndarray, min_height: int = PREVIEW_MIN_HEIGHT, max_width: 
     return image.repeat(factor, axis=0).repeat(factor, axis=1) if factor > 1 else image
 
 
-def format_seconds(s: float | None) -> str:
-    if s is None:
-        return "…"
-    s = max(0, int(round(s)))
-    if s < 60:
-        return f"{s} s"
-    m, s = divmod(s, 60)
-    if m < 60:
-        return f"{m} min {s:02d} s"
-    h, m = divmod(m, 60)
-    return f"{h} h {m:02d} min"
-
-
-def _progress_parts(p: Progress) -> list[str]:
-    parts = [p.stage]
-    if p.sections and p.section > 0:
-        parts.append(f"section {p.section}/{p.sections}")
-    elif p.sections:
-        parts.append(f"{p.sections} section{'s' if p.sections != 1 else ''} planned")
-    if p.step and p.steps:
-        parts.append(f"step {p.step}/{p.steps}")
-    parts.append(f"elapsed {format_seconds(p.elapsed_s)}")
-    if p.eta_s is not None:
-        parts.append(f"ETA {format_seconds(p.eta_s)}" if p.eta_s >= 0.5 else "ETA: any moment now")
-    return parts
-
-
 ORIGINAL_NOTE = ("Original mode makes the end of the video first: section 1 is the last part of the video, and the "
                  "video grows towards the start image.")
-
-
-def ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
-def waiting_text(w: Waiting) -> str:
-    """'Waiting for the GPU: you are 2nd in line (1 job ahead of yours). It should start in about 40 s.'"""
-    jobs = "1 job" if w.ahead == 1 else f"{w.ahead} jobs"
-    when = (f"It should start in about {format_seconds(w.wait_s)}." if w.wait_s is not None else
-            "No wait estimate yet: this app has not timed a job; it starts as soon as those finish.")
-    return f"Waiting for the GPU: you are {ordinal(w.ahead + 1)} in line ({jobs} ahead of yours). {when}"
-
-
-def progress_line(p: Progress) -> str:
-    """The progress bar's text as plain text: 'sampling · section 1/2 · step 3/25 · elapsed 12 s · ETA 1 min'."""
-    return " · ".join(_progress_parts(p))
 
 
 def progress_html(p: Progress | None, *, idle_text: str = "Idle: upload an image, write a prompt, press Start.",
@@ -90,7 +46,7 @@ def progress_html(p: Progress | None, *, idle_text: str = "Idle: upload an image
     if p is None:
         return f'<div class="sf-progress sf-idle"><div class="sf-progress-text">{html.escape(idle_text)}</div></div>'
     pct = round(100 * p.fraction, 1)
-    parts = _progress_parts(p)
+    parts = progress_parts(p)
     text = " · ".join([f"<b>{html.escape(parts[0])}</b>", *parts[1:]])
     detail = html.escape(p.message) if p.message and p.message != p.stage else ""
     return (f'<div class="sf-progress" data-stage="{html.escape(p.stage)}" data-section="{p.section}" '

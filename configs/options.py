@@ -1,0 +1,136 @@
+"""Every process option, declared once: the ones both programs take (`python app.py` and `python -m cli`), the
+app's own (who can reach its server), and the one `Config` (configs/runtime.py) built from them. Light: argparse
+only."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from configs.lora import LORA
+from configs.memory import MEMORY
+from configs.presets import PRESETS
+from configs.runtime import Config, FarmOptions, WebOptions
+
+TEMP_MAX_AGE_S = 24 * 3600                # Gradio's cached uploads/videos (a copy per shown video) live this long
+
+
+def add_process_options(p: argparse.ArgumentParser, *, preset_default: str | None = "hunyuan") -> None:
+    """What runs the jobs: the models, where jobs are written, the memory limits, the farm."""
+    p.add_argument("--preset", choices=sorted(PRESETS), default=preset_default,
+                   help="hunyuan: the real models (about 42 GB, downloaded once); tiny: tiny random models built in "
+                        "code, no download (to try it)")
+    p.add_argument("--model-dir", type=Path, default=None,
+                   help="a folder laid out like the Hugging Face repos (nothing is downloaded when given)")
+    p.add_argument("--outputs", "--out", dest="outputs", type=Path, default=Path("outputs"),
+                   help="where jobs are written, and the queue kept (default outputs/)")
+    p.add_argument("--vram-cap-gb", type=float, default=MEMORY.vram_cap_gb,
+                   help=f"hard cap on GPU memory (default {MEMORY.vram_cap_gb:g} GB)")
+    p.add_argument("--host-ram-gb", type=float, default=MEMORY.host_ram_gb,
+                   help="host RAM this program may use; weights that do not fit are read from the weight files when "
+                        "needed (default: this machine's RAM minus a margin for the OS and a browser; logged)")
+    p.add_argument("--lora-dir", type=Path, default=Path(LORA.folder),
+                   help=f"folder of LoRA files (.safetensors), named by their file name (default {LORA.folder}/)")
+    p.add_argument("--fp8", action="store_true",
+                   help="keep the transformer and the Llama text encoder in fp8 in host RAM (half the RAM and half "
+                        "the bytes streamed per step; weights rounded to 3 mantissa bits, see README)")
+    p.add_argument("--no-pin", action="store_true", help="do not page-lock host copies (when host RAM is short)")
+    p.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: the GPU if there is one)")
+    g = p.add_argument_group("job farm (Ray; see README, \"Several GPUs\")")
+    where = g.add_mutually_exclusive_group()
+    where.add_argument("--ray", metavar="ADDRESS", default=None,
+                       help="run jobs on a running Ray cluster, one worker per GPU: 'auto' (the cluster of this "
+                            "machine) or its address (host:6379 or ray://host:10001); --outputs must be a path "
+                            "every machine shares")
+    where.add_argument("--gpus", type=parse_gpus, default=(), metavar="0,1",
+                       help="start a local Ray with one worker per listed GPU; jobs run side by side")
+    where.add_argument("--cpu-workers", type=_positive, default=0, metavar="N",
+                       help="a local Ray with N workers on the CPU (to try the farm with --preset tiny)")
+
+
+def add_web_options(p: argparse.ArgumentParser) -> None:
+    """The app's server: where it listens and who may use it."""
+    p.add_argument("--host", "--server", dest="host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: only this computer can connect)")
+    p.add_argument("--port", type=int, default=None, help="port (default: the first free one from 7860)")
+    p.add_argument("--share", action="store_true", help="make a public gradio.live link (anyone with it can use "
+                                                        "your GPU; combine with --auth)")
+    p.add_argument("--inbrowser", action="store_true", help="open the app in the default browser")
+    p.add_argument("--auth", action="append", default=None, metavar="USER:PASS",
+                   help="protect the whole app with a login; give it once per user (each user then sees and "
+                        "controls only their own jobs, queue entries and files)")
+    p.add_argument("--admin", action="append", default=[], metavar="USER",
+                   help="a user of --auth who sees and controls every user's jobs (the only user always does)")
+    p.add_argument("--temp-max-age", type=float, default=TEMP_MAX_AGE_S, metavar="SECONDS",
+                   help="delete the server's temporary copies of uploads and shown videos after this long (default "
+                        "one day; they are all deleted when the app stops; outputs/ is never touched)")
+
+
+def parse_gpus(text: str) -> tuple[int, ...]:
+    """'0,1' -> (0, 1). Raises argparse.ArgumentTypeError naming the option and what to write."""
+    try:
+        gpus = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GPU numbers separated by commas, e.g. --gpus 0,1 (not {text!r})")
+    if not gpus or any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
+        raise argparse.ArgumentTypeError(f"expected distinct GPU numbers from 0, e.g. --gpus 0,1 (not {text!r})")
+    return gpus
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of workers from 1, e.g. --cpu-workers 2 (not {text!r})")
+    return n
+
+
+def parse_auth(value: str | None) -> tuple[str, str] | None:
+    """'user:pass' -> ('user', 'pass'). The password may contain ':'; both parts must be non-empty."""
+    if value is None:
+        return None
+    user, sep, password = value.partition(":")
+    if not sep or not user or not password:
+        raise ValueError("--auth: expected USER:PASS, e.g. --auth alice:s3cret")
+    return user, password
+
+
+def parse_auths(values) -> list[tuple[str, str]]:
+    """Every --auth USER:PASS (a user given twice is refused: which password would count?)."""
+    pairs = [parse_auth(v) for v in ([values] if isinstance(values, str) else values or [])]
+    names = [user for user, _ in pairs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"--auth: the user {twice[0]!r} is given twice; give each user once")
+    return pairs
+
+
+def config_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Config:
+    """The process's Config from parsed options (each checked here: a bad value exits with the usage, naming the
+    option)."""
+    if getattr(args, "vram_cap_gb", 1) <= 0:
+        parser.error("--vram-cap-gb: must be more than 0")
+    if getattr(args, "host_ram_gb", None) is not None and not args.host_ram_gb > 0:
+        parser.error("--host-ram-gb: must be more than 0 (GB of host RAM this program may use)")
+    web = WebOptions()
+    if hasattr(args, "host"):
+        try:
+            auth = tuple(parse_auths(args.auth))
+        except ValueError as e:
+            parser.error(str(e))
+        users = {user for user, _ in auth}
+        unknown = [name for name in args.admin if name not in users]
+        if unknown:
+            parser.error(f"--admin: {unknown[0]!r} is not a user of --auth; give --auth {unknown[0]}:PASSWORD too")
+        if not args.temp_max_age >= 1:
+            parser.error("--temp-max-age: must be at least 1 second")
+        if args.port is not None and not 0 < args.port < 65536:
+            parser.error("--port: must be between 1 and 65535")
+        web = WebOptions(args.host, args.port, bool(args.share), bool(args.inbrowser), auth, tuple(args.admin),
+                         float(args.temp_max_age))
+    farm = FarmOptions(getattr(args, "ray", None), tuple(getattr(args, "gpus", ()) or ()),
+                       int(getattr(args, "cpu_workers", 0) or 0))
+    return Config(preset=args.preset or "hunyuan", model_dir=args.model_dir, outputs=Path(args.outputs),
+                  vram_cap_gb=float(args.vram_cap_gb), host_ram_gb=args.host_ram_gb, lora_dir=Path(args.lora_dir),
+                  fp8=bool(args.fp8), pin=not args.no_pin, device=args.device, farm=farm, web=web)

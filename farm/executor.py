@@ -1,0 +1,45 @@
+"""The farm as the runner's executor (jobs/runner.py): the queue's jobs run on the farm's workers, as many at once
+as it has; a job's progress names its worker ("[worker-1] sampling ..."), and `placements()` says which worker runs
+which queue entry."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+from configs.runtime import Config
+from pipeline.events import Progress
+
+
+class FarmExecutor:
+    def __init__(self, farm, models=None):
+        self.farm = farm
+        self.models = models                    # jobs.models.ComponentCache of this process (LoRA checks)
+
+    @property
+    def slots(self) -> int:
+        return self.farm.size
+
+    def placements(self) -> dict[str, str]:
+        return dict(self.farm.assignments)
+
+    def run(self, work, cancel) -> Iterator:
+        job = work.folder if work.resuming is not None else work.prepared
+        for event in self.farm.run(work.entry, job, cancel, work.owner):
+            if isinstance(event, Progress):
+                worker = self.farm.assignments.get(work.entry)
+                if worker:
+                    event = dataclasses.replace(event, message=f"[{worker}] {event.message or event.stage}")
+            yield event
+
+    def close(self) -> None:
+        self.farm.shutdown()
+
+
+def start_farm(config: Config, models=None, *, num_cpus: int | None = None) -> FarmExecutor:
+    """Start the farm of the configuration's --ray/--gpus/--cpu-workers (Ray is imported only now)."""
+    from farm.dispatch import Farm
+    from farm.workers import WorkerConfig
+
+    worker = WorkerConfig(config.preset, config.model_dir, config.outputs.resolve(), config.vram_cap_gb,
+                          config.host_ram_gb, config.weight_storage)
+    return FarmExecutor(Farm.start(config.farm, worker, num_cpus=num_cpus), models)

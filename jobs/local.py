@@ -1,0 +1,101 @@
+"""Running a job in this process (the runner's executor when there is no farm): one job at a time, on this machine's
+GPU (or CPU). The models are loaded once per mode and kept (jobs/models.py); every job gets its own memory manager
+(the VRAM cap, its request's preserved memory, the host-RAM budget). farm/executor.py is the other executor: jobs on
+Ray workers, several at once."""
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from common.errors import WeightsNotFound
+from configs.runtime import Config
+from pipeline.events import Done, Failed, LogLine, MemoryReport, Progress
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a queue entry runs: a new job (a checked PreparedRequest) or a job folder to continue (a checked
+    ResumeRequest), and whose it is."""
+    entry: str
+    prepared: object = None              # pipeline.request.PreparedRequest
+    resuming: object = None              # pipeline.resume.ResumeRequest
+    owner: str | None = None
+
+    @property
+    def request(self):
+        return self.resuming.request if self.resuming is not None else self.prepared.request
+
+    @property
+    def folder(self) -> Path | None:
+        """The job folder it continues (None: a new job)."""
+        return self.resuming.job_dir if self.resuming is not None else None
+
+
+class LocalExecutor:
+    slots = 1
+
+    def __init__(self, config: Config, models, device=None):
+        self.config = config
+        self.models = models                    # jobs.models.ComponentCache
+        self.device = device                    # None: memory.default_device()
+
+    def placements(self) -> dict[str, str]:
+        return {}
+
+    def run(self, work: Work, cancel) -> Iterator:
+        """The job's events (pipeline/events.py), a MemoryReport before its end; always ends with Done or Failed."""
+        request = work.request
+        if not self.models.is_loaded(request.mode):
+            preset = self.models.preset
+            what = "building the tiny models" if preset.tiny else \
+                f"loading the models (first job; downloads up to {preset.download_gb(request.mode):g} GB once)"
+            yield Progress("loading models", 0, 0, 0, request.steps, 0.0, None, what)
+            yield LogLine("info", what)
+        from memory import MemoryManager, default_device        # heavy imports: after the first message
+        from pipeline.logcapture import capture_logs
+
+        t0 = time.monotonic()
+        with capture_logs() as lines:
+            try:
+                components, failure = self.models.get(request.mode), None
+            except WeightsNotFound as e:
+                components = None
+                log.error("job %s cannot run: %s", work.entry, e)       # the terminal hears it too
+                failure = Failed(str(e), traceback.format_exc())
+        yield from lines
+        if components is None:
+            yield failure
+            return
+        log.debug("models ready in %.1f s", time.monotonic() - t0)
+        c = self.config
+        memory = MemoryManager(device=self.device or (c.device and _device(c.device)) or default_device(),
+                               cap_gb=c.vram_cap_gb, preserved_gb=request.preserved_gb, host_ram_gb=c.host_ram_gb,
+                               weight_storage=c.weight_storage, pin_host_memory=c.pin)
+        if work.resuming is not None:
+            from pipeline.resume import resume
+
+            events = resume(work.resuming, components, memory, cancel=cancel, lora_dir=c.lora_dir)
+        else:
+            from pipeline.orchestrator import generate
+
+            events = generate(work.prepared, components, memory, cancel=cancel, outputs=c.outputs,
+                              lora_dir=c.lora_dir, owner=work.owner)
+        try:
+            for event in events:
+                if isinstance(event, (Done, Failed)):
+                    yield MemoryReport(list(memory.timeline), list(memory.records), str(memory.device))
+                yield event
+        finally:
+            events.close()
+
+
+def _device(name: str):
+    import torch
+
+    return torch.device(name)

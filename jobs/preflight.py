@@ -1,0 +1,69 @@
+"""The one pre-flight: what every job is checked against before it is queued, whoever starts it (page, API, queue
+panel, command line, batch file, farm), so that a job that cannot run is refused then, naming the field, and not
+when its turn comes.
+
+- its request (pipeline/request.py `prepare`: every field, the images decoded once, an input video read);
+- its size fits under the VRAM cap (pipeline/resolution.py);
+- the host-RAM budget can hold it (memory/estimate.py: the nominal plan, nothing loaded);
+- its LoRAs: each file read and checked against the transformer's layers (its config: nothing loaded).
+"""
+from __future__ import annotations
+
+from common.errors import InputError
+from configs.presets import get_preset
+from configs.runtime import Config
+
+
+class Preflight:
+    def __init__(self, config: Config, models=None, device_type: str = "cpu"):
+        self.config = config
+        self.preset = get_preset(config.preset)
+        self.models = models                    # jobs.models.ComponentCache: a loaded transformer for LoRA checks
+        self.device_type = device_type
+
+    @property
+    def default_resolution(self) -> int:
+        return self.preset.default_resolution
+
+    def prepare(self, request):
+        """The checked, prepared request (a PreparedRequest stays as it is). Raises InputError naming the field."""
+        from pipeline.request import PreparedRequest, prepare
+
+        prepared = request if isinstance(request, PreparedRequest) else prepare(request, self.default_resolution)
+        self.check(prepared)
+        return prepared
+
+    def check(self, prepared) -> None:
+        """What a prepared request must pass besides its own fields."""
+        from pipeline.resolution import check_fits
+
+        request = prepared.request
+        if prepared.source is None:             # an extension's size is its input's
+            check_fits(prepared, self.preset, self.config.vram_cap_gb, self.config.weight_storage)
+        problem = self.host_problem(request.mode, request.preserved_gb)
+        if problem:
+            raise InputError("host RAM", problem)
+        self.check_loras(request.mode, request.loras)
+
+    def host_problem(self, mode: str, preserved_gb: float) -> str | None:
+        """Why the host-RAM budget cannot hold a job (checked before any model loads), or None."""
+        from memory.estimate import nominal_plan
+        from memory.hostplan import HostBudgetError
+
+        try:
+            nominal_plan(self.preset, mode, self.config.vram_cap_gb, preserved_gb, self.device_type,
+                         self.config.host_ram_gb, self.config.weight_storage)
+        except HostBudgetError as e:
+            return str(e)
+        return None
+
+    def check_loras(self, mode: str, spec) -> None:
+        """The LoRAs read and checked against the transformer now. Without the real weights' config on this
+        computer yet, only the setting is checked; the files are checked when the job runs."""
+        from pipeline import lora
+
+        if not lora.parse_spec(spec):
+            return
+        model = self.models.transformer_for_checks(mode) if self.models is not None else None
+        if model is not None:
+            lora.load_set(spec, self.config.lora_dir, model)

@@ -1,0 +1,491 @@
+"""The one runner: every job, however it was started, is an entry of the one queue on disk (jobs/store.py) and is
+run from there, in line order, by the one process that holds the queue's lease.
+
+    runner = Runner(store, executor, preflight).start()
+    job = runner.submit(request, session=..., owner=..., origin="page")     # pre-flight, then queued
+    for events in runner.stream(job):                                       # Waiting ..., then the job's events
+        ...
+
+- **Adding** (`submit`, `submit_many`, `enqueue`): the one pre-flight (jobs/preflight.py) checks the job whole, then
+  it is added to the store with its own copies of its files. What was prepared is kept with it when it runs in this
+  process (its images are decoded once); an entry added by another process, or one left by a process that died, is
+  prepared from its stored values when its turn comes.
+- **Running**: a dispatcher thread takes the queue's lease (one process runs a queue at a time: the app, or a
+  command line when no app runs on that outputs folder) and runs the first waiting entries, as many at once as the
+  executor has slots (jobs/local.py: one, in this process; farm/executor.py: one per worker). Taking the lease puts
+  the entries a dead holder left running back first in line; each continues in its job folder (pipeline/resume.py).
+  The store follows each job: its folder as soon as it has one, its progress, its end.
+- **Streams**: a job started here (a page's Start, an API call) streams its events to whoever asked (`stream`: lists
+  of events, at most one SectionVideo per list, as its last item); while it waits, `Waiting` events say its place in
+  line and the expected wait. End (`cancel` for a session, `stop` for an entry) drops a waiting job at once and stops
+  a running one at its next step. A page's or API call's entry leaves the queue when its job ends (the caller has
+  the result); the queue's own, the command line's and a batch's stay with their status until they are cleared.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import secrets
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterator
+
+from common.errors import InputError
+from configs.generation import DEFAULTS
+from jobs import jsonl
+from jobs import store as qs
+from jobs.line import Speed, Waiting
+from jobs.local import Work
+from jobs.text import progress_line
+from pipeline.cancel import CancelToken
+from pipeline.events import Cancelled, Done, Failed, Progress, SectionVideo, Started
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0                # the dispatcher looks at the store this often (entries added by other processes)
+RENEW_S = 5.0               # the lease is renewed this often (jobs/store.py LEASE_STALE_S: taken over after 30 s)
+PROGRESS_EVERY_S = 0.5      # a job's progress written to the store at most this often
+WAIT_TICK_S = 1.0           # a waiting job's place and expected wait are looked at again this often
+LEAVES_WHEN_DONE = ("page", "api")       # origins whose entry leaves the queue when the job ends (caller has it)
+
+_END = object()
+
+
+class SessionBusy(RuntimeError):
+    pass
+
+
+@dataclass
+class Job:
+    """A queue entry this process follows: started here, or run here."""
+    entry: str
+    origin: str = "queue"
+    session: str | None = None              # the page or API client that started it (None: none is waiting on it)
+    owner: str | None = None
+    work: Work | None = None                # prepared when it was added here (None: prepared when it runs)
+    cancel: CancelToken = field(default_factory=CancelToken)
+    created: float = field(default_factory=time.monotonic)
+    started: bool = False                   # it holds one of the executor's slots (or held one)
+    finished: bool = False
+    result: object = None                   # its Done, Failed or Cancelled
+    job_dir: Path | None = None             # its folder, once it has one
+    eta_s: float | None = None              # its latest estimate of the time left, and when it was made
+    eta_at: float = 0.0
+    events: queue.Queue = field(default_factory=queue.Queue)
+    streamed: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.entry
+
+    @property
+    def request(self):
+        return self.work.request if self.work is not None else None
+
+
+def entry_values(request) -> dict:
+    """A Request's values as the store keeps them: its settings and its files (paths, or images given as data)."""
+    return {**request.settings(), **{name: getattr(request, name, None) for name in jsonl.FILE_NAMES}}
+
+
+def with_copies(prepared, entry: qs.Entry):
+    """The prepared request reading the queue's copies of its files (the user's may be gone when it runs)."""
+    import dataclasses
+
+    copies = {k: entry.images[k] for k in jsonl.FILE_NAMES if entry.images.get(k)}
+    source = prepared.source
+    if source is not None and source.kind == "video" and copies.get("input_video"):
+        source = dataclasses.replace(source, path=Path(copies["input_video"]))
+    return dataclasses.replace(prepared, request=dataclasses.replace(prepared.request, **copies), source=source)
+
+
+def enqueue(store: qs.QueueStore, preflight, requests: list, *, owner: str | None = None, origin: str = "queue",
+            checked: bool = False) -> list[tuple[qs.Entry, Work]]:
+    """Check every request (the one pre-flight; `checked`: they are PreparedRequests it passed already) and add
+    them all, in order and in one transaction: [(its entry, what it will run)]. Raises InputError naming the field
+    (nothing is added then)."""
+    prepared = list(requests) if checked else [preflight.prepare(r) for r in requests]
+    entries = store.add_many([entry_values(p.request) for p in prepared], owner=owner, origin=origin)
+    return [(e, Work(e.id, with_copies(p, e), owner=owner)) for e, p in zip(entries, prepared)]
+
+
+class Runner:
+    def __init__(self, store: qs.QueueStore, executor, preflight, *, poll_s: float = POLL_S):
+        self.store, self.executor, self.preflight = store, executor, preflight
+        self.poll_s = poll_s
+        self.speed = Speed()
+        self.token = secrets.token_hex(8)            # this process's name in the queue's lease
+        self._jobs: dict[str, Job] = {}              # entry id -> the job followed here
+        self._sessions: dict[str, Job] = {}          # session -> its newest job
+        self._running: dict[str, Job] = {}
+        self._errors: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._leased, self._renewed = False, 0.0
+
+    @property
+    def outputs(self) -> Path:
+        return self.store.outputs
+
+    @property
+    def models(self):
+        return getattr(self.executor, "models", None)
+
+    # ---- adding -----------------------------------------------------------------------------------------------------
+    def submit(self, job, *, session: str | None = None, owner: str | None = None, origin: str = "page") -> Job:
+        """Check and queue one job: `job` is a Request, a PreparedRequest or a ResumeRequest (a folder to continue).
+        A session has at most one unfinished job (SessionBusy). Raises InputError naming the field."""
+        from pipeline.resume import ResumeRequest
+
+        with self._lock:
+            self._busy_check(session, job.job_dir if isinstance(job, ResumeRequest) else None)
+        if isinstance(job, ResumeRequest):
+            entry = self.store.add(job.request.settings(), owner=owner, origin=origin, job_dir=job.job_dir.name)
+            work = Work(entry.id, resuming=job, owner=owner)
+        else:
+            ((entry, work),) = enqueue(self.store, self.preflight, [job], owner=owner, origin=origin)
+        return self._follow(entry, work, session)
+
+    def submit_many(self, requests: list, *, owner: str | None = None, origin: str = "queue",
+                    checked: bool = False) -> list[Job]:
+        """Check every job, then queue them all in this order (InputError: none is queued). `checked`: they are
+        PreparedRequests the pre-flight passed already (jobs/jsonl.py prepare_lines)."""
+        return [self._follow(entry, work, None) for entry, work in
+                enqueue(self.store, self.preflight, requests, owner=owner, origin=origin, checked=checked)]
+
+    def submit_resume(self, job_dir: Path, *, session: str | None = None, owner: str | None = None,
+                      origin: str = "page") -> Job:
+        """Queue the continuation of a job folder of this runner's outputs. Raises InputError when it cannot be
+        resumed (the message says why), SessionBusy as `submit` does."""
+        from pipeline.resume import prepare_resume
+
+        job_dir = Path(job_dir).resolve()
+        if job_dir.parent != self.outputs.resolve() or not job_dir.is_dir() or job_dir.name.startswith("."):
+            raise InputError("job folder", f"{job_dir.name} is not a job folder of this app's outputs")
+        return self.submit(prepare_resume(job_dir), session=session, owner=owner, origin=origin)
+
+    def _busy_check(self, session: str | None, folder: Path | None) -> None:
+        """(Lock held.)"""
+        old = self._sessions.get(session) if session else None
+        if old is not None and not old.finished:
+            raise SessionBusy("this tab already has a job running or waiting; press End to stop it")
+        if folder is not None:
+            busy = [e for e in self.store.entries([qs.WAITING, qs.RUNNING]) if e.job_dir == Path(folder).name]
+            if busy:
+                raise SessionBusy(f"job {Path(folder).name} is already running or waiting to run")
+
+    def _follow(self, entry: qs.Entry, work: Work, session: str | None) -> Job:
+        job = Job(entry.id, entry.origin, session, work.owner, work)
+        with self._lock:
+            self._jobs[entry.id] = job
+            if session:
+                self._sessions[session] = job
+                self._errors.pop(session, None)
+        self.wake()
+        return job
+
+    # ---- asking ------------------------------------------------------------------------------------------------------
+    def get(self, entry_id) -> Job | None:
+        with self._lock:
+            return self._jobs.get(entry_id) if isinstance(entry_id, str) else None
+
+    def current(self, session: str) -> Job | None:
+        """The session's newest job (finished or not)."""
+        with self._lock:
+            return self._sessions.get(session)
+
+    def remember_error(self, session: str, message: str) -> None:
+        with self._lock:
+            self._errors[session] = message
+
+    def last_error(self, session: str) -> str | None:
+        with self._lock:
+            return self._errors.get(session)
+
+    @property
+    def busy(self) -> bool:
+        """A job runs in this process."""
+        with self._lock:
+            return bool(self._running)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing runs and nothing waits."""
+        return not self.busy and not self.store.entries([qs.WAITING, qs.RUNNING])
+
+    def placements(self) -> dict[str, str]:
+        """Which worker runs which entry (a farm's)."""
+        return self.executor.placements()
+
+    def expected_seconds(self, request) -> float | None:
+        return self.speed.expected_seconds(request)
+
+    def waiting(self, job: Job) -> Waiting | None:
+        """Where a waiting job stands in line (None once it runs, or when it is not in the queue any more)."""
+        if job.started or job.finished:
+            return None
+        entries = self.store.entries([qs.WAITING, qs.RUNNING])
+        ids = [e.id for e in entries]
+        if job.entry not in ids:
+            return None
+        mine = ids.index(job.entry)
+        ahead = [e for i, e in enumerate(entries) if e.status == qs.RUNNING or (i < mine and e.status == qs.WAITING)]
+        if not ahead:
+            return None
+        now = time.monotonic()
+        return self.speed.waiting([self._time_left(e, now) for e in ahead])
+
+    def _time_left(self, entry: qs.Entry, now: float) -> float | None:
+        job = self.get(entry.id)
+        if job is not None and job.started and job.eta_s is not None:
+            return max(job.eta_s - (now - job.eta_at), 0.0)
+        expected = self.speed.expected_seconds(_settings_request(entry.settings))
+        if expected is None:
+            return None
+        if entry.status == qs.RUNNING:
+            return max(expected * (1.0 - entry.progress), 0.0)
+        return expected
+
+    # ---- End ---------------------------------------------------------------------------------------------------------
+    def cancel(self, session: str) -> str:
+        """End: stop the session's running job at its next step (keeping its video), or drop its waiting job."""
+        job = self.current(session)
+        if job is None or job.finished:
+            return "Nothing to stop."
+        return self.stop(job.entry)
+
+    def stop(self, entry_id: str) -> str:
+        """End for an entry: a waiting one is removed at once, a running one stops at its next step."""
+        job = self.get(entry_id)
+        if job is not None:
+            job.cancel.cancel()
+        entry = self.store.get(entry_id)
+        if entry is not None and entry.status != qs.RUNNING:
+            try:
+                self.store.remove(entry_id)
+            except InputError:                      # it started meanwhile: the token stops it
+                return "Stopping at the next step; the video made so far is kept…"
+            if job is not None:
+                self._end(job, Cancelled(), announce=True)
+            return "Cancelled: the waiting job will not run." if job is not None and job.session else \
+                f"Removed job {entry_id} from the queue."
+        if entry is not None and job is None:
+            return "That job runs in another process (the app or a command line); stop it there."
+        return "Stopping at the next step; the video made so far is kept…" if entry is not None else "Nothing to stop."
+
+    def drop_waiting(self, session: str) -> None:
+        """The tab was closed: its waiting job is dropped; a running one finishes (its video lands in outputs/)."""
+        job = self.current(session)
+        if job is not None and not job.started and not job.finished:
+            self.stop(job.entry)
+        with self._lock:
+            if job is not None and job.finished:
+                self._sessions.pop(session, None)
+            self._errors.pop(session, None)
+
+    # ---- streams ----------------------------------------------------------------------------------------------------
+    def stream(self, job: Job, tick_s: float | None = None) -> Iterator[list]:
+        """The job's events as they come, in lists (whatever piled up since the last list; at most one SectionVideo,
+        as the last item, so every section's video reaches a page): Waiting while it waits (when its place or the
+        expected wait changes), then the job's events, ending with Done, Failed or Cancelled. With `tick_s`, an
+        empty list after that long without events (a page moves its clock on). Closing the stream early leaves the
+        job running (a browser that went away: the job ends in outputs/)."""
+        job.streamed = True
+        last_wait, finished = None, False
+        while not finished:
+            timeout = tick_s if job.started or job.finished else min(tick_s or WAIT_TICK_S, WAIT_TICK_S)
+            try:
+                batch = [job.events.get(timeout=timeout)]
+            except queue.Empty:
+                if not job.started and not job.finished:
+                    place = self.waiting(job)
+                    if place is not None and place != last_wait:
+                        last_wait = place
+                        yield [place]
+                        continue
+                if tick_s is not None:
+                    yield []
+                continue
+            while batch[-1] is not _END and not isinstance(batch[-1], SectionVideo):
+                try:
+                    batch.append(job.events.get_nowait())
+                except queue.Empty:
+                    break
+            if batch[-1] is _END:
+                finished = True
+                batch.pop()
+            if batch:
+                yield batch
+
+    # ---- running ----------------------------------------------------------------------------------------------------
+    def start(self) -> "Runner":
+        self._thread = threading.Thread(target=self._loop, name="queue-runner", daemon=True)
+        self._thread.start()
+        return self
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def close(self, timeout: float | None = None) -> None:
+        self._closing.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._leased:
+            self.store.release_lease(self.token)
+            self._leased = False
+
+    @property
+    def runs_the_queue(self) -> bool:
+        """This process holds the queue's lease (it runs the jobs)."""
+        return self._leased
+
+    def _loop(self) -> None:
+        while not self._closing.is_set():
+            try:
+                if self._hold_lease():
+                    self._dispatch()
+            except Exception as e:  # the runner must outlive a bad entry; the details go to the log
+                log.error("queue runner: %s", e, exc_info=True)
+            self._wake.wait(self.poll_s)
+            self._wake.clear()
+
+    def _hold_lease(self) -> bool:
+        now = time.monotonic()
+        if self._leased and now - self._renewed < RENEW_S:
+            return True
+        self._leased = self.store.renew_lease(self.token) if self._leased else self.store.take_lease(self.token)
+        self._renewed = now
+        return self._leased
+
+    def _dispatch(self) -> None:
+        while True:
+            with self._lock:
+                if len(self._running) >= self.executor.slots:
+                    return
+            entry = self.store.next_waiting()
+            if entry is None or not self.store.claim(entry.id):
+                return
+            with self._lock:
+                job = self._jobs.get(entry.id)
+                if job is None:                      # added by another process, or left by a process that died
+                    job = Job(entry.id, entry.origin, owner=entry.owner)
+                    self._jobs[entry.id] = job
+                job.started = True
+                self._running[entry.id] = job
+            threading.Thread(target=self._run, args=(job, entry), name=f"job-{entry.id}", daemon=True).start()
+
+    def _run(self, job: Job, entry: qs.Entry) -> None:
+        try:
+            work = job.work or self._work_from(entry)
+            if work is None:                          # its folder is complete already
+                self._end(job, Done(self.outputs / entry.job_dir, None, 0, False), announce=True)
+                return
+            job.work = work
+            last = 0.0
+            for event in self.executor.run(work, job.cancel):
+                last = self._note(job, event, last)
+                job.events.put(event)
+            if job.result is None:
+                self._end(job, Failed("the job ended without a result"), announce=True)
+            else:
+                self._end(job, job.result)
+        except InputError as e:                       # a stored entry that cannot run (any more)
+            self._end(job, Failed(str(e)), announce=True)
+        except Exception as e:  # the runner must always end the job's stream; the details go to the log
+            log.error("job %s: %s", job.entry, e, exc_info=True)
+            self._end(job, Failed(f"{type(e).__name__}: {e}".splitlines()[0][:300], traceback.format_exc()),
+                      announce=True)
+        finally:
+            with self._lock:
+                self._running.pop(job.entry, None)
+            self.wake()
+
+    def _work_from(self, entry: qs.Entry) -> Work | None:
+        """What a stored entry runs: its job folder continued, or its request prepared (checked) again."""
+        from pipeline.request import Request
+        from pipeline.resume import prepare_resume
+
+        if entry.job_dir:
+            folder = self.outputs / entry.job_dir
+            if (folder / "job.json").is_file():
+                try:
+                    return Work(entry.id, resuming=prepare_resume(folder), owner=entry.owner)
+                except InputError as e:
+                    if "already complete" in str(e):
+                        return None
+                    raise
+        problem = jsonl.copy_problem(entry.images)
+        if problem is not None:
+            raise InputError("video", problem)
+        prepared = self.preflight.prepare(Request.from_mapping(entry.values(), unknown="ignore"))
+        return Work(entry.id, prepared, owner=entry.owner)
+
+    def _note(self, job: Job, event, last: float) -> float:
+        """Follow a job's event in the store (its folder, its progress, its end) and in the runner."""
+        if isinstance(event, Started):
+            job.job_dir = event.job_dir
+            self.store.update(job.entry, job_dir=event.job_dir.name)
+        elif isinstance(event, Progress):
+            if event.eta_s is not None:
+                job.eta_s, job.eta_at = event.eta_s, time.monotonic()
+            if time.monotonic() - last > PROGRESS_EVERY_S:
+                self.store.update(job.entry, progress=event.fraction, message=progress_line(event))
+                return time.monotonic()
+        elif isinstance(event, (Done, Failed)):
+            job.result = event
+            job.job_dir = event.job_dir or job.job_dir
+            if isinstance(event, Done) and not event.stopped and job.work is not None \
+                    and job.work.resuming is None:
+                self.speed.learn(job.work.request, event.timings)
+        return last
+
+    def _end(self, job: Job, result, *, announce: bool = False) -> None:
+        """The job is over: its entry's status in the store (or the entry out of the queue: a page's or API call's,
+        or one that never ran), and its stream ended (`announce`: with `result`, which the job itself did not
+        send)."""
+        if isinstance(result, Done):
+            status = qs.STOPPED if result.stopped else qs.DONE
+            message = f"{status}: {result.frames} frames" + (f", {result.video.name}" if result.video else "")
+        elif isinstance(result, Failed):
+            status, message = qs.FAILED, result.message[:500]
+        else:
+            status, message = None, ""
+        job.result, job.finished = result, True
+        try:
+            if status is None or (job.origin in LEAVES_WHEN_DONE and job.session is not None):
+                self.store.forget(job.entry)
+            else:
+                changes = dict(status=status, message=message, progress=1.0 if status == qs.DONE else 0.0)
+                if job.job_dir is not None:
+                    changes["job_dir"] = Path(job.job_dir).name
+                self.store.update(job.entry, **changes)
+                self.store.release_images(job.entry)      # the job folder keeps the user's images
+        except Exception as e:  # a record that cannot be written must not keep the stream open
+            log.warning("queue record of job %s: %s", job.entry, e)
+        if announce:
+            job.events.put(result)
+        job.events.put(_END)
+
+
+def _settings_request(settings: dict):
+    """The parts of a stored entry's settings an estimate needs (pipeline/eta.py), with the defaults."""
+    return SimpleNamespace(mode=settings.get("mode", DEFAULTS.mode), seconds=settings.get("seconds", DEFAULTS.seconds),
+                           latent_window=settings.get("latent_window", DEFAULTS.latent_window),
+                           fps=settings.get("fps", DEFAULTS.fps), steps=settings.get("steps", DEFAULTS.steps))
+
+
+def open_runner(config, executor, *, device_type: str) -> tuple[Runner, str | None]:
+    """The runner of `config.outputs`' queue (not started) with the one pre-flight, and the store's warning (a
+    damaged database moved aside)."""
+    from jobs.preflight import Preflight
+
+    store, found = qs.QueueStore.open(config.outputs.expanduser().resolve())
+    preflight = Preflight(config, getattr(executor, "models", None), device_type)
+    return Runner(store, executor, preflight), found.warning

@@ -1,0 +1,124 @@
+"""Starting the app's server: its command line (configs/options.py declares the options), the launch options
+derived from the Config, what the user is told about who can reach it, and the host-RAM check at start."""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from configs import LIMITS, MEMORY
+from configs.options import add_process_options, add_web_options, config_from
+from configs.presets import get_preset
+from configs.runtime import Config
+
+log = logging.getLogger(__name__)
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+MAX_UPLOAD = LIMITS.upload_bytes_max     # bytes; Gradio refuses larger uploads
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="steadyframe" if Path(sys.argv[0]).name == "steadyframe" else "app.py",    # the console script or the file
+        description="SteadyFrame: FramePack-style image-to-video in your browser.")
+    add_process_options(p)
+    add_web_options(p)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    """The app's Config from its command line (a bad value exits with the usage, naming the option)."""
+    parser = build_parser()
+    return config_from(parser, parser.parse_args(argv))
+
+
+def is_local_host(host: str) -> bool:
+    if host in LOCAL_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+EVERYONE_SEES = ("without --auth everyone who can open it sees every job, queue entry and video and can stop or "
+                 "remove them; add --auth USER:PASS (once per user) so that each user sees only their own")
+
+
+def security_warnings(config: Config) -> list[str]:
+    """What the user should know about who can reach the app."""
+    web, out = config.web, []
+    if web.share:
+        out.append("--share: the app gets a public gradio.live address; anyone who has the link can upload files "
+                   "and use your GPU" + ("" if web.auth else f"; {EVERYONE_SEES}"))
+    if not is_local_host(web.host):
+        out.append(f"--host {web.host}: the app accepts connections from other computers on your network"
+                   + ("" if web.auth else f"; there is no login, and {EVERYONE_SEES}"))
+    return out
+
+
+PUBLIC_NOTICE = ("This app is open to everyone who has its address and has no login: everyone sees every job, "
+                 "queue entry and video here and can stop or remove them.")
+
+
+def public_without_login(config: Config) -> bool:
+    """Reachable by others (--share, or a host other than this computer) and no login."""
+    web = config.web
+    return (web.share or not is_local_host(web.host)) and not web.auth
+
+
+def host_budget_problem(config: Config, device_type: str) -> str | None:
+    """Why no job can run under --host-ram-gb (even at the smallest preserved memory, which streams the least),
+    checked at start before any model loads; None if a plan fits. Also logs the budget and where it comes from."""
+    from memory.estimate import nominal_plan
+    from memory.hostbudget import default_host_budget
+    from memory.hostplan import HostBudgetError
+
+    if config.host_ram_gb is None:
+        log.info("%s", default_host_budget()[1])
+    try:
+        plan = nominal_plan(get_preset(config.preset), "original", config.vram_cap_gb, MEMORY.preserved_min_gb,
+                            device_type, config.host_ram_gb, config.weight_storage)
+    except HostBudgetError as e:
+        cpu = (" Without a GPU the whole transformer sits in RAM, and the real models are far too slow to be useful "
+               "anyway: --preset tiny runs anywhere.") if device_type == "cpu" else ""
+        return f"--host-ram-gb: {e}{cpu}"
+    log.info("host RAM plan of a 5 s job (estimated before loading): %s", plan.describe())
+    return None
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    server_name: str
+    server_port: int | None
+    share: bool
+    inbrowser: bool
+    auth: list[tuple[str, str]] | None
+    blocked_paths: list[str]            # the outputs folder: nothing in it is served as it is (ui/media.py)
+    max_file_size: int = MAX_UPLOAD
+    temp_max_age_s: float = 24 * 3600.0
+
+    def kwargs(self) -> dict:
+        """Blocks.launch() keyword arguments, the page's style included. Gradio serves the files in its upload
+        folder (uploads, and the copies of what the page shows: ui/media.py) and nothing of the outputs folder (the
+        queue's database, job.json files, other users' videos). The lifespan deletes Gradio's temporary copies of
+        uploads and shown videos once older than temp_max_age_s (ui/tempfiles.py says why not Gradio's own
+        delete_cache)."""
+        from ui.layout import CSS
+        from ui.tempfiles import cleanup_lifespan
+
+        return {"server_name": self.server_name, "server_port": self.server_port, "share": self.share,
+                "inbrowser": self.inbrowser, "auth": self.auth or None, "allowed_paths": [],
+                "blocked_paths": self.blocked_paths,
+                "max_file_size": self.max_file_size, "show_error": True, "css": CSS,
+                "app_kwargs": {"lifespan": cleanup_lifespan(self.temp_max_age_s)}}
+
+
+def launch_options(config: Config) -> LaunchOptions:
+    web = config.web
+    return LaunchOptions(server_name=web.host, server_port=web.port, share=web.share, inbrowser=web.inbrowser,
+                         auth=list(web.auth), blocked_paths=[str(Path(config.outputs).expanduser().resolve())],
+                         temp_max_age_s=web.temp_max_age_s)
