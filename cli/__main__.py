@@ -9,7 +9,11 @@ def run() -> int:
     rocm.apply_env_profile()
     rocm.configure_host_heap()       # fixed glibc thresholds: RSS given back between sections and jobs
 
-    from cli.commands import main    # after the environment profile, on purpose
+    if sys.argv[1:2] == ["queue"]:      # after the environment profile, on purpose
+        from cli.queue import main
+
+        return main(sys.argv[2:])
+    from cli.commands import main
 
     return main()
 

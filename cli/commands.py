@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import signal
 import sys
 import time
@@ -38,7 +39,7 @@ def cli_message(error, names: dict[str, str]) -> str:
     return error.cli_text(names.get(error.field, error.field))
 
 
-def _add_common(p: argparse.ArgumentParser, *, preset_default: str | None = "hunyuan") -> None:
+def add_common(p: argparse.ArgumentParser, *, preset_default: str | None = "hunyuan") -> None:
     add_process_options(p, preset_default=preset_default)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, warnings only")
     p.add_argument("-v", "--verbose", action="store_true", help="stage messages (memory status, timings)")
@@ -74,16 +75,16 @@ def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentP
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="make one video")
     add_settings(g, controls)
-    _add_common(g)
+    add_common(g)
     b = sub.add_parser("batch", help="run the jobs of a JSON-lines file, one job per line")
     b.add_argument("jobs", type=Path, help="each line: a JSON object with generate's settings, e.g. "
                                            '{"image": "a.png", "prompt": "...", "seconds": 3}')
-    _add_common(b)
+    add_common(b)
     r = sub.add_parser("resume", help="continue an interrupted job from its folder")
     r.add_argument("job_dir", type=Path, help="the job's folder under outputs/")
-    _add_common(r, preset_default=None)
-    sub.add_parser("queue", add_help=False, help="the app's job queue on disk: add, list, export, move, remove "
-                                                 "(python -m cli queue -h)")     # cli/queue.py
+    add_common(r, preset_default=None)
+    sub.add_parser("queue", add_help=False, help="the app's job queue on disk: add, list, export, move, remove, "
+                                                 "run (python -m cli queue -h)")     # cli/queue.py
     return parser
 
 
@@ -115,16 +116,32 @@ class Command:
         self.config, self.quiet, self.verbose = config, quiet, verbose
         self.preset_given = preset_given            # resume: else the job's own preset
         self.runner = None
+        self._preflight = None
+
+    @property
+    def preflight(self):
+        """The one pre-flight (jobs/preflight.py): the jobs are checked with it before anything is written."""
+        if self._preflight is None or self._preflight.config is not self.config:
+            from jobs.models import ComponentCache
+            from jobs.preflight import Preflight
+
+            self._preflight = Preflight(self.config, ComponentCache(self.config.preset, self.config.model_dir),
+                                        self.device.type)
+        return self._preflight
+
+    @property
+    def device(self):
+        from memory import default_device
+
+        return _device(self.config.device) if self.config.device else default_device()
 
     def open(self):
         """The queue's runner (not started): its jobs run on the farm of --ray/--gpus/--cpu-workers, or here."""
         from jobs.local import LocalExecutor
-        from jobs.models import ComponentCache
         from jobs.runner import open_runner
-        from memory import default_device
 
-        models = ComponentCache(self.config.preset, self.config.model_dir)
-        device = _device(self.config.device) if self.config.device else default_device()
+        preflight, device = self.preflight, self.device
+        models = preflight.models
         if self.config.farm.enabled:
             from farm.executor import start_farm
 
@@ -135,7 +152,7 @@ class Command:
                 raise SystemExit(EXIT_FAILED) from None
         else:
             executor = LocalExecutor(self.config, models, device)
-        self.runner, warning = open_runner(self.config, executor, device_type=device.type)
+        self.runner, warning = open_runner(self.config, executor, device_type=device.type, preflight=preflight)
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
         return self.runner
@@ -149,30 +166,63 @@ class Command:
 
     # ---- running ------------------------------------------------------------------------------------------------
     def run(self, jobs: list) -> list[tuple[int, object]]:
-        """Run (or follow) the queued jobs to their ends: [(exit code, the last event or entry)] in their order.
-        Ctrl-C stops them after their current step (a second Ctrl-C aborts)."""
+        """Run the queued jobs to their ends: [(exit code, the last event or entry)] in their order. This process's
+        runner runs the queue when no other process does (and takes it over when that process dies); else the jobs
+        are followed in the queue. Ctrl-C stops a job run here after its current step (a second Ctrl-C aborts)."""
         runner = self.runner
         if runner.store.runner_alive():
             print("the queue of this outputs folder is run by another process (the app?): following the job(s) "
                   "there", file=sys.stderr)
-            return [self._follow(job) for job in jobs]
         runner.start()
-        results = []
-        for job in jobs:
-            results.append(self._stream(job))
-        return results
+        return [self._watch(job) for job in jobs]
 
-    def _stream(self, job) -> tuple[int, object]:
-        """A job run by this process's runner: its events on a progress bar; Ctrl-C stops it after its step."""
-        from pipeline.events import Cancelled, Done, Failed, LogLine, Progress, SectionVideo
+    def drain(self) -> int:
+        """`queue run`: run (or follow) the queue until no job waits or runs; say how each ended."""
+        from jobs import store as qs
+
+        runner = self.open().start()
+        store, said, seen = runner.store, {}, []
+        while True:
+            entries = store.entries([qs.WAITING, qs.RUNNING])
+            if not entries and not runner.busy:
+                break
+            for e in entries:
+                if e.id not in said:
+                    seen.append(e.id)
+                    said[e.id] = ""
+                if e.message and e.message != said[e.id] and not self.quiet:
+                    print(f"{e.id}: {e.message}", file=sys.stderr)
+                    said[e.id] = e.message
+            time.sleep(FOLLOW_S)
+        ended = [store.get(i) for i in seen]
+        for e in ended:
+            where = f"  {self.config.outputs / e.job_dir}" if e is not None and e.job_dir else ""
+            print(f"{e.id}: {e.status:<8}{where}" if e is not None else "a job left the queue")
+        done = sum(1 for e in ended if e is not None and e.status == qs.DONE)
+        print(f"{done}/{len(ended)} jobs done")
+        return EXIT_OK if done == len(ended) else EXIT_FAILED
+
+    def _watch(self, job) -> tuple[int, object]:
+        """A queued job to its end: its events on a progress bar when it runs here, its entry's messages when
+        another process runs it."""
+        from jobs import store as qs
         from jobs.line import Waiting
         from jobs.text import waiting_text
+        from pipeline.events import LogLine, Progress, SectionVideo
 
         previous = signal.signal(signal.SIGINT, lambda *_: self._interrupt(job.entry))
         bar = None if self.quiet else _progress_bar()
-        last = None
+        last, said = None, ""
         try:
-            for batch in self.runner.stream(job):
+            for batch in self.runner.stream(job, tick_s=FOLLOW_S):
+                if not batch and not job.started:          # waiting, or run by another process
+                    entry = self.runner.store.get(job.entry)
+                    if entry is None or entry.status in qs.FINISHED:
+                        last = entry
+                        break
+                    if bar is not None and entry.message and entry.message != said:
+                        bar.set_description(entry.message[:80])
+                        said = entry.message
                 for ev in batch:
                     last = ev
                     if bar is None:
@@ -184,16 +234,28 @@ class Command:
                             bar.reset(total=ev.sections * ev.steps)
                         bar.n = max(0, ev.section - 1) * ev.steps + ev.step if ev.section else 0
                         where = f"section {ev.section}/{ev.sections}" if ev.section else ""
-                        bar.set_description(f"{ev.stage} {where}".strip())
+                        loading = ev.stage == "loading models" and ev.message
+                        bar.set_description(ev.message if loading else f"{ev.stage} {where}".strip())
                         bar.refresh()
                     elif isinstance(ev, SectionVideo):
                         bar.write(f"section {ev.section}/{ev.sections}: {ev.frames} frames -> {ev.path}")
                     elif isinstance(ev, LogLine) and ev.level != "info":
                         bar.write(f"{ev.level}: {ev.message}")
+                    elif isinstance(ev, LogLine) and ev.message.endswith("runs this job"):    # farm/dispatch.py
+                        bar.write(ev.message, file=sys.stderr)
         finally:
             signal.signal(signal.SIGINT, previous)
             if bar is not None:
                 bar.close()
+        return self._ended(last)
+
+    def _ended(self, last) -> tuple[int, object]:
+        """What the command line says of a job's end (its last event here, or its entry when run elsewhere)."""
+        from jobs import store as qs
+        from pipeline.events import Cancelled, Done, Failed
+
+        if isinstance(last, qs.Entry):
+            last = _as_event(last, self.config.outputs)
         if isinstance(last, Done):
             what = "stopped; kept" if last.stopped else "done:"
             print(f"{what} {last.video} ({last.frames} frames) in {last.job_dir}")
@@ -201,38 +263,14 @@ class Command:
         if isinstance(last, Cancelled):
             print("stopped before it started", file=sys.stderr)
             return EXIT_STOPPED, last
-        message = getattr(last, "message", "the job ended without a result")
+        message = getattr(last, "message", "the job left the queue before it ended")
         if isinstance(last, Failed) and last.detail:
             # always in the log file (the record keeps the cause); on the terminal only with -v
             log.error("the job failed: %s\n%s", message, last.detail, extra={"terminal": self.verbose})
         where = "" if self.verbose or not getattr(last, "detail", "") else \
             f" (-v shows the traceback{cli_log.log_file_note()})"
         print(f"error: {message}{where}", file=sys.stderr)
-        return (EXIT_INPUT if getattr(last, "job_dir", None) is None else EXIT_FAILED), last
-
-    def _follow(self, job) -> tuple[int, object]:
-        """A job run by another process: its progress and end, read from the queue."""
-        from jobs import store as qs
-
-        store, said = self.runner.store, ""
-        while True:
-            entry = store.get(job.entry)
-            if entry is None:
-                print("error: the job left the queue before it ended", file=sys.stderr)
-                return EXIT_FAILED, None
-            if entry.message and entry.message != said and not self.quiet:
-                print(f"{entry.id}: {entry.message}", file=sys.stderr)
-                said = entry.message
-            if entry.status in qs.FINISHED:
-                folder = self.config.outputs / entry.job_dir if entry.job_dir else None
-                if entry.status == qs.FAILED:
-                    print(f"error: {entry.message}", file=sys.stderr)
-                    return EXIT_FAILED, entry
-                final = folder / "final.mp4" if folder is not None else None
-                what = "stopped; kept" if entry.status == qs.STOPPED else "done:"
-                print(f"{what} {final} in {folder}")
-                return (EXIT_STOPPED if entry.status == qs.STOPPED else EXIT_OK), entry
-            time.sleep(FOLLOW_S)
+        return EXIT_FAILED, last
 
     def _interrupt(self, entry_id: str) -> None:
         job = self.runner.get(entry_id)
@@ -240,6 +278,19 @@ class Command:
             raise KeyboardInterrupt
         print("\nstopping after this step (Ctrl-C again to abort)...", file=sys.stderr)
         self.runner.stop(entry_id)
+
+
+def _as_event(entry, outputs: Path):
+    """A finished entry (run by another process) as the event that ended it."""
+    from jobs import store as qs
+    from pipeline.events import Done, Failed
+
+    if entry.status == qs.FAILED:
+        return Failed(entry.message)
+    folder = outputs / entry.job_dir if entry.job_dir else None
+    said = re.search(r"(\d+) frames(?:, (\S+))?", entry.message)     # jobs/runner.py: "done: 73 frames, final.mp4"
+    video = folder / said.group(2) if said and said.group(2) and folder is not None else None
+    return Done(folder, video, int(said.group(1)) if said else 0, entry.status == qs.STOPPED)
 
 
 def _device(name: str):
@@ -277,9 +328,8 @@ def read_batch(path: Path, preflight) -> tuple[list[tuple[int, object]], list[tu
 
 
 def run_batch(command: Command, path: Path) -> int:
-    runner = command.open()
     try:
-        jobs, invalid = read_batch(path, runner.preflight)
+        jobs, invalid = read_batch(path, command.preflight)
     except (OSError, UnicodeDecodeError) as e:
         print(f"error: jobs: cannot read {path}: {e}", file=sys.stderr)
         return EXIT_INPUT
@@ -287,11 +337,11 @@ def run_batch(command: Command, path: Path) -> int:
         print(f"line {number}: invalid: {reason}", file=sys.stderr)
     if invalid and jobs:
         print(f"{len(invalid)} invalid line(s) skipped; running the other {len(jobs)} job(s)", file=sys.stderr)
-    queued = runner.submit_many([p for _, p in jobs], origin="batch", checked=True) if jobs else []
+    queued = command.open().submit_many([p for _, p in jobs], origin="batch", checked=True) if jobs else []
     for (number, prepared), job in zip(jobs, queued):
         print(f"line {number}: {prepared.request.prompt[:60]!r} (queued as {job.entry})")
     results = list(invalid)
-    for (number, _), (code, last) in zip(jobs, command.run(queued)):
+    for (number, _), (code, last) in zip(jobs, command.run(queued) if queued else []):
         status = {EXIT_OK: "done", EXIT_STOPPED: "stopped"}.get(code, "failed")
         where = str(getattr(last, "video", None) or getattr(last, "message", ""))
         results.append((number, status, where))
@@ -307,13 +357,13 @@ def run_batch(command: Command, path: Path) -> int:
 def run_generate(command: Command, request) -> int:
     from common.errors import InputError
 
-    runner = command.open()
     try:
-        job = runner.submit(request, origin="cli")                # the one pre-flight, before any model loads
+        prepared = command.preflight.prepare(request)          # the one pre-flight: nothing written, nothing loaded
     except InputError as e:
         print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
         return EXIT_INPUT
-    say_rounding(job.request, command.quiet)
+    say_rounding(prepared.request, command.quiet)
+    job = command.open().submit(prepared, origin="cli", checked=True)
     return command.run([job])[0][0]
 
 
@@ -334,12 +384,12 @@ def run_resume(command: Command, job_dir: Path) -> int:
         return EXIT_INPUT
     command.config = _replace(command.config, preset=command.config.preset if command.preset_given else job.preset,
                               outputs=Path(job_dir).resolve().parent)
-    runner = command.open()
+    problem = command.preflight.host_problem(job.request.mode, job.request.preserved_gb)
+    if problem:
+        print(f"error: --host-ram-gb: {problem}", file=sys.stderr)
+        return EXIT_INPUT
     try:
-        problem = runner.preflight.host_problem(job.request.mode, job.request.preserved_gb)
-        if problem:
-            raise InputError("host RAM", problem)
-        queued = runner.submit(job, origin="cli")
+        queued = command.open().submit(job, origin="cli")
     except InputError as e:
         print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
         return EXIT_INPUT
@@ -353,13 +403,8 @@ def _replace(config: Config, **changes) -> Config:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["queue"]:
-        from cli.queue import main as queue_main
-
-        return queue_main(argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     config = config_from(parser, args)
     cli_log.setup_logging(args.quiet, args.verbose)
     command = Command(config, quiet=args.quiet, verbose=args.verbose, preset_given=args.preset is not None)

@@ -23,10 +23,11 @@ def log_file_note() -> str:
 
 
 class _TerminalFilter(logging.Filter):
-    """Records logged with extra={"terminal": False} (a traceback without -v) go to the log file only."""
+    """Records logged with extra={"terminal": False} (a traceback without -v) go to the log file only; so does the
+    runner's line on a failed job (the command line says the failure itself, as `error: ...`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return getattr(record, "terminal", True)
+        return getattr(record, "terminal", True) and not (record.name == "jobs.runner" and "failed:" in record.msg)
 
 
 def setup_logging(quiet: bool, verbose: bool) -> None:

@@ -6,6 +6,8 @@ whether the app is running or not (a running app picks new jobs up within a seco
     python -m cli queue export waiting.jsonl
     python -m cli queue move <id> <position>                   0: first among the waiting jobs
     python -m cli queue remove <id>                            a waiting or finished job
+    python -m cli queue run [--preset tiny ...]                run the waiting jobs here until none is left
+                                                               (or follow them, when the app runs the queue)
 """
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ from pathlib import Path
 from common.errors import InputError
 from configs import PRESETS
 from configs.runtime import Config
+from cli.commands import Command, add_common
+from cli import log as cli_log
+from configs.options import config_from
 from jobs import jsonl
 from jobs import store as qs
 from jobs.preflight import Preflight
@@ -48,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("position", type=int)
     r = sub.add_parser("remove", parents=[common], help="take a waiting or finished job out of the queue")
     r.add_argument("id")
+    run = sub.add_parser("run", help="run the queue's jobs in this process until none waits (the jobs a killed "
+                                     "app or command line left continue in their folders)")
+    add_common(run)
     return p
 
 
@@ -57,7 +65,15 @@ def _line(e: qs.Entry) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.action == "run":
+        cli_log.setup_logging(args.quiet, args.verbose)
+        command = Command(config_from(parser, args), quiet=args.quiet, verbose=args.verbose)
+        try:
+            return command.drain()
+        finally:
+            command.close()
     store, found = qs.QueueStore.open(args.outputs)
     if found.warning:
         print(f"warning: {found.warning}", file=sys.stderr)

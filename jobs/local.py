@@ -53,7 +53,7 @@ class LocalExecutor:
         request = work.request
         if not self.models.is_loaded(request.mode):
             preset = self.models.preset
-            what = "building the tiny models" if preset.tiny else \
+            what = "loading the tiny models (built in code)" if preset.tiny else \
                 f"loading the models (first job; downloads up to {preset.download_gb(request.mode):g} GB once)"
             yield Progress("loading models", 0, 0, 0, request.steps, 0.0, None, what)
             yield LogLine("info", what)
@@ -66,7 +66,7 @@ class LocalExecutor:
                 components, failure = self.models.get(request.mode), None
             except WeightsNotFound as e:
                 components = None
-                log.error("job %s cannot run: %s", work.entry, e)       # the terminal hears it too
+                log.info("job %s cannot run: %s", work.entry, e)        # the Failed event carries it on
                 failure = Failed(str(e), traceback.format_exc())
         yield from lines
         if components is None:

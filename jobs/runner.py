@@ -138,18 +138,23 @@ class Runner:
         return getattr(self.executor, "models", None)
 
     # ---- adding -----------------------------------------------------------------------------------------------------
-    def submit(self, job, *, session: str | None = None, owner: str | None = None, origin: str = "page") -> Job:
-        """Check and queue one job: `job` is a Request, a PreparedRequest or a ResumeRequest (a folder to continue).
-        A session has at most one unfinished job (SessionBusy). Raises InputError naming the field."""
+    def submit(self, job, *, session: str | None = None, owner: str | None = None, origin: str = "page",
+               checked: bool = False) -> Job:
+        """Check and queue one job: `job` is a Request, a PreparedRequest or a ResumeRequest (a folder to continue;
+        `checked`: a PreparedRequest the pre-flight passed already). A session has at most one unfinished job
+        (SessionBusy). Raises InputError naming the field."""
         from pipeline.resume import ResumeRequest
 
         with self._lock:
-            self._busy_check(session, job.job_dir if isinstance(job, ResumeRequest) else None)
+            left = self._busy_check(session, job.job_dir if isinstance(job, ResumeRequest) else None)
+        if left is not None:                # the folder's entry, left by a runner that is gone: it continues it
+            return self._follow(left, Work(left.id, resuming=job, owner=left.owner), session)
         if isinstance(job, ResumeRequest):
             entry = self.store.add(job.request.settings(), owner=owner, origin=origin, job_dir=job.job_dir.name)
             work = Work(entry.id, resuming=job, owner=owner)
         else:
-            ((entry, work),) = enqueue(self.store, self.preflight, [job], owner=owner, origin=origin)
+            ((entry, work),) = enqueue(self.store, self.preflight, [job], owner=owner, origin=origin,
+                                       checked=checked)
         return self._follow(entry, work, session)
 
     def submit_many(self, requests: list, *, owner: str | None = None, origin: str = "queue",
@@ -170,15 +175,28 @@ class Runner:
             raise InputError("job folder", f"{job_dir.name} is not a job folder of this app's outputs")
         return self.submit(prepare_resume(job_dir), session=session, owner=owner, origin=origin)
 
-    def _busy_check(self, session: str | None, folder: Path | None) -> None:
-        """(Lock held.)"""
+    def edit(self, entry_id: str, request) -> qs.Entry:
+        """Replace a waiting entry's job with `request`, checked whole by the pre-flight (InputError naming the
+        field: the entry stays as it was)."""
+        prepared = self.preflight.prepare(request)
+        entry = self.store.edit(entry_id, entry_values(prepared.request))
+        job = self.get(entry_id)
+        if job is not None:
+            job.work = Work(entry.id, with_copies(prepared, entry), owner=job.owner)
+        return entry
+
+    def _busy_check(self, session: str | None, folder: Path | None) -> qs.Entry | None:
+        """(Lock held.) Refuses a second job of a session, and a second entry for a job folder (the folder's
+        unfinished entry, when no live process runs the queue to run it: to be continued here)."""
         old = self._sessions.get(session) if session else None
         if old is not None and not old.finished:
             raise SessionBusy("this tab already has a job running or waiting; press End to stop it")
         if folder is not None:
             busy = [e for e in self.store.entries([qs.WAITING, qs.RUNNING]) if e.job_dir == Path(folder).name]
-            if busy:
+            if busy and (self._leased or self.store.runner_alive() or busy[0].id in self._jobs):
                 raise SessionBusy(f"job {Path(folder).name} is already running or waiting to run")
+            return busy[0] if busy else None
+        return None
 
     def _follow(self, entry: qs.Entry, work: Work, session: str | None) -> Job:
         job = Job(entry.id, entry.origin, session, work.owner, work)
@@ -275,7 +293,7 @@ class Runner:
                 self._end(job, Cancelled(), announce=True)
             return "Cancelled: the waiting job will not run." if job is not None and job.session else \
                 f"Removed job {entry_id} from the queue."
-        if entry is not None and job is None:
+        if entry is not None and (job is None or not (job.started or self._leased)):
             return "That job runs in another process (the app or a command line); stop it there."
         return "Stopping at the next step; the video made so far is kept…" if entry is not None else "Nothing to stop."
 
@@ -383,7 +401,9 @@ class Runner:
 
     def _run(self, job: Job, entry: qs.Entry) -> None:
         try:
-            work = job.work or self._work_from(entry)
+            # an entry with a folder continues it (a runner that died left it running); else what was prepared here
+            fresh = job.work is not None and (job.work.resuming is not None or not entry.job_dir)
+            work = job.work if fresh else self._work_from(entry)
             if work is None:                          # its folder is complete already
                 self._end(job, Done(self.outputs / entry.job_dir, None, 0, False), announce=True)
                 return
@@ -455,6 +475,7 @@ class Runner:
             message = f"{status}: {result.frames} frames" + (f", {result.video.name}" if result.video else "")
         elif isinstance(result, Failed):
             status, message = qs.FAILED, result.message[:500]
+            log.error("job %s failed: %s", job.entry, result.message)
         else:
             status, message = None, ""
         job.result, job.finished = result, True
@@ -481,11 +502,11 @@ def _settings_request(settings: dict):
                            fps=settings.get("fps", DEFAULTS.fps), steps=settings.get("steps", DEFAULTS.steps))
 
 
-def open_runner(config, executor, *, device_type: str) -> tuple[Runner, str | None]:
-    """The runner of `config.outputs`' queue (not started) with the one pre-flight, and the store's warning (a
-    damaged database moved aside)."""
+def open_runner(config, executor, *, device_type: str, preflight=None) -> tuple[Runner, str | None]:
+    """The runner of `config.outputs`' queue (not started) with the one pre-flight (`preflight`, or one made here),
+    and the store's warning (a damaged database moved aside)."""
     from jobs.preflight import Preflight
 
     store, found = qs.QueueStore.open(config.outputs.expanduser().resolve())
-    preflight = Preflight(config, getattr(executor, "models", None), device_type)
+    preflight = preflight or Preflight(config, getattr(executor, "models", None), device_type)
     return Runner(store, executor, preflight), found.warning

@@ -38,7 +38,7 @@ LONG_TESTS = {
     # suite runs them; the quick loop keeps the logic, planning, checks and unit tests.
     "test_prompt_cache.py": 600,
     "test_generate.py": 600,
-    "test_app_runner.py": 600,
+    "test_runner.py": 600,
     "test_parity_diffusers.py": 600,
     "test_fp8.py": 600,
     "test_host_loading.py": 600,
@@ -75,6 +75,15 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(limit))
+
+
+def job_folders(outputs) -> list[Path]:
+    """The job folders of an outputs folder, in name (= time) order: not the app's own hidden ones (.queue, the
+    queue's database and copies; .examples; a .partial folder being made)."""
+    outputs = Path(outputs)
+    if not outputs.is_dir():
+        return []
+    return sorted(d for d in outputs.iterdir() if d.is_dir() and not d.name.startswith("."))
 
 
 def uploaded(path) -> str:

@@ -36,7 +36,7 @@ class Server:
     blocks: object
     runner: object
     outputs: Path
-    args: object
+    config: object
 
     def client(self, downloads: Path, **kw):
         from gradio_client import Client
@@ -50,16 +50,21 @@ class Server:
         return sorted(d for d in self.outputs.iterdir() if d.is_dir() and not d.name.startswith("."))
 
 
-def tiny_runner(outputs: Path, components, cap_gb: float = 20):
-    """A JobRunner on the CPU whose models are the session's tiny components (built once per test session)."""
-    from pipeline.components import load_components
+def tiny_runner(outputs: Path, components, cap_gb: float = 20, **config):
+    """The one runner (not started) of `outputs`' queue, running jobs in this process on the CPU with the session's
+    tiny components (built once per test session)."""
+    from configs.runtime import Config
+    from jobs.local import LocalExecutor
     from jobs.models import ComponentCache
-    from ui.runner import JobRunner
+    from jobs.runner import open_runner
+    from pipeline.components import load_components
 
     def loader(preset, mode, model_dir):
         return components if mode == components.mode else load_components("tiny", mode)
 
-    return JobRunner(ComponentCache("tiny", loader=loader), outputs, cap_gb, torch.device("cpu"))
+    cfg = Config(preset="tiny", outputs=Path(outputs), vram_cap_gb=cap_gb, **config)
+    executor = LocalExecutor(cfg, ComponentCache("tiny", loader=loader), torch.device("cpu"))
+    return open_runner(cfg, executor, device_type="cpu")[0]
 
 
 @contextlib.contextmanager
@@ -67,21 +72,22 @@ def launched(outputs: Path, components, *argv: str, max_file_size: int | None = 
     """`python app.py --preset tiny ...` in this process, as main() launches it (launch options from the command
     line), serving until the block ends."""
     import app as app_module
-    from ui.cli import launch_options, parse_args
+    from ui.launch import launch_options, parse_args
 
     port = free_port()
-    args = parse_args(["--preset", "tiny", "--outputs", str(outputs), "--port", str(port), *argv])
-    runner = tiny_runner(Path(outputs).resolve(), components, args.vram_cap_gb)
-    blocks = app_module.build_app(args, runner)
-    kwargs = launch_options(args).kwargs()
+    config = parse_args(["--preset", "tiny", "--outputs", str(outputs), "--port", str(port), *argv])
+    runner = tiny_runner(Path(outputs).resolve(), components, config.vram_cap_gb, lora_dir=config.lora_dir)
+    blocks = app_module.build_app(config, runner)
+    kwargs = launch_options(config).kwargs()
     if max_file_size is not None:
         kwargs["max_file_size"] = max_file_size
     assert kwargs["server_name"] == "127.0.0.1"
     blocks.launch(**kwargs, prevent_thread_lock=True, quiet=True)
     try:
-        yield Server(f"http://127.0.0.1:{port}/", blocks, runner, Path(outputs).resolve(), args)
+        yield Server(f"http://127.0.0.1:{port}/", blocks, runner, Path(outputs).resolve(), config)
     finally:
         blocks.close()
+        runner.close(timeout=60)
 
 
 @contextlib.contextmanager

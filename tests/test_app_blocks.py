@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 
 import app as app_module
-from ui.cli import launch_options, parse_args
+from ui.launch import launch_options, parse_args
 
 
 def _free_port() -> int:
@@ -19,8 +19,10 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    args = parse_args(["--preset", "tiny", "--outputs", str(tmp_path_factory.mktemp("outputs"))])
-    return args, app_module.build_app(args)
+    config = parse_args(["--preset", "tiny", "--outputs", str(tmp_path_factory.mktemp("outputs"))])
+    blocks = app_module.build_app(config)
+    yield config, blocks
+    blocks.runner.close(timeout=30)
 
 
 def _fn(blocks, name):
@@ -53,17 +55,18 @@ def _get(url):
 @pytest.mark.parametrize("auth", [None, "user:pw"])
 def test_launch_binds_localhost_and_auth_protects_the_app(built, tmp_path, auth):
     argv = ["--preset", "tiny", "--outputs", str(tmp_path), "--port", str(_free_port())]
-    args = parse_args(argv + (["--auth", auth] if auth else []))
-    blocks = app_module.build_app(args)
-    kwargs = launch_options(args).kwargs()
+    config = parse_args(argv + (["--auth", auth] if auth else []))
+    blocks = app_module.build_app(config)
+    kwargs = launch_options(config).kwargs()
     assert kwargs["server_name"] == "127.0.0.1"
     blocks.launch(**kwargs, prevent_thread_lock=True, quiet=True)
     try:
-        base = f"http://127.0.0.1:{args.port}"
+        base = f"http://127.0.0.1:{config.web.port}"
         assert _get(base + "/") == 200                         # the page itself (a login form with --auth)
         assert _get(base + "/config") == (401 if auth else 200)
     finally:
         blocks.close()
+        blocks.runner.close(timeout=30)
 
 
 def test_handlers_turn_a_job_into_updates(tmp_path, tiny_original):
@@ -75,12 +78,10 @@ def test_handlers_turn_a_job_into_updates(tmp_path, tiny_original):
     import torch
 
     from tests.conftest import make_image, uploaded
+    from tests.server_helpers import tiny_runner
     from ui import settings as st
-    from jobs.models import ComponentCache
-    from ui.runner import JobRunner
 
-    runner = JobRunner(ComponentCache("tiny", loader=lambda *a: tiny_original), tmp_path / "out", 20,
-                       torch.device("cpu"))
+    runner = tiny_runner(tmp_path / "out", tiny_original)
     blocks = app_module.build_app(parse_args(["--preset", "tiny", "--outputs", str(tmp_path / "out")]), runner)
     submit, run, finish, stop = (_fn(blocks, n).fn for n in ("submit", "run", "finish", "stop"))
     session = SimpleNamespace(session_hash="tab-1")
@@ -108,3 +109,4 @@ def test_handlers_turn_a_job_into_updates(tmp_path, tiny_original):
     assert stop(session)[0] == "■ Nothing to stop."
     (update,) = list(run("no-such-ticket"))                     # changes nothing on the page (and is a valid
     assert list(update.values()) == [gr.skip()]                # answer: Gradio refuses an empty dict)
+    runner.close(timeout=30)

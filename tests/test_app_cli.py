@@ -1,4 +1,5 @@
-"""app.py's command line: safe defaults, warnings, --auth parsing, launch options."""
+"""app.py's command line (configs/options.py, ui/launch.py): safe defaults, warnings, --auth parsing, launch
+options, the one Config."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,17 +7,18 @@ from pathlib import Path
 import pytest
 
 from configs import MEMORY
-from ui.cli import is_local_host, launch_options, parse_args, parse_auth, security_warnings
+from configs.options import parse_auth
+from ui.launch import is_local_host, launch_options, parse_args, security_warnings
 
 
 def test_defaults_bind_localhost_only():
-    args = parse_args([])
-    assert args.host == "127.0.0.1"
-    assert args.preset == "hunyuan"
-    assert args.share is False and args.auth is None and args.port is None
-    assert args.vram_cap_gb == MEMORY.vram_cap_gb
-    assert args.outputs == Path("outputs")
-    assert security_warnings(args) == []
+    config = parse_args([])
+    assert config.web.host == "127.0.0.1"
+    assert config.preset == "hunyuan"
+    assert config.web.share is False and config.web.auth == () and config.web.port is None
+    assert config.vram_cap_gb == MEMORY.vram_cap_gb
+    assert config.outputs == Path("outputs")
+    assert security_warnings(config) == []
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
@@ -39,7 +41,7 @@ def test_share_warns_and_mentions_auth_only_without_it():
 
 
 def test_server_alias_of_the_original_app():
-    assert parse_args(["--server", "0.0.0.0"]).host == "0.0.0.0"
+    assert parse_args(["--server", "0.0.0.0"]).web.host == "0.0.0.0"
 
 
 def test_auth_parsing():
@@ -49,9 +51,9 @@ def test_auth_parsing():
     for bad in ("alice", ":pw", "alice:", ""):
         with pytest.raises(ValueError):
             parse_auth(bad)
-    assert parse_args(["--auth", "u:p"]).auth_pairs == [("u", "p")]
-    args = parse_args(["--auth", "a:1", "--auth", "b:2", "--admin", "b"])
-    assert args.auth_pairs == [("a", "1"), ("b", "2")] and args.admin == ["b"]
+    assert parse_args(["--auth", "u:p"]).web.auth == (("u", "p"),)
+    config = parse_args(["--auth", "a:1", "--auth", "b:2", "--admin", "b"])
+    assert config.web.auth == (("a", "1"), ("b", "2")) and config.web.admins == ("b",)
 
 
 @pytest.mark.parametrize("argv", [["--auth", "nopassword"], ["--vram-cap-gb", "0"], ["--port", "70000"],

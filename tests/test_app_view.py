@@ -8,12 +8,12 @@ import pytest
 
 from configs import DEFAULTS, MEMORY, get_preset
 from common.errors import InputError
-from pipeline.events import Done, Failed, LogLine, Preview, Progress, SectionVideo
+from pipeline.events import Cancelled, Done, Failed, LogLine, MemoryReport, Preview, Progress, SectionVideo
 from tests.conftest import make_image, uploaded
 from ui import hints, plots
 from ui import settings as st
-from ui.runner import Cancelled, MemoryReport
-from ui.view import JobView, enlarge, format_seconds, progress_html
+from jobs.text import format_seconds
+from ui.view import JobView, enlarge, progress_html
 
 
 def test_progress_bar_shows_stage_section_step_eta():

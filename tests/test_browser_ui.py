@@ -299,7 +299,7 @@ def test_preserved_memory_slider_ends_at_the_cap(server, browser):
     page = _open(browser, server)
     try:
         slider = page.locator("#preserved-gb input[type=range]")
-        assert float(slider.get_attribute("max")) == server.args.vram_cap_gb == 20
+        assert float(slider.get_attribute("max")) == server.config.vram_cap_gb == 20
         assert "Memory plan" in page.locator("#preserved-info").inner_text()
     finally:
         page.close()

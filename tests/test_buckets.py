@@ -15,7 +15,7 @@ from pipeline.buckets import BUCKET_TARGETS, bucket_table, nearest_bucket, scale
 from common.errors import InputError
 from pipeline.request import Request, prepare
 from pipeline.resolution import JobSize, check_fits, custom_size, job_size, refusal
-from tests.conftest import make_image
+from tests.conftest import make_image, job_folders
 
 ASPECTS = {"16:9": (1080, 1920), "9:16": (1920, 1080), "4:3": (600, 800), "square": (1000, 1000),
            "21:9": (900, 2100)}
@@ -222,7 +222,7 @@ def test_cli_custom_size_and_refusal_before_models_load(tmp_path):
     r = cli("generate", "--preset", "tiny", "--image", image, "--seconds", 1.2, "--steps", 2, "--width", 96,
             "--height", 64, "--out", out)
     assert r.returncode == 0, r.stderr
-    (job,) = list(out.iterdir())
+    (job,) = job_folders(out)
     assert read_frames(job / "final.mp4").shape[1:3] == (64, 96)
     refused = tmp_path / "refused"
     r = cli("generate", "--preset", "tiny", "--image", image, "--resolution", 2048, "--vram-cap-gb", 3,
@@ -234,16 +234,15 @@ def test_cli_custom_size_and_refusal_before_models_load(tmp_path):
     assert r.returncode == 2 and "--height:" in r.stderr and not refused.exists()
 
 
-def test_the_runner_refuses_at_reserve_and_the_page_plan_says_why(tmp_path):
-    from jobs.models import ComponentCache
-    from ui.runner import JobRunner
+def test_the_runner_refuses_when_queued_and_the_page_plan_says_why(tmp_path, tiny_original):
+    from tests.server_helpers import tiny_runner
     from ui.memory_plan import size_line
 
-    runner = JobRunner(ComponentCache("tiny"), tmp_path / "outputs", vram_cap_gb=2.0)
+    runner = tiny_runner(tmp_path / "outputs", tiny_original, cap_gb=2.0)
     with pytest.raises(InputError) as e:
-        runner.reserve("s", Request(image=make_image(96, 80), width=1024, height=1024))
+        runner.submit(Request(image=make_image(96, 80), width=1024, height=1024), session="s")
     assert e.value.field == "custom width" and "nearest size of the same shape that fits is" in e.value.message
-    assert not (tmp_path / "outputs" / ".staged").exists() or not any((tmp_path / "outputs" / ".staged").iterdir())
+    assert runner.store.entries() == [] and not any(runner.store.images_root.glob("*"))     # nothing queued
     assert not runner.models.is_loaded("original")
 
     at_640 = size_line(TINY, 20.0, 640, 0, 0, 9)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pipeline.sections import make_plan
 from video.mp4 import read_frames
-from tests.conftest import ROOT, make_image
+from tests.conftest import ROOT, make_image, job_folders
 
 
 def cli(*args, cwd=ROOT, timeout=300):
@@ -26,7 +26,7 @@ def test_generate_writes_a_playable_mp4_with_the_planned_frames(tmp_path):
     r = cli("generate", "--preset", "tiny", "--image", image, "--prompt", "waves roll in", "--seconds", 2.4,
             "--steps", 3, "--seed", 5, "--out", out)
     assert r.returncode == 0, r.stderr
-    (job,) = list(out.iterdir())
+    (job,) = job_folders(out)
     final = job / "final.mp4"
     assert f"done: {final}" in r.stdout
     expected = make_plan("original", 2.4, 9).frame_counts()
@@ -78,7 +78,7 @@ def test_batch_runs_every_line_and_summarises(tmp_path):
     assert "line   2: invalid" in summary and "line   3: invalid" in summary and "line   5: invalid" in summary
     assert "missing.png" in r.stderr and r.stderr.index("line 5: invalid") < r.stderr.index("running the other 2")
     assert "2/5 jobs done" in summary
-    done_jobs = [json.loads((d / "job.json").read_text()) for d in (tmp_path / "outputs").iterdir()]
+    done_jobs = [json.loads((d / "job.json").read_text()) for d in job_folders(tmp_path / "outputs")]
     assert sorted(j["settings"]["prompt"] for j in done_jobs) == ["first", "third"]
     assert all(j["status"] == "done" for j in done_jobs)
 

@@ -145,20 +145,23 @@ def test_old_option_spellings_still_work():
     assert _generate_args("--outputs", "/tmp/y").outputs == Path("/tmp/y")
 
 
-def test_cli_and_app_use_the_same_option_names():
-    """Options the app (`python app.py`) and the command line share are spelled alike; every control's option is
+def test_cli_and_app_take_the_same_process_options():
+    """The options both programs take (the models, outputs, memory limits, the farm) are declared once: the same
+    spellings and the same help in `python app.py -h` and `python -m cli generate -h`; every control's option is
     its API name with dashes (an older spelling may stay as an alias)."""
-    from ui.cli import build_parser as app_parser
+    from ui.launch import build_parser as app_parser
 
     def options(parser):
-        return {a.dest: a.option_strings for a in parser._actions if a.option_strings and a.dest != "help"}
+        return {a.dest: (a.option_strings, a.help, a.default) for a in parser._actions
+                if a.option_strings and a.dest != "help"}
 
     generate = cli.build_parser()._subparsers._group_actions[0].choices["generate"]
     app, command_line = options(app_parser()), options(generate)
     shared = set(app) & set(command_line)
-    assert {"preset", "model_dir", "outputs", "vram_cap_gb", "host_ram_gb", "fp8"} <= shared
+    assert {"preset", "model_dir", "outputs", "vram_cap_gb", "host_ram_gb", "lora_dir", "fp8", "device", "ray",
+            "gpus", "cpu_workers"} <= shared
     for dest in shared:
-        assert app[dest][0] == command_line[dest][0], dest
+        assert app[dest] == command_line[dest], dest
     for c in CONTROLS:
         if c.option:
             assert c.option == "--" + c.name.replace("_", "-"), c.name

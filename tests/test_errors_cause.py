@@ -27,7 +27,7 @@ def test_the_cli_logs_the_loading_traceback_always_and_shows_it_with_verbose(tmp
     assert quiet.returncode == 1 and "Traceback" not in quiet.stderr
     assert "-v shows the traceback" in quiet.stderr and str(log_file) in quiet.stderr
     logged = log_file.read_text()
-    assert "Traceback" in logged and "WeightsNotFound" in logged and "the job could not run" in logged
+    assert "Traceback" in logged and "WeightsNotFound" in logged and "the job failed" in logged
     verbose = cli(*args, "-v")
     assert verbose.returncode == 1 and "Traceback" in verbose.stderr and "WeightsNotFound" in verbose.stderr
 
@@ -53,22 +53,19 @@ def test_a_type_error_in_resume_is_not_called_a_damaged_job_json(tmp_path, monke
         pipeline.resume.prepare_resume(job)
 
 
-def test_the_ui_runner_does_not_call_a_bug_a_damaged_job_json(tmp_path, monkeypatch, tiny_original):
-    import torch
+def test_the_runner_does_not_call_a_bug_a_damaged_job_json(tmp_path, monkeypatch, tiny_original):
+    from tests.server_helpers import tiny_runner
 
-    from jobs.models import ComponentCache
-    from ui.runner import JobRunner
-
-    runner = JobRunner(ComponentCache("tiny", loader=lambda *a: tiny_original), tmp_path, vram_cap_gb=20,
-                       device=torch.device("cpu"))
+    runner = tiny_runner(tmp_path, tiny_original)
     job = _resumable(tmp_path / "20250101-000000-abcdef")
     monkeypatch.setattr(pipeline.resume, "prepare", lambda *a, **k: (_ for _ in ()).throw(TypeError("a bug")))
     with pytest.raises(TypeError, match="a bug"):
-        runner.reserve_resume("tab", job)
+        runner.submit_resume(job, session="tab")
     (tmp_path / "damaged").mkdir()
     (tmp_path / "damaged" / "job.json").write_text('{"settings": ')
     with pytest.raises(InputError, match="damaged or incomplete"):
-        runner.reserve_resume("tab", tmp_path / "damaged")
+        runner.submit_resume(tmp_path / "damaged", session="tab")
+    assert runner.store.entries() == []
 
 
 @pytest.mark.parametrize("error", [OSError("No space left on device"), httpx.ConnectError("connection refused")])

@@ -31,7 +31,7 @@ from video.mp4 import encode_segment, read_frames
 from video.buffer import VideoBuffer
 from common.files import file_sha256
 from pipeline.video_input import resample
-from tests.conftest import make_image
+from tests.conftest import make_image, job_folders
 from tests.test_cli import cli
 
 W = 9                                                   # the default latent window
@@ -234,7 +234,7 @@ def test_cli_extends_a_video_and_names_the_option_on_bad_input(tmp_path):
     r = cli("generate", "--preset", "tiny", "--extend", clip, "--mode", "f1", "--prompt", "waves", "--seconds", 1.2,
             "--steps", 2, "--seed", 3, "--out", out)
     assert r.returncode == 0, r.stderr
-    (job,) = out.iterdir()
+    (job,) = job_folders(out)
     info = json.loads((job / "job.json").read_text())
     assert info["source"]["sha256"] == file_sha256(clip)
     assert read_frames(job / "final.mp4").shape[0] == 40 + 4 * W

@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.events import Done, LogLine, MemoryReport, Progress, SectionVideo
 from pipeline.request import Request, prepare
-from tests.conftest import ROOT, make_image
+from tests.conftest import ROOT, make_image, job_folders
 
 SETTINGS = dict(prompt="a lighthouse in a storm", seconds=3.6, steps=3, teacache=0.0, resolution=64)   # 3 sections
 
@@ -26,8 +26,8 @@ def _request(seed: int) -> Request:
 
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory):
+    from configs.runtime import FarmOptions
     from farm.dispatch import Farm
-    from farm.options import FarmOptions
     from farm.workers import WorkerConfig
 
     outputs = tmp_path_factory.mktemp("farm-outputs").resolve()
@@ -37,18 +37,28 @@ def farm(tmp_path_factory):
     f.shutdown()
 
 
+def _farm_runner(farm, outputs):
+    """The one runner (started) with the farm as its executor, as the app makes it with --cpu-workers."""
+    from configs.runtime import Config
+    from farm.executor import FarmExecutor
+    from jobs.models import ComponentCache
+    from jobs.runner import open_runner
+
+    executor = FarmExecutor(farm, ComponentCache("tiny"))
+    return open_runner(Config(preset="tiny", outputs=outputs), executor, device_type="cpu")[0].start()
+
+
 @pytest.fixture(scope="module")
 def runner(farm):
-    from farm.runner import FarmRunner
-    from jobs.models import ComponentCache
-
-    return FarmRunner(farm, ComponentCache("tiny"), farm.outputs, 20.0)
+    r = _farm_runner(farm, farm.outputs)
+    yield r
+    r.close(timeout=60)
 
 
 def _stream(runner, session, request, record):
     """Run one job through the runner as the page does; record (time, event) pairs."""
-    ticket = runner.reserve(session, request)
-    for batch in runner.run(ticket):
+    job = runner.submit(request, session=session)
+    for batch in runner.stream(job):
         record.extend((time.monotonic(), e) for e in batch)
 
 
@@ -122,12 +132,12 @@ def test_worker_killed_mid_job_continues_elsewhere_with_the_same_video(farm, run
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_end_stops_a_job_on_a_worker(runner):
-    ticket = runner.reserve("stopper", _request(31))
+    job = runner.submit(_request(31), session="stopper")
     events = []
-    for batch in runner.run(ticket):
+    for batch in runner.stream(job):
         for e in batch:
             events.append(e)
-            if isinstance(e, Progress) and e.stage == "sampling" and e.step == 1 and not ticket.cancel.cancelled:
+            if isinstance(e, Progress) and e.stage == "sampling" and e.step == 1 and not job.cancel.cancelled:
                 assert runner.cancel("stopper").startswith("Stopping")
     done = events[-1]
     assert isinstance(done, Done) and done.stopped
@@ -139,13 +149,12 @@ def test_the_app_without_farm_options_never_imports_ray(tmp_path):
     code = textwrap.dedent(f"""
         import sys
         import app
-        from ui.cli import parse_args
-        args = parse_args(["--preset", "tiny", "--outputs", {str(tmp_path)!r}])
-        app.build_app(args)
+        from ui.launch import parse_args
+        config = parse_args(["--preset", "tiny", "--outputs", {str(tmp_path)!r}])
+        app.build_app(config).runner.close()
         from cli.commands import build_parser
         build_parser().parse_args(["batch", "jobs.jsonl", "--preset", "tiny"])
-        import farm
-        assert not farm.farm_options(args).enabled
+        assert not config.farm.enabled
         loaded = [m for m in sys.modules if m == "ray" or m.startswith("ray.")]
         assert not loaded, loaded
         print("no ray")
@@ -156,14 +165,15 @@ def test_the_app_without_farm_options_never_imports_ray(tmp_path):
 
 
 def test_farm_options_are_checked():
-    from farm.options import add_arguments, farm_options
     import argparse
 
+    from configs.options import add_process_options, config_from
+
     p = argparse.ArgumentParser()
-    add_arguments(p)
-    assert farm_options(p.parse_args(["--gpus", "0,1"])).gpus == (0, 1)
-    assert farm_options(p.parse_args(["--ray", "auto"])).address == "auto"
-    assert not farm_options(p.parse_args([])).enabled
+    add_process_options(p)
+    assert config_from(p, p.parse_args(["--gpus", "0,1"])).farm.gpus == (0, 1)
+    assert config_from(p, p.parse_args(["--ray", "auto"])).farm.address == "auto"
+    assert not config_from(p, p.parse_args([])).farm.enabled
     for bad in (["--gpus", "a,b"], ["--gpus", "0,0"], ["--cpu-workers", "0"], ["--ray", "auto", "--gpus", "0"]):
         with pytest.raises(SystemExit):
             p.parse_args(bad)
@@ -198,7 +208,7 @@ def test_batch_runs_its_jobs_on_farm_workers(tmp_path):
     r = cli("batch", jobs, "--preset", "tiny", "--cpu-workers", "2", "--out", tmp_path / "out", timeout=560)
     assert "2/3 jobs done" in r.stdout, r.stdout + r.stderr[-3000:]
     assert "line 3: invalid" in r.stderr                     # a bad line is refused before any job runs
-    infos = [json.loads((d / "job.json").read_text()) for d in (tmp_path / "out").iterdir()]
+    infos = [json.loads((d / "job.json").read_text()) for d in job_folders(tmp_path / "out")]
     assert len(infos) == 2 and all(i["status"] == "done" and i["worker"].startswith("worker-") for i in infos)
     assert "runs this job" in r.stderr
 
@@ -244,23 +254,24 @@ class _HeldFarm:
         yield Done(self.outputs, None, 0, cancel.cancelled)
 
 
-def test_the_line_fills_every_worker_then_waits(tmp_path):
-    from farm.runner import FarmRunner
-    from jobs.models import ComponentCache
-    from ui.runner import Waiting
+def test_the_queue_fills_every_worker_then_waits(tmp_path):
+    from jobs.line import Waiting
 
     farm = _HeldFarm(2, tmp_path)
-    runner = FarmRunner(farm, ComponentCache("tiny"), tmp_path, 20.0)
-    tickets = [runner.reserve(f"s{i}", _request(i)) for i in range(3)]
-    streams = [runner.run(t, tick_s=0.05) for t in tickets]
-    firsts = [next(s) for s in streams]                    # two run at once; the third waits behind both
-    assert [e.message for e in firsts[0]] == ["[worker-1] Sampling 1/1"]
-    assert [e.message for e in firsts[1]] == ["[worker-2] Sampling 1/1"]
-    assert firsts[2] == [Waiting(2, None)] and runner.busy
-    assert sorted(runner.placements().values()) == ["worker-1", "worker-2"]
-    assert runner.cancel("s2").startswith("Cancelled")     # End on a waiting job: it never runs
-    farm.release.set()
-    for s in streams:
-        for _ in s:
-            pass
-    assert not runner.busy and runner.placements() == {}
+    runner = _farm_runner(farm, tmp_path)
+    try:
+        jobs = [runner.submit(_request(i), session=f"s{i}") for i in range(3)]
+        streams = [runner.stream(j, tick_s=0.05) for j in jobs]
+        firsts = [next(s) for s in streams]                # two run at once; the third waits behind both
+        assert sorted(e.message for f in firsts[:2] for e in f) == ["[worker-1] Sampling 1/1",
+                                                                    "[worker-2] Sampling 1/1"]
+        assert firsts[2] == [Waiting(2, None)] and runner.busy
+        assert sorted(runner.placements().values()) == ["worker-1", "worker-2"]
+        assert runner.cancel("s2").startswith("Cancelled")     # End on a waiting job: it never runs
+        farm.release.set()
+        for s in streams[:2]:
+            for _ in s:
+                pass
+        assert not runner.busy and runner.placements() == {}
+    finally:
+        runner.close(timeout=30)

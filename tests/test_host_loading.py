@@ -133,11 +133,11 @@ def test_cli_refuses_a_budget_too_small_before_loading(tmp_path):
 
 
 def test_app_flags_and_the_check_at_start():
-    from ui.cli import host_budget_problem, parse_args, weight_storage
+    from ui.launch import host_budget_problem, parse_args
 
-    args = parse_args(["--host-ram-gb", "24", "--fp8"])
-    assert args.host_ram_gb == 24 and weight_storage(args) == "fp8"
-    assert parse_args([]).host_ram_gb is None and weight_storage(parse_args([])) == "native"
+    config = parse_args(["--host-ram-gb", "24", "--fp8"])
+    assert config.host_ram_gb == 24 and config.weight_storage == "fp8"
+    assert parse_args([]).host_ram_gb is None and parse_args([]).weight_storage == "native"
     with pytest.raises(SystemExit):
         parse_args(["--host-ram-gb", "-1"])
     problem = host_budget_problem(parse_args(["--host-ram-gb", "6"]), "cuda")

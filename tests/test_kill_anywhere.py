@@ -148,7 +148,7 @@ def test_a_job_killed_while_its_folder_is_made_leaves_no_folder(procs, image, tm
     out = tmp_path / "out"
     assert procs.run("generate", "--image", image, *JOB, "--out", out, kill_at=KillAt("pipeline.jobs:Job.save")) < 0
     assert job_folder(out) is None
-    (partial,) = out.iterdir()                        # only the hidden folder being made
+    (partial,) = out.glob(".*.partial")               # only the hidden folder being made
     assert partial.name.startswith(".") and partial.name.endswith(".partial")
 
 

@@ -142,36 +142,39 @@ def test_the_app_says_at_start_what_is_missing_and_logs_a_failed_job_as_error(tm
     start = text.index("serving on")
     assert re.search(r"WARNING \S+: The real model weights are not on this computer yet", text[:start])
     assert re.search(r"serving on http://127\.0\.0\.1:\d+/ ", text)                  # the real address
-    assert re.search(r"ERROR ui\.runner: job \w+ cannot run: text_encoder: the weights", text)
+    assert re.search(r"ERROR jobs\.runner: job \w+ failed: text_encoder: the weights", text)
     assert "torchvision" not in text
 
 
 def test_a_failed_job_pops_up_an_error(tmp_path):
     """The page's handler for a job that fails raises gr.Error (an Error pop-up), after the page's updates."""
     import gradio as gr
-    import torch
 
     import app as app_module
     from common.errors import WeightsNotFound
-    from ui import settings as st
-    from ui.cli import parse_args
     from jobs.models import ComponentCache
-    from ui.runner import JobRunner
+    from tests.server_helpers import tiny_runner
+    from ui import settings as st
+    from ui.launch import parse_args
 
     def loader(*_):
         raise WeightsNotFound("transformer: the weights are not here")
 
-    runner = JobRunner(ComponentCache("tiny", loader=loader), tmp_path / "out", 20, torch.device("cpu"))
+    runner = tiny_runner(tmp_path / "out", None)
+    runner.executor.models = ComponentCache("tiny", loader=loader)
     blocks = app_module.build_app(parse_args(["--preset", "tiny", "--outputs", str(tmp_path / "out")]), runner)
     fns = {f.name: f.fn for f in blocks.fns.values()}
     make_image().save(tmp_path / "start.png")
     values = dict(st.default_values(64), image={"path": uploaded(tmp_path / "start.png")}, end_image=None,
                   input_video=None, seconds=1.2)
-    ticket_id = fns["submit"](SimpleNamespace(session_hash="tab"), *[values[n] for n in st.CONTROLS])[0]
+    job_id = fns["submit"](SimpleNamespace(session_hash="tab"), *[values[n] for n in st.CONTROLS])[0]
     updates = []
-    with pytest.raises(gr.Error) as e:
-        for update in fns["run"](ticket_id):
-            updates.append(update)
+    try:
+        with pytest.raises(gr.Error) as e:
+            for update in fns["run"](job_id):
+                updates.append(update)
+    finally:
+        runner.close(timeout=30)
     assert "weights are not here" in e.value.message and e.value.title == "The job failed"
     assert updates, "the page was updated before the pop-up"
 

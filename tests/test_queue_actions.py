@@ -11,15 +11,14 @@ from jobs import jsonl
 from jobs import store as qs
 from tests.conftest import make_image, uploaded
 from ui.queue_api import QueueActions, QueueApi
-from ui.queue_worker import QueueWorker
+from tests.server_helpers import tiny_runner
 
 
 @pytest.fixture
-def api(tmp_path):
-    store, _ = qs.QueueStore.open(tmp_path / "out")
-    worker = QueueWorker(store, runner=None, default_resolution=128)            # not started: nothing runs
-    yield QueueApi(QueueActions(store, worker, 128)), store
-    store.close()
+def api(tmp_path, tiny_original):
+    runner = tiny_runner(tmp_path / "out", tiny_original)              # not started: nothing runs
+    yield QueueApi(QueueActions(runner)), runner.store
+    runner.store.close()
 
 
 @pytest.fixture
@@ -35,7 +34,7 @@ HOSTILE = [None, "", 5, -1, math.nan, math.inf, True, [], {}, [[[1]]], "x" * 100
 
 def test_hostile_values_get_a_clear_refusal(api, image, tmp_path):
     handlers, store = api
-    entry = store.add(jsonl.checked_values({"image": str(image), "prompt": "kept"}, 128))
+    entry = store.add({"image": str(image), "prompt": "kept"})
     calls = []
     for bad in HOSTILE:
         calls += [(handlers.move, (bad, 0)), (handlers.move, (entry.id, bad)), (handlers.edit, (bad, {})),
@@ -70,7 +69,7 @@ def test_a_jsonl_upload_may_name_only_the_queues_own_copies(api, image, tmp_path
         handlers.import_jsonl(uploaded(jsonl), None)
     with pytest.raises(gr.Error, match="jobs file: only a file uploaded to this app"):
         handlers.import_jsonl(str(jsonl), None)                      # the jobs file itself: an upload only
-    inside = store.add(jsonl.checked_values({"image": str(image), "prompt": "inside"}, 128))
+    inside = store.add({"image": str(image), "prompt": "inside"})
     jsonl.write_text(store.export_jsonl())
     (again,) = handlers.import_jsonl(uploaded(jsonl), None)
     assert again["prompt"] == "inside" and again["id"] != inside.id

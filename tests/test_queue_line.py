@@ -1,7 +1,7 @@
-"""Jobs started with /video (and Start: the same JobRunner.reserve) are kept in the queue's store while they wait or
-run (ui/line_record.py); End on a waiting one removes it at once and it never runs; a queued job with a video to
-extend keeps its own copy of the video (by hash) and runs. The app is launched in this process on the tiny preset;
-the first job is held in its VAE decode (tests/server_helpers.Gate), so nothing depends on timing."""
+"""Jobs started with /video (and Start: the same Runner.submit) are entries of the one queue while they wait or run
+(jobs/runner.py); End on a waiting one removes it at once and it never runs; a queued job with a video to extend
+keeps its own copy of the video (by hash) and runs. The app is launched in this process on the tiny preset; the
+first job is held in its VAE decode (tests/server_helpers.Gate), so nothing depends on timing."""
 from __future__ import annotations
 
 import json
@@ -48,7 +48,7 @@ def test_video_jobs_are_kept_in_the_queue_and_end_removes_a_waiting_one_at_once(
         second = b.submit(image=handle_file(str(image)), prompt="second", **SHORT, api_name="/video")
         third = c.submit(image=handle_file(str(image)), prompt="third", **SHORT, api_name="/video")
         entries = wait_for(lambda: (lambda es: es if len(es) == 3 else None)(listing(a)), what="3 jobs kept")
-        assert [e["status"] for e in entries] == [qs.RUNNING, qs.IN_LINE, qs.IN_LINE]
+        assert [e["status"] for e in entries] == [qs.RUNNING, qs.WAITING, qs.WAITING]
         by_prompt = {e["prompt"]: e for e in entries}
 
         # End from the tab (its session) on a waiting job: out of the queue at once, while the first still runs
@@ -101,7 +101,7 @@ def test_a_queued_extension_keeps_its_video_and_runs(server, client, tmp_path):
 def test_a_changed_copy_of_a_queued_video_is_noticed(tmp_path):
     clip = write_video(tmp_path / "clip.mp4", moving_frames(40), codec="libx264")
     store, _ = qs.QueueStore.open(tmp_path / "out")
-    entry = store.add(jsonl.checked_values({"input_video": str(clip), **COMMON}, 64))
+    entry = store.add({"input_video": str(clip), **COMMON})
     assert jsonl.copy_problem(entry.images) is None
     edited = store.edit(entry.id, {**entry.values(), "prompt": "edited"})      # the same copy, the same hash
     assert edited.images[jsonl.VIDEO_SHA256] == file_sha256(clip) and jsonl.copy_problem(edited.images) is None

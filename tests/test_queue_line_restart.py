@@ -33,7 +33,7 @@ def test_killed_with_video_jobs_running_and_waiting_all_finish_after_a_restart(t
                  what="the long job to start")
         for n, client in enumerate(clients[1:]):       # one at a time: two clients' submissions race otherwise
             client.submit(image=handle_file(str(image)), prompt=f"waiting {n}", seed=n, **SHORT, api_name="/video")
-            wait_for(lambda: len(store.entries([qs.IN_LINE])) == n + 1, timeout=60, every=0.05,
+            wait_for(lambda: len(store.entries([qs.WAITING])) == n + 1, timeout=60, every=0.05,
                      what=f"job {n + 1} in line")
         job_id = wait_for(lambda: store.entries([qs.RUNNING])[0].job_dir, timeout=300, every=0.02,
                           what="the long job's folder (noted as soon as it is made)")

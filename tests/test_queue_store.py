@@ -1,5 +1,6 @@
-"""The queue on disk (jobs/store.py): order, reorder, remove, edit, export/import, a restart with an
-interrupted job, a damaged database, and adds from several threads and processes."""
+"""The queue on disk (jobs/store.py): order, reorder, remove, edit, export/import checked by the one pre-flight,
+the runner's lease (a new holder puts an interrupted job first again), a damaged database, and adds from several
+threads and processes."""
 from __future__ import annotations
 
 import json
@@ -10,9 +11,11 @@ import threading
 
 import pytest
 
+from common.errors import InputError
+from configs.runtime import Config
 from jobs import jsonl
 from jobs import store as qs
-from common.errors import InputError
+from jobs.preflight import Preflight
 from tests.conftest import make_image
 
 ROOT = qs.Path(__file__).resolve().parents[1]
@@ -29,13 +32,13 @@ def image(tmp_path):
 @pytest.fixture
 def store(tmp_path):
     s, found = qs.QueueStore.open(tmp_path / "out")
-    assert found.warning is None and found.interrupted == []
+    assert found.warning is None
     yield s
     s.close()
 
 
 def job(image, prompt="a cat", **kw):
-    return jsonl.checked_values({"image": str(image), "prompt": prompt, "seconds": 1.2, "steps": 2, **kw}, 128)
+    return {"image": str(image), "prompt": prompt, "seconds": 1.2, "steps": 2, **kw}
 
 
 def prompts(store, statuses=None):
@@ -53,16 +56,16 @@ def test_add_keeps_order_and_copies_the_images_under_outputs(store, image):
     assert staged.is_file() and a.status == qs.WAITING and a.settings["seconds"] == 1.2
 
 
-def test_checked_values_names_the_bad_field(image, tmp_path):
-    with pytest.raises(InputError) as e:
-        jsonl.checked_values({"image": str(image), "prompt": "x", "seconds": 999}, 128)
-    assert e.value.field.startswith("seconds") or "seconds" in str(e.value)
-    with pytest.raises(InputError) as e:
-        jsonl.checked_values({"image": str(tmp_path / "missing.png"), "prompt": "x"}, 128)
-    assert e.value.field == "image" and "not a file" in e.value.message
-    with pytest.raises(InputError) as e:
-        jsonl.checked_values({"image": str(image), "prompt": "x", "colour": 3}, 128)
-    assert e.value.field == "colour"
+PREFLIGHT = Preflight(Config(preset="tiny"))
+
+
+def test_the_preflight_names_the_line_and_the_bad_field(image, tmp_path):
+    for values, what in (({"image": str(image), "prompt": "x", "seconds": 999}, "seconds: 999 is out of range"),
+                         ({"image": str(tmp_path / "missing.png"), "prompt": "x"}, "image: file not found"),
+                         ({"image": str(image), "prompt": "x", "colour": 3}, "colour: unknown setting")):
+        with pytest.raises(InputError) as e:
+            jsonl.prepare_lines([(1, {"image": str(image), "seconds": 1.2}), (2, values)], PREFLIGHT)
+        assert e.value.field == "line 2" and e.value.message.startswith(what), e.value.message
 
 
 def test_move_reorders_only_the_waiting_jobs(store, image):
@@ -109,7 +112,7 @@ def test_export_then_import_gives_the_same_jobs(store, image, tmp_path):
     lines = [json.loads(line) for line in text.splitlines()]
     assert [line["prompt"] for line in lines] == ["a", "b"] and lines[0]["seed"] == 5
     other, _ = qs.QueueStore.open(tmp_path / "elsewhere")
-    added = other.add_many(jsonl.read_jsonl(text, 128))
+    added = other.add_many([values for _, values in jsonl.read_lines(text)])
     assert [e.settings for e in added] == [e.settings for e in store.entries()]
     assert all(qs.Path(e.images["image"]).parent.parent == other.images_root for e in added)
     other.close()
@@ -123,22 +126,27 @@ def test_import_refuses_the_whole_file_and_names_the_line(store, image):
                                "line 3", "steps"),
                               ("\n# nothing\n", "jobs file", "no job")):
         with pytest.raises(InputError) as e:
-            jsonl.read_jsonl(text, 128)
+            jsonl.prepare_lines(jsonl.read_lines(text), PREFLIGHT)
         assert e.value.field == where and what in e.value.message
     assert store.entries() == []
     rel = image.parent / "jobs.jsonl"
     rel.write_text(json.dumps({"image": image.name, "prompt": "relative"}) + "\n")
-    assert jsonl.read_jsonl(rel.read_text(), 128, base=rel.parent)[0]["image"] == str(image.resolve())
+    (prepared,) = jsonl.prepare_lines(jsonl.read_lines(rel.read_text()), PREFLIGHT, base=rel.parent)
+    assert qs.Path(prepared.request.image) == image
 
 
-def test_a_restart_puts_the_running_job_first_again(tmp_path, image):
+def test_the_next_runner_puts_the_interrupted_job_first_again(tmp_path, image):
     s, _ = qs.QueueStore.open(tmp_path / "out")
+    assert s.take_lease("first") and s.runner_alive()
     a, b, c = s.add_many([job(image, p) for p in "abc"])
     s.claim(a.id)
     s.update(a.id, job_dir="20250101-000000-abcdef", progress=0.5)
+    assert not s.take_lease("second")                      # the first runner (this live process) holds it
+    s.release_lease("first")                               # as a process that ended leaves it
     s.close()
-    again, found = qs.QueueStore.open(tmp_path / "out")
-    assert [e.id for e in found.interrupted] == [a.id]
+    again, _ = qs.QueueStore.open(tmp_path / "out")
+    assert again.get(a.id).status == qs.RUNNING            # opening changes nothing ...
+    assert again.take_lease("second")                      # ... the next runner puts it first in line again
     first = again.next_waiting()
     assert first.id == a.id and first.job_dir == "20250101-000000-abcdef" and "interrupted" in first.message
     assert prompts(again, [qs.WAITING]) == ["a", "b", "c"]
@@ -192,7 +200,7 @@ def test_adds_from_threads_keep_each_clients_order(store, image):
 def test_another_process_sees_the_same_queue(store, image):
     store.add(job(image, "here"))
     code = ("import sys; from jobs import store as qs; s, _ = qs.QueueStore.open(qs.Path(sys.argv[1])); "
-            "s.add(jsonl.checked_values({'image': sys.argv[2], 'prompt': 'there'}, 128)); "
+            "s.add({'image': sys.argv[2], 'prompt': 'there'}); "
             "print(len(s.entries()))")
     out = subprocess.run([sys.executable, "-c", code, str(store.outputs), str(image)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
@@ -201,29 +209,29 @@ def test_another_process_sees_the_same_queue(store, image):
 
 
 def test_the_command_line_adds_lists_moves_exports_and_removes(tmp_path, image, capsys):
-    from cli import commands as cli
+    from cli import queue as cli
 
     out = tmp_path / "out"
     jobs = image.parent / "jobs.jsonl"
     jobs.write_text("".join(json.dumps({"image": image.name, "prompt": p, "seconds": 1.2}) + "\n" for p in "abc"))
-    assert cli.main(["queue", "add", str(jobs), "--outputs", str(out), "--preset", "tiny"]) == 0
+    assert cli.main(["add", str(jobs), "--outputs", str(out), "--preset", "tiny"]) == 0
     ids = [line.split()[1].rstrip(":") for line in capsys.readouterr().out.splitlines()]
     assert len(ids) == 3
-    assert cli.main(["queue", "move", ids[2], "0", "--outputs", str(out)]) == 0
+    assert cli.main(["move", ids[2], "0", "--outputs", str(out)]) == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == [ids[2], ids[0], ids[1]]
-    assert cli.main(["queue", "remove", ids[0], "--outputs", str(out)]) == 0
-    assert cli.main(["queue", "list", "--json", "--outputs", str(out)]) == 0
+    assert cli.main(["remove", ids[0], "--outputs", str(out)]) == 0
+    assert cli.main(["list", "--json", "--outputs", str(out)]) == 0
     listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()[1:]]
     assert [e["prompt"] for e in listed] == ["c", "b"] and all(e["status"] == "waiting" for e in listed)
     exported = tmp_path / "q.jsonl"
-    assert cli.main(["queue", "export", str(exported), "--outputs", str(out)]) == 0
+    assert cli.main(["export", str(exported), "--outputs", str(out)]) == 0
     assert [json.loads(line)["prompt"] for line in exported.read_text().splitlines()] == ["c", "b"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"image": image.name, "prompt": "x"}) + "\n")       # relative to bad.jsonl: missing
-    assert cli.main(["queue", "add", str(bad), "--outputs", str(out)]) == 2
+    assert cli.main(["add", str(bad), "--outputs", str(out)]) == 2
     err = capsys.readouterr().err
     assert "line 1" in err and "image" in err
-    assert cli.main(["queue", "remove", "nope", "--outputs", str(out)]) == 2
+    assert cli.main(["remove", "nope", "--outputs", str(out)]) == 2
     assert "queued job" in capsys.readouterr().err
 
 
@@ -255,15 +263,16 @@ def test_a_queue_of_the_version_before_owners_is_brought_up_to_date(tmp_path, im
     import sqlite3
 
     store, _ = qs.QueueStore.open(tmp_path)
-    entry = store.add(jsonl.checked_values({"image": str(image), "prompt": "old"}, 128))
+    entry = store.add({"image": str(image), "prompt": "old"})
     store.close()
     db = sqlite3.connect(qs.QueueStore(tmp_path).path)
-    db.executescript("ALTER TABLE entries DROP COLUMN owner; UPDATE meta SET value = '1' WHERE key = 'schema';")
+    db.executescript("ALTER TABLE entries DROP COLUMN owner; ALTER TABLE entries DROP COLUMN origin; "
+                     "UPDATE meta SET value = '1' WHERE key = 'schema';")
     db.close()
     store, found = qs.QueueStore.open(tmp_path)
     try:
         (kept,) = store.entries()
         assert found.warning is None and kept.id == entry.id and kept.settings["prompt"] == "old"
-        assert kept.owner is None and store.add(jsonl.checked_values({"image": str(image)}, 128), owner="bob").owner == "bob"
+        assert kept.owner is None and store.add({"image": str(image)}, owner="bob").owner == "bob"
     finally:
         store.close()

@@ -14,7 +14,7 @@ import torch
 
 from pipeline.checkpoint import CHECKPOINT, load_checkpoint
 from video.mp4 import read_frames
-from tests.conftest import ROOT, make_image
+from tests.conftest import ROOT, make_image, job_folders
 from tests.test_cli import cli
 
 SETTINGS = ["--preset", "tiny", "--prompt", "a lighthouse in a storm", "--seconds", "4.8", "--steps", "4",
@@ -38,7 +38,7 @@ def uninterrupted(image, tmp_path_factory):
     out = tmp_path_factory.mktemp("full")
     r = cli("generate", "--image", image, *SETTINGS, "--out", out)
     assert r.returncode == 0, r.stderr
-    (job,) = out.iterdir()
+    (job,) = job_folders(out)
     raw_hash = json.loads((job / "job.json").read_text())["sections"][-1]["frames_sha256"]
     return load_checkpoint(job)[0]["real"], (job / "final.mp4").read_bytes(), raw_hash
 
@@ -71,7 +71,7 @@ def test_sigkill_after_a_section_then_resume_equals_uninterrupted(image, uninter
     job = None
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
-        jobs = list(out.iterdir()) if out.exists() else []
+        jobs = job_folders(out)
         if jobs and _sections_done(jobs[0]) >= kill_after:
             job = jobs[0]
             proc.send_signal(signal.SIGKILL)
@@ -113,7 +113,7 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one(image, uninterrup
     r = subprocess.run([sys.executable, "-c", child], cwd=ROOT, env=_env(), capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == -signal.SIGKILL, r.stderr
-    (job,) = out.iterdir()
+    (job,) = job_folders(out)
     assert list(job.glob(".*.dead.tmp"))                          # the half-written file is there...
     tensors, meta = load_checkpoint(job)                         # ...and the previous checkpoint still loads
     assert meta["sections_done"] == 1 and torch.isfinite(tensors["real"]).all()

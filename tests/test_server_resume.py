@@ -16,15 +16,15 @@ from video.mp4 import read_frames
 from tests.conftest import make_image
 from tests.server_helpers import (CHROMIUM_ARGS, Gate, api_job, browser_or_skip, job_info, saved_image,
                                   tiny_runner)
-from ui.runner import SessionBusy
+from jobs.runner import SessionBusy
 
 SETTINGS = dict(prompt="a lighthouse in a storm", seconds=3.6, steps=2, seed=11, teacache=0.1)
 PLANNED = make_plan("original", 3.6, 9).frame_counts()[-1]        # 3 sections
 
 
-def _events(runner, ticket, on_event=None):
+def _events(runner, job, on_event=None):
     out = []
-    for batch in runner.run(ticket):
+    for batch in runner.stream(job):
         for event in batch:
             out.append(event)
             if on_event:
@@ -46,32 +46,32 @@ def _assert_same_as(resumed_dir, full_dir):
 
 
 def test_runner_resumes_a_stopped_job_to_the_uninterrupted_result(tmp_path, tiny_original):
-    runner = tiny_runner(tmp_path / "out", tiny_original)
+    runner = tiny_runner(tmp_path / "out", tiny_original).start()
     request = Request(image=make_image(128, 96, seed=5), **SETTINGS)
-    full = _events(runner, runner.reserve("tab-a", request))[-1]
+    full = _events(runner, runner.submit(request, session="tab-a"))[-1]
     assert isinstance(full, Done) and not full.stopped and full.frames == PLANNED
 
     with Gate(tiny_original.vae.decoder) as gate:                # End while section 1 is decoded
-        ticket = runner.reserve("tab-b", request)
+        job = runner.submit(request, session="tab-b")
         stopper = threading.Thread(target=lambda: (gate.wait(), runner.cancel("tab-b"), gate.release()))
         stopper.start()
-        events = _events(runner, ticket)
+        events = _events(runner, job)
         stopper.join()
     stopped = events[-1]
-    assert isinstance(stopped, Done) and stopped.stopped and ticket.job_dir == stopped.job_dir
+    assert isinstance(stopped, Done) and stopped.stopped and job.job_dir == stopped.job_dir
     assert sum(isinstance(e, SectionVideo) for e in events) == 1
     assert job_info(stopped.job_dir)["status"] == "stopped" and load_checkpoint(stopped.job_dir)[1]["sections_done"] == 1
 
-    ticket = runner.reserve_resume("tab-b", stopped.job_dir)
-    assert ticket.resume == stopped.job_dir.resolve() and ticket.request.seed == 11
-    with pytest.raises(SessionBusy, match="already running or waiting"):    # one ticket per folder
-        runner.reserve_resume("tab-c", stopped.job_dir)
-    events = _events(runner, ticket)
+    job = runner.submit_resume(stopped.job_dir, session="tab-b")
+    assert job.work.folder == stopped.job_dir.resolve() and job.request.seed == 11
+    with pytest.raises(SessionBusy, match="already running or waiting"):    # one job per folder
+        runner.submit_resume(stopped.job_dir, session="tab-c")
+    events = _events(runner, job)
     done = events[-1]
     assert isinstance(done, Done) and not done.stopped and done.frames == PLANNED, done
     assert done.job_dir == stopped.job_dir and sum(isinstance(e, SectionVideo) for e in events) == 2
     _assert_same_as(done.job_dir, full.job_dir)
-    assert runner.open_tickets == 2 and not runner.busy         # tab-a and tab-b keep their finished tickets
+    assert not runner.busy and runner.store.entries() == []        # the pages' jobs left the queue
 
     damaged = {"not-json": "{status: stopped", "no-settings": '{"status": "stopped"}', "a-list": "[1, 2]"}
     for name, text in damaged.items():
@@ -80,12 +80,13 @@ def test_runner_resumes_a_stopped_job_to_the_uninterrupted_result(tmp_path, tiny
         (folder / "job.json").write_text(text)
         (folder / CHECKPOINT).write_bytes(b"not a checkpoint")
         with pytest.raises(InputError, match=f"{name}/job.json is damaged or incomplete; .*start the job again"):
-            runner.reserve_resume("tab-d", folder)
+            runner.submit_resume(folder, session="tab-d")
     for folder, reason in ((done.job_dir, "already complete"), (full.job_dir, "already complete"),
                            (tmp_path, "not a job folder of this app's outputs"),
                            (tmp_path / "out" / ".." / "out" / "nope", "not a job folder")):
         with pytest.raises(InputError, match=reason):
-            runner.reserve_resume("tab-d", folder)
+            runner.submit_resume(folder, session="tab-d")
+    runner.close(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +126,7 @@ def test_api_resume_continues_a_stopped_job(server, client, image, tiny_original
     assert resumed["status"] == "done" and resumed["job_id"] == stopped["job_id"] and resumed["frames"] == PLANNED
     assert open(video, "rb").read() == (folder / "final.mp4").read_bytes()
     _assert_same_as(folder, uninterrupted)
-    assert server.runner.open_tickets == 0                       # API calls leave no ticket behind
+    assert server.runner.store.entries() == []                  # API calls' jobs leave the queue when they end
 
     refusals = [(stopped["job_id"], "already complete"), (uninterrupted.name, "already complete"),
                 ("../" + stopped["job_id"], "job_id: there is no job"), ("", "job_id: there is no job"),

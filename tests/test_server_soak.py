@@ -198,9 +198,10 @@ def test_sweeper_keeps_the_uploads_of_queued_events(tmp_path):
 
 
 def test_temp_max_age_option():
-    from ui.cli import TEMP_MAX_AGE_S, launch_options, parse_args
+    from configs.options import TEMP_MAX_AGE_S
+    from ui.launch import launch_options, parse_args
 
-    assert parse_args([]).temp_max_age == TEMP_MAX_AGE_S == 86400
+    assert parse_args([]).web.temp_max_age_s == TEMP_MAX_AGE_S == 86400
     options = launch_options(parse_args(["--temp-max-age", "60"]))
     assert options.temp_max_age_s == 60 and callable(options.kwargs()["app_kwargs"]["lifespan"])
     for bad in ("0", "-5", "nan"):

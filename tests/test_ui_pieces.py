@@ -111,7 +111,7 @@ def test_the_progress_clock_moves_between_events():
     (10, 75.0, "you are 11th in line (10 jobs ahead of yours). It should start in about 1 min 15 s."),
 ])
 def test_waiting_text(ahead, wait, text):
-    from ui.runner import Waiting
-    from ui.view import waiting_text
+    from jobs.line import Waiting
+    from jobs.text import waiting_text
 
     assert text in waiting_text(Waiting(ahead, wait))

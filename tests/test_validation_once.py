@@ -6,14 +6,14 @@ import pytest
 import torch
 
 import pipeline.request
+from cli.commands import Command, build_parser, request_from_args, run_batch, run_generate, run_resume
+from configs.options import config_from
 from pipeline.cancel import CancelToken
-from cli.commands import Runner, build_parser, request_from_args
 from pipeline.events import Done, Progress
 from pipeline.orchestrator import generate
 from pipeline.request import Request, prepare
 from tests.conftest import make_image
-from jobs.models import ComponentCache
-from ui.runner import JobRunner
+from tests.server_helpers import tiny_runner
 
 
 @pytest.fixture
@@ -30,41 +30,46 @@ def decodes(monkeypatch):
     return seen
 
 
-def _cli_runner(tiny_original, *argv):
-    """The CLI's runner for `argv` (the tiny preset: its models are built in code, no image involved)."""
-    args = build_parser().parse_args([*argv, "--device", "cpu"])
-    return Runner(args), args
+def _cli(*argv):
+    """The command line's Command for `argv` (the tiny preset: its models are built in code) and its options."""
+    parser = build_parser()
+    args = parser.parse_args([*argv, "--device", "cpu"])
+    return Command(config_from(parser, args), quiet=True, verbose=False, preset_given=args.preset is not None), args
 
 
-def test_the_cli_decodes_the_image_once_per_job(tiny_original, tmp_path, decodes):
+def test_the_cli_decodes_the_image_once_per_job(tmp_path, decodes):
     image = tmp_path / "in.png"
     make_image(96, 80).save(image)
-    runner, args = _cli_runner(tiny_original, "generate", "--preset", "tiny", "--image", str(image), "--seconds",
-                               "1.2", "--steps", "2", "--teacache", "0", "--out", str(tmp_path / "out"), "-q")
-    code, last = runner.run(request_from_args(args))
-    assert code == 0 and isinstance(last, Done)
+    command, args = _cli("generate", "--preset", "tiny", "--image", str(image), "--seconds", "1.2", "--steps", "2",
+                         "--teacache", "0", "--out", str(tmp_path / "out"), "-q")
+    try:
+        assert run_generate(command, request_from_args(args)) == 0
+    finally:
+        command.close()
     assert [field for field, _ in decodes] == ["image"]
 
 
-def test_a_batch_decodes_each_image_once(tiny_original, tmp_path, decodes):
-    from cli.commands import run_batch
-
+def test_a_batch_decodes_each_image_once(tmp_path, decodes):
     for name in ("a.png", "b.png"):
         make_image(96, 80).save(tmp_path / name)
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text('{"image": "a.png", "seconds": 1.2, "steps": 1}\n{"image": "b.png", "seconds": 1.2, "steps": 1}\n')
-    runner, _ = _cli_runner(tiny_original, "batch", str(jobs), "--preset", "tiny", "--out", str(tmp_path / "o"),
-                            "-q")
-    assert run_batch(runner, jobs) == 0
+    command, _ = _cli("batch", str(jobs), "--preset", "tiny", "--out", str(tmp_path / "o"), "-q")
+    try:
+        assert run_batch(command, jobs) == 0
+    finally:
+        command.close()
     assert sorted(source.rsplit("/", 1)[-1] for _, source in decodes) == ["a.png", "b.png"]
 
 
-def test_the_ui_runner_decodes_the_image_once_per_job(tiny_original, tmp_path, decodes):
-    runner = JobRunner(ComponentCache("tiny", loader=lambda preset, mode, model_dir: tiny_original), tmp_path,
-                       vram_cap_gb=20, device=torch.device("cpu"))
-    ticket = runner.reserve("tab", Request(image=make_image(96, 80), seconds=1.2, steps=1))
-    assert len(decodes) == 1                                       # at submit: bad input is refused there
-    events = [e for batch in runner.run(ticket) for e in batch]
+def test_the_runner_decodes_the_image_once_per_job(tiny_original, tmp_path, decodes):
+    runner = tiny_runner(tmp_path, tiny_original).start()
+    try:
+        job = runner.submit(Request(image=make_image(96, 80), seconds=1.2, steps=1), session="tab")
+        assert len(decodes) == 1                                   # when it is queued: bad input is refused there
+        events = [e for batch in runner.stream(job) for e in batch]
+    finally:
+        runner.close(timeout=60)
     assert isinstance(events[-1], Done)
     assert len(decodes) == 1                                       # and never again
 
@@ -77,9 +82,11 @@ def test_a_resume_decodes_the_saved_image_once(tiny_original, tmp_path, decodes)
             cancel.cancel()
     assert event.stopped
     decodes.clear()
-    runner, _ = _cli_runner(tiny_original, "resume", str(event.job_dir), "-q")
-    code, last = runner.resume(event.job_dir)
-    assert code == 0 and isinstance(last, Done) and not last.stopped
+    command, _ = _cli("resume", str(event.job_dir), "-q")
+    try:
+        assert run_resume(command, event.job_dir) == 0
+    finally:
+        command.close()
     assert decodes == [("image", str(event.job_dir / "input.png")[:80])]
 
 

@@ -197,14 +197,11 @@ class QueueActions:
     def edit(self, entry_id, values: Mapping[str, Any], user: str | None = None) -> qs.Entry:
         """Change a waiting job: `values` are merged over its settings (so {"seconds": 4} changes only that); the
         whole job is checked again by the pre-flight."""
-        from jobs.runner import entry_values
-
         entry = self._own(entry_id, user, waiting=True)
         if not isinstance(values, Mapping):
             raise InputError("settings", "give the settings to change as a JSON object, e.g. {\"seconds\": 4}")
         merged = {**entry.values(), **{k: v for k, v in values.items() if v is not None or k == "end_image"}}
-        prepared = self.runner.preflight.prepare(self._request(merged, user))
-        return self.store.edit(entry.id, entry_values(prepared.request))
+        return self.runner.edit(entry.id, self._request(merged, user))
 
     def move(self, entry_id, index, user: str | None = None) -> list[qs.Entry]:
         if isinstance(index, bool) or not isinstance(index, (int, float)) or not math.isfinite(index) \

@@ -1,0 +1,188 @@
+"""The one runner (jobs/runner.py): every job goes through the queue on disk; streams in batches, End on running
+and waiting jobs, one job at a time in the order they were queued, the place in line, loading errors."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.errors import WeightsNotFound
+from jobs import store as qs
+from jobs.line import Waiting
+from jobs.models import ComponentCache
+from jobs.runner import SessionBusy
+from pipeline.events import Cancelled, Done, Failed, MemoryReport, Preview, Progress, SectionVideo
+from pipeline.request import Request
+from tests.conftest import make_image
+from tests.server_helpers import tiny_runner
+
+
+@pytest.fixture
+def runner(tmp_path, tiny_original):
+    r = tiny_runner(tmp_path, tiny_original).start()
+    yield r
+    r.close(timeout=60)
+
+
+def _request(**kw):
+    base = dict(image=make_image(), prompt="a cat", seconds=2.4, steps=2, seed=1)
+    base.update(kw)
+    return Request(**base)
+
+
+def _events(runner, job):
+    return [e for b in runner.stream(job) for e in b]
+
+
+def test_runs_a_job_in_batches_through_the_queue(runner):
+    job = runner.submit(_request(), session="s1")
+    entry = runner.store.get(job.entry)
+    assert entry.status in (qs.WAITING, qs.RUNNING) and entry.origin == "page"
+    assert Path(entry.images["image"]).is_file()               # the queue's own copy of the image (given as data)
+    batches = list(runner.stream(job))
+    events = [e for b in batches for e in b]
+    for b in batches:                                   # at most one video per batch, and it comes last
+        videos = [i for i, e in enumerate(b) if isinstance(e, SectionVideo)]
+        assert videos in ([], [len(b) - 1])
+    assert sum(isinstance(e, SectionVideo) for e in events) == 2
+    assert sum(isinstance(e, Preview) for e in events) == 4
+    assert events[0].stage == "loading models"
+    assert isinstance(events[-2], MemoryReport) and events[-2].records
+    assert isinstance(events[-1], Done) and not events[-1].stopped and events[-1].video.is_file()
+    assert job.finished and not runner.busy
+    assert runner.store.get(job.entry) is None                 # a page's job leaves the queue when it ends
+    runner.submit(_request(), session="s1")                     # the session may start again
+
+
+def test_end_stops_the_running_job_and_keeps_the_video(runner):
+    job = runner.submit(_request(seconds=3.6), session="s1")
+    assert runner.cancel("s2") == "Nothing to stop."
+    events = []
+    stopped = False
+    for batch in runner.stream(job):
+        events += batch
+        # End once section 2 samples (section 1's video is written meanwhile, on the writer thread)
+        if not stopped and any(isinstance(e, Progress) and e.stage == "sampling" and e.section == 2 for e in batch):
+            assert runner.cancel("s1").startswith("Stopping at the next step")
+            stopped = True
+    done = events[-1]
+    assert isinstance(done, Done) and done.stopped and done.video is not None and done.video.is_file()
+    assert sum(isinstance(e, SectionVideo) for e in events) == 1 and done.frames == 33
+    assert runner.cancel("s1") == "Nothing to stop."
+
+
+def test_end_on_a_waiting_job_drops_it_and_a_closed_tab_too(runner, tmp_path):
+    first = runner.submit(_request(seconds=3.6), session="s0")         # holds the runner
+    job = runner.submit(_request(), session="s1")
+    with pytest.raises(SessionBusy):
+        runner.submit(_request(), session="s1")
+    assert runner.cancel("s1").startswith("Cancelled")
+    assert job.finished and runner.store.get(job.entry) is None
+    events = _events(runner, job)
+    assert len(events) == 1 and isinstance(events[0], Cancelled)
+    again = runner.submit(_request(), session="s1")                     # Start works again right away
+    runner.drop_waiting("s1")                                           # its tab was closed while it waited
+    assert again.finished and runner.store.get(again.entry) is None
+    runner.stop(first.entry)
+    assert isinstance(_events(runner, first)[-1], Done)
+
+
+def test_jobs_run_one_at_a_time_in_the_order_they_were_queued_and_waiting_ones_hear_their_place(runner):
+    """The streams are opened in the opposite order: the first queued job still runs first; a waiting job hears
+    how many jobs are ahead and, once a job has been timed, the expected wait."""
+    first = runner.submit(_request(seconds=1.2, steps=2), session="tab-1")
+    _events(runner, first)                               # a finished job: the runner knows the speed now
+    assert runner.speed.rates is not None and runner.expected_seconds(_request(seconds=1.2, steps=2)) > 0
+    a = runner.submit(_request(seconds=1.2, steps=2), session="tab-a")
+    b = runner.submit(_request(seconds=1.2, steps=2, seed=2), session="tab-b")
+    c = runner.submit(_request(seconds=1.2, steps=2, seed=3), session="tab-c")
+    log: list = []
+
+    def consume(name, job):
+        for batch in runner.stream(job):
+            for e in batch:
+                log.append((name, time.monotonic(), e))
+
+    threads = [threading.Thread(target=consume, args=(n, j)) for n, j in (("c", c), ("b", b), ("a", a))]
+    for t in threads:
+        t.start()
+        time.sleep(0.2)
+    for t in threads:
+        t.join(180)
+    done_at = {n: t for n, t, e in log if isinstance(e, Done)}
+    assert done_at["a"] < done_at["b"] < done_at["c"]
+    started = {n: min(t for m, t, e in log if m == n and isinstance(e, Progress)) for n in "abc"}
+    assert done_at["a"] < started["b"] and done_at["b"] < started["c"]          # one at a time
+    c_waits = [e for n, _, e in log if n == "c" and isinstance(e, Waiting)]
+    assert c_waits and c_waits[0].ahead >= 1 and c_waits[0].wait_s is not None
+    assert c_waits[-1].ahead < c_waits[0].ahead or len(c_waits) == 1          # told again when its place changed
+
+
+def test_missing_weights_and_loader_crashes_end_the_job_not_the_runner(tmp_path, tiny_original):
+    calls = []
+
+    def loader(preset, mode, model_dir):
+        calls.append(mode)
+        if len(calls) == 1:
+            raise WeightsNotFound("transformer: the weights of x are not in the cache. Try --preset tiny.")
+        if len(calls) == 2:
+            raise RuntimeError("disk on fire")
+        return tiny_original
+
+    runner = tiny_runner(tmp_path, tiny_original)
+    runner.executor.models = ComponentCache("tiny", loader=loader)
+    runner.start()
+    try:
+        for expected in ("Try --preset tiny", "RuntimeError: disk on fire"):
+            job = runner.submit(_request(), session="s")
+            events = _events(runner, job)
+            assert isinstance(events[-1], Failed) and expected in events[-1].message
+        job = runner.submit(_request(seconds=1.2), session="s")
+        assert isinstance(_events(runner, job)[-1], Done)
+    finally:
+        runner.close(timeout=60)
+
+
+def test_component_cache_keeps_one_set_for_real_weights():
+    loads = []
+    cache = ComponentCache("hunyuan", loader=lambda p, mode, d: loads.append(mode) or f"models-{mode}")
+    assert cache.get("original") == "models-original" and cache.get("original") == "models-original"
+    assert cache.get("f1") == "models-f1" and cache.loaded_modes() == ["f1"]
+    assert loads == ["original", "f1"]
+    tiny = ComponentCache("tiny", loader=lambda p, mode, d: mode)
+    tiny.get("original"), tiny.get("f1")
+    assert tiny.loaded_modes() == ["original", "f1"]
+
+
+def test_the_images_are_copied_when_the_job_is_queued(runner, tmp_path):
+    """A job's upload may be deleted (Gradio's temp sweeper) while the job waits: the job reads the queue's copy,
+    and its folder keeps the user's file untouched."""
+    upload = tmp_path / "upload-dir" / "photo.PNG"
+    upload.parent.mkdir()
+    make_image(100, 90, seed=4).save(upload, format="PNG")
+    job = runner.submit(_request(image=str(upload), seconds=1.2), session="s1")
+    copy = Path(runner.store.get(job.entry).images["image"])
+    assert copy.is_file() and copy != upload and copy.read_bytes() == upload.read_bytes()
+    original = upload.read_bytes()
+    upload.unlink()                                                   # swept while waiting
+    done = _events(runner, job)[-1]
+    assert isinstance(done, Done), done
+    assert (done.job_dir / "upload.png").read_bytes() == original
+    assert not copy.exists() and not copy.parent.exists()             # deleted with the entry
+
+
+def test_a_queued_job_of_another_process_runs_here_and_stays_listed(runner, tmp_path, image_file=None):
+    """An entry added straight to the store (the command line's `queue add`, another app) is prepared when its turn
+    comes, run, and stays in the queue with its status."""
+    path = tmp_path / "in.png"
+    make_image(96, 80).save(path)
+    (entry,) = runner.store.add_many([{"image": str(path), "prompt": "from elsewhere", "seconds": 1.2, "steps": 2}])
+    runner.wake()
+    deadline = time.monotonic() + 120
+    while runner.store.get(entry.id).status not in qs.FINISHED and time.monotonic() < deadline:
+        time.sleep(0.2)
+    done = runner.store.get(entry.id)
+    assert done.status == qs.DONE and done.job_dir and (tmp_path / done.job_dir / "final.mp4").is_file()
