@@ -50,6 +50,7 @@ if not __package__:          # `python3 benchmarks/<this>.py`: run again as a mo
 
     _script.as_module(__file__)
 
+from common.environment import read_environment  # noqa: E402
 from common.units import GIB  # noqa: E402
 from benchmarks.machine_memory import Cgroup, drop_caches, evict_weight_files, sample_rss  # noqa: E402
 from benchmarks.hostram_report import report  # noqa: E402
@@ -125,8 +126,10 @@ def _memory(cfg: Config, tiny: bool):
 
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     budget = None if cfg.budget_gb in (None, "tight") else float(cfg.budget_gb)
+    env = read_environment()           # the configuration's switches (b0 turns the late read and the parking off)
+    switches = {k: v for k, v in (("late_load", env.late_load), ("park", env.park)) if v is not None}
     memory = MemoryManager(device=device, cap_gb=20.0, preserved_gb=6.0, host_ram_gb=budget,
-                           weight_storage=cfg.storage)
+                           weight_storage=cfg.storage, **switches)
     memory.apply_cap()
     return memory
 

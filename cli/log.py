@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from common.environment import read_environment
+
 log = logging.getLogger("cli.commands")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -13,9 +15,7 @@ _log_file: list[Path] = []          # the log file of this process, once setup_l
 
 def log_path() -> Path:
     """The command line's log file: <cache>/logs/cli.log (common.paths), two files of 2 MB at most."""
-    from common.paths import cache_root
-
-    return cache_root() / "logs" / "cli.log"
+    return read_environment().cache_root / "logs" / "cli.log"
 
 
 def log_file_note() -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import field, make_dataclass
 
-from configs.controls import CONTROLS, MODES, SAMPLERS, TEACACHE_CHOICES  # noqa: F401 (re-exported)
+from configs.controls import CONTROLS
 
 # FramePack's 640 bucket table, (height, width).
 BUCKETS_640: tuple[tuple[int, int], ...] = (

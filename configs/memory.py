@@ -49,7 +49,7 @@ class MemoryConfig:
     cuda_expandable_segments: bool = True
     # The transformer's resident blocks that the host budget leaves in the weight files are read while the first
     # sampling step already runs the blocks before them (memory/lateload.py) instead of before the stage starts.
-    # STEADYFRAME_LATE_LOAD=0/1 overrides it for a run.
+    # STEADYFRAME_LATE_LOAD=0/1 overrides it for a run (common/environment.py, configs/options.py).
     late_load: bool = True
     # And when a transformer stage ends, those blocks stay on the GPU through the VAE decode as far as the decode's
     # tiles leave room (the same tiles as without them), so the next section does not read them again
@@ -60,17 +60,6 @@ class MemoryConfig:
 
 
 WEIGHT_STORAGES = ("native", "fp8")
-
-
-def run_switch(variable: str, configured: bool) -> bool:
-    """A switch of MemoryConfig, or the environment `variable` for one run (benchmarks compare both in one run):
-    0/false/off/no turn it off, 1/true/on/yes on; anything else (or unset) keeps `configured`."""
-    import os
-
-    value = os.environ.get(variable, "").strip().lower()
-    if value in ("0", "false", "off", "no"):
-        return False
-    return True if value in ("1", "true", "on", "yes") else configured
 
 
 MEMORY = MemoryConfig()

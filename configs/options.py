@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from common.environment import read_environment
 from configs.lora import LORA
 from configs.memory import MEMORY
 from configs.presets import PRESETS
@@ -131,6 +132,13 @@ def config_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Co
                          float(args.temp_max_age))
     farm = FarmOptions(getattr(args, "ray", None), tuple(getattr(args, "gpus", ()) or ()),
                        int(getattr(args, "cpu_workers", 0) or 0))
+    env = read_environment()
     return Config(preset=args.preset or "hunyuan", model_dir=args.model_dir, outputs=Path(args.outputs),
                   vram_cap_gb=float(args.vram_cap_gb), host_ram_gb=args.host_ram_gb, lora_dir=Path(args.lora_dir),
-                  fp8=bool(args.fp8), pin=not args.no_pin, device=args.device, farm=farm, web=web)
+                  fp8=bool(args.fp8), pin=not args.no_pin, device=args.device, farm=farm, web=web,
+                  late_load=_either(env.late_load, MEMORY.late_load), park=_either(env.park, MEMORY.park_file_blocks),
+                  direct_io=_either(env.direct_io, MEMORY.direct_io))
+
+
+def _either(chosen: bool | None, configured: bool) -> bool:
+    return configured if chosen is None else chosen

@@ -110,10 +110,7 @@ class RocmDefaults:
     probe_timeout_s: float = 60.0            # one conv in the hang-probe child
     probe_startup_timeout_s: float = 180.0   # child start: import torch, GPU init (not counted in the above)
     stall_timeout_s: float = 300.0           # VAE decode stall watchdog (stack dump, no kill)
-    cache_env_var: str = "STEADYFRAME_CACHE_DIR"   # SteadyFrame's cache root; rocm uses <root>/rocm
-    cache_subdir: str = "rocm"
-    profile_switch_env_var: str = "STEADYFRAME_ROCM_PROFILE"  # "off" disables apply_env_profile
-    faults_env_var: str = "STEADYFRAME_CONV_FAULTS"            # test seam read by the probe child
+    cache_subdir: str = "rocm"               # <cache root>/rocm (common/environment.py)
     bypass_size_threshold_px: int = 42      # the field notes' 42x42 boundary: larger spatial side of a conv input
     # doctor's attention timing: FramePack's transformer at 608x640, window 9 (memory.plan.framepack_tokens)
     attention_tokens: int = 18485

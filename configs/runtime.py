@@ -47,9 +47,17 @@ class Config:
     fp8: bool = False                                # the transformer and the Llama kept in fp8 in host RAM
     pin: bool = True                                 # page-locked host copies
     device: str | None = None                        # None: the GPU if there is one
+    late_load: bool = MEMORY.late_load               # MemoryConfig's switches, or the environment's for a run
+    park: bool = MEMORY.park_file_blocks             # (common/environment.py STEADYFRAME_LATE_LOAD, _PARK,
+    direct_io: bool = MEMORY.direct_io               # _DIRECT_IO)
     farm: FarmOptions = field(default_factory=FarmOptions)
     web: WebOptions = field(default_factory=WebOptions)
 
     @property
     def weight_storage(self) -> str:
         return "fp8" if self.fp8 else "native"
+
+    def memory_options(self) -> dict:
+        """What this process's MemoryManagers are built with (besides the device and a job's preserved memory)."""
+        return dict(cap_gb=self.vram_cap_gb, host_ram_gb=self.host_ram_gb, weight_storage=self.weight_storage,
+                    pin_host_memory=self.pin, late_load=self.late_load, park=self.park, direct_io=self.direct_io)

@@ -40,6 +40,8 @@ def start_farm(config: Config, models=None, *, num_cpus: int | None = None) -> F
     from farm.dispatch import Farm
     from farm.workers import WorkerConfig
 
+    options = config.memory_options()
+    switches = tuple((k, options[k]) for k in ("pin_host_memory", "late_load", "park", "direct_io"))
     worker = WorkerConfig(config.preset, config.model_dir, config.outputs.resolve(), config.vram_cap_gb,
-                          config.host_ram_gb, config.weight_storage)
+                          config.host_ram_gb, config.weight_storage, switches=switches)
     return FarmExecutor(Farm.start(config.farm, worker, num_cpus=num_cpus), models)

@@ -34,6 +34,7 @@ class WorkerConfig:
                                            # None: the GPUs of the worker's Ray node (one worker per GPU)
     loader: str | None = None              # "module:function" building the models (preset, mode, model_dir); None:
                                            # the preset's own loading (benchmarks/farm.py: full-size random weights)
+    switches: tuple[tuple[str, bool], ...] = ()    # the MemoryManager's switches (configs/runtime.py memory_options)
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ class JobWorker:
         components = self.models.get(request.mode)
         memory = MemoryManager(device=self._device(), cap_gb=self.config.vram_cap_gb,
                                preserved_gb=request.preserved_gb, host_ram_gb=self.host_ram_gb,
-                               weight_storage=self.config.weight_storage)
+                               weight_storage=self.config.weight_storage, **dict(self.config.switches))
         if resuming:
             record_placement(Job(Path(job), load_job(Path(job))), self.name, self.node)
             yield Placed(self.name, self.node, Path(job))

@@ -75,8 +75,7 @@ class LocalExecutor:
         log.debug("models ready in %.1f s", time.monotonic() - t0)
         c = self.config
         memory = MemoryManager(device=self.device or (c.device and _device(c.device)) or default_device(),
-                               cap_gb=c.vram_cap_gb, preserved_gb=request.preserved_gb, host_ram_gb=c.host_ram_gb,
-                               weight_storage=c.weight_storage, pin_host_memory=c.pin)
+                               preserved_gb=request.preserved_gb, **c.memory_options())
         if work.resuming is not None:
             from pipeline.resume import resume
 

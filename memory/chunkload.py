@@ -24,7 +24,7 @@ from configs.memory import MEMORY
 from memory import fp8
 from memory.chunk import Chunk
 from memory.deltas import apply_deltas
-from memory.weightfiles import DIRECT_ALIGN, TensorSource, direct_io
+from memory.weightfiles import DIRECT_ALIGN, DIRECT_IO_AVAILABLE, TensorSource
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 class Staging:
     """A ring of pinned host buffers for weight-file reads on their way to the GPU (allocated on first use)."""
 
-    def __init__(self, device: torch.device, slots: int = 2, slot_bytes: int = MEMORY.staging_mb << 20):
+    def __init__(self, device: torch.device, slots: int = 2, slot_bytes: int = MEMORY.staging_mb << 20, *,
+                 direct: bool = MEMORY.direct_io):
         self.device = torch.device(device)
         self.slot_bytes = slot_bytes
         self._bufs: list[torch.Tensor] = []
@@ -40,7 +41,7 @@ class Staging:
         self._slots = slots
         self._next = 0
         self.bytes_read = 0
-        self.direct = direct_io()              # O_DIRECT reads (no page-cache read-ahead wanted then)
+        self.direct = direct and DIRECT_IO_AVAILABLE     # O_DIRECT reads (no page-cache read-ahead wanted then)
 
     @property
     def nbytes(self) -> int:

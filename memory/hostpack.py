@@ -104,10 +104,6 @@ class HostPack:
         return sum(c.host_nbytes for c in self.chunks if c.home == "ram")
 
     @property
-    def pinned_bytes(self) -> int:
-        return sum(c.host_nbytes for c in self.chunks if c.home == "ram" and c.pinned)
-
-    @property
     def pinned(self) -> bool:
         ram = [c for c in self.chunks if c.home == "ram" and c.host_nbytes]
         return bool(ram) and all(c.pinned for c in ram)

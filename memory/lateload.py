@@ -31,7 +31,6 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 
-from configs.memory import run_switch
 from memory.chunk import Chunk
 from memory.chunkload import Staging, fill_from_files
 from memory.deltas import apply_deltas
@@ -39,11 +38,6 @@ from memory.deltas import apply_deltas
 log = logging.getLogger(__name__)
 
 HOOK_NAME = "steadyframe_late_load"
-
-
-def late_load_on(configured: bool) -> bool:
-    """MemoryConfig.late_load, or STEADYFRAME_LATE_LOAD=0/1 for a run."""
-    return run_switch("STEADYFRAME_LATE_LOAD", configured)
 
 
 class _WaitHook(ModelHook):

@@ -27,14 +27,14 @@ from typing import Iterator
 
 import torch
 
-from configs.memory import MEMORY, run_switch
+from configs.memory import MEMORY
 from rocm.sdpa import AttentionGuard
 from memory.budget import DEFAULT_PREFETCH_DEPTH, MemoryBudget, Placement, Workload, is_transformer
 from memory.chunkload import Staging, load_chunks, unload_chunks
 from memory.hostpack import HostPack
-from memory.hostplan import HostPlan
-from memory.manager_host import HostSide
-from memory.lateload import LateLoader, late_load_on
+from memory.hostplan import HostPlan, StageUse
+from memory.hostram import HostSettings, arrange, host_budget, pack_for
+from memory.lateload import LateLoader
 from memory.parking import ParkedBlocks
 from common.units import GIB
 from memory.snapshot import MemorySnapshot, host_rss_bytes, take_snapshot
@@ -87,7 +87,7 @@ class StageRecord:
 
 
 @dataclass
-class MemoryManager(HostSide):
+class MemoryManager:
     device: torch.device = field(default_factory=default_device)
     cap_gb: float = MEMORY.vram_cap_gb
     preserved_gb: float = MEMORY.preserved_gb
@@ -103,6 +103,7 @@ class MemoryManager(HostSide):
     host_overhead: int | None = None      # bytes the process holds besides the weights; None: measured per job
     late_load: bool = MEMORY.late_load    # file-homed resident blocks read while the stage computes (lateload.py)
     park: bool = MEMORY.park_file_blocks  # and kept on the GPU between transformer stages where room (parking.py)
+    direct_io: bool = MEMORY.direct_io    # weight files read to the GPU with O_DIRECT (weightfiles.py)
     # The tiered convolution fallback of this manager's stages (rocm/), passed explicitly to the VAE decode and
     # used by the orchestrator around its conv stages; one per manager, never looked up from a module global.
     conv_fallback: ConvFallback = field(default_factory=new_conv_fallback)
@@ -170,7 +171,7 @@ class MemoryManager(HostSide):
         buffers, streamers, transient = held
         late: list[LateLoader] = []
         if self.device.type == "cuda" and self._staging is None:
-            self._staging = Staging(self.device)
+            self._staging = Staging(self.device, direct=self.direct_io)
         for p in placements.values():
             modules, chunks = p.streamed_modules()
             for c in chunks:
@@ -206,7 +207,7 @@ class MemoryManager(HostSide):
     def _late(self, p: Placement, parked: set[int]) -> tuple[list, list]:
         """The transformer's resident blocks whose home is the files (block 0 excepted: TeaCache reads it
         before the blocks run; parked ones too), with their modules, when they are loaded while the stage computes."""
-        if not late_load_on(self.late_load) or not is_transformer(self._loaded.get(p.name)) \
+        if not self.late_load or not is_transformer(self._loaded.get(p.name)) \
                 or not (self.device.type == "cuda" or self.plan_on_cpu):
             return [], []
         streamed = set(p.streamed)
@@ -216,7 +217,7 @@ class MemoryManager(HostSide):
 
     def _parks(self, p: Placement) -> bool:
         """Are this placement's file-homed resident blocks kept on the device after its stage (memory/parking.py)?"""
-        return run_switch("STEADYFRAME_PARK", self.park) and is_transformer(self._loaded.get(p.name)) \
+        return self.park and is_transformer(self._loaded.get(p.name)) \
             and (self.device.type == "cuda" or self.plan_on_cpu)
 
     def _unpark(self, p: Placement, resident: list, record: StageRecord) -> list[tuple]:
@@ -383,6 +384,48 @@ class MemoryManager(HostSide):
             self.vae_policy.before_retry = None
             if self._current is not None:
                 self._current.vae_attempts.extend(self.vae_policy.attempts)
+
+    # ---- host RAM (memory/hostram.py) --------------------------------------------------------------------------
+    def prepare(self, **models: torch.nn.Module) -> float:
+        """Pack (and pin, if enabled) models ahead of the first job; returns the seconds it took."""
+        t0 = time.perf_counter()
+        for model in models.values():
+            self._pack(model)
+        return time.perf_counter() - t0
+
+    @property
+    def pin(self) -> bool:
+        return self.pin_host_memory and self.device.type == "cuda"
+
+    def _pack(self, model: torch.nn.Module) -> HostPack:
+        return pack_for(model, self.pin, self.device.type)
+
+    def host_budget(self) -> tuple[int, str]:
+        """(bytes, explanation) of the host-RAM budget."""
+        return host_budget(self.host_ram_gb)
+
+    def arrange_host(self, models: dict[str, torch.nn.Module], stages: list[StageUse] | tuple[StageUse, ...],
+                     sections: int = 1, frames: int = 0) -> HostPlan:
+        """Plan where the weights of a job's models live on the host and put them there. Raises
+        memory.hostplan.HostBudgetError (naming the minimum) before reading any weight if the budget cannot work."""
+        settings = HostSettings(self.device, self.pin, self.host_ram_gb, self.weight_storage, self.host_overhead)
+        plan, read, seconds = arrange(models, stages, sections, frames, settings, self.budget)
+        self.host_plan = plan
+        self.arrange_s += seconds
+        self.arrange_read += read
+        return plan
+
+    def host_summary(self) -> dict:
+        plan = self.host_plan
+        pinned = plan.persistent_bytes if plan and plan.pinned else 0
+        transient = max((r.host_transient_bytes for r in self.records), default=0) if self.pin else 0
+        staging = self._staging.nbytes if self._staging is not None else 0
+        return {"budget_gb": round(plan.budget / GIB, 3) if plan else self.host_ram_gb,
+                "pinned_peak_bytes": pinned + transient + staging,
+                "weight_storage": self.weight_storage, "arrange_s": round(self.arrange_s, 4),
+                "arrange_read_bytes": self.arrange_read,
+                "file_bytes_in_stages": sum(r.file_bytes for r in self.records),
+                "plan": plan.as_dict() if plan else None}
 
     def load_order(self) -> list[str]:
         return [r.name for r in self.records]

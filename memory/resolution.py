@@ -96,10 +96,6 @@ class ResolutionCost:
     def fits(self) -> bool:
         return self.transformer_floor <= self.cap_bytes and self.vae_floor <= self.cap_bytes
 
-    @property
-    def need_bytes(self) -> int:
-        return max(self.transformer_floor, self.vae_floor)
-
     def short_of(self) -> str:
         """Which stage does not fit and by how much (empty when it fits)."""
         out = []

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from configs.memory import MEMORY
+
 log = logging.getLogger(__name__)
 
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -43,25 +45,11 @@ READ_PIECE = 1 << 30            # bytes per pread call (Linux returns at most ~2
 PARALLEL_PIECE = 4 << 20        # the smallest piece one reader thread takes of a large read
 PAGE = mmap.PAGESIZE
 DIRECT_ALIGN = 4096             # O_DIRECT: buffer address, file offset and length in multiples of this
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
+DIRECT_IO_AVAILABLE = hasattr(os, "O_DIRECT")
 
 
 def read_threads() -> int:
-    from configs.memory import MEMORY
-
     return max(1, int(MEMORY.read_threads))
-
-
-def _pool(threads: int) -> ThreadPoolExecutor:
-    """The reader threads (one pool for the process; `os.preadv` releases the GIL)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL._max_workers < threads:
-            old, _POOL = _POOL, ThreadPoolExecutor(max_workers=threads, thread_name_prefix="weight-read")
-            if old is not None:
-                old.shutdown(wait=False)
-        return _POOL
 
 
 def _in_pieces(read, pieces: list[tuple[int, int]]) -> None:
@@ -69,15 +57,9 @@ def _in_pieces(read, pieces: list[tuple[int, int]]) -> None:
     if len(pieces) == 1:
         read(*pieces[0])
         return
-    for f in [_pool(len(pieces)).submit(read, a, b) for a, b in pieces]:
-        f.result()
-
-
-def direct_io() -> bool:
-    """O_DIRECT reads on (MemoryConfig.direct_io; STEADYFRAME_DIRECT_IO=0/1 overrides it for a run)."""
-    from configs.memory import MEMORY, run_switch
-
-    return run_switch("STEADYFRAME_DIRECT_IO", bool(MEMORY.direct_io)) and hasattr(os, "O_DIRECT")
+    with ThreadPoolExecutor(max_workers=len(pieces), thread_name_prefix="weight-read") as readers:
+        for f in [readers.submit(read, a, b) for a, b in pieces]:     # os.preadv releases the GIL
+            f.result()
 
 
 def split(nbytes: int, threads: int | None = None) -> list[tuple[int, int]]:
@@ -184,7 +166,7 @@ class WeightFile:
         with self._lock:
             if self._direct is None:
                 self._direct = -1
-                if direct_io():
+                if DIRECT_IO_AVAILABLE:
                     try:
                         self._direct = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
                         weakref.finalize(self, _close, self._direct)
@@ -295,7 +277,3 @@ class WeightFiles:
     @property
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self.tensors.values())
-
-    def drop_all(self, cache: bool) -> None:
-        for f in self.files:
-            f.drop(0, f.size, cache)

@@ -2,9 +2,9 @@
 app and the command line can say at start-up what is missing, how big it is, where it would go and how to get it."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from common.environment import read_environment
 from configs.presets import ComponentSource, ModelPreset
 from pipeline.components import _local_folder, hf_cache_dir
 
@@ -48,7 +48,7 @@ def missing_weights_message(preset: ModelPreset, mode: str, model_dir: str | Pat
     if model_dir:
         how = (f"--model-dir {model_dir} does not hold them (it must be laid out like the repos: "
                f"<dir>/<owner>/<repo>/<subfolder>/...); nothing is downloaded when --model-dir is given.")
-    elif os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() not in ("", "0", "false", "no"):
+    elif read_environment().offline:
         how = (f"HF_HUB_OFFLINE is set, so they cannot be downloaded: download them once with network access (into "
                f"{hf_cache_dir()}), or point --model-dir at a folder laid out like the repos.")
     else:

@@ -10,13 +10,13 @@ straight into its place (host RAM per the host plan, or the GPU for a stage): no
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from configs.presets import ComponentSource, ModelPreset, get_preset
+from common.environment import read_environment
 from common.errors import WeightsNotFound
 from pipeline.text import template_crop_start
 
@@ -50,10 +50,9 @@ def _dtype(name: str) -> torch.dtype:
 
 def hf_cache_dir() -> Path:
     """The Hugging Face hub cache, read at call time (HF_HUB_CACHE, else HF_HOME/hub, else the library default)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    chosen = read_environment().hub_cache
+    if chosen is not None:
+        return chosen
     from huggingface_hub import constants
 
     return Path(constants.HF_HUB_CACHE)
@@ -112,7 +111,7 @@ def resolve(preset: ModelPreset, mode: str, role: str, src: ComponentSource, mod
     except download_errors() as e:   # offline, 404, gated, connection, disk: "could not be downloaded" (any other
         # error is a bug, and keeps its own type and traceback)
         where = f"the Hugging Face cache ({hf_cache_dir()})"
-        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        offline = read_environment().offline
         reason = "HF_HUB_OFFLINE is set" if offline else f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         raise _not_found(preset, mode, role, src, where, reason) from e
 

@@ -15,7 +15,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from common.units import MIB
 from configs.generation import LIMITS
-from pipeline.buckets import bucket_table, nearest_bucket  # noqa: F401 (nearest_bucket: re-exported)
+from pipeline.buckets import bucket_table
 from common.errors import InputError
 
 log = logging.getLogger(__name__)

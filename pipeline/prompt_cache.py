@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from common.files import atomic_path
-from common.paths import cache_root
+from common.environment import read_environment
 from common.units import MIB
 from configs.memory import MEMORY
 from pipeline.text import CLIP_MAX_TOKENS, LLAMA_MAX_TOKENS, PROMPT_TEMPLATE, TextEmbeddings
@@ -32,13 +32,7 @@ FIELDS = ("llama", "mask", "pooled")
 
 def prompt_cache_dir(environ=None) -> Path | None:
     """Where the prompt cache lives (read at call time), or None when it is off."""
-    env = os.environ if environ is None else environ
-    chosen = env.get("STEADYFRAME_PROMPT_CACHE", "")
-    if chosen.lower() in ("off", "0", "false", "no"):
-        return None
-    if chosen:
-        return Path(chosen).expanduser()
-    return cache_root(env) / "prompts"
+    return read_environment(environ).prompt_cache
 
 
 def cache_key(prompt: str, negative: str | None, revisions: dict, storage: str, crop_start: int) -> str:

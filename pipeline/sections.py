@@ -30,12 +30,6 @@ def section_count(seconds: float, window: int, fps: int = 30) -> int:
     return max(int(round(seconds * fps / (window * VAE_TIME_RATIO))), 1)
 
 
-def max_sections() -> int:
-    """The most sections any valid request can have (the longest video at the smallest window and the highest
-    frame rate)."""
-    return section_count(LIMITS.seconds[1], LIMITS.latent_window[0], LIMITS.fps[1])
-
-
 def latent_paddings(count: int) -> list[int]:
     """Blank-window paddings of the original mode, in generation order (the last one, 0, is the video's start)."""
     if count > 4:

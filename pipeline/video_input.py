@@ -24,7 +24,8 @@ import numpy as np
 from common.files import file_sha256
 from configs.generation import LIMITS
 from common.errors import InputError
-from pipeline.images import nearest_bucket, resize_center_crop
+from pipeline.buckets import nearest_bucket
+from pipeline.images import resize_center_crop
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,8 @@ def main(argv=None) -> int:
 
     user_env = dict(os.environ)
     apply_env_profile()            # before torch, exactly like app.py / the CLI
-    from rocm.doctor import collect, render_text
+    from rocm.doctor import collect
+    from rocm.doctor_text import render_text
 
     tiers = tuple(int(t) for t in args.probe_tiers.split(",") if t.strip())
 

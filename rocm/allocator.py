@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from common.environment import read_environment
 from common.units import GIB
 
 logger = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ def configure_host_heap(environ=None, *, mmap_threshold: int = HOST_MMAP_THRESHO
     adjustment off. The user's own malloc settings (MALLOC_*_ or GLIBC_TUNABLES=glibc.malloc...) win, and
     STEADYFRAME_HOST_HEAP=off leaves glibc alone. Returns what was done, for the log."""
     env = os.environ if environ is None else environ
-    if env.get("STEADYFRAME_HOST_HEAP", "").strip().lower() in ("off", "0", "false", "no"):
+    if not read_environment(env).host_heap:
         return "host heap: left alone (STEADYFRAME_HOST_HEAP=off)"
     own = [v for v in _GLIBC_MALLOC_ENV if v in env]
     if "glibc.malloc." in env.get("GLIBC_TUNABLES", ""):

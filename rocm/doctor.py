@@ -21,7 +21,6 @@ from rocm.conv_plan import conv_plan
 from configs.rocm_profiles import DEFAULTS
 from rocm.attention import attention_check
 from rocm.sdpa import aotriton_note
-from rocm.doctor_text import render_text  # noqa: F401  (re-exported: rocm.doctor.render_text)
 from rocm.env import apply_env_profile, check_environment
 from rocm.paths import cache_dir
 from rocm.tiers import TIER_NAMES

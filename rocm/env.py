@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import MutableMapping, Mapping
 
+from common.environment import ROCM_PROFILE, read_environment
 from configs.rocm_profiles import (ALLOC_CONF_VAR, ALLOC_CONF_VARS, AOTRITON_EXPERIMENTAL_ARCH_PREFIXES,
-                                   AOTRITON_EXPERIMENTAL_VAR, DEFAULTS, MIOPEN_KERNEL_CACHE_VAR, PROFILES,
+                                   AOTRITON_EXPERIMENTAL_VAR, MIOPEN_KERNEL_CACHE_VAR, PROFILES,
                                    RocmProfile)
 from rocm import env_facts as facts
 from rocm.arch import arch_family, detect_arch
@@ -254,8 +255,8 @@ def apply_env_profile(environ: MutableMapping[str, str] | None = None, *,
     """
     env = os.environ if environ is None else environ
     report = EnvReport()
-    if env.get(DEFAULTS.profile_switch_env_var, "").strip().lower() in ("off", "0", "false", "no"):
-        report.skipped_reason = f"disabled by {DEFAULTS.profile_switch_env_var}"
+    if not read_environment(env).rocm_profile:
+        report.skipped_reason = f"disabled by {ROCM_PROFILE}"
         report.warnings = check_environment(env)
         return report
     arch = detect_arch(topology_nodes)

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
-from configs.rocm_profiles import DEFAULTS
+from common.environment import CONV_FAULTS, read_environment
 from rocm.errors import HIP_OOM_TEXT, MIOPEN_UNKNOWN_TEXT, NO_ALGORITHM_TEXT
 
 logger = logging.getLogger(__name__)
@@ -115,9 +115,9 @@ class FaultPlan:
         return cls(json.loads(text))
 
     def to_env(self) -> dict[str, str]:
-        return {DEFAULTS.faults_env_var: self.to_json()}
+        return {CONV_FAULTS: self.to_json()}
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "FaultPlan | None":
-        text = (os.environ if environ is None else environ).get(DEFAULTS.faults_env_var)
+        text = read_environment(environ).conv_faults
         return cls.from_json(text) if text else None

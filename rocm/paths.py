@@ -6,14 +6,14 @@ import re
 from pathlib import Path
 from typing import Mapping
 
-from common.paths import cache_root
+from common.environment import read_environment
 from configs.rocm_profiles import DEFAULTS
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     """SteadyFrame's rocm cache folder: ``$STEADYFRAME_CACHE_DIR/rocm``, else ``$XDG_CACHE_HOME/steadyframe/rocm``,
     else ``~/.cache/steadyframe/rocm``. Not created here."""
-    return cache_root(environ) / DEFAULTS.cache_subdir
+    return read_environment(environ).cache_root / DEFAULTS.cache_subdir
 
 
 def safe_name(text: str) -> str:

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from configs.rocm_profiles import DEFAULTS
 from rocm.faults import FaultPlan
-from rocm.probe_child import LIFELINE_ENV, PREFIX
+from common.environment import PROBE_LIFELINE
+from rocm.probe_child import PREFIX
 from rocm.signature import ConvSignature
 
 logger = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class _Worker:
         pass_fds = ()
         if os.name == "posix":
             read_end, self.lifeline = os.pipe()
-            env = {**env, LIFELINE_ENV: str(read_end)}
+            env = {**env, PROBE_LIFELINE: str(read_end)}
             pass_fds = (read_end,)
         try:
             self.proc = subprocess.Popen([python, "-m", "rocm.probe_child"], stdin=subprocess.PIPE,

@@ -22,8 +22,9 @@ import signal
 import sys
 import time
 
+from common.environment import read_environment
+
 PREFIX = "SFPROBE "
-LIFELINE_ENV = "STEADYFRAME_PROBE_LIFELINE"
 _PR_SET_PDEATHSIG = 1       # linux/prctl.h
 
 
@@ -60,7 +61,7 @@ def _reap_when_parent_dies(fd: int, child: int) -> None:
 
 def start_reaper(environ=os.environ) -> int | None:
     """Fork the reaper (call first, while single-threaded); returns its pid, None without a lifeline."""
-    value = environ.get(LIFELINE_ENV)
+    value = read_environment(environ).probe_lifeline
     if not value or os.name != "posix":
         return None
     fd = int(value)

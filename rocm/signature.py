@@ -57,12 +57,6 @@ class ConvSignature:
     def spec(self) -> ConvSpec:
         return ConvSpec(self.base_op, self.stride, self.padding, self.dilation, self.groups)
 
-    def input_mib(self, itemsize: int) -> float:
-        n = 1
-        for d in self.input_shape:
-            n *= d
-        return n * itemsize / 2**20
-
     def short(self) -> str:
         return (f"{self.op} in {tuple(self.input_shape)} w {tuple(self.weight_shape)} s{self.stride} "
                 f"p{self.padding} d{self.dilation} g{self.groups} {self.dtype}")

@@ -75,7 +75,6 @@ def test_handlers_turn_a_job_into_updates(tmp_path, tiny_original):
     from types import SimpleNamespace
 
     import gradio as gr
-    import torch
 
     from tests.conftest import make_image, uploaded
     from tests.server_helpers import tiny_runner

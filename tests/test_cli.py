@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from pipeline.sections import make_plan
 from video.mp4 import read_frames

@@ -8,7 +8,8 @@ import pytest
 from PIL import Image
 
 from common.errors import InputError
-from pipeline.images import buckets_for, load_image, nearest_bucket
+from pipeline.buckets import nearest_bucket
+from pipeline.images import buckets_for, load_image
 from pipeline.request import Request, prepare
 from tests.conftest import make_image
 

@@ -76,9 +76,22 @@ def test_a_read_error_reaches_the_block_and_the_stage_unloads(saved, monkeypatch
     assert mm.loaded() == [] and pack.intact() and all(c.is_idle() for c in pack.chunks)
 
 
-def test_the_environment_can_turn_it_off_for_a_run(monkeypatch):
-    assert lateload.late_load_on(True) and not lateload.late_load_on(False)
+def test_the_environment_can_turn_the_memory_switches_off_for_a_run(monkeypatch):
+    import argparse
+
+    from configs.options import add_process_options, config_from
+
+    parser = argparse.ArgumentParser()
+    add_process_options(parser)
+
+    def config():
+        return config_from(parser, parser.parse_args([]))
+
+    assert (config().late_load, config().park, config().direct_io) == (True, True, True)      # MemoryConfig's
     monkeypatch.setenv("STEADYFRAME_LATE_LOAD", "0")
-    assert not lateload.late_load_on(True)
-    monkeypatch.setenv("STEADYFRAME_LATE_LOAD", "1")
-    assert lateload.late_load_on(False)
+    monkeypatch.setenv("STEADYFRAME_PARK", "off")
+    monkeypatch.setenv("STEADYFRAME_DIRECT_IO", "no")
+    options = config().memory_options()
+    assert (options["late_load"], options["park"], options["direct_io"]) == (False, False, False)
+    monkeypatch.setenv("STEADYFRAME_PARK", "maybe")                      # not a switch: the configured value holds
+    assert config().park is True

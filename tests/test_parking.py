@@ -124,9 +124,9 @@ def test_a_job_binds_the_parked_blocks_in_its_next_section_and_gives_the_same_vi
     tr = HostPack.of(comps.transformer)
     cap_gb = (tr.rest.nbytes + tr.blocks[0].nbytes) / GIB + 1e-6         # block 0 resident, the others streamed
 
-    def manager(host_ram_gb):
+    def manager(host_ram_gb, park=True):
         return MemoryManager(device="cpu", cap_gb=cap_gb, preserved_gb=0, plan_on_cpu=True, host_ram_gb=host_ram_gb,
-                             host_overhead=OVERHEAD)
+                             host_overhead=OVERHEAD, park=park)
 
     with pytest.raises(HostBudgetError) as refused:
         manager(0.001).arrange_host(comps.models(), FRAMEPACK_STAGES, 1, 37)
@@ -134,8 +134,7 @@ def test_a_job_binds_the_parked_blocks_in_its_next_section_and_gives_the_same_vi
                       teacache=0.0, seed=7)
     runs = {}
     for park in ("1", "0"):
-        monkeypatch.setenv("STEADYFRAME_PARK", park)
-        mm = manager(refused.value.minimum / GIB)
+        mm = manager(refused.value.minimum / GIB, park=park == "1")
         _, last = run_job(request, comps, tmp_path / park, memory=mm)
         assert isinstance(last, Done), getattr(last, "detail", last)
         sections = [r for r in mm.records if r.name == "transformer"]

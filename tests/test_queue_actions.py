@@ -7,7 +7,6 @@ import math
 import gradio as gr
 import pytest
 
-from jobs import jsonl
 from jobs import store as qs
 from tests.conftest import make_image, uploaded
 from ui.queue_api import QueueActions, QueueApi
@@ -63,14 +62,14 @@ def test_hostile_values_get_a_clear_refusal(api, image, tmp_path):
 
 def test_a_jsonl_upload_may_name_only_the_queues_own_copies(api, image, tmp_path):
     handlers, store = api
-    jsonl = tmp_path / "jobs.jsonl"
-    jsonl.write_text('{"image": "%s", "prompt": "outside"}\n' % image)
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"image": "%s", "prompt": "outside"}\n' % image)
     with pytest.raises(gr.Error, match="line 1: image: a jobs file sent to the app may name no file but the queue's"):
-        handlers.import_jsonl(uploaded(jsonl), None)
+        handlers.import_jsonl(uploaded(jobs), None)
     with pytest.raises(gr.Error, match="jobs file: only a file uploaded to this app"):
-        handlers.import_jsonl(str(jsonl), None)                      # the jobs file itself: an upload only
+        handlers.import_jsonl(str(jobs), None)                      # the jobs file itself: an upload only
     inside = store.add({"image": str(image), "prompt": "inside"})
-    jsonl.write_text(store.export_jsonl())
-    (again,) = handlers.import_jsonl(uploaded(jsonl), None)
+    jobs.write_text(store.export_jsonl())
+    (again,) = handlers.import_jsonl(uploaded(jobs), None)
     assert again["prompt"] == "inside" and again["id"] != inside.id
     assert [e.settings["prompt"] for e in store.entries()] == ["inside", "inside"]

@@ -82,7 +82,8 @@ def test_cuda_and_cpu_keep_torch_arch():
 
 @pytest.mark.parametrize("override", [False, True])
 def test_doctor_uses_the_hardware_arch_and_warns_about_the_override_on_rdna1(tmp_path, override):
-    from rocm.doctor import collect, render_text
+    from rocm.doctor import collect
+    from rocm.doctor_text import render_text
 
     nodes = make_topology(tmp_path / "kfd", "gfx1010")
     env = {"STEADYFRAME_CACHE_DIR": str(tmp_path / "c"), **(OVERRIDE if override else {})}

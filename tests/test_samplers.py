@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from configs.generation import SAMPLERS as CONFIG_SAMPLERS
+from configs.controls import SAMPLERS as CONFIG_SAMPLERS
 from pipeline.samplers import SAMPLERS, flow_sigmas, sample_euler, sample_unipc, shift_mu, unipc_coefficients
 from pipeline.sampling import x0_model
 

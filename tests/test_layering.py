@@ -1,0 +1,202 @@
+"""The layout's rules, read from the code itself (every import of the package code, also those inside functions):
+- the packages form the layers docs/ARCHITECTURE.md draws: a package imports only packages below its own line;
+- no two files import each other, directly or through others (no file circle);
+- an import inside a function defers something heavy (torch, diffusers, transformers, gradio, ray, av, ...) for a
+  module that does not load it already, or a module of one platform only; never a light module, and never a loop.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PACKAGES = ("app", "cli", "common", "configs", "farm", "jobs", "memory", "pipeline", "rocm", "ui", "video")
+HEAVY = {"torch", "diffusers", "transformers", "accelerate", "gradio", "gradio_client", "ray", "av", "safetensors",
+         "huggingface_hub", "playwright", "psutil", "tqdm", "PIL", "numpy", "einops", "httpx"}
+ONE_PLATFORM = {"resource", "fcntl", "msvcrt", "winreg", "termios", "ctypes"}
+
+
+def _files() -> dict[str, Path]:
+    files = {"app": ROOT / "app.py"}
+    for package in PACKAGES[1:]:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            files[".".join(parts)] = path
+    return files
+
+
+FILES = _files()
+
+
+def _resolve(name: str) -> str | None:
+    while name:
+        if name in FILES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _imports(module: str) -> list[tuple[str, bool]]:
+    """(imported name, inside a function?) for every import of the module; `from a import b` gives a.b and a."""
+    tree = ast.parse(FILES[module].read_text("utf-8"))
+    package = module if FILES[module].name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+
+    def visit(node, inside):
+        for child in ast.iter_child_nodes(node):
+            nested = inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                found.extend((a.name, nested) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    up = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                found.extend([(f"{base}.{a.name}", nested) for a in child.names] + [(base, nested)])
+            visit(child, nested)
+
+    visit(tree, False)
+    return found
+
+
+@lru_cache(maxsize=None)
+def _edges(module: str) -> tuple[tuple[str, bool], ...]:
+    """Internal modules the module imports: (module, inside a function?), each once (a top-level import wins)."""
+    out: dict[str, bool] = {}
+    for name, inside in _imports(module):
+        target = _resolve(name) if name.split(".")[0] in PACKAGES else None
+        # a package's own __init__ seen from inside the package is not an edge (Python runs it first anyway)
+        if target and target != module and not (FILES[target].name == "__init__.py"
+                                                and module.startswith(target + ".")):
+            out[target] = out.get(target, True) and inside
+    return tuple(out.items())
+
+
+@lru_cache(maxsize=None)
+def _loads_at_import(module: str) -> frozenset[str]:
+    """The heavy libraries importing the module loads (its top-level imports, followed through the package)."""
+    heavy = {n.split(".")[0] for n, inside in _imports(module) if not inside and n.split(".")[0] in HEAVY}
+    for target, inside in _edges(module):
+        if not inside:
+            heavy |= _loads_at_import(target)
+    return frozenset(heavy)
+
+
+def _layers() -> list[set[str]]:
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text("utf-8")
+    block = text.split("## The packages", 1)[1].split("```")[1]
+    layers = []
+    for line in block.splitlines():
+        names = re.match(r"^((?:[a-z_]+(?:/|\.py) )+)", line + " ")
+        if names:
+            layers.append({n.rstrip("/").removesuffix(".py") for n in names.group(1).split()})
+    return layers
+
+
+def test_the_packages_import_only_the_layers_below_them():
+    layers = _layers()
+    assert set().union(*layers) == set(PACKAGES), "docs/ARCHITECTURE.md draws every package once"
+    level = {p: i for i, layer in enumerate(layers) for p in layer}
+    wrong = sorted({f"{m} imports {t}" for m in FILES for t, _ in _edges(m)
+                    if m.split(".")[0] != t.split(".")[0] and level[t.split(".")[0]] <= level[m.split(".")[0]]})
+    assert not wrong, wrong
+
+
+def test_no_file_circle():
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+    sys.setrecursionlimit(10000)
+
+    def connect(v):                                       # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w, _ in _edges(v):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for module in FILES:
+        if module not in index:
+            connect(module)
+    assert not circles, circles
+
+
+def test_an_import_inside_a_function_defers_something_heavy():
+    wrong = []
+    for module in FILES:
+        already = _loads_at_import(module)
+        for name, inside in _imports(module):
+            top = name.split(".")[0]
+            if not inside or not name:
+                continue
+            if top in PACKAGES:
+                target = _resolve(name)
+                if target is None or target == module or FILES[target].name == "__init__.py" \
+                        and module.startswith(target + "."):
+                    continue
+                deferred = _loads_at_import(target) - already
+            elif top in HEAVY:
+                deferred = {top} - already
+            else:
+                deferred = {top} & ONE_PLATFORM
+            if not deferred:
+                wrong.append(f"{module}: {name}")
+    assert not wrong, f"{len(wrong)} imports inside functions defer nothing heavy: {sorted(set(wrong))}"
+
+
+def test_the_rules_catch_what_they_are_for(tmp_path, monkeypatch):
+    """The checks above fail on a circle, an upward import and a needless import inside a function."""
+    fake = {"app": tmp_path / "app.py", "common.a": tmp_path / "a.py", "common.b": tmp_path / "b.py",
+            "configs.c": tmp_path / "c.py"}
+    fake["app"].write_text("")
+    fake["common.a"].write_text("from common.b import x\n")
+    fake["common.b"].write_text("def f():\n    from common.a import y\n")
+    fake["configs.c"].write_text("def g():\n    import json\n")
+    monkeypatch.setitem(globals(), "FILES", fake)
+    _edges.cache_clear()
+    _loads_at_import.cache_clear()
+    try:
+        assert dict(_edges("common.b")) == {"common.a": True}
+        try:
+            test_no_file_circle()
+        except AssertionError as e:
+            assert "common.a" in str(e)
+        else:
+            raise AssertionError("a circle went unseen")
+        fake["common.a"].write_text("from configs.c import g\n")
+        _edges.cache_clear()
+        _loads_at_import.cache_clear()
+        try:
+            test_the_packages_import_only_the_layers_below_them()
+        except AssertionError as e:
+            assert "common.a imports configs.c" in str(e)
+        else:
+            raise AssertionError("an import of a layer above went unseen")
+        try:
+            test_an_import_inside_a_function_defers_something_heavy()
+        except AssertionError as e:
+            assert "common.b: common.a" in str(e) and "configs.c: json" in str(e)
+        else:
+            raise AssertionError("a needless import inside a function went unseen")
+    finally:
+        _edges.cache_clear()
+        _loads_at_import.cache_clear()
