@@ -33,6 +33,9 @@ from ui.panel_queue import wire_queue  # noqa: E402
 from ui.panel_run import JOBS_MAX, RunPanel  # noqa: E402
 from ui.prompt_tokens import TokenCounter  # noqa: E402
 from ui.queue_api import QUEUE_ENDPOINTS  # noqa: E402
+import torch  # noqa: E402
+from farm.executor import start_farm  # noqa: E402
+from pipeline.availability import missing_weights_message  # noqa: E402
 
 log = logging.getLogger("steadyframe.app")
 QUEUE_MAX = 64          # events waiting in Gradio's queue at most (one GPU job runs at a time)
@@ -46,7 +49,6 @@ PROGRESS_POLL_S = 0.25  # how often it sends pending progress (its own default: 
 def _device_text(device) -> str:
     if device.type != "cuda":
         return "CPU (no GPU found: slow with real models; the tiny preset is meant for this)"
-    import torch
 
     name = torch.cuda.get_device_name(device)
     backend = "ROCm" if torch.version.hip else "CUDA"
@@ -58,7 +60,6 @@ def app_runner(config: Config, device) -> tuple[Runner, str | None]:
     --ray/--gpus/--cpu-workers (Ray is imported only then) or in this process."""
     models = ComponentCache(config.preset, config.model_dir)
     if config.farm.enabled:
-        from farm.executor import start_farm
 
         executor = start_farm(config, models)
     else:
@@ -70,8 +71,7 @@ def build_app(config: Config, runner: Runner | None = None) -> gr.Blocks:
     """The whole app as a gr.Blocks (queue configured, runner started, not launched). The panels in ui/ wire their
     own events: panel_controls (live hints, memory plan, token count, upload checks), panel_run (Start, Resume,
     End, the running job), panel_jobs (past jobs), panel_queue (the queue), api (the API for scripts)."""
-    from memory import default_device
-    from pipeline.availability import missing_weights_message
+    from memory.manager import default_device
 
     preset = get_preset(config.preset)
     device = default_device()
@@ -129,12 +129,11 @@ def main(argv=None) -> int:
     log.info("%s", rocm.configure_host_heap())
     for warning in security_warnings(config):
         log.warning(warning)
-    from pipeline.availability import missing_weights_message
 
     missing = missing_weights_message(get_preset(config.preset), DEFAULTS.mode, config.model_dir)
     if missing:
         log.warning(missing)
-    from memory import default_device
+    from memory.manager import default_device
 
     problem = host_budget_problem(config, default_device().type)
     if problem:

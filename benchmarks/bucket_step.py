@@ -39,7 +39,7 @@ CAP_GB = 20.0
 
 def working_set_gb(tr, height: int, width: int, window: int, slots: int) -> float:
     """Activations (memory.plan.activation_bytes at this size) + streaming slots of the largest block, GiB."""
-    from memory import HostPack
+    from memory.hostpack import HostPack
     from memory.plan import activation_bytes, framepack_tokens
 
     cfg = tr.config
@@ -52,7 +52,7 @@ def working_set_gb(tr, height: int, width: int, window: int, slots: int) -> floa
 def run(name: str, tr, inputs, device, cap_gb: float, preserved_gb: float, size: tuple[int, int], warmup: int,
         steps: int) -> dict:
     from benchmarks.transformer_step import time_steps
-    from memory import MemoryManager
+    from memory.manager import MemoryManager
     from pipeline.denoiser import FramepackDenoiser
 
     mm = MemoryManager(device=device, cap_gb=cap_gb, preserved_gb=preserved_gb, plan_on_cpu=device.type == "cpu")
@@ -76,7 +76,7 @@ def main(argv=None) -> list[dict]:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from benchmarks.transformer_step import build_transformer, section_inputs
-    from memory import HostPack
+    from memory.hostpack import HostPack
     from memory.plan import framepack_tokens
     from pipeline.buckets import nearest_bucket
 

@@ -122,7 +122,7 @@ def _job_request(tiny: bool):
 def _memory(cfg: Config, tiny: bool):
     import torch
 
-    from memory import MemoryManager
+    from memory.manager import MemoryManager
 
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     budget = None if cfg.budget_gb in (None, "tight") else float(cfg.budget_gb)
@@ -145,7 +145,7 @@ def _arrange(memory, comps, cfg: Config, request) -> float:
     plan = sec.make_plan("original", request.seconds, request.latent_window)
     frames = plan.frame_counts()[-1]
     if cfg.budget_gb == "tight":            # the smallest budget this job's plan accepts, for a fixed overhead
-        from memory import HostPack
+        from memory.hostpack import HostPack
         from memory.hostbudget import job_working_bytes, process_overhead
 
         held = sum(HostPack.of(m).host_bytes for m in comps.models().values())

@@ -79,7 +79,7 @@ def main(argv=None) -> None:
                                                         "merge,forward")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from memory import HostPack
+    from memory.hostpack import HostPack
     from pipeline import lora
 
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")

@@ -220,7 +220,7 @@ def main(argv=None) -> None:
     handlers = [logging.StreamHandler()] + ([logging.FileHandler(args.log)] if args.log else [])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", handlers=handlers)
     from benchmarks.fullsize import build_components
-    from memory import MemoryManager
+    from memory.manager import MemoryManager
     from pipeline import sections as sec
     from pipeline.events import Done, Failed
     from pipeline.orchestrator import generate

@@ -70,7 +70,7 @@ def time_steps(denoiser, inputs, device, warmup: int, steps: int) -> tuple[list[
 
 
 def run_config(name, tr, inputs, device, cap_gb, preserved_gb, depth, warmup, steps) -> dict:
-    from memory import MemoryManager
+    from memory.manager import MemoryManager
     from pipeline.denoiser import FramepackDenoiser
 
     mm = MemoryManager(device=device, cap_gb=cap_gb, preserved_gb=preserved_gb, prefetch_depth=depth,
@@ -88,7 +88,8 @@ def run_config(name, tr, inputs, device, cap_gb, preserved_gb, depth, warmup, st
 def run_sync_swap(tr, inputs, device, cap_gb, preserved_gb, warmup, steps, pinned: bool = False) -> dict:
     """Baselines with the plan's resident blocks and no overlap for the others: `.to(device)` before /
     `.to("cpu")` after each block (`pinned=False`), or a blocking copy from the pinned host pack (`pinned=True`)."""
-    from memory import HostPack, MemoryManager
+    from memory.hostpack import HostPack
+    from memory.manager import MemoryManager
     from rocm.sdpa import AttentionGuard
     from memory.chunkload import load_chunks, unload_chunks
     from pipeline.denoiser import FramepackDenoiser
@@ -160,7 +161,7 @@ def main(argv=None) -> None:
     ap.add_argument("--no-sync", action="store_true", help="skip the synchronous swap baseline")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from memory import HostPack
+    from memory.hostpack import HostPack
 
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     t0 = time.perf_counter()

@@ -1,21 +1,19 @@
-"""`python -m cli ...` and the `steadyframe-cli` command: the ROCm environment profile is applied before torch
-is imported."""
-import sys
+"""`python -m cli ...` and the `steadyframe-cli` command. The ROCm environment profile is applied before anything
+imports torch, and glibc's heap thresholds fixed, when this module is imported (as app.py does)."""
+import rocm  # first: the ROCm environment profile must be applied before anything imports torch
+
+rocm.apply_env_profile()
+rocm.configure_host_heap()       # fixed glibc thresholds: RSS given back between sections and jobs
+
+import sys  # noqa: E402
+
+from cli import commands, queue  # noqa: E402
 
 
 def run() -> int:
-    import rocm
-
-    rocm.apply_env_profile()
-    rocm.configure_host_heap()       # fixed glibc thresholds: RSS given back between sections and jobs
-
-    if sys.argv[1:2] == ["queue"]:      # after the environment profile, on purpose
-        from cli.queue import main
-
-        return main(sys.argv[2:])
-    from cli.commands import main
-
-    return main()
+    if sys.argv[1:2] == ["queue"]:
+        return queue.main(sys.argv[2:])
+    return commands.main()
 
 
 if __name__ == "__main__":

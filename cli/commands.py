@@ -22,6 +22,12 @@ from cli import log as cli_log
 from configs.controls import CONTROLS, Control
 from configs.options import add_process_options, config_from
 from configs.runtime import Config
+from common.errors import InputError
+from pipeline.jobs import finished_video
+import dataclasses
+from jobs.models import ComponentCache
+from jobs.preflight import Preflight
+from jobs.line import Waiting
 
 log = logging.getLogger("cli.commands")
 
@@ -122,8 +128,6 @@ class Command:
     def preflight(self):
         """The one pre-flight (jobs/preflight.py): the jobs are checked with it before anything is written."""
         if self._preflight is None or self._preflight.config is not self.config:
-            from jobs.models import ComponentCache
-            from jobs.preflight import Preflight
 
             self._preflight = Preflight(self.config, ComponentCache(self.config.preset, self.config.model_dir),
                                         self.device.type)
@@ -131,7 +135,7 @@ class Command:
 
     @property
     def device(self):
-        from memory import default_device
+        from memory.manager import default_device
 
         return _device(self.config.device) if self.config.device else default_device()
 
@@ -206,7 +210,6 @@ class Command:
         """A queued job to its end: its events on a progress bar when it runs here, its entry's messages when
         another process runs it."""
         from jobs import store as qs
-        from jobs.line import Waiting
         from jobs.text import waiting_text
         from pipeline.events import LogLine, Progress, SectionVideo
 
@@ -308,7 +311,6 @@ def _progress_bar():
 def read_batch(path: Path, preflight) -> tuple[list[tuple[int, object]], list[tuple[int, str, str]]]:
     """Every job of a JSON-lines file, checked before any of them runs (a bad line is refused at once, not after
     the jobs before it): ([(line number, PreparedRequest)], [(line number, "invalid", reason)])."""
-    from common.errors import InputError
     from pipeline.request import Request
 
     jobs, invalid = [], []
@@ -355,8 +357,6 @@ def run_batch(command: Command, path: Path) -> int:
 
 
 def run_generate(command: Command, request) -> int:
-    from common.errors import InputError
-
     try:
         prepared = command.preflight.prepare(request)          # the one pre-flight: nothing written, nothing loaded
     except InputError as e:
@@ -368,9 +368,6 @@ def run_generate(command: Command, request) -> int:
 
 
 def run_resume(command: Command, job_dir: Path) -> int:
-    from common.errors import InputError
-    from pipeline.jobs import finished_video
-
     done = finished_video(job_dir)       # a finished job: said at once, nothing loaded
     if done is not None:
         print(f"job {Path(job_dir).name} is already complete; its video is {done.resolve()}")
@@ -397,8 +394,6 @@ def run_resume(command: Command, job_dir: Path) -> int:
 
 
 def _replace(config: Config, **changes) -> Config:
-    import dataclasses
-
     return dataclasses.replace(config, **changes)
 
 
@@ -410,7 +405,6 @@ def main(argv: list[str] | None = None) -> int:
     command = Command(config, quiet=args.quiet, verbose=args.verbose, preset_given=args.preset is not None)
     try:
         if args.command == "generate":
-            from common.errors import InputError
 
             try:
                 request = request_from_args(args)

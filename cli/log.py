@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from common.environment import read_environment
+from logging.handlers import RotatingFileHandler
 
 log = logging.getLogger("cli.commands")
 
@@ -33,7 +34,6 @@ class _TerminalFilter(logging.Filter):
 def setup_logging(quiet: bool, verbose: bool) -> None:
     """The terminal shows warnings (-v: stage messages and tracebacks too); the log file keeps every message and
     every traceback, whatever the flags."""
-    from logging.handlers import RotatingFileHandler
 
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format=LOG_FORMAT,
                         datefmt="%H:%M:%S")

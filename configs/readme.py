@@ -4,6 +4,8 @@ README's copy is out of date)."""
 from __future__ import annotations
 
 from configs.controls import CONTROLS, Control, control
+import argparse
+from pathlib import Path
 
 
 def _cell(text: str) -> str:
@@ -64,9 +66,6 @@ def readme_with_table(text: str, controls: tuple[Control, ...] = CONTROLS) -> st
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    from pathlib import Path
-
     p = argparse.ArgumentParser(prog="python -m configs.readme", description="Print the README's table of "
                                 "controls, or write it into a README.")
     p.add_argument("--write", type=Path, metavar="README", help="replace the table in this file")

@@ -20,6 +20,7 @@ from typing import Iterator
 
 from configs.runtime import FarmOptions
 from farm.workers import JobWorker, Placed, WorkerConfig
+from pipeline.jobs import CHECKPOINT
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +226,6 @@ class Farm:
         there (pipeline/resume.py): from its last section checkpoint, or from the start when it had not finished
         a section; one lost before its folder existed starts again as it was asked."""
         from pipeline.checkpoint import load_checkpoint
-        from pipeline.jobs import CHECKPOINT
 
         if job_dir is None and isinstance(job, (str, Path)):
             job_dir = Path(job)

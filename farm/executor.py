@@ -8,6 +8,8 @@ from typing import Iterator
 
 from configs.runtime import Config
 from pipeline.events import Progress
+from farm.dispatch import Farm
+from farm.workers import WorkerConfig
 
 
 class FarmExecutor:
@@ -37,8 +39,6 @@ class FarmExecutor:
 
 def start_farm(config: Config, models=None, *, num_cpus: int | None = None) -> FarmExecutor:
     """Start the farm of the configuration's --ray/--gpus/--cpu-workers (Ray is imported only now)."""
-    from farm.dispatch import Farm
-    from farm.workers import WorkerConfig
 
     options = config.memory_options()
     switches = tuple((k, options[k]) for k in ("pin_host_memory", "late_load", "park", "direct_io"))

@@ -17,6 +17,14 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+import importlib
+from common.units import GIB
+from memory.hostbudget import default_host_budget
+import rocm
+from jobs.models import ComponentCache
+import time
+from pipeline.cancel import CancelToken
+from pipeline.jobs import Job, load_job
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +66,6 @@ def node_name() -> str:
 def _loader(spec: str | None):
     if spec is None:
         return None
-    import importlib
 
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(module), name)
@@ -70,8 +77,6 @@ def host_share(config: WorkerConfig) -> tuple[float | None, str]:
     each hold their own models never plan on the same RAM."""
     if config.host_ram_gb is not None:
         return config.host_ram_gb, f"host RAM budget {config.host_ram_gb:g} GB (--host-ram-gb, per worker)"
-    from common.units import GIB
-    from memory.hostbudget import default_host_budget
 
     share = config.share or _gpus_of_this_node() or 1
     budget, text = default_host_budget()
@@ -95,10 +100,7 @@ def record_placement(job, worker: str, node: str) -> None:
 
 class JobWorker:
     def __init__(self, name: str, config: WorkerConfig):
-        import rocm
-
         rocm.apply_env_profile()             # before torch loads in this process
-        from jobs.models import ComponentCache
 
         self.name, self.config = name, config
         self.node = node_name()
@@ -121,8 +123,6 @@ class JobWorker:
 
     def load(self, mode: str) -> float:
         """Load (or build) the models of `mode` now; the seconds it took (0 when they were loaded)."""
-        import time
-
         t = time.monotonic()
         self.models.get(mode)
         return time.monotonic() - t
@@ -140,7 +140,6 @@ class JobWorker:
         Placed once its folder exists, a MemoryReport (the worker's memory timeline) before the end. Always ends
         with Done or Failed: an error before the job could start (weights missing, a damaged folder) is a Failed
         too, its traceback in this worker's log."""
-        from pipeline.cancel import CancelToken
         from pipeline.events import Failed
 
         cancel = CancelToken()
@@ -156,9 +155,8 @@ class JobWorker:
                 self._cancels.pop(key, None)
 
     def _run(self, job, cancel, owner: str | None = None) -> Iterator:
-        from memory import MemoryManager
+        from memory.manager import MemoryManager
         from pipeline.events import Done, Failed, MemoryReport
-        from pipeline.jobs import Job, load_job
         from pipeline.orchestrator import JobRun
         from pipeline.resume import prepare_resume, resume
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from common.errors import InputError
+from common.files import file_sha256
 
 # (control, the name of its copy in the queue): the job's files, copied into the queue's folder when it is added
 IMAGE_FIELDS = (("image", "start"), ("end_image", "end"), ("input_video", "video"))
@@ -28,7 +29,6 @@ def copy_problem(images: Mapping[str, Any]) -> str | None:
     path, sha = images.get("input_video"), images.get(VIDEO_SHA256)
     if not path or not sha:
         return None
-    from common.files import file_sha256
 
     if not _is_file(path):
         return f"the queue's copy {Path(path).name} is missing; add the job again"

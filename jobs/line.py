@@ -4,6 +4,7 @@ each one's remaining time (a running job's latest estimate) or expected time at 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pipeline.eta import JobRates
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,6 @@ class Speed:
         self.rates = None                       # pipeline.eta.JobRates, once a job has finished
 
     def learn(self, request, timings: dict) -> None:
-        from pipeline.eta import JobRates
-
         rates = JobRates.from_timings(timings, plan_of(request), int(request.steps))
         if rates is not None:
             self.rates = rates

@@ -14,6 +14,7 @@ from typing import Iterator
 from common.errors import WeightsNotFound
 from configs.runtime import Config
 from pipeline.events import Done, Failed, LogLine, MemoryReport, Progress
+from pipeline.logcapture import capture_logs
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,7 @@ class LocalExecutor:
                 f"loading the models (first job; downloads up to {preset.download_gb(request.mode):g} GB once)"
             yield Progress("loading models", 0, 0, 0, request.steps, 0.0, None, what)
             yield LogLine("info", what)
-        from memory import MemoryManager, default_device        # heavy imports: after the first message
-        from pipeline.logcapture import capture_logs
+        from memory.manager import MemoryManager, default_device        # heavy imports: after the first message
 
         t0 = time.monotonic()
         with capture_logs() as lines:

@@ -12,6 +12,9 @@ from __future__ import annotations
 from common.errors import InputError
 from configs.presets import get_preset
 from configs.runtime import Config
+from pipeline.resolution import check_fits
+from memory.estimate import nominal_plan
+from memory.hostplan import HostBudgetError
 
 
 class Preflight:
@@ -35,8 +38,6 @@ class Preflight:
 
     def check(self, prepared) -> None:
         """What a prepared request must pass besides its own fields."""
-        from pipeline.resolution import check_fits
-
         request = prepared.request
         if prepared.source is None:             # an extension's size is its input's
             check_fits(prepared, self.preset, self.config.vram_cap_gb, self.config.weight_storage)
@@ -47,9 +48,6 @@ class Preflight:
 
     def host_problem(self, mode: str, preserved_gb: float) -> str | None:
         """Why the host-RAM budget cannot hold a job (checked before any model loads), or None."""
-        from memory.estimate import nominal_plan
-        from memory.hostplan import HostBudgetError
-
         try:
             nominal_plan(self.preset, mode, self.config.vram_cap_gb, preserved_gb, self.device_type,
                          self.config.host_ram_gb, self.config.weight_storage)

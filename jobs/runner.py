@@ -43,6 +43,8 @@ from jobs.local import Work
 from jobs.text import progress_line
 from pipeline.cancel import CancelToken
 from pipeline.events import Cancelled, Done, Failed, Progress, SectionVideo, Started
+import dataclasses
+from jobs.preflight import Preflight
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +96,6 @@ def entry_values(request) -> dict:
 
 def with_copies(prepared, entry: qs.Entry):
     """The prepared request reading the queue's copies of its files (the user's may be gone when it runs)."""
-    import dataclasses
 
     copies = {k: entry.images[k] for k in jsonl.FILE_NAMES if entry.images.get(k)}
     source = prepared.source
@@ -505,7 +506,6 @@ def _settings_request(settings: dict):
 def open_runner(config, executor, *, device_type: str, preflight=None) -> tuple[Runner, str | None]:
     """The runner of `config.outputs`' queue (not started) with the one pre-flight (`preflight`, or one made here),
     and the store's warning (a damaged database moved aside)."""
-    from jobs.preflight import Preflight
 
     store, found = qs.QueueStore.open(config.outputs.expanduser().resolve())
     preflight = preflight or Preflight(config, getattr(executor, "models", None), device_type)

@@ -34,6 +34,7 @@ import psutil
 from common.files import atomic_copy, atomic_write_bytes, file_sha256
 from common.errors import InputError
 from jobs.jsonl import FILE_NAMES, IMAGE_FIELDS, VIDEO_SHA256
+import io
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,6 @@ class Entry:
 
 
 def _png(image) -> bytes:
-    import io
-
     from PIL import Image
 
     buf = io.BytesIO()

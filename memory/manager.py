@@ -42,6 +42,7 @@ from memory.streaming import BlockStreamer
 from memory.vae import MIOPEN_SCRATCH_LIMIT, VaeDecodePolicy, cudnn_workspace_reserve, streamed_decode
 from rocm.allocator import synchronize
 from rocm.conv_fallback import ConvFallback, new_conv_fallback
+import rocm
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +278,6 @@ class MemoryManager:
         `beside_parked` (the VAE decode, which makes room for its own tiles in decode_vae)."""
         if self._loaded:
             raise RuntimeError(f"stage {name!r}: the slot still holds {', '.join(self._loaded)}")
-        import rocm
 
         if self._parked and self._parked.model not in models and not beside_parked:
             self._parked.release(f"before {name}")
@@ -329,8 +329,6 @@ class MemoryManager:
         """After an out-of-memory inside a stage: keep fewer weights resident (more preserved memory), reload, and
         say whether that changed anything (False: everything is streamed already, nothing more to give).
         The larger preserved memory stays for the rest of the job."""
-        import rocm
-
         if self._live is None:
             raise RuntimeError("stream_more() is only possible inside a stage")
         placements, held, packs = self._live

@@ -32,6 +32,7 @@ from common.units import GIB
 from configs.memory import MEMORY
 from memory.plan import REAL_TRANSFORMER_CONFIG, activation_bytes, framepack_tokens, transformer_sizes
 from memory.vae import VaeDecodePolicy, VaeTiling, memory_estimate
+import torch
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 VAE_MARGIN = 512 << 20          # what memory.manager.decode_vae keeps back of the free memory
@@ -55,7 +56,6 @@ class ModelFigures:
 
 @lru_cache(maxsize=4)
 def _vae_params(items: tuple) -> int:
-    import torch
     from diffusers import AutoencoderKLHunyuanVideo
 
     with torch.device("meta"):
@@ -147,7 +147,6 @@ def resolution_cost(figures: ModelFigures, height: int, width: int, window: int,
 
 def _first_tiling(policy: VaeDecodePolicy, vae, shape, available: int, dtype_bytes: int) -> VaeTiling:
     """The tiling VaeDecodePolicy.plan starts with (its dtype read from the figures, not from a model)."""
-    import torch
 
     vae.dtype = {4: torch.float32, 2: torch.float16}[dtype_bytes]
     return policy.plan(vae, shape, available)[0]

@@ -26,6 +26,8 @@ import torch
 from common.units import GIB
 from memory.vae_grid import GridTiling, grid_candidates, grid_decode
 from memory.vae_stream import CHUNK_BYTES
+from configs.video import DECODE_SPEED
+import rocm
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +155,6 @@ def cudnn_workspace_reserve(device) -> int:
     """Bytes kept free beside the VAE tiles for cuDNN's convolution workspace on `device` (configs/video.py
     `cudnn_workspace_gb`): NVIDIA only; 0 on ROCm (MIOpen's scratch has its own limit) and on the CPU. The memory
     manager gives it to the decode policy and the plan before Start (memory/resolution.py) shows the same tiles."""
-    from configs.video import DECODE_SPEED
 
     if torch.device(device).type != "cuda" or torch.version.hip is not None:
         return 0
@@ -164,7 +165,6 @@ def streamed_decode(device) -> dict:
     """VaeDecodePolicy's streamed-decoder fields for the decode on `device` (configs/video.py): the streamed
     decoder on GPUs, channels-last on NVIDIA only. The memory manager and the plan before Start (memory/resolution.py)
     both take them from here."""
-    from configs.video import DECODE_SPEED
 
     streamed = DECODE_SPEED.streamed and torch.device(device).type == "cuda"
     return {"streamed": streamed, "chunk_bytes": DECODE_SPEED.stream_chunk_mb << 20,
@@ -172,8 +172,6 @@ def streamed_decode(device) -> dict:
 
 
 def is_oom(exc: BaseException) -> bool:
-    import rocm
-
     return rocm.classify_error(exc) == "oom"
 
 

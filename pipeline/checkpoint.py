@@ -9,6 +9,7 @@ from safetensors.torch import load_file, save
 
 from common.files import atomic_write_bytes
 from pipeline.jobs import CHECKPOINT
+from safetensors import safe_open
 
 
 def save_checkpoint(job, section, history: torch.Tensor, real: torch.Tensor, start_latent: torch.Tensor,
@@ -25,8 +26,6 @@ def save_checkpoint(job, section, history: torch.Tensor, real: torch.Tensor, sta
 
 
 def load_checkpoint(job_dir: Path) -> tuple[dict[str, torch.Tensor], dict]:
-    from safetensors import safe_open
-
     path = Path(job_dir) / CHECKPOINT
     with safe_open(str(path), "pt") as f:
         meta = dict(f.metadata() or {})

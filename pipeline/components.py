@@ -19,6 +19,9 @@ from configs.presets import ComponentSource, ModelPreset, get_preset
 from common.environment import read_environment
 from common.errors import WeightsNotFound
 from pipeline.text import template_crop_start
+from memory.loader import IncompatibleWeights, load_from_files
+from memory.llama_trim import trim_llama
+from pipeline.tiny import build_tiny_models
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +130,6 @@ def _model_class(role: str):
 def _load_role(role: str, folder: Path, src: ComponentSource):
     from transformers import AutoTokenizer, CLIPTokenizer, SiglipImageProcessorPil
 
-    from memory.loader import IncompatibleWeights, load_from_files
-    from memory.llama_trim import trim_llama
 
     dt = _dtype(src.dtype)
     if role == "tokenizer":
@@ -184,7 +185,6 @@ def load_components(preset: ModelPreset | str, mode: str = "original", model_dir
     """Load (or build) every component of `preset` for `mode` on the CPU, in eval mode without gradients."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
     if preset.tiny:
-        from pipeline.tiny import build_tiny_models
 
         parts = build_tiny_models(preset, mode)
         revisions = {role: f"tiny:seed={preset.tiny_seed}" for role in parts}

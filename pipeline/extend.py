@@ -33,6 +33,8 @@ from pipeline import sections as sec
 from common.errors import InputError
 from common.files import file_sha256
 from pipeline.video_input import FIELD, InputVideo, load_video
+from pipeline.jobs import CHECKPOINT, finished_video, load_job
+import time
 
 F1_HISTORY = sum(sec.HISTORY_F1)             # 19 latents of clean context
 
@@ -91,7 +93,6 @@ def min_frames(window: int) -> int:
 
 def job_source(job_dir: Path, request) -> tuple[ExtendSource, Image.Image]:
     from pipeline.checkpoint import load_checkpoint
-    from pipeline.jobs import CHECKPOINT, finished_video, load_job
 
     def refused(why: str, advice: str = "") -> InputError:
         return InputError(FIELD, f"{{file}}: {why}", path=job_dir, advice=advice)
@@ -171,7 +172,6 @@ def frames_to_model(frames: np.ndarray) -> torch.Tensor:
 def starting_point(run, drain):
     """(start latent, end latent (None), history, sections done) of an extension; `run` is the orchestrator's
     JobRun. A job folder gives its checkpoint (and, with its own seed, its random state); a video is encoded."""
-    import time
 
     source: ExtendSource = run.prepared.source
     if source.kind == "job":

@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from common.files import atomic_copy, atomic_write_bytes, atomic_write_json
+import io
 
 CHECKPOINT = "latents.safetensors"       # the latest section's latents and random state (pipeline/checkpoint.py)
 PACKAGES = ("torch", "diffusers", "transformers", "accelerate", "huggingface_hub", "safetensors", "av", "gradio",
@@ -120,8 +121,6 @@ class Job:
         self.save()
 
     def save_image(self, name: str, image) -> Path:
-        import io
-
         buf = io.BytesIO()
         image.save(buf, format="PNG")
         path = self.path(name)

@@ -41,6 +41,8 @@ from common.files import file_sha256
 from configs.lora import LORA
 from memory.deltas import WeightDelta, clear_deltas, set_deltas
 from common.errors import InputError
+from memory.hostpack import HostPack
+from memory.hostpack import _ATTR
 
 log = logging.getLogger(__name__)
 
@@ -328,7 +330,6 @@ def load_set(spec, folder, model: nn.Module) -> LoraSet:
 
 def attach(model: nn.Module, loras: LoraSet) -> None:
     """From now on every device copy of `model`'s weights has the LoRAs merged (none: the plain weights)."""
-    from memory.hostpack import HostPack
 
     pack = HostPack.of(model)
     set_deltas(pack, loras.deltas())
@@ -339,7 +340,6 @@ def attach(model: nn.Module, loras: LoraSet) -> None:
 
 def detach(model: nn.Module) -> None:
     """Forget the LoRAs (the host copy was never changed: the next load is the plain weights)."""
-    from memory.hostpack import _ATTR
 
     pack = model.__dict__.get(_ATTR)           # none yet: nothing was attached (never packs a model here)
     if pack is not None:

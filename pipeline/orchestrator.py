@@ -23,7 +23,7 @@ import torch
 import rocm
 from common.units import MIB
 from configs.video import DECODE_SPEED
-from memory import MemoryManager
+from memory.manager import MemoryManager
 from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError
 from memory.snapshot import host_rss_bytes
 from pipeline import extend, extend_resume

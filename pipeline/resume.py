@@ -20,6 +20,10 @@ from typing import Iterator
 from common.errors import InputError
 from pipeline.jobs import CHECKPOINT, load_job
 from pipeline.request import PreparedRequest, Request, prepare, setting_problems
+from configs import PRESETS
+from pipeline.cancel import CancelToken
+from pipeline.events import Failed
+from pipeline.jobs import Job
 
 @dataclass(frozen=True)
 class ResumeRequest:
@@ -67,7 +71,6 @@ def resume_request(job_dir: Path) -> tuple[Request, dict]:
 
 def prepare_resume(job_dir: str | Path) -> ResumeRequest:
     """Check a job folder for resuming and decode its images (once). Raises InputError naming what is wrong."""
-    from configs import PRESETS
 
     job_dir = Path(job_dir)
     request, info = resume_request(job_dir)
@@ -85,11 +88,8 @@ def prepare_resume(job_dir: str | Path) -> ResumeRequest:
 
 def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir=None) -> Iterator:
     """Continue the checked job folder `job` (from prepare_resume); yields the same events as generate()."""
-    from memory import MemoryManager
-    from pipeline.cancel import CancelToken
+    from memory.manager import MemoryManager
     from pipeline.checkpoint import load_checkpoint
-    from pipeline.events import Failed
-    from pipeline.jobs import Job
     from pipeline.orchestrator import JobRun, ResumeState, SavedSections
 
     if not isinstance(job, ResumeRequest):

@@ -10,6 +10,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from configs.presets import ModelPreset
+from memory.llama_trim import trim_llama
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,6 @@ def build_tiny_models(preset: ModelPreset, mode: str) -> dict:
     from diffusers import AutoencoderKLHunyuanVideo, HunyuanVideoFramepackTransformer3DModel
     from transformers import CLIPTextConfig, CLIPTextModel, SiglipVisionConfig, SiglipVisionModel
 
-    from memory.llama_trim import trim_llama
 
     cfg = preset.tiny_configs
     seed = preset.tiny_seed

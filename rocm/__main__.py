@@ -13,6 +13,8 @@ import json
 import logging
 import os
 import sys
+from rocm.env import apply_env_profile
+from rocm.doctor_text import render_text
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,12 +44,10 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
-    from rocm.env import apply_env_profile
 
     user_env = dict(os.environ)
     apply_env_profile()            # before torch, exactly like app.py / the CLI
     from rocm.doctor import collect
-    from rocm.doctor_text import render_text
 
     tiers = tuple(int(t) for t in args.probe_tiers.split(",") if t.strip())
 

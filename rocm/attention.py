@@ -16,6 +16,7 @@ import warnings
 from typing import Callable
 
 from common.units import GIB
+from rocm.allocator import synchronize
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,6 @@ def _backends():
 
 def _timed(fn, device, reps: int, warmup: int) -> float:
     """Median milliseconds of ``fn()`` over ``reps`` runs after ``warmup`` (synchronised around each)."""
-    from rocm.allocator import synchronize
 
     times = []
     for i in range(warmup + reps):

@@ -38,6 +38,8 @@ from rocm.probe import HangProbe, ProbeJob
 from rocm.signature import ConvSignature, ConvSpec, normalize_call
 from rocm.stats import FallbackStats, StatsCollector
 from rocm.verdicts import VerdictStore, build_of, verdict_path
+import torch.nn.functional as F
+from rocm.env import apply_torch_settings
 
 logger = logging.getLogger(__name__)
 _NATIVE = {"conv2d": torch.conv2d, "conv3d": torch.conv3d}
@@ -155,12 +157,9 @@ class ConvFallback:
                 self._unpatch()
 
     def _patch(self) -> None:
-        import torch.nn.functional as F
-
         if self._saved is None:
             self._saved = tuple(patches.patch(F, op, self._entries[op], "rocm.ConvFallback")
                                 for op in ("conv2d", "conv3d"))
-            from rocm.env import apply_torch_settings
 
             apply_torch_settings()
             logger.debug("conv fallback installed")

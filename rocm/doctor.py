@@ -26,6 +26,9 @@ from rocm.paths import cache_dir
 from rocm.tiers import TIER_NAMES
 from rocm.verdicts import list_files, reset as reset_verdicts, verdict_path
 from common.units import GIB
+from rocm.signature import ConvSignature
+import torch
+from rocm.probe import HangProbe, ProbeJob
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +47,6 @@ SMALL_PROBE_SHAPES = (
 
 
 def probe_signatures(runtime, *, small: bool, dtype: str):
-    from rocm.signature import ConvSignature
-
     shapes = SMALL_PROBE_SHAPES if small else VAE_PROBE_SHAPES
     device_type = "cpu" if runtime.backend == "cpu" else "cuda"
     return [(name, ConvSignature("conv3d", x, w, (1, 1, 1), (0, 0, 0), (1, 1, 1), 1, dtype, device_type,
@@ -53,8 +54,6 @@ def probe_signatures(runtime, *, small: bool, dtype: str):
 
 
 def _attention_flags() -> dict:
-    import torch
-
     out = {"sdpa_flash_enabled": torch.backends.cuda.flash_sdp_enabled(),
            "sdpa_mem_efficient_enabled": torch.backends.cuda.mem_efficient_sdp_enabled(),
            "sdpa_math_enabled": torch.backends.cuda.math_sdp_enabled()}
@@ -78,8 +77,6 @@ def planned_probe_tiers(plan, requested) -> tuple[list[int], dict[str, str]]:
 
 
 def _probe_table(runtime, *, tiers, small, timeout_s, dtype, progress=None) -> list[dict]:
-    from rocm.probe import HangProbe, ProbeJob
-
     vendor = conv_plan(runtime).vendor_in_decomposition
     named = probe_signatures(runtime, small=small, dtype=dtype)
     jobs = [(name, ProbeJob(sig, tier, vendor)) for name, sig in named for tier in tiers]
@@ -188,7 +185,6 @@ def collect(*, probe: bool | None = None, probe_timeout_s: float = 30.0, probe_t
     topology / torch device (tests). ``progress``: called with one line per step while probing and timing."""
     env = dict(os.environ if environ is None else environ)
     kfd = detect_arch(topology_nodes)
-    import torch
 
     facts = device_facts or torch_device_facts()
     rt = resolve_runtime(facts, kfd if facts.backend == "rocm" else None, env)

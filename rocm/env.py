@@ -22,6 +22,7 @@ from configs.rocm_profiles import (ALLOC_CONF_VAR, ALLOC_CONF_VARS, AOTRITON_EXP
 from rocm import env_facts as facts
 from rocm.arch import arch_family, detect_arch
 from rocm.paths import build_tag, cache_dir, installed_torch_version
+from configs.memory import MEMORY
 
 logger = logging.getLogger(__name__)
 
@@ -236,7 +237,6 @@ def _cuda_allocator(env: MutableMapping[str, str], report: EnvReport) -> None:
     runs slower kernels with other rounding: on an H100 a decode after such a history took 1.11× as long and gave
     other frames; with expandable segments it gave the same frames as on a clean allocator, 0.90× the time
     (benchmarks/vae_repeat.py --fragment)."""
-    from configs.memory import MEMORY
 
     user = [v for v in ALLOC_CONF_VARS if v in env]
     if user:

@@ -19,6 +19,8 @@ from typing import Mapping
 
 from common.environment import CONV_FAULTS, read_environment
 from rocm.errors import HIP_OOM_TEXT, MIOPEN_UNKNOWN_TEXT, NO_ALGORITHM_TEXT
+import subprocess
+import sys
 
 logger = logging.getLogger(__name__)
 KINDS = ("miopen_unknown", "no_algorithm", "hip_oom", "oom", "hang", "crash", "error")
@@ -87,8 +89,6 @@ class FaultPlan:
     def _fire(fault: Fault, in_child: bool) -> None:
         if fault.kind == "hang":
             if in_child and fault.grandchild:
-                import subprocess
-                import sys
 
                 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
             time.sleep(fault.seconds)

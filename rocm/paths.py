@@ -8,6 +8,7 @@ from typing import Mapping
 
 from common.environment import read_environment
 from configs.rocm_profiles import DEFAULTS
+from importlib import metadata
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -23,7 +24,6 @@ def safe_name(text: str) -> str:
 
 def installed_torch_version() -> str | None:
     """The installed torch distribution's version (e.g. '2.5.1+rocm6.2') without importing torch."""
-    from importlib import metadata
 
     try:
         return metadata.version("torch")

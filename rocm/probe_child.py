@@ -23,6 +23,9 @@ import sys
 import time
 
 from common.environment import read_environment
+from rocm.signature import ConvSignature
+from rocm.errors import classify_error
+from rocm.faults import FaultPlan
 
 PREFIX = "SFPROBE "
 _PR_SET_PDEATHSIG = 1       # linux/prctl.h
@@ -93,7 +96,6 @@ def run_job(job: dict, device, plan) -> dict:
     import torch
 
     from rocm import tiers
-    from rocm.signature import ConvSignature
 
     sig = ConvSignature.from_dict(job["signature"])
     dtype = getattr(torch, sig.dtype)
@@ -121,8 +123,6 @@ def main() -> int:
     header = json.loads(sys.stdin.readline())
     import torch
 
-    from rocm.errors import classify_error
-    from rocm.faults import FaultPlan
 
     plan = FaultPlan.from_env()
     device = torch.device(header.get("device", "cpu"))

@@ -24,6 +24,7 @@ from common.patches import Patch
 from common.units import GIB
 from configs.rocm_profiles import AOTRITON_EXPERIMENTAL_VAR
 from rocm.env import aotriton_gated
+from rocm.arch import detect_runtime
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,6 @@ class AttentionGuard:
 
     def _gate_note(self) -> str | None:
         if self.gate_note is None and self.device.type == "cuda":
-            from rocm.arch import detect_runtime
 
             runtime = detect_runtime(self.device)
             self.gate_note = aotriton_note(runtime.backend, runtime.arch, os.environ) or ""

@@ -17,7 +17,8 @@ def main(folder: str) -> None:
     from transformers import LlamaModel
 
     from configs.memory import MEMORY
-    from memory import HostPack, MemoryManager
+    from memory.hostpack import HostPack
+    from memory.manager import MemoryManager
     from memory.hostbudget import process_overhead, rss_breakdown
     from memory.hostplan import StageUse
     from memory.loader import load_from_files

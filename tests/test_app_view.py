@@ -152,7 +152,8 @@ def test_upload_path(value, expected):
 
 
 def test_memory_plot_and_timings_table():
-    from memory import MemorySnapshot, StageRecord
+    from memory.manager import StageRecord
+    from memory.snapshot import MemorySnapshot
 
     GB = 1024 ** 3
 

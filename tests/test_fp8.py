@@ -8,7 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from memory import HostPack, MemoryManager, fp8
+from memory import fp8
+from memory.hostpack import HostPack
+from memory.manager import MemoryManager
 from memory.hostplan import StageUse
 from pipeline.components import load_components
 from pipeline.events import Done

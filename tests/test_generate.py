@@ -135,7 +135,7 @@ def test_stop_before_any_section_ends_cleanly(tiny_original, tmp_path):
 
 
 def test_failure_marks_job_failed_and_keeps_finished_sections(tiny_original, tmp_path, monkeypatch):
-    from memory import MemoryManager
+    from memory.manager import MemoryManager
 
     memory = MemoryManager(device="cpu")
     real_decode = memory.decode_vae

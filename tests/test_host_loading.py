@@ -12,7 +12,8 @@ import sys
 import pytest
 import torch
 
-from memory import HostPack, MemoryManager
+from memory.hostpack import HostPack
+from memory.manager import MemoryManager
 from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError, StageUse
 from common.units import GIB
 from pipeline.components import MODEL_ROLES, load_components

@@ -10,7 +10,8 @@ from diffusers.hooks import HookRegistry
 
 import memory.lateload as lateload
 from common.units import GIB
-from memory import HostPack, MemoryManager
+from memory.hostpack import HostPack
+from memory.manager import MemoryManager
 from pipeline.components import load_components
 from tests.test_host_loading import saved  # noqa: F401  (the module-scoped fixture: tiny models in the repos' layout)
 from tests.test_loading import HUNYUAN_FP32

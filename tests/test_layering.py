@@ -42,8 +42,9 @@ def _resolve(name: str) -> str | None:
     return None
 
 
-def _imports(module: str) -> list[tuple[str, bool]]:
-    """(imported name, inside a function?) for every import of the module; `from a import b` gives a.b and a."""
+def _imports(module: str) -> list[tuple[str, bool, int]]:
+    """(imported name, inside a function?, line) for every import of the module; `from a import b` gives a.b and
+    a."""
     tree = ast.parse(FILES[module].read_text("utf-8"))
     package = module if FILES[module].name == "__init__.py" else module.rpartition(".")[0]
     found = []
@@ -52,13 +53,14 @@ def _imports(module: str) -> list[tuple[str, bool]]:
         for child in ast.iter_child_nodes(node):
             nested = inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             if isinstance(child, ast.Import):
-                found.extend((a.name, nested) for a in child.names)
+                found.extend((a.name, nested, child.lineno) for a in child.names)
             elif isinstance(child, ast.ImportFrom):
                 base = child.module or ""
                 if child.level:
                     up = package.split(".")[: len(package.split(".")) - child.level + 1]
                     base = ".".join(up + ([base] if base else []))
-                found.extend([(f"{base}.{a.name}", nested) for a in child.names] + [(base, nested)])
+                found.extend([(f"{base}.{a.name}", nested, child.lineno) for a in child.names]
+                             + [(base, nested, child.lineno)])
             visit(child, nested)
 
     visit(tree, False)
@@ -69,7 +71,7 @@ def _imports(module: str) -> list[tuple[str, bool]]:
 def _edges(module: str) -> tuple[tuple[str, bool], ...]:
     """Internal modules the module imports: (module, inside a function?), each once (a top-level import wins)."""
     out: dict[str, bool] = {}
-    for name, inside in _imports(module):
+    for name, inside, _ in _imports(module):
         target = _resolve(name) if name.split(".")[0] in PACKAGES else None
         # a package's own __init__ seen from inside the package is not an edge (Python runs it first anyway)
         if target and target != module and not (FILES[target].name == "__init__.py"
@@ -80,11 +82,17 @@ def _edges(module: str) -> tuple[tuple[str, bool], ...]:
 
 @lru_cache(maxsize=None)
 def _loads_at_import(module: str) -> frozenset[str]:
-    """The heavy libraries importing the module loads (its top-level imports, followed through the package)."""
-    heavy = {n.split(".")[0] for n, inside in _imports(module) if not inside and n.split(".")[0] in HEAVY}
-    for target, inside in _edges(module):
-        if not inside:
-            heavy |= _loads_at_import(target)
+    """The heavy libraries importing the module loads: its top-level imports and its packages' __init__ files,
+    followed through the package code."""
+    heavy, seen, todo = set(), set(), [module]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        heavy |= {n.split(".")[0] for n, inside, _ in _imports(m) if not inside and n.split(".")[0] in HEAVY}
+        todo += [t for t, inside in _edges(m) if not inside]
+        todo += [p for p in (m.rsplit(".", k)[0] for k in range(1, m.count(".") + 1)) if p in FILES]
     return frozenset(heavy)
 
 
@@ -140,26 +148,28 @@ def test_no_file_circle():
     assert not circles, circles
 
 
+def _defers(module: str, name: str, already: frozenset[str]) -> set[str]:
+    """What importing `name` inside a function of `module` defers: heavy libraries the module does not load yet (or
+    a module of one platform)."""
+    top = name.split(".")[0]
+    if top in PACKAGES:
+        target = _resolve(name)
+        if target is None or target == module:
+            return set()
+        return set(_loads_at_import(target) - already)
+    return {top} - already if top in HEAVY else {top} & ONE_PLATFORM
+
+
 def test_an_import_inside_a_function_defers_something_heavy():
     wrong = []
     for module in FILES:
         already = _loads_at_import(module)
-        for name, inside in _imports(module):
-            top = name.split(".")[0]
-            if not inside or not name:
-                continue
-            if top in PACKAGES:
-                target = _resolve(name)
-                if target is None or target == module or FILES[target].name == "__init__.py" \
-                        and module.startswith(target + "."):
-                    continue
-                deferred = _loads_at_import(target) - already
-            elif top in HEAVY:
-                deferred = {top} - already
-            else:
-                deferred = {top} & ONE_PLATFORM
-            if not deferred:
-                wrong.append(f"{module}: {name}")
+        statements: dict[int, list[str]] = {}
+        for name, inside, line in _imports(module):
+            if inside and name:
+                statements.setdefault(line, []).append(name)
+        wrong += [f"{module}: {names[-1]}" for names in statements.values()
+                  if not any(_defers(module, n, already) for n in names)]
     assert not wrong, f"{len(wrong)} imports inside functions defer nothing heavy: {sorted(set(wrong))}"
 
 

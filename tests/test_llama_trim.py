@@ -12,7 +12,8 @@ from transformers import LlamaConfig, LlamaModel
 
 from common.units import GIB
 from configs.presets import HUNYUAN, TINY
-from memory import HostPack, MemoryManager
+from memory.hostpack import HostPack
+from memory.manager import MemoryManager
 from memory.chunk import _align
 from memory.estimate import REAL_LLAMA_CONFIG, _chunk_sizes, _items, nominal_models, nominal_plan
 from memory.hostplan import PER_JOB, StageUse

@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import save_file
 
 from common.units import GIB
-from memory import HostPack, MemoryManager
+from memory.hostpack import HostPack
+from memory.manager import MemoryManager
 from pipeline import lora
 from common.errors import InputError
 from tests.conftest import make_image

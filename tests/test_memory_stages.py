@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from memory import MemoryManager, MemorySnapshot
+from memory.manager import MemoryManager
+from memory.snapshot import MemorySnapshot
 from pipeline.events import Done
 from pipeline.request import Request
 from tests.conftest import make_image, run_job
@@ -94,7 +95,7 @@ def test_budget_and_workload_are_explicit(tiny_original):
 def test_the_pinning_flag_decides_whether_host_copies_are_pinned(tiny_original, monkeypatch):
     """Observed without a GPU: what the manager asks the host packs for. With the flag on and a GPU device they
     are asked to pin; with it off (--no-pin), or on a CPU run, never."""
-    from memory import HostPack
+    from memory.hostpack import HostPack
 
     asked = []
     monkeypatch.setattr(HostPack, "set_pinned", lambda self, pinned: asked.append(pinned) or 0.0)
@@ -111,7 +112,7 @@ def test_the_pinning_flag_decides_whether_host_copies_are_pinned(tiny_original, 
 
 
 def test_prepare_packs_ahead():
-    from memory import HostPack
+    from memory.hostpack import HostPack
     from memory.hostpack import _ATTR
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))

@@ -5,7 +5,8 @@ import pytest
 import torch
 from diffusers import HunyuanVideoFramepackTransformer3DModel
 
-from memory import HostPack, MemoryManager
+from memory.hostpack import HostPack
+from memory.manager import MemoryManager
 from memory.hostpack import block_list
 from common.units import GIB
 from memory.streaming import BlockStreamer

@@ -6,7 +6,7 @@ import contextlib
 import pytest
 import torch
 
-from memory import MemoryManager
+from memory.manager import MemoryManager
 from memory.vae import VaeDecodePolicy, VaeTiling, candidates, is_oom, memory_estimate, scratch_estimate, work
 
 REAL = (9, 76, 80)          # 33 frames at 608×640, in latents

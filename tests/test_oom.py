@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from memory import MemoryManager
+from memory.manager import MemoryManager
 from pipeline.checkpoint import load_checkpoint
 from pipeline.events import Done, Failed, LogLine
 from pipeline.request import Request

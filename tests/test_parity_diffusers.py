@@ -61,7 +61,7 @@ def our_latents(components, image, prompt, tmp_path, *, mode, window, sections, 
     req = Request(image=image, prompt=prompt, end_image=end_image, seconds=seconds, seed=SEED, steps=STEPS,
                   gs=10.0, latent_window=window, mode=mode, sampler="euler", teacache=0.0, resolution=64,
                   end_embed_weight=end_embed_weight, fps=fps)
-    from memory import MemoryManager
+    from memory.manager import MemoryManager
 
     events, last = run_job(req, components, tmp_path, memory=MemoryManager(device="cpu"))   # fp32 on the CPU
     assert isinstance(last, Done), getattr(last, "detail", last)
@@ -99,7 +99,7 @@ def test_end_frame_latent_matches_diffusers(tiny_original, tmp_path):
 def test_end_frame_embedding_is_blended(tiny_original, tmp_path):
     """Our decision: the image conditioning is (1 − a)·start + a·end (a = 0.5 by default), where diffusers
     computes the blend and then ignores it."""
-    from memory import MemoryManager
+    from memory.manager import MemoryManager
     from pipeline.request import Request
 
     image, end = make_image(64, 64, seed=3), make_image(64, 64, seed=4)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from diffusers import AutoencoderKLHunyuanVideo
 
-from memory import HostPack
+from memory.hostpack import HostPack
 from memory.parking import ParkedBlocks
 from memory.vae import VaeDecodePolicy, memory_estimate
 from pipeline.components import load_components
@@ -112,7 +112,7 @@ def test_room_is_the_first_tilings_peak_and_its_workspace():
 def test_a_job_binds_the_parked_blocks_in_its_next_section_and_gives_the_same_video(saved, tmp_path,  # noqa: F811
                                                                                    monkeypatch):
     from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError
-    from memory import MemoryManager
+    from memory.manager import MemoryManager
     from common.units import GIB
     from pipeline.events import Done
     from pipeline.request import Request

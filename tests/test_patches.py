@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from common import patches
-from memory import MemoryManager
+from memory.manager import MemoryManager
 from rocm.sdpa import AttentionGuard
 from memory.vae import VaeDecodePolicy
 from pipeline.events import Done, Failed

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from memory import MemoryManager
+from memory.manager import MemoryManager
 from pipeline.events import Done
 from pipeline.prompt_cache import PromptCache, cache_key, prompt_cache_dir
 from pipeline.request import Request

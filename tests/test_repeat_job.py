@@ -18,7 +18,8 @@ import torch
 from safetensors.torch import load_file
 
 from configs.presets import HUNYUAN
-from memory import HostPack, MemoryManager
+from memory.hostpack import HostPack
+from memory.manager import MemoryManager
 from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError
 from common.units import GIB
 from pipeline.components import _dtype, load_components

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from memory import MemoryManager
+from memory.manager import MemoryManager
 from pipeline.events import Done
 from pipeline.request import Request
 from rocm.conv_fallback import ConvFallback

@@ -138,7 +138,7 @@ def test_the_users_allocator_setting_wins_on_nvidia_and_the_config_can_turn_ours
     report = rocm_apply(env, nodes)
     assert env == {"PYTORCH_ALLOC_CONF": "max_split_size_mb:128"} and report.set == {}
     assert report.kept["PYTORCH_ALLOC_CONF"] == ("max_split_size_mb:128", "expandable_segments:True")
-    monkeypatch.setattr("configs.memory.MEMORY", dataclasses.replace(MEMORY, cuda_expandable_segments=False))
+    monkeypatch.setattr("rocm.env.MEMORY", dataclasses.replace(MEMORY, cuda_expandable_segments=False))
     env = {}
     assert rocm_apply(env, nodes).set == {} and env == {}
 

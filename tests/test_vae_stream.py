@@ -198,7 +198,7 @@ def test_gpus_decode_streamed_and_the_cpu_with_diffusers_decoder(monkeypatch):
     assert nvidia["streamed"] and nvidia["channels_last"] and nvidia["chunk_bytes"] == 1 << 30
     monkeypatch.setattr(torch.version, "hip", "6.2")
     assert streamed_decode("cuda")["streamed"] and not streamed_decode("cuda")["channels_last"]
-    from memory import MemoryManager
+    from memory.manager import MemoryManager
 
     assert MemoryManager(device="cpu").vae_policy.streamed is False
 

@@ -1,7 +1,6 @@
 """Safetensors files read in place: sharded indexes, pread into a buffer, zero-copy views, clear errors."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import struct
 
@@ -118,7 +117,6 @@ def _aligned(nbytes: int) -> torch.Tensor:
 def test_direct_read_widens_to_blocks_and_returns_where_the_bytes_start(tmp_path, monkeypatch):
     import os
 
-    from configs.memory import MEMORY
     from memory.weightfiles import DIRECT_ALIGN, PARALLEL_PIECE
 
     g = torch.Generator().manual_seed(4)
@@ -135,13 +133,12 @@ def test_direct_read_widens_to_blocks_and_returns_where_the_bytes_start(tmp_path
             assert 0 <= start < DIRECT_ALIGN
             assert torch.equal(slot[start:start + n], big[pos:pos + n])
     assert src.file.read_direct(slot[1:], src.offset, 10) is None                  # an unaligned slot: not direct
-    monkeypatch.setattr("configs.memory.MEMORY", dataclasses.replace(MEMORY, direct_io=False))
-    fresh = WeightFiles.open(tmp_path).tensors["big"]
-    assert fresh.file.read_direct(slot, fresh.offset, 10) is None                  # turned off: buffered reads
+    from memory.chunkload import Staging
+
+    assert not Staging(torch.device("cpu"), direct=False).direct                   # turned off: buffered reads
 
 
 def test_staging_uploads_the_same_bytes_with_and_without_direct_reads(tmp_path, monkeypatch):
-    from configs.memory import MEMORY
     from memory.chunkload import Staging
 
     g = torch.Generator().manual_seed(5)
@@ -149,8 +146,7 @@ def test_staging_uploads_the_same_bytes_with_and_without_direct_reads(tmp_path, 
     save_file({"pad": torch.ones(3, dtype=torch.uint8), "big": big}, str(tmp_path / "model.safetensors"))
     src = WeightFiles.open(tmp_path).tensors["big"]
     for direct in (True, False):
-        monkeypatch.setattr("configs.memory.MEMORY", dataclasses.replace(MEMORY, direct_io=direct))
-        staging = Staging(torch.device("cpu"), slot_bytes=1 << 20)     # three-plus pieces through a 1 MiB ring
+        staging = Staging(torch.device("cpu"), slot_bytes=1 << 20, direct=direct)    # 3+ pieces through 1 MiB
         staging._buffer = lambda i, s=staging: s._bufs[i] if i < len(s._bufs) else (
             s._bufs.append(_aligned(s.slot_bytes)) or s._bufs[i])
         dst = torch.zeros_like(big)

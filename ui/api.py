@@ -56,6 +56,7 @@ from ui import settings as st
 from ui.access import Access
 from ui.media import published
 from ui.view import done_status
+from ui.source_job import resolved
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,6 @@ class JobApi:
     # ---- endpoints ------------------------------------------------------------------------------------------------
     def video(self, values: dict, request: gr.Request = None, progress=None):
         """/video (see `video_endpoint`): `values` by control name."""
-        from ui.source_job import resolved
-
         user = self.access.user(request)
 
         def submit(session):

@@ -11,6 +11,9 @@ from ui.access import Access
 from ui.guard import HandlerGuard, HeapKeeper
 from ui.layout import Layout
 from ui.prompt_tokens import TokenCounter
+import torch
+from ui import hints
+from ui.memory_plan import size_line
 
 # Un-queued handlers running at once (a call beyond that returns at once, ui/guard.py): the expensive ones (memory
 # plan, token count: up to ~0.5 s each), one per tab; the cheap ones (hints, random seed, LoRA picker: < 50 ms)
@@ -50,7 +53,6 @@ def preserved_max_gb(cap_gb: float, device) -> float:
     """The most memory that can be preserved: the VRAM cap, or the card's memory when it has less."""
     top = float(cap_gb)
     if getattr(device, "type", "cpu") == "cuda":
-        import torch
 
         top = min(top, torch.cuda.get_device_properties(device).total_memory / 1024 ** 3)   # GB as memory/ counts them (GiB)
     return round(top, 1)
@@ -60,8 +62,6 @@ def preserved_text(preset, config: Config, device, preserved_gb, max_gb: float, 
                    window=9, image=None) -> str:
     """The page's memory plan: the residency plan of the preserved memory, then what the job's size costs
     (ui/memory_plan.py)."""
-    from ui import hints
-    from ui.memory_plan import size_line
 
     size, line = size_line(preset, config.vram_cap_gb, preset.default_resolution if resolution is None else
                            resolution, width, height, window, image, config.weight_storage)

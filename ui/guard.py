@@ -23,6 +23,7 @@ import ipaddress
 import logging
 import threading
 from typing import Callable
+from rocm.allocator import release_host_heap
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +104,6 @@ class HeapKeeper:
             self._timer.start()
 
     def _trim(self) -> None:
-        from rocm.allocator import release_host_heap
-
         release_host_heap()
         self.trims += 1
 

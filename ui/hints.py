@@ -6,6 +6,8 @@ import logging
 import math
 
 from configs import DEFAULTS, LIMITS, MEMORY
+from common.errors import InputError
+from memory.estimate import describe_preserved
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,6 @@ def timeline_hint(prompt, seconds, latent_window, mode, blend, fps: int = DEFAUL
     """For a timed prompt ([0s: …] [2s: …], pipeline/timeline.py): which prompt each section gets, or what is wrong
     with the timeline for this video ('' for a plain prompt). Bounded work; never raises."""
     from pipeline import sections, timeline
-    from common.errors import InputError
 
     s, w, b = number(seconds), number(latent_window), number(blend)
     if not isinstance(prompt, str) or not timeline.is_timeline(prompt[: LIMITS.prompt_chars_max]) or s is None \
@@ -105,7 +106,6 @@ def preserved_hint(preset, cap_gb: float, preserved_gb, device_type: str, host_r
     """What the preserved-memory slider means here, GPU and host side (memory.estimate.describe_preserved), never
     raising. A value that cannot work (more than the cap or the card holds, or a plan that runs out of memory)
     starts with "⚠ … cannot work" and says why."""
-    from memory.estimate import describe_preserved
 
     top = MEMORY.preserved_max_gb if max_gb is None else max_gb
     value = number(preserved_gb)

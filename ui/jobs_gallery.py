@@ -11,6 +11,9 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from pipeline.jobs import load_job
+import io
+from pipeline.jobs import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +136,6 @@ class JobEntry:
 
 
 def read_job(job_dir: Path) -> JobEntry | None:
-    from pipeline.jobs import load_job
-
     try:
         info = load_job(job_dir)
     except (OSError, ValueError) as e:
@@ -191,9 +192,7 @@ def video_thumbnail(video: Path, target: Path) -> Path | None:
         return None
     if frame.width > THUMBNAIL_WIDTH:
         frame = frame.resize((THUMBNAIL_WIDTH, max(1, round(frame.height * THUMBNAIL_WIDTH / frame.width))))
-    import io
 
-    from pipeline.jobs import atomic_write_bytes
 
     buf = io.BytesIO()
     frame.convert("RGB").save(buf, format="JPEG", quality=85)

@@ -13,6 +13,10 @@ from configs import LIMITS, MEMORY
 from configs.options import add_process_options, add_web_options, config_from
 from configs.presets import get_preset
 from configs.runtime import Config
+from memory.estimate import nominal_plan
+from memory.hostbudget import default_host_budget
+from memory.hostplan import HostBudgetError
+from ui.tempfiles import cleanup_lifespan
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +77,6 @@ def public_without_login(config: Config) -> bool:
 def host_budget_problem(config: Config, device_type: str) -> str | None:
     """Why no job can run under --host-ram-gb (even at the smallest preserved memory, which streams the least),
     checked at start before any model loads; None if a plan fits. Also logs the budget and where it comes from."""
-    from memory.estimate import nominal_plan
-    from memory.hostbudget import default_host_budget
-    from memory.hostplan import HostBudgetError
 
     if config.host_ram_gb is None:
         log.info("%s", default_host_budget()[1])
@@ -108,7 +109,6 @@ class LaunchOptions:
         uploads and shown videos once older than temp_max_age_s (ui/tempfiles.py says why not Gradio's own
         delete_cache)."""
         from ui.layout import CSS
-        from ui.tempfiles import cleanup_lifespan
 
         return {"server_name": self.server_name, "server_port": self.server_port, "share": self.share,
                 "inbrowser": self.inbrowser, "auth": self.auth or None, "allowed_paths": [],

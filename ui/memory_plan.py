@@ -8,6 +8,7 @@ import logging
 from common.errors import InputError
 from ui import hints, messages
 from ui import settings as st
+from pipeline.resolution import job_size, plan_text
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,6 @@ def image_size(value) -> tuple[int, int] | None:
 def size_line(preset, cap_gb: float, resolution, width, height, window, image=None,
               weight_storage: str = "native") -> tuple[tuple[int, int] | None, str]:
     """((height, width) of the job or None, the line for the page)."""
-    from pipeline.resolution import job_size, plan_text
 
     r, w, h, n = (hints.number(v) for v in (resolution, width or 0, height or 0, window))
     if r is None or w is None or h is None or n is None or r < 16 or not 1 <= n <= 64:

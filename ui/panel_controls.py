@@ -10,6 +10,8 @@ from ui import settings as st
 from ui.context import AppContext, preserved_text
 from ui.uploads import check_upload
 from ui.view import format_seconds
+from pipeline.request import Request
+from pipeline import sections
 
 SCROLL_LOG_JS = "() => { const t = document.querySelector('#log textarea'); if (t) t.scrollTop = t.scrollHeight; }"
 LONG_JOB_SECTIONS = 20          # more sections than this: Start asks for a confirmation, with the expected time
@@ -18,7 +20,6 @@ HIDDEN = dict(queue=False, show_progress="hidden")
 
 def expected_time(ctx: AppContext, seconds, window, mode, steps) -> str:
     """'expected time about 3 min (at the speed of this app's last job)', or '' when nothing can be said."""
-    from pipeline.request import Request
 
     s, w, n = hints.number(seconds), hints.number(window), hints.number(steps)
     if s is None or w is None or n is None or not isinstance(mode, str) or w != int(w) or n != int(n):
@@ -34,8 +35,6 @@ def expected_time(ctx: AppContext, seconds, window, mode, steps) -> str:
 
 
 def section_count(seconds, window, mode) -> int | None:
-    from pipeline import sections
-
     s, w = hints.number(seconds), hints.number(window)
     if s is None or w is None:
         return None

@@ -15,6 +15,8 @@ from ui import jobs_gallery
 from ui import settings as st
 from ui.context import AppContext
 from ui.media import published
+from PIL import Image
+from pipeline.jobs import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +82,7 @@ class JobsPanel:
         job_dir = getattr(view.result, "job_dir", None)
         if view.video is not None or view.preview is None or job_dir is None or not Path(job_dir).is_dir():
             return
-        from PIL import Image
 
-        from pipeline.jobs import atomic_write_bytes
 
         buf = io.BytesIO()
         Image.fromarray(view.preview).save(buf, format="PNG")

@@ -22,6 +22,7 @@ from ui.panel_jobs import JobsPanel
 from jobs.runner import SessionBusy
 from jobs.text import waiting_text
 from ui.view import JobView, progress_html
+from ui.source_job import resolved
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,6 @@ class RunPanel:
                 "shorten it.")
 
     def submit(self, request: gr.Request, *values):
-        from ui.source_job import resolved
-
         user = self.ctx.access.user(request)
         try:
             job = st.request_from_values(dict(zip(st.CONTROLS, values)))           # uploads only

@@ -10,6 +10,9 @@ import threading
 from pathlib import Path
 
 from configs import LIMITS
+from pipeline.timeline import is_timeline
+from common.errors import InputError
+from pipeline.timeline import parse
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +78,6 @@ class TokenCounter:
         timed prompt ([0s: …] [2s: …], pipeline/timeline.py): what is wrong with it, or the count of its longest
         part (each part is encoded on its own)."""
         from pipeline.text import LLAMA_MAX_TOKENS
-        from pipeline.timeline import is_timeline
 
         if not isinstance(prompt, str):
             return ""
@@ -94,9 +96,6 @@ class TokenCounter:
                 f'{limit} tokens are used; the rest is cut. Shorten the prompt.</span>')
 
     def _timeline_markdown(self, prompt: str, limit: int) -> str:
-        from common.errors import InputError
-        from pipeline.timeline import parse
-
         try:
             timeline = parse(prompt)
         except InputError as e:

@@ -67,6 +67,9 @@ from common.errors import InputError
 from jobs.runner import Runner
 from ui import settings as st
 from ui.access import Access
+from pipeline.request import Request
+from ui.source_job import resolved_values
+from ui.api import VIDEO_DOC, video_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +93,6 @@ class QueueActions:
     def _request(self, values: Mapping[str, Any], user: str | None):
         """A client's job (its files already checked as uploads; a job to extend, named by its id, looked up)."""
         from pipeline.lora import names_only
-        from pipeline.request import Request
-        from ui.source_job import resolved_values
 
         names_only(values.get("loras"))                     # LoRAs by their names in the LoRA folder only
         return Request.from_mapping(resolved_values(values, self.store.outputs, self.access, user))
@@ -238,8 +239,6 @@ class QueueApi:
             raise gr.Error(str(e), title="Please check the input", print_exception=False) from None
 
     def register(self, controls: list, table=TABLE) -> None:
-        from ui.api import VIDEO_DOC, video_endpoint
-
         with gr.Group(visible=False):
             trigger = gr.Button(visible=False)
             job = gr.Textbox(label="job", visible=False)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from configs.controls import CONTROLS as TABLE, Control
+from common.errors import InputError
 
 # Request field names of the page's controls, in the order the handlers receive their values.
 CONTROLS = tuple(c.name for c in TABLE if c.widget)
@@ -74,7 +75,6 @@ def client_file(value: Any, field: str) -> str | None:
     the value names none. A path that is not a file in Gradio's upload folder, after links are followed, is refused
     with one message whatever is there: a client learns nothing about the server's files. Raises InputError naming
     the field."""
-    from common.errors import InputError
 
     path = upload_path(value)
     if path is None and _names_no_file(value):
