@@ -1,7 +1,7 @@
 """The size of a job: the bucket of its start image at the target resolution, or a custom width × height; and the
 check, before any model loads, that the size fits under the VRAM cap (memory/resolution.py), with the nearest size
-that does when it does not. The page (ui/runner.py, at Start and for the /video API) and the command line
-(cli/commands.py) call `check_fits`; the page's memory plan shows `plan_text`."""
+that does when it does not. The one pre-flight (jobs/preflight.py: every job of the page, the API, the queue and
+the command line) calls `check_fits`; the page's memory plan shows `plan_text`."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -226,7 +226,7 @@ def test_queue_runs_in_click_order_and_tells_each_waiting_tab_its_place(server, 
             waiting = [_wait_status(p, "in line") for p in tabs[1:]]
             assert "2nd in line (1 job ahead of yours)" in waiting[0], waiting
             assert "3rd in line (2 jobs ahead of yours)" in waiting[1], waiting
-            if server.runner.rates is not None:                        # a job has been timed: a wait in seconds
+            if server.runner.speed.rates is not None:                        # a job has been timed: a wait in seconds
                 assert all("It should start in about" in w for w in waiting), waiting
             _shot(tabs[2], "desktop_third_in_line", full=False)
         for page in tabs:
@@ -358,7 +358,7 @@ def test_a_long_job_shows_its_expected_time_and_asks_before_it_starts(server, br
         page.locator("#start-btn").click()
         question = _wait_status(page, "Start again")
         assert re.search(r"This video has \d+ sections", question), question
-        if server.runner.rates is not None:
+        if server.runner.speed.rates is not None:
             assert "expected time about" in question, question
         time.sleep(1.0)
         assert set(server.jobs()) == before                     # nothing started

@@ -75,7 +75,18 @@ def test_a_new_control_appears_on_the_page_and_in_the_api():
 
 def test_api_values_reach_validation_by_name(tmp_path):
     """/video hands every control's value to the request checks under its name (a fake control included)."""
-    api = JobApi(None, 64)
+    from configs.runtime import Config
+    from jobs.preflight import Preflight
+
+    class Checks:                       # the runner's first step: the one pre-flight (the job is refused there)
+        preflight = Preflight(Config(preset="tiny", outputs=tmp_path / "out"))
+        outputs = tmp_path / "out"
+
+        def submit(self, job, **_):
+            self.preflight.prepare(job)
+            raise AssertionError("the job passed the checks")
+
+    api = JobApi(Checks())
     api.table = FAKE_TABLE
     endpoint = video_endpoint(api.video, FAKE_TABLE)
     page = st.default_values(64, FAKE_TABLE)            # Gradio sends every control's value (the page's default)

@@ -1,4 +1,4 @@
-"""Jobs started with /video (the Start button's path: JobRunner.reserve) survive the app being killed:
+"""Jobs started with /video (the Start button's path: Runner.submit) survive the app being killed:
 `python app.py --preset tiny` with one /video job running and two waiting in its line is killed (SIGKILL), started
 again on the same outputs folder, and all three finish from the queue; the interrupted one continues in its own folder
 (from its last finished section, or from the start when it had none) and equals an uninterrupted run of the same job."""

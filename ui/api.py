@@ -112,7 +112,7 @@ class JobApi:
     # ---- helpers --------------------------------------------------------------------------------------------------
     def _submit(self, request: gr.Request, submit) -> Job:
         try:
-            return submit(request.session_hash)
+            return submit(getattr(request, "session_hash", None))     # no request: a direct call (tests, scripts)
         except InputError as e:
             log.info("API input rejected: %s", e)
             raise gr.Error(str(e), title="Please check the input", print_exception=False) from None

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from common.files import atomic_path
+
 SIZE = (640, 480)
 
 
@@ -79,8 +81,7 @@ def write_examples(folder: Path) -> list[list[str]]:
     for name, draw, prompt in EXAMPLES:
         path = folder / name
         if not path.is_file():
-            tmp = folder / f".{name}.tmp"
-            draw().save(tmp, format="PNG")
-            tmp.replace(path)
+            with atomic_path(path, fsync=False) as tmp:
+                draw().save(tmp, format="PNG")
         rows.append([str(path), prompt])
     return rows

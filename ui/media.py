@@ -1,5 +1,5 @@
 """What the page may show of the outputs folder: a job's videos, its thumbnail, its images. The outputs folder itself
-is never served (ui/cli.py blocks it: the queue's database, job.json files); a file the page shows is first copied
+is never served (ui/launch.py blocks it: the queue's database, job.json files); a file the page shows is first copied
 into Gradio's upload folder, named by its content's hash as Gradio names its own copies, and that copy is served.
 The copies are Gradio's temporary files, deleted by ui/tempfiles.py after --temp-max-age."""
 from __future__ import annotations

@@ -8,8 +8,8 @@ ends the cleanup task for good (tests/test_server_soak.py showed it). Here every
 error is logged, never fatal.
 
 A file that a waiting or running job will read is never swept: the events in Gradio's queue (waiting or being
-processed) name their uploads, and those are skipped; once a job is reserved its images are copies in the job's
-own staging folder under outputs/ (ui/runner.py), which no sweep touches.
+processed) name their uploads, and those are skipped; once a job is queued it reads the queue's own copies of its
+files under outputs/.queue/ (jobs/store.py), which no sweep touches.
 """
 from __future__ import annotations
 
