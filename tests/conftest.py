@@ -67,7 +67,18 @@ def long_test_limit(item) -> int | None:
                  if name.startswith(key if "::" in key else key + "::")), None)
 
 
+# The test files that take longest (their tests together, on a 2-core machine), longest first: the suite runs on two
+# workers (pytest-xdist, whole files to one worker: pyproject.toml), which take files in this order first, then the
+# others, so neither waits long for the other at the end.
+LONGEST_FILES = ("test_kill_anywhere.py", "test_farm.py", "test_resume.py", "test_server_fuzz.py",
+                 "test_newcomer.py", "test_server_soak.py", "test_browser_ui.py", "test_queue_restart.py",
+                 "test_server_idle.py", "test_cli.py", "test_server_abuse.py", "test_queue_line_restart.py",
+                 "test_browser.py", "test_extend.py", "test_runner.py", "test_vae_stream.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))      # stable: file order kept within a rank
     for item in items:
         limit = long_test_limit(item)
         if limit is None:

@@ -28,7 +28,7 @@ JOB = ["--preset", "tiny", "--prompt", "a lighthouse in a storm", "--seconds", "
        "11", "--teacache", "0.1", "-q"]
 EXTEND = ["--preset", "tiny", "--mode", "f1", "--prompt", "the storm passes", "--seconds", "2.2", "--steps", "3",
           "--seed", "5", "-q"]
-RANDOM_KILLS = 10
+RANDOM_KILLS = 5
 SCHEDULE_SEED = 27
 
 
@@ -108,7 +108,7 @@ def test_the_same_request_gives_the_same_bytes_every_run(reference):
 def test_a_job_killed_at_random_moments_resumes_to_the_same_video(procs, image, reference, tmp_path):
     _, expected, _, seconds = reference
     rng = random.Random(SCHEDULE_SEED)
-    # one kill in each tenth of the uninterrupted run, and one the moment its folder appears
+    # one kill in each fifth of the uninterrupted run, and one the moment its folder appears
     schedule = [0.0] + [rng.uniform(i, i + 1) * seconds / RANDOM_KILLS for i in range(RANDOM_KILLS)]
     wrong, stages = [], []
     for n, after_s in enumerate(schedule):
@@ -159,7 +159,7 @@ def test_an_extension_killed_at_any_moment_resumes_to_the_same_video(procs, refe
     expected = outcome(folder)
     assert expected["status"] == "done" and len(expected["videos"]) >= 2
     rng = random.Random(SCHEDULE_SEED + 1)
-    moments = [0.0] + [rng.uniform(i, i + 1) * seconds / 3 for i in range(3)]
+    moments = [rng.uniform(i, i + 1) * seconds / 2 for i in range(2)]
     for n, after_s in enumerate(moments):
         killed, done, code = _kill_and_resume(procs, tmp_path / f"kill{n}", argv, after_s=after_s)
         assert code == 0 and outcome(killed) == expected, (after_s, done)

@@ -1,6 +1,6 @@
-"""An idle app idles: `python app.py --preset tiny` in its own process uses under 1 % of one core over 60 s with no
-job and no client (CPU time from /proc), and is back there a few seconds after a burst of 200 hostile live-hint
-calls (values that used to pin a core each)."""
+"""An idle app idles: `python app.py --preset tiny` in its own process uses under 1 % of one core over 20 s with no
+job and no client (CPU time from /proc: a poll every 10 ms would cost several times that), and is back there a few
+seconds after a burst of 100 hostile live-hint calls (values that used to pin a core each)."""
 from __future__ import annotations
 
 import time
@@ -24,8 +24,8 @@ def _share(pid: int, seconds: float) -> float:
 
 def test_idle_app_uses_no_cpu_before_and_after_a_burst_of_hostile_hints(tmp_path):
     with app_process(tmp_path / "outputs", log_path=tmp_path / "app.log") as (url, proc):
-        time.sleep(5)                                   # start-up work (first page build) settles
-        idle = _share(proc.pid, 60)
+        time.sleep(3)                                   # start-up work (first page build) settles
+        idle = _share(proc.pid, 20)
         assert idle < IDLE_SHARE_MAX, f"idle app used {idle:.2%} of a core"
 
         hints = next(e for e in fz.events(url) if e.name == "show_hints")
@@ -37,11 +37,11 @@ def test_idle_app_uses_no_cpu_before_and_after_a_burst_of_hostile_hints(tmp_path
                    for window in (1, 0.5, 33, -1, "1")
                    for steps, prompt, blend in ((25, "[0s: a cat] [2s: a dog] [1e300s: a bird]", 16),
                                                 ("1e400", "[0s: x] " * 500, "1e400"))]
-        calls = [hostile[i % len(hostile)] for i in range(200)]
+        calls = [hostile[(7 * i) % len(hostile)] for i in range(100)]
         with ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(lambda data: fz.call(url, hints, data, timeout=30), calls))
-        assert len(answers) == 200 and all(a.seconds < 30 for a in answers)
+        assert len(answers) == 100 and all(a.seconds < 30 for a in answers)
         assert any("is not between" in a.body or "⚠" in a.body for a in answers)   # the limit is explained
         time.sleep(3)
-        after = _share(proc.pid, 30)
+        after = _share(proc.pid, 15)
         assert after < IDLE_SHARE_MAX, f"after the burst the app used {after:.2%} of a core"
