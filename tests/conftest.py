@@ -71,8 +71,8 @@ def long_test_limit(item) -> int | None:
 # workers (pytest-xdist, whole files to one worker: pyproject.toml), which take files in this order first, then the
 # others, so neither waits long for the other at the end.
 LONGEST_FILES = ("test_kill_anywhere.py", "test_farm.py", "test_resume.py", "test_server_fuzz.py",
-                 "test_newcomer.py", "test_server_soak.py", "test_browser_ui.py", "test_queue_restart.py",
-                 "test_server_idle.py", "test_cli.py", "test_server_abuse.py", "test_queue_line_restart.py",
+                 "test_newcomer.py", "test_server_soak.py", "test_browser_ui.py", "test_parity_diffusers.py",
+                 "test_server_idle.py", "test_cli.py", "test_server_abuse.py", "test_one_queue.py",
                  "test_browser.py", "test_extend.py", "test_runner.py", "test_vae_stream.py")
 
 

@@ -53,20 +53,41 @@ def _kill_at(spec: KillAt) -> None:
     setattr(owner, name, dying)
 
 
-def _child(argv: list[str], log_path: str, kill_at: KillAt | None) -> None:
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
+def _child(argv: list[str], log_path: str, kill_at: KillAt | None, err_path: str | None = None,
+           cwd: str | None = None, env: dict | None = None) -> None:
+    """`python -m cli ARGV` in a forked child: its output in `log_path` (stderr in `err_path` when given), in `cwd`
+    with the environment `env` (default: the server's, offline)."""
+    for path, fds in ((log_path, (1, 2) if err_path is None else (1,)), (err_path, (2,))):
+        if path is not None:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            for target in fds:
+                os.dup2(fd, target)
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
     os.environ["HF_HUB_OFFLINE"] = "1"
+    if cwd is not None:
+        os.chdir(cwd)
     if kill_at is not None:
         _kill_at(kill_at)
-    from cli.__main__ import run
+    code = 1
+    try:
+        from cli.__main__ import run
 
-    sys.argv = ["pipeline", *argv]
-    code = run()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        sys.argv = ["python -m cli", *argv]
+        code = run()
+    except SystemExit as e:                     # argparse's errors and --help, as the interpreter reports them
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+    except BaseException:  # an uncaught error: the traceback, as the interpreter prints it
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 class JobProcesses:
@@ -79,13 +100,28 @@ class JobProcesses:
         self._context.set_forkserver_preload(PRELOAD)
         self._count = 0
 
-    def start(self, *argv, kill_at: KillAt | None = None):
+    def start(self, *argv, kill_at: KillAt | None = None, separate: bool = False, cwd=None, env=None):
         self._count += 1
         log = self.logs / f"child-{self._count}.log"
-        proc = self._context.Process(target=_child, args=([str(a) for a in argv], str(log), kill_at), daemon=True)
+        err = self.logs / f"child-{self._count}.err" if separate else None
+        proc = self._context.Process(target=_child, args=([str(a) for a in argv], str(log), kill_at,
+                                                          err and str(err), cwd and str(cwd), env), daemon=True)
         proc.start()
-        proc.log = log
+        proc.log, proc.err = log, err
         return proc
+
+    def completed(self, argv, *, cwd=None, env=None, timeout: float = 300):
+        """`python -m cli ARGV` run to its end, as subprocess.run(..., capture_output=True, text=True) reports it."""
+        import subprocess
+
+        proc = self.start(*argv, separate=True, cwd=cwd, env=env)
+        proc.join(timeout)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+            raise subprocess.TimeoutExpired(["python", "-m", "cli", *map(str, argv)], timeout)
+        return subprocess.CompletedProcess(["python", "-m", "cli", *map(str, argv)], proc.exitcode,
+                                           tail(proc.log, None), tail(proc.err, None))
 
     def run(self, *argv, kill_at: KillAt | None = None, timeout: float = 300) -> int:
         proc = self.start(*argv, kill_at=kill_at)
@@ -97,11 +133,24 @@ class JobProcesses:
         return proc.exitcode
 
 
-def tail(path: Path, chars: int = 3000) -> str:
+def tail(path: Path, chars: int | None = 3000) -> str:
     try:
-        return Path(path).read_text(errors="replace")[-chars:]
+        text = Path(path).read_text(errors="replace")
     except OSError:
         return ""
+    return text if chars is None else text[-chars:]
+
+
+_SHARED: list[JobProcesses] = []
+
+
+def shared() -> JobProcesses:
+    """This test process's fork server (made at the first use)."""
+    if not _SHARED:
+        import tempfile
+
+        _SHARED.append(JobProcesses(Path(tempfile.mkdtemp(prefix="cli-children-"))))
+    return _SHARED[0]
 
 
 def job_folder(out: Path) -> Path | None:
