@@ -45,7 +45,7 @@ def _jobs(args, image_path: Path) -> list:
     return [prepare(Request(image=str(image_path), prompt=f"a lighthouse in a storm, take {i}", seed=100 + i,
                             seconds=args.seconds, steps=args.steps, teacache=0.0, resolution=size,
                             preserved_gb=args.preserved_gb), size)
-            for i in range(JOBS)]
+            for i in range(args.jobs)]
 
 
 def _pass(farm, jobs: list, name: str) -> dict:
@@ -73,6 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny preset on two CPU workers (a smoke test)")
     ap.add_argument("--seconds", type=float, default=2.4, help="video length: 2.4 s = 2 sections (default)")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--jobs", type=int, default=JOBS, help=f"jobs per pass (default {JOBS})")
     ap.add_argument("--vram-cap-gb", type=float, default=20.0)
     ap.add_argument("--preserved-gb", type=float, default=6.0)
     ap.add_argument("--host-ram-gb", type=float, default=None, help="host budget per worker (default: automatic)")
@@ -117,8 +118,8 @@ def main(argv=None) -> int:
     for row in one["jobs"] + two["jobs"]:
         peaks[row["worker"]] = max(peaks.get(row["worker"], 0), row["peak_reserved"])
     under_cap = all(p <= cap for p in peaks.values())
-    print(f"\none worker : {JOBS} jobs in {one['wall_s']:.1f} s")
-    print(f"two workers: {JOBS} jobs in {two['wall_s']:.1f} s")
+    print(f"\none worker : {args.jobs} jobs in {one['wall_s']:.1f} s")
+    print(f"two workers: {args.jobs} jobs in {two['wall_s']:.1f} s")
     print(f"ratio two/one: {ratio:.3f} (target <= 0.55: {'met' if ratio <= 0.55 else 'NOT met'})")
     for name, peak in sorted(peaks.items()):
         print(f"{name}: peak reserved {peak / GIB:.2f} GiB (cap {args.vram_cap_gb:g} GB: "

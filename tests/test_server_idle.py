@@ -1,6 +1,6 @@
 """An idle app idles: `python app.py --preset tiny` in its own process uses under 1 % of one core over 20 s with no
 job and no client (CPU time from /proc: a poll every 10 ms would cost several times that), and is back there a few
-seconds after a burst of 100 hostile live-hint calls (values that used to pin a core each)."""
+seconds after a burst of 60 hostile live-hint calls (values that used to pin a core each)."""
 from __future__ import annotations
 
 import time
@@ -37,10 +37,10 @@ def test_idle_app_uses_no_cpu_before_and_after_a_burst_of_hostile_hints(tmp_path
                    for window in (1, 0.5, 33, -1, "1")
                    for steps, prompt, blend in ((25, "[0s: a cat] [2s: a dog] [1e300s: a bird]", 16),
                                                 ("1e400", "[0s: x] " * 500, "1e400"))]
-        calls = [hostile[(7 * i) % len(hostile)] for i in range(100)]
+        calls = [hostile[(7 * i) % len(hostile)] for i in range(60)]
         with ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(lambda data: fz.call(url, hints, data, timeout=30), calls))
-        assert len(answers) == 100 and all(a.seconds < 30 for a in answers)
+        assert len(answers) == 60 and all(a.seconds < 30 for a in answers)
         assert any("is not between" in a.body or "⚠" in a.body for a in answers)   # the limit is explained
         time.sleep(3)
         after = _share(proc.pid, 15)
