@@ -87,12 +87,10 @@ def test_live_hints_explain_a_length_beyond_the_limit():
 
 
 def test_preserved_memory_hint_refuses_out_of_range_values_without_computing(monkeypatch):
-    import memory.estimate
-
     tiny = get_preset("tiny")
     computed = []
-    real = memory.estimate.describe_preserved
-    monkeypatch.setattr(memory.estimate, "describe_preserved", lambda *a, **k: computed.append(a) or real(*a, **k))
+    real = hints.describe_preserved                                      # memory/estimate.py's
+    monkeypatch.setattr(hints, "describe_preserved", lambda *a, **k: computed.append(a) or real(*a, **k))
     for value in (float("nan"), float("inf"), -1, "x" * 1_000_000, [6]):
         assert hints.preserved_hint(tiny, 20, value, "cuda").startswith("(enter a number between 0 and")
     too_big = hints.preserved_hint(tiny, 20, 1e12, "cuda", max_gb=20)      # above the cap: says so, plainly

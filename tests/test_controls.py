@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from configs import DEFAULTS, LIMITS, MEMORY
+from configs import DEFAULTS, LIMITS
 from configs.controls import CONTROLS, Control, control
 from configs.readme import README_BEGIN, README_END, markdown_table, readme_with_table
 from cli import commands as cli
@@ -35,24 +35,16 @@ def test_names_are_unique_and_rows_complete():
             assert c.default in c.choices, c.name
 
 
-def test_defaults_and_limits_are_the_old_ones():
-    """Moving the numbers into the table changed none of them."""
-    old_defaults = dict(prompt="", negative_prompt="", seed=31337, seconds=5.0, latent_window=9, steps=25, cfg=1.0,
-                        gs=10.0, rescale=0.0, mode="original", sampler="unipc", teacache=0.15, crf=16, fps=30,
-                        preserved_gb=MEMORY.preserved_gb, end_embed_weight=0.5, resolution=None,
-                        prompt_blend=0, loras="")                                # prompt_blend: added with timed prompts
-    old_defaults.update(width=0, height=0)          # issue 13: a custom size (0 = the bucket)
-    old_defaults.update(source_job="")              # issue 14: a finished job to extend, by its id (none)
-    assert {c.name: c.default for c in CONTROLS if not c.is_file} == old_defaults
-    assert {k: getattr(DEFAULTS, k) for k in old_defaults} == old_defaults
-    old_limits = dict(seconds=(1.0, 120.0), steps=(1, 100), crf=(0, 51), gs=(1.0, 32.0), cfg=(1.0, 32.0),
-                      rescale=(0.0, 1.0), latent_window=(1, 33), teacache=(0.0, 1.0), resolution=(64, 1280),
-                      seed=(0, 2**63 - 1), fps=(1, 120), preserved_gb=(0.0, MEMORY.preserved_max_gb),
-                      end_embed_weight=(0.0, 1.0), prompt_blend=(0, 16))
-    old_limits.update(resolution=(64, 2048), width=(0, 2048), height=(0, 2048))     # issue 13: up to kijai's 2048
-    assert {c.name: c.limits for c in CONTROLS if c.limits} == old_limits
-    assert {k: getattr(LIMITS, k) for k in old_limits} == old_limits
-    assert LIMITS.prompt_chars_max == 4000 and LIMITS.image_side == (64, 8192)
+def test_every_door_starts_a_job_from_the_same_defaults():
+    """A job given only its image gets the same settings from the command line, a batch line or job.json
+    (Request.from_mapping), the request itself and the configured defaults: the table's."""
+    from_cli = cli.request_from_args(cli.build_parser().parse_args(["generate", "--image", "a.png"])).settings()
+    assert from_cli == Request.from_mapping({"image": "a.png"}).settings() == Request(image="a.png").settings()
+    assert from_cli == {c.name: c.default for c in CONTROLS if not c.is_file}
+    assert {k: getattr(DEFAULTS, k) for k in from_cli if hasattr(DEFAULTS, k)} == \
+        {k: v for k, v in from_cli.items() if hasattr(DEFAULTS, k)}
+    assert {c.name: c.limits for c in CONTROLS if c.limits} == \
+        {k: getattr(LIMITS, k) for k in (c.name for c in CONTROLS if c.limits)}
 
 
 def test_request_has_one_field_per_control():

@@ -123,3 +123,41 @@ def test_two_clients_adding_at_once_keep_their_order(server, image, tiny_origina
     a.predict(first["id"], api_name="/queue_remove")
     a.close()
     b.close()
+
+
+def _readme_example() -> str:
+    """The Python example of the README's section "The queue"."""
+    from tests.conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text("utf-8")
+    section = readme[readme.index("## The queue"):]
+    return section[section.index("```python") + len("```python"):section.index("```", section.index("```python") + 3)]
+
+
+def test_the_readmes_queue_example_runs_against_the_app(server, client, image, tiny_original, tmp_path, monkeypatch):
+    """The README's gradio_client example, run as written (the address aside) while the app runs a job: every call
+    answers, and the queue ends as the comments say."""
+    import numpy as np
+
+    from video.mp4 import write_mp4
+
+    for name in ("start.png", "a.png", "b.png"):
+        (tmp_path / name).write_bytes(image.read_bytes())
+    write_mp4(np.zeros((40, 64, 96, 3), np.uint8), tmp_path / "clip.mp4")
+    with Gate(tiny_original.vae.decoder) as gate:
+        hold_first_job(server, client, image, tiny_original, gate)
+        exported = qs.Path(client.predict(api_name="/queue_export"))     # an exported queue names its own copies
+        (tmp_path / "jobs.jsonl").write_text(exported.read_text())
+        monkeypatch.chdir(tmp_path)
+        names: dict = {}
+        exec(_readme_example().replace("http://127.0.0.1:7860/", server.url), names)      # noqa: S102
+        jobs, after = names["jobs"], listing(client)
+        assert [j["status"] for j in jobs] == ["running", "waiting", "waiting", "waiting"]
+        moved, edited = jobs[-1]["id"], jobs[1]["id"]
+        assert moved not in [e["id"] for e in after]                          # moved first, then removed
+        assert next(e for e in after if e["id"] == edited)["seconds"] == 4
+        assert [e["prompt"] for e in after[-2:]] == ["the sea", "first"]          # the extension, the import
+        assert qs.Path(names["path"]).read_text().count("\n") == len(after)       # every unfinished job
+        for e in after[1:]:
+            client.predict(e["id"], api_name="/queue_remove")
+    wait_all_finished(client)

@@ -245,19 +245,6 @@ def test_python_m_pipeline_queue_runs(tmp_path):
     assert "queue" in help_text
 
 
-def test_readme_queue_section_is_the_queue_api_docstring():
-    import ast
-
-    import ui.queue_api
-
-    doc = ast.get_docstring(ast.parse(qs.Path(ui.queue_api.__file__).read_text("utf-8")))
-    section = doc[doc.index("## The queue"):]
-    readme = (ROOT / "README.md").read_text("utf-8")
-    start = readme.index("## The queue")
-    in_readme = readme[start:readme.index("\n## ", start + 1)]
-    assert " ".join(section.split()) == " ".join(in_readme.split())
-
-
 def test_a_queue_of_the_version_before_owners_is_brought_up_to_date(tmp_path, image):
     """Schema 1 (no owners): opened by this version, its entries keep everything and have no owner."""
     import sqlite3

@@ -1,54 +1,7 @@
 """The queue's actions (add, add one job per image, import/export JSON lines, list, move, edit, remove), shared by
-the page's queue panel (ui/panel_queue.py) and the API endpoints registered here. The section below is the
-README's text.
-
-## The queue
-
-Jobs added to the queue wait on disk (`outputs/.queue/queue.db`, SQLite, with copies of their images in
-`outputs/.queue/images/`) and run one after another whenever the GPU is free: a restart of the app (or a crash, or a
-power cut) shows them again and continues them, the interrupted one from its last finished section.
-
-Jobs started with *Start*, *Resume*, `/video` or `/resume` are in this queue too while they wait or run (status
-"in line", then "running"): they run in click order, stream into their page as always (previews, End) and leave the
-queue when they end. If the app stops first, the next start shows them as waiting jobs and runs them from the queue,
-the running one continued from its last finished section (its video then lands in the Past jobs gallery; the page
-that started it is gone). End on such a job while it waits (the page's End, `/stop`, or *Remove / End* here) takes it
-out at once: it never runs. A job with a video to extend keeps its own copy of the video in the queue (checked by its
-sha256 before it runs); a finished job to extend is named by its id (`source_job`) and read where it is.
-
-In the page: the **Queue** panel lists the jobs with their status and progress. *Add to queue* adds the settings
-above as a job; *Add one job per image* adds one job for each uploaded image with the prompt and settings above;
-*Import JSON lines* adds the jobs of a `.jsonl` file (one job's settings a line, as `python -m cli batch`
-reads; a file sent to the app may name no file but the queue's own copies of your queued jobs' images, which is what
-an exported queue names; at most 500 lines and 1 MB); *Export* saves your waiting jobs as such a file. Click a job's row to pick it, then move it up or down, remove it (End on a
-waiting job: it goes at once; on the running one: it stops at its next step, keeping its video), load its
-settings into the controls, or save the settings above into it (its images stay).
-
-From a script (`gradio_client`):
-
-```python
-from gradio_client import Client, handle_file
-
-client = Client("http://127.0.0.1:7860/")
-entry = client.predict(image=handle_file("start.png"), prompt="a cat walks", seconds=3,
-                       api_name="/queue_add")           # the /video parameters; returns the queued job
-client.predict([handle_file("a.png"), handle_file("b.png")], {"prompt": "waves", "seconds": 2},
-               api_name="/queue_add_images")           # one job per image
-jobs = client.predict(api_name="/queue_list")          # [{"id", "status", "progress", "message", "job_id", …}]
-client.predict(jobs[-1]["id"], 0, api_name="/queue_move")      # first among the waiting jobs
-client.predict(jobs[0]["id"], {"seconds": 4}, api_name="/queue_edit")
-client.predict(jobs[0]["id"], api_name="/queue_remove")        # a waiting job goes at once; a running one stops
-client.predict(input_video=handle_file("clip.mp4"), mode="f1", prompt="the sea", seconds=2,
-               api_name="/queue_add")                  # an extension, queued with its own copy of clip.mp4
-client.predict(handle_file("jobs.jsonl"), api_name="/queue_import")
-path = client.predict(api_name="/queue_export")                # a .jsonl file of the waiting jobs
-```
-
-From the command line, with or without the app running (it picks the jobs up within a second):
-`python -m cli queue add jobs.jsonl --outputs outputs`, `python -m cli queue list --outputs outputs`,
-`python -m cli queue export waiting.jsonl`, `python -m cli queue remove <id>`,
-`python -m cli queue move <id> 0`.
-"""
+the page's queue panel (ui/panel_queue.py) and the API endpoints registered here (/queue_add, /queue_add_images,
+/queue_import, /queue_export, /queue_list, /queue_move, /queue_edit, /queue_remove). The README's section "The
+queue" shows them in use; tests/test_queue_api.py runs its example against the app."""
 from __future__ import annotations
 
 import logging
