@@ -16,7 +16,6 @@ import gradio as gr  # noqa: E402
 
 from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
 from configs.runtime import Config  # noqa: E402
-from jobs.local import LocalExecutor  # noqa: E402
 from jobs.models import ComponentCache  # noqa: E402
 from jobs.runner import Runner, open_runner  # noqa: E402
 from ui import panel_controls, panel_lora  # noqa: E402
@@ -34,7 +33,7 @@ from ui.panel_run import JOBS_MAX, RunPanel  # noqa: E402
 from ui.prompt_tokens import TokenCounter  # noqa: E402
 from ui.queue_api import QUEUE_ENDPOINTS  # noqa: E402
 import torch  # noqa: E402
-from farm.executor import start_farm  # noqa: E402
+from farm.executor import queue_executor  # noqa: E402
 from pipeline.availability import missing_weights_message  # noqa: E402
 
 log = logging.getLogger("steadyframe.app")
@@ -58,12 +57,7 @@ def _device_text(device) -> str:
 def app_runner(config: Config, device) -> tuple[Runner, str | None]:
     """The one runner of the outputs folder's queue (and the store's warning): its jobs run on the farm of
     --ray/--gpus/--cpu-workers (Ray is imported only then) or in this process."""
-    models = ComponentCache(config.preset, config.model_dir)
-    if config.farm.enabled:
-
-        executor = start_farm(config, models)
-    else:
-        executor = LocalExecutor(config, models, device)
+    executor = queue_executor(config, ComponentCache(config.preset, config.model_dir), device)
     return open_runner(config, executor, device_type=device.type)
 
 

@@ -141,21 +141,15 @@ class Command:
 
     def open(self):
         """The queue's runner (not started): its jobs run on the farm of --ray/--gpus/--cpu-workers, or here."""
-        from jobs.local import LocalExecutor
+        from farm.executor import queue_executor
         from jobs.runner import open_runner
 
         preflight, device = self.preflight, self.device
-        models = preflight.models
-        if self.config.farm.enabled:
-            from farm.executor import start_farm
-
-            try:
-                executor = start_farm(self.config, models)
-            except (RuntimeError, ConnectionError, ValueError) as e:      # no Ray, no cluster there, no GPUs
-                print(f"error: the job farm could not start: {e}", file=sys.stderr)
-                raise SystemExit(EXIT_FAILED) from None
-        else:
-            executor = LocalExecutor(self.config, models, device)
+        try:
+            executor = queue_executor(self.config, preflight.models, device)
+        except (RuntimeError, ConnectionError, ValueError) as e:      # no Ray, no cluster there, no GPUs
+            print(f"error: the job farm could not start: {e}", file=sys.stderr)
+            raise SystemExit(EXIT_FAILED) from None
         self.runner, warning = open_runner(self.config, executor, device_type=device.type, preflight=preflight)
         if warning:
             print(f"warning: {warning}", file=sys.stderr)

@@ -7,6 +7,7 @@ import dataclasses
 from typing import Iterator
 
 from configs.runtime import Config
+from jobs.local import LocalExecutor
 from pipeline.events import Progress
 from farm.dispatch import Farm
 from farm.workers import WorkerConfig
@@ -45,3 +46,11 @@ def start_farm(config: Config, models=None, *, num_cpus: int | None = None) -> F
     worker = WorkerConfig(config.preset, config.model_dir, config.outputs.resolve(), config.vram_cap_gb,
                           config.host_ram_gb, config.weight_storage, switches=switches)
     return FarmExecutor(Farm.start(config.farm, worker, num_cpus=num_cpus), models)
+
+
+def queue_executor(config: Config, models, device):
+    """What runs the queue's jobs, for the app and the CLI alike: the farm of --ray/--gpus/--cpu-workers (Ray is
+    imported only then), else this process on `device`."""
+    if config.farm.enabled:
+        return start_farm(config, models)
+    return LocalExecutor(config, models, device)

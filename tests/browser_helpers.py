@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-SECTIONS_OF = {1.2: 1, 2.4: 2, 3.6: 3, 4.8: 4}          # seconds -> sections at the default window (tiny preset)
+try:
+    from playwright.sync_api import TimeoutError as PageTimeout
+except ImportError:  # pragma: no cover - the browser tests skip themselves (require_browser)
+    PageTimeout = TimeoutError
+
+SECTIONS_OF = {1.2: 1, 2.4: 2, 3.6: 3, 4.8: 4, 9.6: 8}          # seconds -> sections at the default window (tiny preset)
 
 
 def set_number(page, elem_id, value):
@@ -35,8 +40,13 @@ def status(page) -> str:
 def wait_status(page, *words, timeout=180_000):
     """Wait until the status shows one of `words`; returns it."""
     words_js = "[" + ",".join(repr(w) for w in words) + "]"
-    page.wait_for_function(f"() => {words_js}.some(w => document.querySelector('#status').innerText.includes(w))",
-                           timeout=timeout)
+    try:
+        page.wait_for_function(f"() => {words_js}.some(w => document.querySelector('#status').innerText.includes(w))",
+                               timeout=timeout)
+    except PageTimeout as e:        # say what the page showed instead (Playwright's timeout says only "exceeded")
+        shown = page.evaluate("() => ['#status', '#progress'].map(s => document.querySelector(s)?.innerText)")
+        raise AssertionError(f"waited {timeout / 1000:.0f} s for {words}; status {shown[0]!r}, "
+                             f"progress {shown[1]!r}") from e
     return status(page)
 
 

@@ -199,31 +199,21 @@ def test_the_farm_benchmark_smoke_mode(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_batch_runs_its_jobs_on_farm_workers(tmp_path):
-    from tests.test_cli import cli
-
-    make_image(96, 80, seed=3).save(tmp_path / "in.png")
-    line = {"image": "in.png", "prompt": "waves roll in", "seconds": 1.2, "steps": 2, "resolution": 64}
-    jobs = tmp_path / "jobs.jsonl"
-    jobs.write_text("\n".join(json.dumps({**line, "seed": s}) for s in (1, 2)) + "\n{\"seconds\": 1}\n")
-    r = cli("batch", jobs, "--preset", "tiny", "--cpu-workers", "2", "--out", tmp_path / "out", timeout=560)
-    assert "2/3 jobs done" in r.stdout, r.stdout + r.stderr[-3000:]
-    assert "line 3: invalid" in r.stderr                     # a bad line is refused before any job runs
-    infos = [json.loads((d / "job.json").read_text()) for d in job_folders(tmp_path / "out")]
-    assert len(infos) == 2 and all(i["status"] == "done" and i["worker"].startswith("worker-") for i in infos)
-    assert "runs this job" in r.stderr
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_the_app_with_cpu_workers_runs_two_api_jobs_at_once(tmp_path_factory):
-    """`python app.py --preset tiny --cpu-workers 2`: two /video calls run side by side, each on its own worker."""
+def test_the_app_with_cpu_workers_runs_api_and_batch_jobs_on_its_workers(tmp_path_factory):
+    """`python app.py --preset tiny --cpu-workers 2`: two /video calls run side by side, each on its own worker; a
+    CLI batch file given to the same outputs folder goes into the app's queue and runs on the same workers (the CLI
+    builds its own farm with the same function, farm.executor.queue_executor, when no app runs the queue)."""
     from gradio_client import Client
 
     from tests.server_helpers import api_job, app_process, job_info, saved_image
+    from tests.test_cli import cli
 
     image = saved_image(tmp_path_factory, 96, 80, seed=4)
     outputs = tmp_path_factory.mktemp("app-farm")
+    work = tmp_path_factory.mktemp("batch")
+    make_image(96, 80, seed=3).save(work / "in.png")
+    line = {"image": "in.png", "prompt": "waves roll in", "seconds": 1.2, "steps": 2, "resolution": 64}
+    (work / "jobs.jsonl").write_text("\n".join(json.dumps({**line, "seed": s}) for s in (1, 2)) + '\n{"seconds": 1}\n')
     settings = dict(prompt="a lighthouse in a storm", seconds=2.4, steps=2, teacache=0.0, resolution=64)
     with app_process(outputs, "--cpu-workers", "2", log_path=outputs.parent / "app-farm.log",
                      start_timeout=300) as (url, _):
@@ -234,10 +224,14 @@ def test_the_app_with_cpu_workers_runs_two_api_jobs_at_once(tmp_path_factory):
             job.result(timeout=400)
         for c in clients:
             c.close()
-    infos = [job_info(d) for d in outputs.iterdir() if not d.name.startswith(".")]
-    assert sorted(i["status"] for i in infos) == ["done", "done"]
-    assert {i["worker"] for i in infos} == {"worker-1", "worker-2"}
-    assert all(i["node"] and len(i["workers"]) == 1 for i in infos)
+        r = cli("batch", work / "jobs.jsonl", "--preset", "tiny", "--out", outputs, cwd=work, timeout=400)
+    assert "2/3 jobs done" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "line 3: invalid" in r.stderr                     # a bad line is refused before any job runs
+    infos = [job_info(d) for d in job_folders(outputs)]
+    assert sorted(i["status"] for i in infos) == ["done"] * 4
+    assert all(i["worker"].startswith("worker-") and i["node"] and len(i["workers"]) == 1 for i in infos)
+    api_workers = {i["worker"] for i in infos if i["settings"]["prompt"] == settings["prompt"]}
+    assert api_workers == {"worker-1", "worker-2"}                       # the two API jobs ran side by side
 
 
 class _HeldFarm:
