@@ -31,6 +31,7 @@ from ui.panel_jobs import JobsPanel  # noqa: E402
 from ui.panel_queue import wire_queue  # noqa: E402
 from ui.panel_run import JOBS_MAX, RunPanel  # noqa: E402
 from ui.prompt_tokens import TokenCounter  # noqa: E402
+from ui.settings import use_own_upload_folder  # noqa: E402
 from ui.queue_api import QUEUE_ENDPOINTS  # noqa: E402
 import torch  # noqa: E402
 from farm.executor import queue_executor  # noqa: E402
@@ -133,6 +134,7 @@ def main(argv=None) -> int:
     if problem:
         log.error("%s", problem)
         return 2
+    use_own_upload_folder()
     try:
         app = build_app(config)
     except (RuntimeError, ConnectionError, ValueError) as e:      # the farm: no cluster there, no GPUs in it

@@ -17,11 +17,11 @@ from typing import Any, Iterator
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class Patch:
     target: Any              # the module or object whose attribute is replaced
     attr: str
-    original: Any
+    original: Any            # what it gives back (taken over from a patch below it that was restored first)
     replacement: Any
     owner: str               # who patched it, for the registry's report ("memory.AttentionGuard (transformer)")
 
@@ -46,15 +46,23 @@ def patch(target, attr: str, replacement, owner: str) -> Patch:
 
 
 def restore(p: Patch) -> None:
-    """Put back what ``p`` replaced. If someone replaced the attribute again meanwhile, say so and restore anyway."""
+    """Put back what ``p`` replaced. Patches of one attribute taken by two threads may end in any order: a patch
+    restored while another one above it still holds the attribute leaves the attribute alone and hands what it
+    found to that one (which puts it back when it ends). If someone outside the registry replaced the attribute
+    meanwhile, say so and restore anyway. A second restore of the same patch does nothing."""
     with _lock:
-        if getattr(p.target, p.attr) is not p.replacement:
-            log.warning("%s was replaced while %s held it; restoring the function it found", p.name, p.owner)
-        setattr(p.target, p.attr, p.original)
         key = (id(p.target), p.attr)
         stack = _active.get(key, [])
-        if p in stack:
-            stack.remove(p)
+        if p not in stack:
+            return
+        i = stack.index(p)
+        if i + 1 < len(stack):
+            stack[i + 1].original = p.original
+        else:
+            if getattr(p.target, p.attr) is not p.replacement:
+                log.warning("%s was replaced while %s held it; restoring the function it found", p.name, p.owner)
+            setattr(p.target, p.attr, p.original)
+        del stack[i]
         if not stack:
             _active.pop(key, None)
         log.debug("restored %s (%s)", p.name, p.owner)

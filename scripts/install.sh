@@ -5,15 +5,16 @@
 #   bash scripts/install.sh          # the app
 #   bash scripts/install.sh --dev    # the app + test tools (`pip install -e .[dev]`)
 #
-# PyTorch: an installed torch (ROCm, CUDA or CPU build) is always kept. Only when none is importable does this
+# PyTorch: an installed torch (ROCm, CUDA or CPU build) is always kept. Only when none is installed does this
 # script install the CPU build, from PyTorch's CPU index when it is reachable (never the multi-GB CUDA wheels).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 TORCH_CPU_VERSION=${TORCH_CPU_VERSION:-2.13.0}
 
-if "$PY" -c "import torch" >/dev/null 2>&1; then
-    echo "install: keeping the installed PyTorch $("$PY" -c 'import torch; print(torch.__version__)')"
+# (asked of the package metadata: importing torch only to ask takes seconds)
+if installed=$("$PY" -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null); then
+    echo "install: keeping the installed PyTorch $installed"
 else
     echo "install: no PyTorch found; installing the CPU build $TORCH_CPU_VERSION" \
          "(ROCm/CUDA users: install PyTorch for your card first, see README)"

@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ui.settings import use_own_upload_folder
+
 ROOT = Path(__file__).resolve().parents[1]      # the repository (pytest puts it on sys.path: `pythonpath`)
 
 # Nothing at test time touches the network.
@@ -15,6 +17,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 # Every job encodes its prompt (tests assert the stages a job runs); tests/test_prompt_cache.py turns the cache on.
 os.environ.setdefault("STEADYFRAME_PROMPT_CACHE", "off")
+# Each test process (an xdist worker) has an upload folder of its own, as each app has (its apps' folders go inside):
+# the same image uploaded to servers of two workers is then two files, and a server that stops deletes only its own.
+use_own_upload_folder()
 
 
 # The long tests: marked `slow` (the quick loop `python -m pytest -m "not slow"` skips them) and given their own time

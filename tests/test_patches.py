@@ -43,6 +43,31 @@ def test_nested_patches_of_one_attribute_restore_in_turn():
     assert target.f == "original" and patches.active_patches() == {}
 
 
+def test_patches_of_two_threads_may_end_in_any_order():
+    """Two jobs' conv fallbacks (two threads, two MemoryManagers) patch F.conv2d in turn; the first one ends first.
+    The attribute stays the second one's until that ends too, then it is the original again (it used to be left
+    pointing at the first fallback for good)."""
+    target = types.SimpleNamespace(f="original")
+    first = patches.patch(target, "f", "first", "job 1")
+    second = patches.patch(target, "f", "second", "job 2")
+    patches.restore(first)
+    assert target.f == "second" and patches.active_patches() == {"SimpleNamespace.f": "job 2"}
+    patches.restore(second)
+    patches.restore(second)                                  # a second restore changes nothing
+    assert target.f == "original" and patches.active_patches() == {}
+
+
+def test_two_conv_fallbacks_active_in_overlapping_blocks_leave_nothing_patched():
+    one, two = MemoryManager(device="cpu").conv_fallback, MemoryManager(device="cpu").conv_fallback
+    a, b = one.active(), two.active()
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)
+    assert F.conv2d is not ORIGINAL["conv2d"]                # the second block still runs through its fallback
+    b.__exit__(None, None, None)
+    _untouched()
+
+
 def test_a_stage_that_raises_leaves_nothing_patched(tiny_original):
     memory = MemoryManager(device="cpu")
     seen = {}

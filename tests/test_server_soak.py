@@ -81,7 +81,10 @@ def test_a_dozen_jobs_in_a_row_then_more_beside_a_cpu_hog(tmp_path):
         app = psutil.Process(proc.pid)
         # the page's own files (the example images, kept in Gradio's cache while the app runs) are there from the
         # start and stay; everything a job added must go
-        own_files, own_folders = set(_files(gradio_temp)), set(_hash_folders(gradio_temp))
+        own_files = set(_files(gradio_temp))
+        uploads = gradio_temp / f"steadyframe-{proc.pid}"     # the app's own folder inside (ui/settings.py)
+        assert uploads.is_dir() and own_files and all(f.is_relative_to(uploads) for f in own_files), own_files
+        own_folders = set(_hash_folders(uploads))
         client = Client(url, verbose=False, download_files=str(tmp_path / "downloads"))
 
         def job(i):
@@ -108,7 +111,7 @@ def test_a_dozen_jobs_in_a_row_then_more_beside_a_cpu_hog(tmp_path):
             # Gradio's temp folder: one upload and a copy of each job's video, deleted once older than the max age
             wait_for(lambda: set(_files(gradio_temp)) <= own_files, MAX_AGE_S + 5, 0.2,
                      what="Gradio's temp copies to go")
-            wait_for(lambda: set(_hash_folders(gradio_temp)) <= own_folders, 2 * MAX_AGE_S + 5, 0.2,
+            wait_for(lambda: set(_hash_folders(uploads)) <= own_folders, 2 * MAX_AGE_S + 5, 0.2,
                      what="the emptied per-file folders to go")
             assert proc.poll() is None, "the app stopped"
         finally:

@@ -6,6 +6,7 @@ file payloads, which `upload_path` turns into the uploaded file's path, so the p
 """
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 from typing import Any, Mapping
@@ -58,6 +59,21 @@ def upload_folder() -> Path:
     from gradio.utils import get_upload_folder
 
     return Path(get_upload_folder()).resolve()
+
+
+def use_own_upload_folder() -> Path:
+    """Give this process's app an upload folder of its own, `steadyframe-<pid>` inside Gradio's (GRADIO_TEMP_DIR,
+    else <tmp>/gradio), before the app is built. Gradio names a copy by its content, so without this two apps on
+    one machine (one per GPU, say) hold the same file for the same image, and the one that stops deletes it under
+    the other (the sweeper deletes an app's copies when it stops: ui/tempfiles.py). Called again in the same
+    process, it keeps the folder it chose."""
+    base = upload_folder()
+    own = f"steadyframe-{os.getpid()}"
+    if base.name != own:
+        base = base / own
+        os.environ["GRADIO_TEMP_DIR"] = str(base)
+    base.mkdir(parents=True, exist_ok=True)
+    return base
 
 
 def _names_no_file(value: Any) -> bool:
