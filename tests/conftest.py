@@ -28,7 +28,7 @@ use_own_upload_folder()
 LONG_TESTS = {
     "test_resume.py": 900,                                          # kills and resumes CLI jobs: 30-90 s each
     "test_browser.py": 1200,                                        # the app in its own process + Chromium
-    "test_server_soak.py": 1800,                                    # twenty jobs in a row
+    "test_server_soak.py": 1800,                                    # 13 jobs in a row
     "test_server_fuzz.py": 1200,
     "test_server_idle.py": 900,
     "test_server_survival.py": 900,
@@ -75,10 +75,11 @@ def long_test_limit(item) -> int | None:
 # The test files that take longest (their tests together, on a 2-core machine), longest first: the suite runs on two
 # workers (pytest-xdist, whole files to one worker: pyproject.toml), which take files in this order first, then the
 # others, so neither waits long for the other at the end.
-LONGEST_FILES = ("test_kill_anywhere.py", "test_farm.py", "test_resume.py", "test_server_fuzz.py",
-                 "test_newcomer.py", "test_server_soak.py", "test_browser_ui.py", "test_parity_diffusers.py",
-                 "test_server_idle.py", "test_cli.py", "test_server_abuse.py", "test_one_queue.py",
-                 "test_browser.py", "test_extend.py", "test_runner.py", "test_vae_stream.py")
+LONGEST_FILES = ("test_farm.py", "test_browser_ui.py", "test_kill_anywhere.py", "test_server_fuzz.py",
+                 "test_newcomer.py", "test_server_soak.py", "test_server_idle.py", "test_browser.py",
+                 "test_server_abuse.py", "test_one_queue.py", "test_server_resume.py", "test_resume.py",
+                 "test_vae_stream.py", "test_timeline.py", "test_rocm_probe.py", "test_browser_queue_line.py",
+                 "test_server_inputs.py", "test_host_loading.py", "test_video.py", "test_queue_api.py")
 
 
 def pytest_collection_modifyitems(config, items):
