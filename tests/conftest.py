@@ -4,6 +4,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# Two test workers (pyproject.toml: pytest-xdist) share the machine's cores: each worker, and every app or CLI process
+# it starts, gets its share of PyTorch's threads. Set before anything imports torch (its thread pool reads it once).
+# With every process at the default (one thread per core) the workers' threads fought over the cores: the CPU-heavy
+# files took a third longer.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+
 import numpy as np
 import pytest
 

@@ -165,25 +165,27 @@ def test_desktop_start_and_progress_in_one_screen(server, browser):
 
 # ---- 3. the ETA ------------------------------------------------------------------------------------------------------
 def test_eta_counts_every_remaining_section_and_decode(server, browser, images):
-    """In section 1 the ETA already holds the later sections and every VAE decode: it is not far below the time
-    the job really takes from there (the issue saw 'ETA 8 s' with 22 s left)."""
+    """In section 1 the ETA already holds the later sections and every VAE decode (the issue saw 'ETA 8 s' with 22 s
+    left: only the running section was counted). Of 4 sections, 3 are still to come in section 1: the ETA shown
+    then is at least as long as section 1 really took (counting only section 1 it would be shorter), a margin of
+    about 3x for a machine whose speed changes while the job runs."""
     page = _open(browser, server)
     try:
-        _fill(page, images / "start.png", seconds=3.6, steps=6)
+        _fill(page, images / "start.png", seconds=4.8, steps=8)
         page.evaluate("""() => { window.__eta = []; const seen = () => { const t = document.querySelector('#progress')
               .innerText; window.__eta.push([performance.now(), t]); };
               new MutationObserver(seen).observe(document.querySelector('#progress'),
                                                  {subtree: true, childList: true, characterData: true}); }""")
         page.locator("#start-btn").click()
-        _wait_status(page, "Done", "Failed")
-        end = page.evaluate("() => performance.now()")
+        assert "Done" in _wait_status(page, "Done", "Failed")
         samples = page.evaluate("() => window.__eta")
         first = [(t, _eta_seconds(text)) for t, text in samples
-                 if "section 1/3" in text and re.search(r"step [3-6]/6", text) and _eta_seconds(text) is not None]
+                 if "section 1/4" in text and re.search(r"step [2-8]/8", text) and _eta_seconds(text) is not None]
         assert first, samples[:20]
-        for t, eta in first:
-            actual = (end - t) / 1000
-            assert eta >= 0.5 * actual - 1, (eta, actual)
+        started = min(t for t, text in samples if "section 1/4" in text)
+        second = min(t for t, text in samples if "section 2/4" in text)
+        section_s = (second - started) / 1000
+        assert all(eta >= section_s for _, eta in first), (section_s, first)
     finally:
         page.close()
 

