@@ -30,7 +30,10 @@ def fill_job(page, image, *, prompt="a cat walks through the grass", seconds=1.2
     set_number(page, "seconds", seconds)
     set_number(page, "steps", steps)
     n = SECTIONS_OF[seconds]
-    page.wait_for_function(f"() => document.querySelector('#hints').innerText.includes('{n} section')")
+    try:
+        page.wait_for_function(f"() => document.querySelector('#hints').innerText.includes('{n} section')")
+    except PageTimeout as e:
+        raise AssertionError(f"the hints never said {n} section(s): {page.locator('#hints').inner_text()!r}") from e
 
 
 def status(page) -> str:

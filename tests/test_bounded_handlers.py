@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import types
 
 import pytest
 
@@ -121,6 +122,33 @@ def test_guard_limits_concurrent_calls_and_answers_busy_at_once():
         t.join(10)
     assert sorted(results) == [0, 1]
     assert wrapped(7) == 7                                                  # slots are given back
+
+
+def test_a_live_display_ends_showing_the_newest_values_of_a_busy_tab():
+    """Three changes of one tab while its first hint call is still running: the two refused ones answer busy at
+    once, and the running call answers with the newest values (the display would otherwise stay on the first)."""
+    guard = HandlerGuard(limit=8, per_session=1)
+    inside, release, seen = threading.Semaphore(0), threading.Event(), []
+
+    def hint(seconds):
+        seen.append(seconds)
+        if len(seen) == 1:
+            inside.release()
+            release.wait(10)
+        return f"{seconds} s"
+
+    wrapped = guard.wrap(hint, lambda: "busy", latest_wins=True)
+    tab = types.SimpleNamespace(session_hash="tab")
+    answer = []
+    first = threading.Thread(target=lambda: answer.append(wrapped(5, tab)))
+    first.start()
+    assert inside.acquire(timeout=10)
+    assert wrapped(2.4, tab) == "busy" and wrapped(1.2, tab) == "busy"
+    assert wrapped(3, types.SimpleNamespace(session_hash="other")) == "3 s"     # another tab is not held up
+    release.set()
+    first.join(10)
+    assert answer == ["1.2 s"] and seen == [5, 3, 1.2]                          # the newest only, once
+    assert wrapped(4, tab) == "4 s" and seen[-1] == 4
 
 
 def _job(tmp_path, name: str, settings) -> "object":

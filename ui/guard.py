@@ -58,9 +58,14 @@ class HandlerGuard:
         if idle and self.keeper is not None:
             self.keeper.worked()
 
-    def wrap(self, fn: Callable, busy: Callable[[], object]) -> Callable:
+    def wrap(self, fn: Callable, busy: Callable[[], object], latest_wins: bool = False) -> Callable:
         """`fn` that runs only while a slot is free (for everyone and for the calling session); otherwise returns
-        `busy()` at once. Gradio sees `fn`'s parameters plus a gr.Request (the session) at the end."""
+        `busy()` at once. Gradio sees `fn`'s parameters plus a gr.Request (the session) at the end.
+
+        `latest_wins`, for a live display that several events fill from the same inputs (the hints, the memory
+        plan): a call refused while a call of the same session runs is not lost. The running call, once done,
+        runs again with the newest refused values and answers with that, so the display ends showing what the
+        page holds now (a busy machine made the last change's answer a skip, and the hints stayed stale)."""
         import gradio as gr
 
         params = list(inspect.signature(fn).parameters.values())
@@ -68,15 +73,26 @@ class HandlerGuard:
         # Gradio passes a gr.Request to a positional parameter annotated so: one more, after fn's own
         extra = inspect.Parameter("guard_request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
                                   annotation=gr.Request)
+        newest: dict[str, tuple] = {}         # session -> the values of its latest refused call
 
         @functools.wraps(fn)
         def guarded(*args, **kwargs):
             request = args[takes] if len(args) > takes else kwargs.pop("guard_request", None)
             session = getattr(request, "session_hash", None)
             if not self._enter(session):
+                if latest_wins and session:
+                    with self._lock:
+                        newest[session] = (args[:takes], kwargs)
                 return busy()
             try:
-                return fn(*args[:takes], **kwargs)
+                result = fn(*args[:takes], **kwargs)
+                while latest_wins and session:
+                    with self._lock:
+                        later = newest.pop(session, None)
+                    if later is None:
+                        break
+                    result = fn(*later[0], **later[1])
+                return result
             finally:
                 self._leave(session)
 

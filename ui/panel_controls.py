@@ -67,7 +67,7 @@ def wire(app: gr.Blocks, ctx: AppContext) -> None:
         timed = hints.timeline_hint(prompt, seconds, window, mode, blend, DEFAULTS.fps)
         return "\n\n".join(t for t in (text, timed, note) if t)
 
-    live_hints = quick.wrap(show_hints, gr.skip)
+    live_hints = quick.wrap(show_hints, gr.skip, latest_wins=True)
     for component in hint_inputs:
         component.change(live_hints, hint_inputs, ui.hints, preprocess=False, **HIDDEN)
     app.load(live_hints, hint_inputs, ui.hints, preprocess=False, **HIDDEN)
@@ -77,13 +77,14 @@ def wire(app: gr.Blocks, ctx: AppContext) -> None:
                               width, height, window, image)
 
     plan_inputs = [ui.preserved_gb, ui.resolution, ui.width, ui.height, ui.latent_window, ui.image]
+    live_plan = live.wrap(memory_plan, gr.skip, latest_wins=True)
     for component in plan_inputs:          # the size's cost too (ui/memory_plan.py)
-        component.change(live.wrap(memory_plan, gr.skip), plan_inputs, ui.preserved_info, preprocess=False, **HIDDEN)
+        component.change(live_plan, plan_inputs, ui.preserved_info, preprocess=False, **HIDDEN)
 
     def token_count(prompt):
         return ctx.tokens.markdown(prompt)
 
-    tokens = live.wrap(token_count, gr.skip)
+    tokens = live.wrap(token_count, gr.skip, latest_wins=True)
     ui.prompt.change(tokens, ui.prompt, ui.prompt_tokens, **HIDDEN)
     app.load(tokens, ui.prompt, ui.prompt_tokens, **HIDDEN)
     ui.randomize.click(quick.wrap(st.random_seed, gr.skip), None, ui.seed, **HIDDEN)
