@@ -125,9 +125,10 @@ def test_guard_limits_concurrent_calls_and_answers_busy_at_once():
 
 
 def test_a_live_display_ends_showing_the_newest_values_of_a_busy_tab():
-    """Three changes of one tab while its first hint call is still running: the two refused ones answer busy at
-    once, and the running call answers with the newest values (the display would otherwise stay on the first)."""
-    guard = HandlerGuard(limit=8, per_session=1)
+    """Three changes of one tab while its first hint call is still running: the two later ones answer busy at once
+    (one call of a tab at a time, though the guard would let two run: an older answer must never arrive after a
+    newer one), and the running call answers with the newest values (the display would otherwise stay stale)."""
+    guard = HandlerGuard(limit=8, per_session=2)
     inside, release, seen = threading.Semaphore(0), threading.Event(), []
 
     def hint(seconds):

@@ -63,9 +63,11 @@ class HandlerGuard:
         `busy()` at once. Gradio sees `fn`'s parameters plus a gr.Request (the session) at the end.
 
         `latest_wins`, for a live display that several events fill from the same inputs (the hints, the memory
-        plan): a call refused while a call of the same session runs is not lost. The running call, once done,
-        runs again with the newest refused values and answers with that, so the display ends showing what the
-        page holds now (a busy machine made the last change's answer a skip, and the hints stayed stale)."""
+        plan): one call of a session runs at a time, and a call refused meanwhile is not lost. The running call,
+        once done, runs again with the newest refused values and answers with that, so the display ends showing
+        what the page holds now: refused calls answer `busy()` (a skip: the display keeps what it has), and no
+        older answer can arrive after a newer one (on a busy machine the last change's answer was a skip, or an
+        earlier call's answer arrived last, and the hints stayed stale)."""
         import gradio as gr
 
         params = list(inspect.signature(fn).parameters.values())
@@ -74,26 +76,41 @@ class HandlerGuard:
         extra = inspect.Parameter("guard_request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
                                   annotation=gr.Request)
         newest: dict[str, tuple] = {}         # session -> the values of its latest refused call
+        running: set[str] = set()              # sessions with a call of this handler running (latest_wins)
 
         @functools.wraps(fn)
         def guarded(*args, **kwargs):
             request = args[takes] if len(args) > takes else kwargs.pop("guard_request", None)
             session = getattr(request, "session_hash", None)
+            values = (args[:takes], kwargs)
+            follows = bool(latest_wins and session)
+            if follows:
+                with self._lock:
+                    if session in running:                # answered by the call that runs
+                        newest[session] = values
+                        return busy()
+                    running.add(session)
+                    newest.pop(session, None)              # this call is newer than any refused before it
             if not self._enter(session):
-                if latest_wins and session:
+                if follows:
                     with self._lock:
-                        newest[session] = (args[:takes], kwargs)
+                        running.discard(session)
+                        newest[session] = values           # the session's next call supersedes it
                 return busy()
             try:
-                result = fn(*args[:takes], **kwargs)
-                while latest_wins and session:
+                result = fn(*values[0], **values[1])
+                while follows:
                     with self._lock:
                         later = newest.pop(session, None)
-                    if later is None:
-                        break
+                        if later is None:
+                            running.discard(session)
+                            break
                     result = fn(*later[0], **later[1])
                 return result
             finally:
+                if follows:
+                    with self._lock:
+                        running.discard(session)
                 self._leave(session)
 
         guarded.__signature__ = inspect.Signature([*params, extra])
