@@ -87,7 +87,18 @@ def _child(argv: list[str], log_path: str, kill_at: KillAt | None, err_path: str
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        _save_coverage()
         os._exit(code)
+
+
+def _save_coverage() -> None:
+    """Under coverage.py (`patch = fork` restarts it in a forked child), save what this child measured: it ends
+    with os._exit, which skips coverage's own save at exit. Nothing without coverage."""
+    cov = getattr(sys.modules.get("coverage"), "Coverage", None)
+    current = cov.current() if cov is not None else None
+    if current is not None:
+        current.stop()
+        current.save()
 
 
 class JobProcesses:
