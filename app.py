@@ -16,7 +16,7 @@ import gradio as gr  # noqa: E402
 
 from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
 from configs.runtime import Config  # noqa: E402
-from jobs.models import ComponentCache  # noqa: E402
+from jobs.models import models_for  # noqa: E402
 from jobs.runner import Runner, open_runner  # noqa: E402
 from ui import panel_controls, panel_lora  # noqa: E402
 from ui.access import Access  # noqa: E402
@@ -58,7 +58,7 @@ def _device_text(device) -> str:
 def app_runner(config: Config, device) -> tuple[Runner, str | None]:
     """The one runner of the outputs folder's queue (and the store's warning): its jobs run on the farm of
     --ray/--gpus/--cpu-workers (Ray is imported only then) or in this process."""
-    executor = queue_executor(config, ComponentCache(config.preset, config.model_dir), device)
+    executor = queue_executor(config, models_for(config, device), device)
     return open_runner(config, executor, device_type=device.type)
 
 

@@ -25,7 +25,7 @@ from configs.runtime import Config
 from common.errors import InputError
 from pipeline.jobs import finished_video
 import dataclasses
-from jobs.models import ComponentCache
+from jobs.models import models_for
 from jobs.preflight import Preflight
 from jobs.line import Waiting
 
@@ -129,8 +129,12 @@ class Command:
         """The one pre-flight (jobs/preflight.py): the jobs are checked with it before anything is written."""
         if self._preflight is None or self._preflight.config is not self.config:
 
-            self._preflight = Preflight(self.config, ComponentCache(self.config.preset, self.config.model_dir),
-                                        self.device.type)
+            try:
+                models = models_for(self.config, self.device)
+            except RuntimeError as e:           # --fp8-compute on a device that cannot (the message says why)
+                print(f"error: {e}", file=sys.stderr)
+                raise SystemExit(EXIT_INPUT) from None
+            self._preflight = Preflight(self.config, models, self.device.type)
         return self._preflight
 
     @property

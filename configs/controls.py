@@ -23,6 +23,7 @@ from configs.memory import MEMORY
 MODES = ("original", "f1")
 SAMPLERS = ("unipc", "unipc_bh2", "euler")   # pipeline/samplers.py; unipc = FramePack's (bh1)
 TEACACHE_CHOICES = (0.0, 0.1, 0.15, 0.2)
+COMPILE_CHOICES = ("on", "off")
 KINDS = ("image", "video", "text", "int", "float", "choice")
 FILE_KINDS = ("image", "video")          # a file (path or upload): not a setting of job.json
 WIDGETS = ("image", "video", "textbox", "number", "slider", "radio", "dropdown")
@@ -186,6 +187,14 @@ CONTROLS: tuple[Control, ...] = (
             field="end-frame embedding weight", help="share of the end image in the image conditioning"),
     Control("fps", "int", 30, (1, 120), label="Frames per second", cli=None,
             help="frames per second of the video (job.json and batch lines only)"),
+    # pipeline/compiled.py; the command line's switch is the process option --no-compile (configs/options.py).
+    Control("compile", "choice", "on", choices=COMPILE_CHOICES, label="Compiled transformer", field="compile",
+            widget="radio", advanced=True, cli=None,
+            choice_labels=(("on", "on (GPU; the first job prepares kernels)"), ("off", "off (eager)")),
+            info="On a GPU the transformer blocks run compiled (torch.compile): faster steps; the first job of a "
+                 "size prepares kernels (kept for later starts). The CPU always runs them eagerly.",
+            help="compiled transformer blocks on a GPU: on (default) or off (eager); the CPU always runs eagerly; "
+                 "the command line's switch is --no-compile"),
 )
 
 

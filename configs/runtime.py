@@ -46,6 +46,8 @@ class Config:
     lora_dir: Path = Path(LORA.folder)
     fp8: bool = False                                # the transformer and the Llama kept in fp8 in host RAM
     pin: bool = True                                 # page-locked host copies
+    compile: bool = True                             # compiled transformer blocks on GPUs (--no-compile: eager)
+    fp8_compute: bool = False                        # --fp8-compute: block Linears multiply in fp8 (pipeline/compiled.py)
     device: str | None = None                        # None: the GPU if there is one
     late_load: bool = MEMORY.late_load               # MemoryConfig's switches, or the environment's for a run
     park: bool = MEMORY.park_file_blocks             # (common/environment.py STEADYFRAME_LATE_LOAD, _PARK,

@@ -44,7 +44,8 @@ def start_farm(config: Config, models=None, *, num_cpus: int | None = None) -> F
     options = config.memory_options()
     switches = tuple((k, options[k]) for k in ("pin_host_memory", "late_load", "park", "direct_io"))
     worker = WorkerConfig(config.preset, config.model_dir, config.outputs.resolve(), config.vram_cap_gb,
-                          config.host_ram_gb, config.weight_storage, switches=switches)
+                          config.host_ram_gb, config.weight_storage, switches=switches, compile=config.compile,
+                          fp8_compute=config.fp8_compute)
     return FarmExecutor(Farm.start(config.farm, worker, num_cpus=num_cpus), models)
 
 

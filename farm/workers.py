@@ -43,6 +43,8 @@ class WorkerConfig:
     loader: str | None = None              # "module:function" building the models (preset, mode, model_dir); None:
                                            # the preset's own loading (benchmarks/farm.py: full-size random weights)
     switches: tuple[tuple[str, bool], ...] = ()    # the MemoryManager's switches (configs/runtime.py memory_options)
+    compile: bool = True                   # --no-compile: False (pipeline/compiled.py)
+    fp8_compute: bool = False              # --fp8-compute (checked on each worker's own GPU)
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,13 @@ class JobWorker:
         self.node = node_name()
         self.host_ram_gb, budget_text = host_share(config)
         log.info("%s: %s", name, budget_text)
-        self.models = ComponentCache(config.preset, config.model_dir, loader=_loader(config.loader))
+        recipe = None
+        if config.fp8_compute:                # this worker's GPU can multiply in fp8, or the worker refuses to start
+            from pipeline.compiled import fp8_recipe
+
+            recipe = fp8_recipe(self._device())
+        self.models = ComponentCache(config.preset, config.model_dir, loader=_loader(config.loader),
+                                     fp8_compute=recipe)
         self._cancels: dict[str, object] = {}
         self._lock = threading.Lock()
         log.info("farm worker %s on %s (pid %d)", name, self.node, os.getpid())
@@ -120,6 +128,10 @@ class JobWorker:
         if self.config.use_gpu and torch.cuda.is_available():
             return torch.device("cuda", 0)           # Ray gives the actor one GPU: the first it can see
         return torch.device("cpu")
+
+    @property
+    def _compile(self) -> str:
+        return "auto" if self.config.compile else "off"
 
     def load(self, mode: str) -> float:
         """Load (or build) the models of `mode` now; the seconds it took (0 when they were loaded)."""
@@ -170,12 +182,12 @@ class JobWorker:
         if resuming:
             record_placement(Job(Path(job), load_job(Path(job))), self.name, self.node)
             yield Placed(self.name, self.node, Path(job))
-            run, events = None, resume(resume_request, components, memory, cancel=cancel)
+            run, events = None, resume(resume_request, components, memory, cancel=cancel, compile=self._compile)
         elif request.mode != components.mode:
             yield Failed(f"mode: the loaded models are for mode '{components.mode}', not '{request.mode}'")
             return
         else:
-            run = JobRun(job, components, memory, cancel, self.config.outputs, owner=owner)
+            run = JobRun(job, components, memory, cancel, self.config.outputs, owner=owner, compile=self._compile)
             events = run.events()
         for event in events:
             if run is not None and run.job is not None:

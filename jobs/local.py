@@ -79,12 +79,12 @@ class LocalExecutor:
         if work.resuming is not None:
             from pipeline.resume import resume
 
-            events = resume(work.resuming, components, memory, cancel=cancel, lora_dir=c.lora_dir)
+            events = resume(work.resuming, components, memory, cancel=cancel, lora_dir=c.lora_dir, compile=_compile(c))
         else:
             from pipeline.orchestrator import generate
 
             events = generate(work.prepared, components, memory, cancel=cancel, outputs=c.outputs,
-                              lora_dir=c.lora_dir, owner=work.owner)
+                              lora_dir=c.lora_dir, owner=work.owner, compile=_compile(c))
         try:
             for event in events:
                 if isinstance(event, (Done, Failed)):
@@ -92,6 +92,11 @@ class LocalExecutor:
                 yield event
         finally:
             events.close()
+
+
+def _compile(config: Config) -> str:
+    """The pipeline's compile choice from the process's: "auto" (compiled where the device can), "off"."""
+    return "auto" if config.compile else "off"
 
 
 def _device(name: str):

@@ -23,9 +23,23 @@ def _default_loader(preset, mode, model_dir):
     return load_components(preset, mode, model_dir=model_dir)
 
 
+def models_for(config, device) -> "ComponentCache":
+    """The process's models (loaded when a job needs them). With --fp8-compute, this device is checked first:
+    raises pipeline.compiled.Fp8ComputeUnavailable (its message says why and what to do)."""
+    recipe = None
+    if config.fp8_compute:
+        from pipeline.compiled import fp8_recipe
+
+        recipe = fp8_recipe(device)
+    return ComponentCache(config.preset, config.model_dir, fp8_compute=recipe)
+
+
 class ComponentCache:
-    def __init__(self, preset: str, model_dir: Path | None = None, loader: Callable | None = None):
+    def __init__(self, preset: str, model_dir: Path | None = None, loader: Callable | None = None,
+                 fp8_compute: str | None = None):
+        """`fp8_compute`: the torchao float8 recipe of --fp8-compute ("rowwise" …), None: off."""
         self.preset = get_preset(preset)
+        self.fp8_compute = fp8_compute
         self.model_dir = model_dir
         self._loader = loader or _default_loader
         self._cache: dict[str, object] = {}
@@ -63,5 +77,9 @@ class ComponentCache:
                 gc.collect()
             log.info("loading the %s models for mode %s", self.preset.name, mode)
             components = self._loader(self.preset, mode, self.model_dir)
+            if self.fp8_compute:
+                from pipeline.compiled import use_fp8_compute
+
+                use_fp8_compute(components.transformer, self.fp8_compute)
             self._cache[mode] = components
             return components

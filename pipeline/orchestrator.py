@@ -33,7 +33,7 @@ from pipeline.components import Components
 from pipeline.decode_speed import decode_speed
 from pipeline.denoiser import FramepackDenoiser
 from pipeline.cancel import CancelToken
-from pipeline import lora
+from pipeline import compiled, lora
 from common.errors import InputError, JobStopped
 from pipeline.eta import Remaining
 from pipeline.events import Done, Event, Failed, LogLine, Preview, Progress, SectionVideo, Started
@@ -64,13 +64,16 @@ def oom_advice(records, memory: MemoryManager, kept_video: bool) -> str:
 
 def generate(prepared: PreparedRequest, components: Components, memory: MemoryManager | None = None, *,
              cancel: CancelToken | None = None, outputs: str | Path = "outputs",
-             lora_dir: str | Path | None = None, owner: str | None = None) -> Iterator[Event]:
+             lora_dir: str | Path | None = None, owner: str | None = None, compile: str = "auto"
+             ) -> Iterator[Event]:
     """Run one job. Always ends with exactly one Done or Failed event.
 
     `prepared` comes from `pipeline.request.prepare(request, components.preset.default_resolution)`, which the caller (UI,
     API, CLI) runs once to refuse bad input before anything loads: the request is checked and its images decoded
     there, never again here. `owner`: the app's user who started it (job.json's "owner"; the app shows a job to
-    its owner only when it has several users)."""
+    its owner only when it has several users). `compile`: "auto" (compiled transformer blocks where the device
+    can and the job's "compile" setting is on; pipeline/compiled.py), "off" (--no-compile), "force" (also on the
+    CPU: tests)."""
     if not isinstance(prepared, PreparedRequest):
         raise TypeError(f"generate() takes a PreparedRequest (from pipeline.prepare), not {type(prepared).__name__}")
     if prepared.request.mode != components.mode:
@@ -80,7 +83,7 @@ def generate(prepared: PreparedRequest, components: Components, memory: MemoryMa
         yield Failed(prepared.source.problem(components))
         return
     run = JobRun(prepared, components, memory or MemoryManager(), cancel or CancelToken(), Path(outputs),
-                 lora_dir=lora_dir, owner=owner)
+                 lora_dir=lora_dir, owner=owner, compile=compile)
     yield from run.events()
 
 
@@ -108,13 +111,14 @@ class JobRun:
 
     def __init__(self, prepared: PreparedRequest, components: Components, memory: MemoryManager,
                  cancel: CancelToken, outputs: Path, resume: ResumeState | None = None,
-                 lora_dir: str | Path | None = None, owner: str | None = None):
+                 lora_dir: str | Path | None = None, owner: str | None = None, compile: str = "auto"):
         self.prepared, self.models, self.memory, self.cancel, self.outputs = (prepared, components, memory, cancel,
                                                                               outputs)
         self.resume = resume
         self.request = prepared.request
         self.lora_dir = lora_dir                # where LoRA names are looked up (pipeline/lora.py)
         self.owner = owner                      # job.json's "owner" (a new job's)
+        self.compile = compile                  # "auto", "off" or "force" (generate())
         self.loras = lora.LoraSet()
         self.plan = sec.make_plan(self.request.mode, self.request.seconds, self.request.latent_window,
                                   self.request.fps)
@@ -214,6 +218,8 @@ class JobRun:
             yield from self._rebuild_video(done, drain)
 
         denoiser = FramepackDenoiser(c.transformer, r.teacache, r.steps, on_oom=self.memory.stream_more)
+        blocks = compiled.for_job(c.transformer, self.device, process=self.compile != "off", job=r.compile,
+                                  force=self.compile == "force")
         _, _, _, lh, lw = start_latent.shape
         for section in self.plan.sections[done:]:
             n = section.index + 1
@@ -225,11 +231,14 @@ class JobRun:
             t_stage = time.monotonic()
             with self.memory.stage("transformer", transformer=c.transformer), self.fallback.active():
                 yield from drain()
+                kernels = compiled.KernelTimer(blocks, (r.mode, self.plan.window, lh, lw))
+                if kernels.active:      # the first step compiles: say so instead of a progress bar that stalls
+                    yield self.progress("sampling", n, 0, f"section {n}/{self.plan.count}: {compiled.PREPARING}")
                 denoiser.begin_section(ctx, self.plan.indices(section), (self.plan.window, lh, lw),
                                        image_embeds, texts.for_section(section.index), r.gs)
                 sampler = sample_section(denoiser, noise.to(self.device), sampler=r.sampler, steps=r.steps,
                                          cfg=r.cfg, rescale=r.rescale, check_stop=self.cancel.check)
-                generated = yield from self._stream_steps(sampler, n)
+                generated = yield from self._stream_steps(sampler, n, kernels)
                 denoiser.end_section()
             self._timed("transformer", time.monotonic() - t_stage)
             if denoiser.teacache:
@@ -244,11 +253,15 @@ class JobRun:
             yield from drain()
             yield from self._written()
 
-    def _stream_steps(self, sampler, section: int) -> Iterator[Event]:
+    def _stream_steps(self, sampler, section: int, kernels: compiled.KernelTimer | None = None
+                      ) -> Iterator[Event]:
         """Drive the sampling generator, turning each step into progress and preview events."""
         try:
             while True:
                 step, steps, estimate = next(sampler)
+                if kernels is not None and kernels.active:
+                    kernels.first_step_done()
+                    self._timed("preparing kernels", kernels.seconds)
                 self.memory.snapshot(f"sampling {section}.{step}")     # the memory timeline, per step
                 yield self.progress("sampling", section, step, f"Sampling {step}/{steps}")
                 yield Preview(preview_image(estimate), section, step)

@@ -8,12 +8,18 @@ none applies (dtype, head size, mask kind on this device), it splits the queries
 fits the chunk budget. Each choice is logged once per kind of call and stage and kept in `choices` (for job.json);
 when a ROCm GPU ends up on the chunked math kernel, the line also says why fused kernels may be off
 (`aotriton_note`: PyTorch's TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL gate).
+
+Inside compiled code (pipeline/compiled.py compiles the transformer blocks) the same checked call is one opaque
+operator, `steadyframe::attention`: dynamo does not trace the guard's kernel choice (it cannot ask PyTorch which
+fused kernel takes fake tensors), the compiled graph stays whole around it, and at run time the operator runs the
+guard's eager path (the same kernel, or the same chunks). The function patched in is always `_dispatch` (one
+object), so a compiled block traced under one stage's guard is reused under the next one's without recompiling.
 """
 from __future__ import annotations
 
 import logging
 import os
-from typing import Mapping
+from typing import Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -76,6 +82,49 @@ def chunked_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
     return out
 
 
+_ATEN_SDPA = torch._C._nn.scaled_dot_product_attention     # PyTorch's own, whatever is patched over it
+_ACTIVE: list["AttentionGuard"] = []                          # the guards inside their stage, innermost last
+
+
+def _dispatch(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """What `F.scaled_dot_product_attention` is while a guard holds it."""
+    if torch.compiler.is_compiling():
+        return torch.ops.steadyframe.attention(query, key, value, attn_mask, float(dropout_p), bool(is_causal),
+                                               scale, bool(enable_gqa))
+    return _checked(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+def _checked(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    if _ACTIVE:
+        return _ACTIVE[-1]._sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return _ATEN_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                      scale=scale, enable_gqa=enable_gqa)
+
+
+def _out_like(query: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """The output in the fused kernels' layout: (batch, heads, tokens, dim) stored token-major, as flash and cuDNN
+    return it for diffusers' (batch, tokens, heads, dim) inputs (so the transpose after attention is free)."""
+    if query.dim() != 4:
+        return query.new_empty((*query.shape[:-1], value.shape[-1]))
+    b, h, n, _ = query.shape
+    return query.new_empty((b, n, h, value.shape[-1])).transpose(1, 2)
+
+
+@torch.library.custom_op("steadyframe::attention", mutates_args=())
+def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
+                  dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool) -> torch.Tensor:
+    out = _checked(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    shaped = _out_like(query, value)
+    if out.stride() == shaped.stride():
+        return out
+    return shaped.copy_(out)        # compiled code was built for this layout (cheap next to the attention)
+
+
+@_attention_op.register_fake
+def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    return _out_like(query, value)
+
+
 def _fused_choice(args) -> SDPBackend | None:
     """The fused kernel PyTorch would pick for this call with math excluded, or None if none applies."""
     q, k, v, mask, dropout_p, is_causal, scale, enable_gqa = args
@@ -109,18 +158,23 @@ class AttentionGuard:
 
     @property
     def _original(self):
-        return self._patch.original if self._patch is not None else F.scaled_dot_product_attention
+        """The attention below this guard (PyTorch's own under a nested guard: never `_dispatch` again)."""
+        below = self._patch.original if self._patch is not None else F.scaled_dot_product_attention
+        return _ATEN_SDPA if below is _dispatch else below
 
     def __enter__(self) -> "AttentionGuard":
         if self.device.type == "cuda" or self.force_chunked:
             owner = "memory.AttentionGuard" + (f" ({self.label})" if self.label else "")
-            self._patch = patches.patch(F, "scaled_dot_product_attention", self._sdpa, owner)
+            self._patch = patches.patch(F, "scaled_dot_product_attention", _dispatch, owner)
+            _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
         if self._patch is not None:
             patches.restore(self._patch)
             self._patch = None
+            if self in _ACTIVE:
+                _ACTIVE.remove(self)
 
     @staticmethod
     def _signature(q, k, v, mask, dropout_p, is_causal, enable_gqa) -> tuple:

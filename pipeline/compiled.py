@@ -1,0 +1,227 @@
+"""Compiled transformer blocks (on by default on GPUs) and fp8 matrix products (`--fp8-compute`, opt-in).
+
+**Compiled blocks.** The 20 double-stream and 40 single-stream blocks are two classes; `torch.compile` traces each
+class's `forward` once and every block of that class reuses the compiled code (dynamo takes the block as an input,
+its parameters as graph inputs). A block's `forward` becomes a small dispatcher, set once per loaded transformer:
+compiled or eager, per job (`CompiledBlocks.enabled`). What memory/ hangs on a block (the streaming hook that points
+a streamed block's parameters at its device slot, memory/streaming.py) wraps this dispatcher from the outside, so
+hooks run eagerly around the compiled computation and never inside it; a streamed block swapped in and out has
+parameters of the same shape, dtype and device each time, so it does not recompile. LoRAs are merged into the
+weights' device copies (memory/deltas.py): no recompile per job either. Attention inside compiled code is one opaque
+operator that runs rocm/sdpa.py's checked kernel choice (its chunked fallback on ROCm included).
+
+Recompiles are bounded: the first job compiles each class for its shapes; the first new shape (another resolution
+bucket, a prompt of another length) recompiles once with dynamic sizes, which then serve every later shape. The
+first single-stream block gets its input in another memory layout than the others, so that class has two variants
+of each. In all, at most 2 graphs for the double-stream class and 4 for the single-stream class (dynamo's limit
+per function is 8; past it a block would silently run eagerly).
+
+Compiled kernels are kept across restarts in `<cache root>/compile` (TorchInductor's caches: TORCHINDUCTOR_CACHE_DIR,
+unless set already), so a restarted app only traces the blocks again (seconds) instead of compiling them.
+
+Eager: on the CPU (compiling the tiny preset costs more than it saves), where PyTorch has no Triton (e.g. some
+Windows builds), with `--no-compile`, or when a job's "Compiled transformer" is off. One log line says which.
+
+**fp8 compute** (torchao's float8 linear, row-wise dynamic scaling; falls back to one scale per tensor where the
+GPU's PyTorch has no row-wise fp8 product): each Linear inside the blocks multiplies in float8 e4m3: the activation
+and the weight are scaled and cast per call (fused into the compiled block), the product accumulates in float32 and
+comes out in bf16. The weights stay the model's Parameters (bf16 in their pinned host chunks or device slots), so
+streaming, LoRA merges and fp8 host storage (`--fp8`) work unchanged: a weight stored as fp8 with a scale per row is
+exactly a row-wise fp8 weight, and casting it back is lossless up to bf16's rounding of the scale.
+Needs fp8 tensor cores: NVIDIA compute capability 8.9+ (Ada, Hopper, Blackwell) or AMD gfx942/gfx950 (MI300,
+MI350) and gfx12 (RDNA4) with a PyTorch that supports fp8 products there (checked by a small product at start).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from common.environment import read_environment
+
+log = logging.getLogger(__name__)
+
+CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"
+PREPARING = "preparing kernels (first job only)"
+FP8_ARCHS = ("gfx942", "gfx950", "gfx1200", "gfx1201")      # AMD GPUs with fp8 matrix cores
+_ATTR = "_steadyframe_compiled"
+_COMPILED: dict[type, object] = {}                          # one compiled forward per block class, per process
+
+
+def unavailable(device: torch.device) -> str | None:
+    """Why blocks cannot be compiled on `device` (None: they can)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"compiled blocks are for GPUs; the {device.type.upper()} runs them eagerly"
+    try:
+        from torch.utils._triton import has_triton
+    except ImportError:  # pragma: no cover - every supported PyTorch has it
+        return "this PyTorch cannot compile (no torch.utils._triton)"
+    if not has_triton():
+        return "this PyTorch install has no Triton (the GPU compiler torch.compile needs), so blocks run eagerly"
+    return None
+
+
+def cache_folder() -> Path:
+    """Where compiled kernels are kept between runs: TORCHINDUCTOR_CACHE_DIR if set, else <cache root>/compile."""
+    chosen = os.environ.get(CACHE_VAR)
+    return Path(chosen) if chosen else read_environment().cache_root / "compile"
+
+
+def use_cache_folder() -> Path:
+    """Point TorchInductor's caches (compiled graphs, Triton kernels, autotuning) at `cache_folder()`."""
+    folder = cache_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault(CACHE_VAR, str(folder))
+    return folder
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far (a recompile counts as one more)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def blocks_of(transformer: nn.Module) -> list[nn.Module]:
+    return list(transformer.transformer_blocks) + list(transformer.single_transformer_blocks)
+
+
+class CompiledBlocks:
+    """The dispatchers of one transformer's blocks; `enabled` chooses compiled or eager for the next calls."""
+
+    def __init__(self, transformer: nn.Module):
+        self.enabled = False
+        self.prepared: set[tuple] = set()          # shapes whose kernels were prepared in this process
+        for block in blocks_of(transformer):
+            registry = getattr(block, "_diffusers_hook", None)
+            if registry is not None and registry.hooks:
+                raise RuntimeError(f"{type(block).__name__} has hooks attached ({', '.join(registry.hooks)}); "
+                                   f"set up compiled blocks between stages")
+            block.forward = self._dispatcher(block)
+
+    def _dispatcher(self, block: nn.Module):
+        cls = type(block)
+        eager = cls.forward.__get__(block)          # the class's own forward (a removed hook leaves a bound copy)
+        if cls not in _COMPILED:
+            _COMPILED[cls] = torch.compile(cls.forward)
+        compiled = _COMPILED[cls]
+
+        def forward(*args, **kwargs):
+            if self.enabled:
+                return compiled(block, *args, **kwargs)
+            return eager(*args, **kwargs)
+
+        return forward
+
+    def is_new(self, key: tuple) -> bool:
+        """Will the next call with these shapes compile (first use in this process, compiled mode)?"""
+        return self.enabled and key not in self.prepared
+
+
+def install(transformer: nn.Module) -> CompiledBlocks:
+    """The transformer's dispatchers, set on its blocks the first time (call between stages, before any hook)."""
+    blocks = getattr(transformer, _ATTR, None)
+    if blocks is None:
+        blocks = CompiledBlocks(transformer)
+        setattr(transformer, _ATTR, blocks)
+    return blocks
+
+
+def for_job(transformer: nn.Module, device: torch.device, *, process: bool = True, job: str = "on",
+            force: bool = False) -> CompiledBlocks:
+    """Compiled or eager blocks for one job, said in one log line. `process`: False with --no-compile; `job`: the
+    job's "compile" setting; `force`: compile even on the CPU (tests)."""
+    blocks = install(transformer)
+    why = ("--no-compile" if not process else "off for this job" if job == "off"
+           else None if force else unavailable(device))
+    blocks.enabled = why is None
+    if why is None:
+        folder = use_cache_folder()
+        log.info("transformer blocks: compiled (torch.compile; kernels kept in %s)", folder)
+    else:
+        log.info("transformer blocks: eager (%s)", why)
+    return blocks
+
+
+class KernelTimer:
+    """Measures the step that prepares kernels for new shapes: logs its time and the graphs compiled."""
+
+    def __init__(self, blocks: CompiledBlocks, key: tuple):
+        self.blocks, self.key = blocks, key
+        self.active = blocks.is_new(key)
+        self.graphs = compiled_graphs() if self.active else 0
+        self.t0 = time.monotonic()
+        self.seconds = 0.0
+
+    def first_step_done(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        self.blocks.prepared.add(self.key)
+        self.seconds = time.monotonic() - self.t0
+        log.info("kernels prepared in %.1f s (%d graphs compiled; later jobs of this shape reuse them)",
+                 self.seconds, compiled_graphs() - self.graphs)
+
+
+# ---- fp8 compute -------------------------------------------------------------------------------------------------
+class Fp8ComputeUnavailable(RuntimeError):
+    """--fp8-compute cannot run here (the message says why and what to do)."""
+
+
+def _fp8_target(name: str, module: nn.Module) -> bool:
+    """The block Linears multiplied in fp8: not the modulation layers (one row of input: nothing to gain)."""
+    return (name.startswith(("transformer_blocks.", "single_transformer_blocks.")) and isinstance(module, nn.Linear)
+            and ".norm" not in f".{name}" and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+
+def fp8_recipe(device: torch.device) -> str:
+    """The torchao float8 recipe this GPU runs ("rowwise", else "tensorwise"); raises Fp8ComputeUnavailable."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise Fp8ComputeUnavailable(f"--fp8-compute needs a GPU with fp8 tensor cores (NVIDIA RTX 40xx / Ada, H100 "
+                                    f"or newer; AMD MI300, MI350 or RDNA4); this job runs on the {device.type.upper()}."
+                                    f" Leave --fp8-compute off (--fp8 still halves the host RAM).")
+    name = torch.cuda.get_device_name(device)
+    if torch.version.hip:
+        arch = getattr(torch.cuda.get_device_properties(device), "gcnArchName", "").split(":")[0]
+        if not arch.startswith(FP8_ARCHS):
+            raise Fp8ComputeUnavailable(f"--fp8-compute needs fp8 matrix cores ({', '.join(FP8_ARCHS)}); {name} is "
+                                        f"{arch or 'unknown'}. Leave --fp8-compute off.")
+    elif torch.cuda.get_device_capability(device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise Fp8ComputeUnavailable(f"--fp8-compute needs fp8 tensor cores (compute capability 8.9 or newer: RTX 40xx,"
+                                    f" L4, H100 …); {name} has {major}.{minor}. Leave --fp8-compute off.")
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError:
+        raise Fp8ComputeUnavailable("--fp8-compute uses torchao: pip install torchao (or leave --fp8-compute off)")
+    failures = []
+    for recipe in ("rowwise", "tensorwise"):
+        try:
+            probe = nn.Sequential(nn.Linear(64, 64, bias=False)).to(device, torch.bfloat16)
+            convert_to_float8_training(probe, config=Float8LinearConfig.from_recipe_name(recipe))
+            with torch.no_grad():
+                probe(torch.randn(32, 64, device=device, dtype=torch.bfloat16))
+            return recipe
+        except Exception as e:      # this PyTorch has no such fp8 product on this GPU: try the next recipe
+            failures.append(f"{recipe}: {str(e).strip().splitlines()[-1][:160] if str(e).strip() else type(e).__name__}")
+    raise Fp8ComputeUnavailable(f"--fp8-compute: this PyTorch cannot multiply in fp8 on {name} ({'; '.join(failures)})."
+                                f" Leave --fp8-compute off.")
+
+
+def use_fp8_compute(transformer: nn.Module, recipe: str = "rowwise") -> int:
+    """Make the block Linears of `transformer` multiply in fp8 (same Parameters; call before it is packed or
+    compiled). Returns how many Linears were converted."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    names = [name for name, m in transformer.named_modules() if _fp8_target(name, m)]
+    wanted = set(names)
+    convert_to_float8_training(transformer, config=Float8LinearConfig.from_recipe_name(recipe),
+                               module_filter_fn=lambda m, fqn: fqn in wanted)
+    log.info("fp8 compute: %d block Linears multiply in float8 e4m3 (torchao, %s scaling)", len(names), recipe)
+    return len(names)
