@@ -1,0 +1,269 @@
+"""Compiled transformer blocks and fp8 compute against today's eager bf16 (issue 30), full-size random weights.
+
+`step`: one transformer step (the pipeline's FramepackDenoiser after `begin_section`, the first section's real
+context at 608×640, window 9) resident and under the 20 GB cap (preserved 6, prefetch 1, streamed as the app
+streams), for eager bf16, compiled blocks and fp8 compute (torchao, compiled); the median of `--steps` steps after
+`--warmup`, the first compiled call timed apart (kernel preparation). Error against eager bf16 (relative Frobenius
+norm): one step's output, and a whole section's latents (25 sampling steps of the real sampler from the same noise).
+
+`jobs`: whole jobs through the orchestrator (all five full-size models, 20 GB cap, preserved 6) in one process, one
+per `--jobs` entry: eager | compiled | lora (compiled + one random rank-16 LoRA on every block Linear) | teacache
+(compiled + TeaCache 0.15) | fp8 (compiled + fp8 compute; converts the transformer, so it comes last). Per job: end
+to end, the transformer's sampling, the kernel preparation, the graphs dynamo compiled during the job (0 = no
+recompile). The final latents of each job are saved in `--latents` and compared with the first job's (and, with
+`--compare`, with the latents another process saved).
+
+    python3 benchmarks/compiled.py step --out step.json
+    TORCHINDUCTOR_CACHE_DIR=/tmp/ind python3 benchmarks/compiled.py jobs --jobs eager,compiled --latents lat \
+        --out cold.json          # a fresh process: the first compiled job compiles (cold cache)
+    TORCHINDUCTOR_CACHE_DIR=/tmp/ind python3 benchmarks/compiled.py jobs --jobs compiled,compiled --latents lat \
+        --compare lat/eager-0.safetensors --out warm.json     # a restarted process: warm cache, then a second job
+    python3 benchmarks/compiled.py jobs --tiny --jobs eager,compiled --force --out t.json     # CPU, tiny preset
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+if not __package__:          # `python3 benchmarks/<this>.py`: run again as a module (benchmarks/_script.py)
+    import _script
+
+    _script.as_module(__file__)
+
+from common.units import GIB  # noqa: E402
+
+log = logging.getLogger("benchmarks.compiled")
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative Frobenius norm of a - b against b."""
+    a, b = a.float().cpu(), b.float().cpu()
+    return float((a - b).norm() / b.norm())
+
+
+# ---- step -------------------------------------------------------------------------------------------------------
+def _section_latents(tr, inputs, device, steps: int) -> torch.Tensor:
+    """A whole section sampled with the real sampler (no CFG) from the inputs' noise, resident."""
+    from memory.manager import MemoryManager
+    from pipeline.denoiser import FramepackDenoiser
+    from pipeline.sampling import sample_section
+
+    ctx, idx, shape, image, texts, noise = inputs
+    mm = MemoryManager(device=device, cap_gb=1e3, preserved_gb=6.0, plan_on_cpu=device.type == "cpu")
+    with mm.stage("transformer", transformer=tr):
+        den = FramepackDenoiser(tr, 0.0, steps)
+        den.begin_section(ctx, idx, shape, image, texts, 10.0)
+        gen = sample_section(den, noise.to(device), sampler="unipc", steps=steps, cfg=1.0, rescale=0.0)
+        try:
+            while True:
+                next(gen)
+        except StopIteration as done:
+            out = done.value
+        den.end_section()
+    return out.float().cpu()
+
+
+def step_main(args) -> None:
+    from benchmarks.transformer_step import build_transformer, run_config, section_inputs
+    from memory.hostpack import HostPack
+    from pipeline import compiled
+
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    t0 = time.perf_counter()
+    tr, height, width, image_tokens = build_transformer(args.tiny)
+    build_s = time.perf_counter() - t0
+    pack = HostPack.of(tr)
+    pack.set_pinned(device.type == "cuda")
+    inputs = section_inputs(tr, height, width, 9, image_tokens)
+    total_gb = torch.cuda.get_device_properties(device).total_memory / GIB if device.type == "cuda" else 1e3
+    if args.tiny:
+        caps = {"resident": (total_gb, 1.0), "cap": (1.0 + (pack.rest.nbytes + pack.blocks[0].nbytes) / GIB, 1.0)}
+    else:
+        caps = {"resident": (total_gb, 6.0), "20 GB cap": (20.0, 6.0)}
+    blocks = compiled.install(tr)
+    results, sections = [], {}
+    variants = [v for v in args.variants.split(",") if v]
+    for variant in variants:
+        if variant == "fp8":
+            recipe = "rowwise" if args.tiny else compiled.fp8_recipe(device)
+            compiled.use_fp8_compute(tr, recipe)
+        blocks.enabled = variant != "eager"
+        prepare_s = None
+        if blocks.enabled:        # the first call compiles (timed here, not in the steps)
+            before = compiled.compiled_graphs()
+            t = time.perf_counter()
+            run_config("warm-up", tr, inputs, device, *caps["resident"], 1, 0, 1)
+            prepare_s = time.perf_counter() - t
+            log.info("%s: kernels prepared in %.1f s (%d graphs)", variant, prepare_s,
+                     compiled.compiled_graphs() - before)
+        for name, (cap_gb, preserved) in caps.items():
+            before = compiled.compiled_graphs()
+            r = run_config(f"{variant}, {name}", tr, inputs, device, cap_gb, preserved, 1, args.warmup, args.steps)
+            r.update(variant=variant, where=name, prepare_s=prepare_s,
+                     graphs_compiled=compiled.compiled_graphs() - before)
+            results.append(r)
+        if args.section_steps:
+            sections[variant] = _section_latents(tr, inputs, device, args.section_steps)
+    base = {r["where"]: r for r in results if r["variant"] == variants[0]}
+    for r in results:
+        ref = base[r["where"]]
+        r["x_eager"] = r["s_per_step"] / ref["s_per_step"]
+        r["x_eager_resident"] = r["s_per_step"] / base["resident"]["s_per_step"]
+    for r in results:
+        r["step_rel_err"] = rel(r["output"], base[r["where"]]["output"])
+        r["section_rel_err"] = rel(sections[r["variant"]], sections[variants[0]]) if sections else None
+    for r in results:
+        r.pop("output")
+    meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "tiny": args.tiny, "build_s": build_s, "date": time.strftime("%Y-%m-%d"),
+            "section_steps": args.section_steps}
+    args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1, default=str))
+    print(f"\n{meta['device']}, torch {meta['torch']}")
+    print("| variant | where | s/step | × eager (same place) | × eager resident | kernels prepared s | "
+          "graphs in timed steps | peak reserved GiB | step rel. err | section rel. err |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        sec_err = "–" if r["section_rel_err"] is None else f"{r['section_rel_err']:.2e}"
+        prep = "–" if r["prepare_s"] is None else f"{r['prepare_s']:.1f}"
+        print(f"| {r['variant']} | {r['where']} | {r['s_per_step']:.3f} | {r['x_eager']:.3f} | "
+              f"{r['x_eager_resident']:.3f} | {prep} | {r['graphs_compiled']} | {r['peak_reserved'] / GIB:.2f} | "
+              f"{r['step_rel_err']:.2e} | {sec_err} |")
+
+
+# ---- jobs -------------------------------------------------------------------------------------------------------
+def write_random_lora(tr, folder: Path, rank: int = 16, seed: int = 7) -> str:
+    """A LoRA file in diffusers' layout with random rank-`rank` factors on every block Linear; its name."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, m in tr.named_modules():
+        if isinstance(m, torch.nn.Linear) and "transformer_blocks." in name:
+            tensors[f"transformer.{name}.lora_A.weight"] = (torch.randn(rank, m.in_features, generator=g)
+                                                            / m.in_features ** 0.5).to(torch.bfloat16)
+            tensors[f"transformer.{name}.lora_B.weight"] = (torch.randn(m.out_features, rank, generator=g)
+                                                            * 1e-3).to(torch.bfloat16)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "bench.safetensors"))
+    return "bench.safetensors"
+
+
+def jobs_main(args) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from benchmarks.fullsize import build_components
+    from benchmarks.section import _ensure_video_writer, _image
+    from memory.manager import MemoryManager
+    from pipeline import compiled
+    from pipeline.events import Done
+    from pipeline.orchestrator import generate
+    from pipeline.request import Request, prepare
+
+    _ensure_video_writer()
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    t0 = time.perf_counter()
+    comps = build_components(args.tiny)
+    build_s = time.perf_counter() - t0
+    height, width = (64, 64) if args.tiny else (608, 640)
+    lora_dir = Path(tempfile.mkdtemp())
+    lora_name = None
+    args.latents.mkdir(parents=True, exist_ok=True)
+    rows, first = [], None
+    with tempfile.TemporaryDirectory() as outputs:
+        for n, variant in enumerate(v for v in args.jobs.split(",") if v):
+            if variant == "lora" and lora_name is None:
+                lora_name = write_random_lora(comps.transformer, lora_dir)
+            if variant == "fp8":
+                recipe = "rowwise" if device.type == "cpu" else compiled.fp8_recipe(device)
+                if not any(type(m).__name__ == "Float8Linear" for m in comps.transformer.modules()):
+                    compiled.use_fp8_compute(comps.transformer, recipe)
+            request = Request(image=_image(height, width), prompt="a red fox runs through fresh snow",
+                              seconds=args.seconds if variant not in ("lora", "teacache") else args.short_seconds,
+                              steps=args.steps, seed=31337, teacache=0.15 if variant == "teacache" else 0.0,
+                              loras=f"{lora_name}:0.8" if variant == "lora" else "",
+                              compile="off" if variant == "eager" else "on")
+            memory = MemoryManager(device=device, cap_gb=args.cap_gb, preserved_gb=args.preserved_gb)
+            memory.set_workload(height, width, 9)
+            memory.prepare(**comps.models())
+            graphs = compiled.compiled_graphs()
+            t = time.perf_counter()
+            events = list(generate(prepare(request, comps.preset.default_resolution), comps, memory,
+                                   outputs=Path(outputs) / f"job{n}", lora_dir=lora_dir,
+                                   compile="force" if args.force else "auto"))
+            total = time.perf_counter() - t
+            end = events[-1]
+            if not isinstance(end, Done):
+                raise SystemExit(f"job {n} ({variant}) failed: {end.message}\n{end.detail}")
+            sampling = sum(r.ended - r.started for r in memory.records if r.name == "transformer")
+            latents = load_file(str(end.job_dir / "latents.safetensors"))["history"]
+            save_file({"history": latents}, str(args.latents / f"{variant}-{n}.safetensors"))
+            row = {"job": n, "variant": variant, "seconds": request.seconds, "total_s": total, "sampling_s": sampling,
+                   "preparing_kernels_s": float(end.timings.get("preparing kernels", 0.0)),
+                   "graphs_compiled": compiled.compiled_graphs() - graphs,
+                   "peak_reserved": max(r.peak_reserved for r in memory.records), "frames": end.frames}
+            if first is None:
+                first = (variant, latents)
+            elif latents.shape == first[1].shape:
+                row["latents_rel_err_vs_first"] = rel(latents, first[1])
+            for other in args.compare or []:
+                ref = load_file(str(other))["history"]
+                if ref.shape == latents.shape:
+                    row.setdefault("latents_rel_err_vs", {})[Path(other).name] = rel(latents, ref)
+            rows.append(row)
+            log.info("job %d (%s): %.1f s end to end, %.1f s sampling, %d graphs compiled", n, variant, total,
+                     sampling, row["graphs_compiled"])
+    meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "build_s": build_s, "date": time.strftime("%Y-%m-%d"),
+            "cache": str(compiled.cache_folder())}
+    args.out.write_text(json.dumps({"meta": meta, "jobs": rows}, indent=1, default=str))
+    print(f"\n{meta['device']}, torch {meta['torch']}, build {build_s:.0f} s, kernel cache {meta['cache']}")
+    print("| job | variant | video s | end to end s | sampling s | preparing kernels s | graphs compiled | "
+          "peak reserved GiB | latents vs first (rel.) | vs --compare |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        vs = r.get("latents_rel_err_vs_first")
+        cmp = ", ".join(f"{k}: {v:.2e}" for k, v in r.get("latents_rel_err_vs", {}).items()) or "–"
+        print(f"| {r['job']} | {r['variant']} | {r['seconds']:g} | {r['total_s']:.2f} | {r['sampling_s']:.2f} | "
+              f"{r['preparing_kernels_s']:.1f} | {r['graphs_compiled']} | {r['peak_reserved'] / GIB:.2f} | "
+              f"{'–' if vs is None else f'{vs:.2e}'} | {cmp} |")
+
+
+def main(argv=None) -> None:
+    import rocm
+
+    rocm.apply_env_profile()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    s = sub.add_parser("step")
+    s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--tiny", action="store_true")
+    s.add_argument("--variants", default="eager,compiled,fp8")
+    s.add_argument("--warmup", type=int, default=2)
+    s.add_argument("--steps", type=int, default=4)
+    s.add_argument("--section-steps", type=int, default=25, help="0: no whole-section error")
+    j = sub.add_parser("jobs")
+    j.add_argument("--out", type=Path, required=True)
+    j.add_argument("--tiny", action="store_true")
+    j.add_argument("--jobs", default="eager,compiled,compiled")
+    j.add_argument("--seconds", type=float, default=5.0)
+    j.add_argument("--short-seconds", type=float, default=1.2, help="the lora and teacache jobs' length")
+    j.add_argument("--steps", type=int, default=25)
+    j.add_argument("--cap-gb", type=float, default=20.0)
+    j.add_argument("--preserved-gb", type=float, default=6.0)
+    j.add_argument("--latents", type=Path, default=Path("latents"))
+    j.add_argument("--compare", type=Path, action="append")
+    j.add_argument("--force", action="store_true", help="compile also on the CPU (tiny preset)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    (step_main if args.what == "step" else jobs_main)(args)
+
+
+if __name__ == "__main__":
+    main()
