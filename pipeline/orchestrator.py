@@ -231,11 +231,13 @@ class JobRun:
             t_stage = time.monotonic()
             with self.memory.stage("transformer", transformer=c.transformer), self.fallback.active():
                 yield from drain()
-                kernels = compiled.KernelTimer(blocks, (r.mode, self.plan.window, lh, lw))
+                section_texts = texts.for_section(section.index)
+                lengths = tuple(sorted((b, int(t.mask.sum())) for b, t in section_texts.items()))
+                kernels = compiled.KernelTimer(blocks, (r.mode, self.plan.window, lh, lw, lengths))
                 if kernels.active:      # the first step compiles: say so instead of a progress bar that stalls
                     yield self.progress("sampling", n, 0, f"section {n}/{self.plan.count}: {compiled.PREPARING}")
                 denoiser.begin_section(ctx, self.plan.indices(section), (self.plan.window, lh, lw),
-                                       image_embeds, texts.for_section(section.index), r.gs)
+                                       image_embeds, section_texts, r.gs)
                 sampler = sample_section(denoiser, noise.to(self.device), sampler=r.sampler, steps=r.steps,
                                          cfg=r.cfg, rescale=r.rescale, check_stop=self.cancel.check)
                 generated = yield from self._stream_steps(sampler, n, kernels)
