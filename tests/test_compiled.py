@@ -1,0 +1,190 @@
+"""Compiled transformer blocks and fp8 compute (pipeline/compiled.py): off on the CPU by default, the switch from
+every door, a tiny job compiled (forced on the CPU) against eager, streaming and the attention guard under compile,
+and --fp8-compute refused where it cannot run."""
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from common.errors import InputError
+from configs.options import add_process_options, config_from
+from pipeline import compiled
+from pipeline.events import Done, LogLine, Progress
+from pipeline.request import Request
+from tests.conftest import make_image, run_job
+
+CAN_COMPILE = shutil.which("g++") or shutil.which("c++") or shutil.which("cl")
+NEEDS_COMPILER = pytest.mark.skipif(not CAN_COMPILE, reason="no C++ compiler: torch.compile cannot build CPU kernels "
+                                                            "on this machine")
+
+
+@pytest.fixture
+def kernel_cache(tmp_path, monkeypatch):
+    """Compiled kernels go to a folder of the test (not the user's cache)."""
+    monkeypatch.setenv(compiled.CACHE_VAR, str(tmp_path / "kernels"))
+    return tmp_path / "kernels"
+
+
+def _config(*args):
+    p = argparse.ArgumentParser()
+    add_process_options(p)
+    return config_from(p, p.parse_args(list(args)))
+
+
+def _lines(events) -> str:
+    return "\n".join(e.message for e in events if isinstance(e, LogLine))
+
+
+def test_compile_is_off_on_the_cpu_by_default(tiny_original, caplog):
+    assert _config().compile is True                    # on by default (for GPUs) ...
+    assert "GPU" in compiled.unavailable(torch.device("cpu"))
+    with caplog.at_level(logging.INFO, logger="pipeline.compiled"):
+        blocks = compiled.for_job(tiny_original.transformer, torch.device("cpu"))
+    assert blocks.enabled is False                       # ... eager on the CPU, said in one line
+    assert "transformer blocks: eager (compiled blocks are for GPUs" in caplog.text
+
+
+def test_the_switch_reaches_the_denoiser_from_the_cli_the_page_and_the_api(tiny_original, tmp_path):
+    from jobs.local import _compile
+
+    assert _config("--no-compile").compile is False
+    assert _compile(_config("--no-compile")) == "off" and _compile(_config()) == "auto"
+    # the page's advanced setting and the /video API parameter: one control, checked like every other
+    from configs.controls import control
+
+    c = control("compile")
+    assert c.widget == "radio" and c.advanced and c.api_name == "compile" and c.default == "on"
+    assert Request.from_mapping({"image": make_image(), "compile": "off"}).compile == "off"
+    from pipeline.request import prepare
+
+    with pytest.raises(InputError, match="compile"):
+        prepare(Request.from_mapping({"image": make_image(), "compile": "sometimes"}), 64)
+    # each reaches the job's blocks: the log line says which switch made them eager
+    from pipeline.orchestrator import generate
+
+    def eager_reason(request, process):
+        prepared = prepare(request, tiny_original.preset.default_resolution)
+        events = list(generate(prepared, tiny_original, outputs=tmp_path, compile=process))
+        assert isinstance(events[-1], Done)
+        return [line for line in _lines(events).splitlines() if "transformer blocks:" in line]
+
+    short = dict(image=make_image(), prompt="a cat", seconds=1.0, steps=2)
+    assert "eager (--no-compile)" in eager_reason(Request(**short), "off")[0]
+    assert "eager (off for this job)" in eager_reason(Request(**short, compile="off"), "auto")[0]
+    assert "for GPUs" in eager_reason(Request(**short), "auto")[0]
+
+
+@NEEDS_COMPILER
+def test_a_tiny_job_compiled_matches_eager_and_the_second_job_compiles_nothing(tiny_original, tmp_path,
+                                                                                kernel_cache):
+    from pipeline.orchestrator import generate
+    from pipeline.request import prepare
+
+    def job(name, mode):
+        request = Request(image=make_image(), prompt="a cat walks", seconds=1.0, steps=3, seed=5)
+        graphs = compiled.compiled_graphs()
+        events = list(generate(prepare(request, 64), tiny_original, outputs=tmp_path / name, compile=mode))
+        assert isinstance(events[-1], Done), events[-1]
+        latents = load_file(str(events[-1].job_dir / "latents.safetensors"))
+        preparing = [e for e in events if isinstance(e, Progress) and compiled.PREPARING in (e.message or "")]
+        return latents, compiled.compiled_graphs() - graphs, preparing, _lines(events)
+
+    eager, _, _, eager_log = job("eager", "auto")                   # the CPU: eager
+    first, graphs, preparing, log = job("first", "force")
+    assert "transformer blocks: compiled" in log and "transformer blocks: eager" in eager_log
+    assert graphs >= 2 and len(preparing) == 1                       # the page said why the first step took long
+    assert "kernels prepared in" in log and any(kernel_cache.iterdir())
+    second, graphs, preparing, _ = job("second", "force")
+    assert graphs == 0 and preparing == []                           # no recompile for the same job again
+    for key in first:
+        assert torch.equal(first[key], second[key]), key             # the same request, the same bits
+        torch.testing.assert_close(first[key], eager[key], atol=1e-4, rtol=0)   # and eager's latents within 1e-4
+
+
+@NEEDS_COMPILER
+def test_streamed_blocks_and_the_attention_guard_run_compiled_without_recompiling(tiny_original, kernel_cache):
+    """Under a cap that streams a block (CPU plan) and inside a guard that chunks attention: the hooks run around
+    the compiled blocks, the attention is the guard's (its choice recorded), and swapping blocks in and out and a new
+    guard per stage compile nothing new."""
+    from benchmarks.transformer_step import run_config, section_inputs
+    from memory.hostpack import HostPack
+    from rocm.sdpa import AttentionGuard
+
+    tr = tiny_original.transformer
+    inputs = section_inputs(tr, 64, 64, 9, 16)
+    pack = HostPack.of(tr)
+    cap = 1.0 + (pack.rest.nbytes + pack.blocks[0].nbytes) / 2**30
+    cpu = torch.device("cpu")
+    eager = run_config("eager", tr, inputs, cpu, 1e3, 1.0, 1, 0, 1)["output"]
+    blocks = compiled.install(tr)
+    blocks.enabled = True
+    try:
+        with AttentionGuard(cpu, chunk_budget_bytes=4096, force_chunked=True, label="transformer") as guard:
+            resident = run_config("resident", tr, inputs, cpu, 1e3, 1.0, 1, 0, 1)
+        graphs = compiled.compiled_graphs()
+        with AttentionGuard(cpu, chunk_budget_bytes=4096, force_chunked=True, label="transformer") as again:
+            streamed = run_config("streamed", tr, inputs, cpu, cap, 1.0, 1, 1, 2)
+        assert compiled.compiled_graphs() == graphs                   # streamed blocks, a new guard: no recompile
+    finally:
+        blocks.enabled = False
+    assert streamed["streamed_bytes"] > 0                             # a block really was swapped in and out
+    assert all("chunks of" in text for text in again.choices.values()) and again.choices == guard.choices
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+    assert torch.equal(streamed["output"], resident["output"])
+    torch.testing.assert_close(resident["output"], eager, atol=1e-5, rtol=1e-4)
+
+
+def test_blocks_are_set_up_between_stages_only(tiny_original):
+    from diffusers.hooks import HookRegistry, ModelHook
+
+    from diffusers import HunyuanVideoFramepackTransformer3DModel
+
+    cfg = dict(tiny_original.preset.tiny_configs["transformer"])
+    tr = HunyuanVideoFramepackTransformer3DModel(**cfg).eval()
+    HookRegistry.check_if_exists_or_initialize(tr.transformer_blocks[0]).register_hook(ModelHook(), "some hook")
+    with pytest.raises(RuntimeError, match="hooks attached"):
+        compiled.install(tr)
+
+
+def test_fp8_compute_is_refused_with_a_clear_message_where_it_cannot_run():
+    from jobs.models import models_for
+
+    with pytest.raises(compiled.Fp8ComputeUnavailable, match="--fp8-compute needs a GPU with fp8 tensor cores.*CPU"):
+        compiled.fp8_recipe(torch.device("cpu"))
+    config = _config("--preset", "tiny", "--fp8-compute")
+    assert config.fp8_compute is True
+    with pytest.raises(compiled.Fp8ComputeUnavailable, match="Leave --fp8-compute off"):
+        models_for(config, torch.device("cpu"))
+    assert models_for(_config("--preset", "tiny"), torch.device("cpu")).fp8_compute is None
+
+
+def test_fp8_compute_converts_the_block_linears_only_and_keeps_their_parameters():
+    pytest.importorskip("torchao", reason="torchao is what --fp8-compute runs on (pip install torchao)")
+    from diffusers import HunyuanVideoFramepackTransformer3DModel
+
+    from configs.presets import PRESETS
+
+    cfg = dict(PRESETS["tiny"].tiny_configs["transformer"])
+    cfg.update(num_attention_heads=2, attention_head_dim=16)            # 32 wide: multiples of 16, as full size
+    torch.manual_seed(0)
+    tr = HunyuanVideoFramepackTransformer3DModel(**cfg).eval().requires_grad_(False).to(torch.bfloat16)
+    before = {n: m.weight for n, m in tr.named_modules() if isinstance(m, torch.nn.Linear)}
+    x = torch.randn(64, 32, dtype=torch.bfloat16)
+    q = tr.transformer_blocks[0].attn.to_q
+    reference = q(x)
+    n = compiled.use_fp8_compute(tr, "rowwise")
+    converted = {name for name, m in tr.named_modules() if type(m).__name__ == "Float8Linear"}
+    assert n == len(converted) > 0
+    assert all(name.startswith(("transformer_blocks.", "single_transformer_blocks.")) for name in converted)
+    assert not any(".norm" in f".{name}" for name in converted)       # the modulation layers stay bf16
+    assert "transformer_blocks.0.attn.to_q" in converted
+    assert all(dict(tr.named_modules())[name].weight is before[name] for name in converted)   # same Parameters
+    out = tr.transformer_blocks[0].attn.to_q(x)
+    err = float((out.float() - reference.float()).norm() / reference.float().norm())
+    assert 0 < err < 0.08                                              # fp8 rounding: close, not equal
