@@ -39,7 +39,11 @@ import time
 from pathlib import Path
 
 import torch
+import torch._dynamo.config as dynamo_config
+import torch._inductor.config as inductor_config
 from torch import nn
+from torch._dynamo.utils import counters
+from torch.utils._triton import has_triton
 
 from common.environment import read_environment
 
@@ -57,10 +61,6 @@ def unavailable(device: torch.device) -> str | None:
     device = torch.device(device)
     if device.type != "cuda":
         return f"compiled blocks are for GPUs; the {device.type.upper()} runs them eagerly"
-    try:
-        from torch.utils._triton import has_triton
-    except ImportError:  # pragma: no cover - every supported PyTorch has it
-        return "this PyTorch cannot compile (no torch.utils._triton)"
     if not has_triton():
         return "this PyTorch install has no Triton (the GPU compiler torch.compile needs), so blocks run eagerly"
     return None
@@ -82,8 +82,6 @@ def use_cache_folder() -> Path:
 
 def compiled_graphs() -> int:
     """Graphs dynamo has compiled in this process so far (a recompile counts as one more)."""
-    from torch._dynamo.utils import counters
-
     return int(counters["stats"]["unique_graphs"])
 
 
@@ -132,13 +130,10 @@ def configure() -> None:
     in the process: with dynamic sizes, a later, more general graph took over shapes an earlier one had served, and
     the same request gave other bits. Inductor picks its kernels' configurations without timing them on the device
     (timing can choose another reduction order in another run: a cold compile and a warm cache gave other bits)."""
-    import torch._dynamo.config as dynamo
-    import torch._inductor.config as inductor
-
-    inductor.deterministic = True
+    inductor_config.deterministic = True
     for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(dynamo, name):
-            setattr(dynamo, name, max(getattr(dynamo, name), RECOMPILE_LIMIT))
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), RECOMPILE_LIMIT))
             break
 
 
