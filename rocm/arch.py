@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,7 +175,8 @@ def driver_version(backend: str) -> str | None:
     in-tree driver, the kernel release; NVIDIA's module version. None on CPU or when it cannot be read."""
     if backend == "rocm":
         version = _read_first_line("/sys/module/amdgpu/version")
-        return f"amdgpu-{version}" if version else f"linux-{os.uname().release}"
+        # platform, not os.uname (Windows has no uname: every convolution's verdict lookup crashed there)
+        return f"amdgpu-{version}" if version else f"{platform.system().lower()}-{platform.release()}"
     if backend == "cuda":
         version = _read_first_line("/sys/module/nvidia/version")
         return f"nvidia-{version}" if version else None

@@ -111,3 +111,18 @@ def test_doctor_rdna2_plan_starts_conv3d_at_tier_3(tmp_path):
                   attention=False)
     assert rep["conv_plan"]["conv3d_first_tier"] == 3 and rep["conv_plan"]["tiers"] == [1, 2, 3, 4]
     assert rep["environment"]["profile"] == "rdna2"
+
+
+def test_the_driver_version_needs_no_posix_call(monkeypatch):
+    """Windows has no os.uname: the in-tree driver's version comes from `platform` (issue 31, item 1)."""
+    import os
+    import platform
+
+    from rocm import arch
+
+    monkeypatch.delattr(os, "uname", raising=False)
+    monkeypatch.setattr(arch, "_read_first_line", lambda path: None)      # no /sys/module/amdgpu/version
+    monkeypatch.setattr(platform, "system", lambda: "Windows")
+    monkeypatch.setattr(platform, "release", lambda: "11")
+    assert arch.driver_version("rocm") == "windows-11"
+    assert arch.driver_version("cpu") is None
