@@ -11,7 +11,7 @@ weights' device copies (memory/deltas.py): no recompile per job either. Attentio
 operator that runs rocm/sdpa.py's checked kernel choice (its chunked fallback on ROCm included).
 
 Graphs are static, one per class and set of input shapes: a resolution bucket with a prompt length in tokens (and
-the negative prompt's with CFG > 1) compiles once per process, ~15-25 s the first time on an H200 and ~5 s from
+the negative prompt's with CFG > 1) compiles once per process, 12-27 s the first time on an H200 and 2-5 s from
 the disk cache; every later job of those shapes reuses it (no recompile: counted in benchmarks/compiled.py). Static
 graphs keep a request on the same kernels whatever ran before it (`configure()` says why dynamic sizes did not).
 Up to RECOMPILE_LIMIT (64) shape sets per process; past that dynamo runs a block eagerly.
@@ -26,8 +26,8 @@ Windows builds), with `--no-compile`, or when a job's "Compiled transformer" is 
 GPU's PyTorch has no row-wise fp8 product): each Linear inside the blocks multiplies in float8 e4m3: the activation
 and the weight are scaled and cast per call (fused into the compiled block), the product accumulates in float32 and
 comes out in bf16. The weights stay the model's Parameters (bf16 in their pinned host chunks or device slots), so
-streaming, LoRA merges and fp8 host storage (`--fp8`) work unchanged: a weight stored as fp8 with a scale per row is
-exactly a row-wise fp8 weight, and casting it back is lossless up to bf16's rounding of the scale.
+streaming, LoRA merges and fp8 host storage (`--fp8`) work unchanged. With `--fp8` the slot holds the stored fp8
+weights turned back into bf16, cast to fp8 again by each product: they do not (yet) stay fp8 on the GPU.
 Needs fp8 tensor cores: NVIDIA compute capability 8.9+ (Ada, Hopper, Blackwell) or AMD gfx942/gfx950 (MI300,
 MI350) and gfx12 (RDNA4) with a PyTorch that supports fp8 products there (checked by a small product at start).
 """
