@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,7 +119,23 @@ def _aotriton_warnings(value: str, gfx: str | None) -> list[EnvWarning]:
     return []
 
 
-def _alloc_warnings(var: str, value: str, family: str | None) -> list[EnvWarning]:
+def expandable_segments_note(torch_version: str | None) -> tuple[str, str]:
+    """(message, level) for expandable_segments set by the user on ROCm, for this torch build ('2.11.0+rocm7.0'):
+    PyTorch honours it on ROCm from 2.11 with ROCm 7, and it has open hang and crash reports there."""
+    found = re.match(r"(\d+)\.(\d+)", torch_version or "")
+    hip = re.search(r"\+rocm(\d+)", torch_version or "")
+    if not found or not hip:
+        return ("expandable_segments: PyTorch honours it on ROCm from 2.11 with ROCm 7 (this build's version is "
+                f"{torch_version or 'unknown'}).", "info")
+    if (int(found[1]), int(found[2])) < (2, 11) or int(hip[1]) < 7:
+        return (f"expandable_segments is a no-op on ROCm with PyTorch {torch_version} (it takes effect from "
+                f"PyTorch 2.11 with ROCm 7).", "info")
+    return (f"expandable_segments takes effect with PyTorch {torch_version}; on ROCm it has open hang and crash "
+            f"reports: unset it if jobs hang or crash.", "warning")
+
+
+def _alloc_warnings(var: str, value: str, family: str | None, torch_version: str | None = None
+                    ) -> list[EnvWarning]:
     entries, bad = facts.parse_alloc_conf(value)
     out = [EnvWarning(var, value, f"malformed entry '{b}' (expected key:value).") for b in bad]
     for key, val in entries.items():
@@ -134,8 +151,8 @@ def _alloc_warnings(var: str, value: str, family: str | None) -> list[EnvWarning
         elif key == "backend" and val not in facts.ALLOC_BACKENDS:
             problem = f"backend must be one of {', '.join(facts.ALLOC_BACKENDS)}."
         elif key == "expandable_segments" and family is not None:
-            out.append(EnvWarning(var, value, "expandable_segments is a no-op on ROCm before PyTorch 2.11 + "
-                                  "ROCm 7.", "info"))
+            message, level = expandable_segments_note(torch_version)
+            out.append(EnvWarning(var, value, message, level))
         if problem:
             out.append(EnvWarning(var, value, problem))
     return out
@@ -155,12 +172,15 @@ def _hsa_override_warnings(value: str, gfx: str | None, family: str | None) -> l
     return []
 
 
-def check_environment(environ: Mapping[str, str] | None = None, *, gfx: str | None = None) -> list[EnvWarning]:
+def check_environment(environ: Mapping[str, str] | None = None, *, gfx: str | None = None,
+                      torch_version: str | None = None) -> list[EnvWarning]:
     """Warnings for variables that do not exist, do nothing, or have values MIOpen/PyTorch reject.
 
-    ``gfx`` (e.g. 'gfx1010') enables the arch-specific checks; pure function of its arguments.
+    ``gfx`` (e.g. 'gfx1010') enables the arch-specific checks; ``torch_version`` (default: the installed torch's,
+    read without importing it) the version-dependent ones.
     """
     env = os.environ if environ is None else environ
+    torch_version = torch_version or installed_torch_version()
     family = arch_family(gfx)
     out: list[EnvWarning] = []
     for var in sorted(env):
@@ -177,7 +197,7 @@ def check_environment(environ: Mapping[str, str] | None = None, *, gfx: str | No
             if not (value.strip().isdigit() and int(value) <= 7):
                 out.append(EnvWarning(var, value, "log level must be 0..7."))
         elif var in ALLOC_CONF_VARS:
-            out += _alloc_warnings(var, value, family)
+            out += _alloc_warnings(var, value, family, torch_version)
         elif var == "HSA_OVERRIDE_GFX_VERSION":
             out += _hsa_override_warnings(value, gfx, family)
         elif var == AOTRITON_EXPERIMENTAL_VAR:

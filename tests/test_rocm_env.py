@@ -242,3 +242,19 @@ def test_torch_settings_change_nothing_on_cpu():
 
     before = torch.backends.cudnn.benchmark
     assert apply_torch_settings() == [] and torch.backends.cudnn.benchmark == before
+
+
+@pytest.mark.parametrize("version, level, says", [
+    ("2.10.0+rocm6.4", "info", "no-op on ROCm with PyTorch 2.10.0+rocm6.4"),
+    ("2.11.0+rocm6.4", "info", "no-op"),
+    ("2.11.0+rocm7.0", "warning", "takes effect with PyTorch 2.11.0+rocm7.0; on ROCm it has open hang"),
+    ("2.13.1+rocm7.1", "warning", "takes effect"),
+])
+def test_the_expandable_segments_message_follows_the_installed_build(version, level, says):
+    """Issue 31, item 8: the message says what this torch build does with it, not one fixed sentence."""
+    from rocm.env import check_environment
+
+    warnings = check_environment({"PYTORCH_HIP_ALLOC_CONF": "expandable_segments:True"}, gfx="gfx1100",
+                                 torch_version=version)
+    found = [w for w in warnings if "expandable_segments" in w.message]
+    assert len(found) == 1 and found[0].severity == level and says in found[0].message
