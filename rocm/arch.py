@@ -149,6 +149,7 @@ class Runtime:
     reported_arch: str = ""   # what torch reports (the ISA the runtime loads kernels for)
     arch_source: str = "torch"
     driver_version: str | None = None
+    override: str | None = None   # HSA_OVERRIDE_GFX_VERSION when set (ROCm): verdicts are kept apart per value
 
     @property
     def overridden(self) -> bool:
@@ -222,9 +223,10 @@ def kfd_gfx_for_device(kfd: ArchInfo | None, index: int | None, environ: Mapping
 def resolve_runtime(facts: DeviceFacts, kfd: ArchInfo | None, environ: Mapping[str, str]) -> Runtime:
     """Combine torch's facts with the hardware arch (pure: the tests feed simulated topologies through it)."""
     def runtime(arch, family, source):
+        override = environ.get("HSA_OVERRIDE_GFX_VERSION") if facts.backend == "rocm" else None
         return Runtime(facts.backend, arch, family, facts.torch_version, facts.hip_version, facts.cuda_version,
                        facts.name, facts.total_memory, facts.wheel_arches, facts.reported_arch, source,
-                       facts.driver_version)
+                       facts.driver_version, override or None)
 
     if facts.backend != "rocm":
         return runtime(facts.reported_arch, None, "torch")

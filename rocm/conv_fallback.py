@@ -341,7 +341,7 @@ class ConvFallback:
             if not result.is_verdict:   # oom (the parent may hold the memory) / rejected: in-process from here
                 return tiers[i:]
             ctx.store.record_failure(sig.key, tier, f"probe {result.outcome}: {result.message}",
-                                     persist=self.persist, timeout=result.outcome == "timeout")
+                                     persist=self.persist, timeout=result.outcome in ("timeout", "crash"))
         return tiers[-1:]
 
     def _run(self, direction, spec: ConvSpec, x, weight, bias, *, grad_out=None, mask=None, bypass=None):

@@ -4,9 +4,10 @@ A verdict records the tiers that failed (with the reason) and the first tier tha
 
 * The file is keyed by arch + torch + ROCm/HIP (or CUDA) + kernel driver version (``verdict_path``): a new
   driver or wheel starts from nothing, since it may have fixed (or broken) what the old one did.
-* A *timeout* is not trusted at once: a hang can be a passing state of the GPU. It is kept as "unconfirmed"
-  (with the id of the run that saw it) and skipped for the rest of that run; on a later run, where the hang
-  probe is on, that tier is probed once more before it is trusted (``retry_tiers``). A second timeout confirms it.
+* A *timeout* or a probe child's *crash* is not trusted at once: a hang or a crash can be a passing state of the
+  GPU or the driver. It is kept as "unconfirmed" (with the id of the run that saw it) and skipped for the rest of
+  that run; on a later run, where the hang probe is on, that tier is probed once more before it is trusted
+  (``retry_tiers``). A second one confirms it.
 * Out-of-memory failures stay in memory only: they depend on what else was resident at the time, and persisting
   one would pin a shape to a slower tier forever.
 
@@ -52,8 +53,12 @@ class Verdict:
 
 
 def build_of(runtime) -> dict[str, str | None]:
-    """What a verdict file is keyed by (a ``rocm.arch.Runtime`` or anything with the same fields)."""
-    return {"arch": runtime.arch, "torch": runtime.torch_version, "hip": runtime.hip_version,
+    """What a verdict file is keyed by (a ``rocm.arch.Runtime`` or anything with the same fields). Under
+    HSA_OVERRIDE_GFX_VERSION the runtime loads another ISA's kernels on the same card, so what works differs: a
+    780M with and without 11.0.0 keeps two files."""
+    override = getattr(runtime, "override", None)
+    arch = f"{runtime.arch}-hsa-{override}" if override else runtime.arch
+    return {"arch": arch, "torch": runtime.torch_version, "hip": runtime.hip_version,
             "cuda": runtime.cuda_version, "driver": getattr(runtime, "driver_version", None)}
 
 
@@ -105,14 +110,14 @@ class VerdictStore:
 
     def record_failure(self, key: str, tier: int, reason: str, *, persist: bool = True,
                        timeout: bool = False) -> None:
-        """``timeout``: a first timeout is unconfirmed (re-probed on a later run); one seen again on a later run
-        is confirmed."""
+        """``timeout``: a failure that may pass (a probe's timeout or crash): the first is unconfirmed (re-probed
+        on a later run); one seen again on a later run is confirmed."""
         with self._lock:
             known = self._verdicts.get(key)
             earlier = known.unconfirmed.get(tier) if known else None
             confirm = timeout and earlier is not None and earlier != self.run_id
             for verdict in self._targets(key, persist):
-                verdict.failed[tier] = reason[:300] + (" (timed out again on a later run: confirmed)"
+                verdict.failed[tier] = reason[:300] + (" (seen again on a later run: confirmed)"
                                                        if confirm else "")
                 if verdict.ok_tier == tier:
                     verdict.ok_tier = None

@@ -138,3 +138,33 @@ def test_an_older_format_is_replaced_quietly(tmp_path, caplog):
     with caplog.at_level("INFO", logger="rocm.verdicts"):
         VerdictStore(path)
     assert [r.levelname for r in caplog.records] == ["WARNING"]      # damaged: worth a warning
+
+
+def test_the_hsa_override_keeps_its_own_verdicts(tmp_path):
+    """Issue 31, item 10: a 780M (gfx1103) with HSA_OVERRIDE_GFX_VERSION=11.0.0 runs gfx1100 kernels: its verdicts
+    must not be the ones learned without the override (and the other way round)."""
+    from rocm.arch import DeviceFacts, resolve_runtime
+    from rocm.verdicts import verdict_path
+
+    facts = DeviceFacts("rocm", "gfx1100", 0, "AMD Radeon 780M", None, ("gfx1100",), "2.11.0+rocm7.0", "7.0",
+                        None, "drv-1")
+    plain = resolve_runtime(replace(facts, reported_arch="gfx1103"), None, {})
+    overridden = resolve_runtime(facts, None, {"HSA_OVERRIDE_GFX_VERSION": "11.0.0"})
+    assert plain.override is None and overridden.override == "11.0.0"
+    assert verdict_path(tmp_path, plain) != verdict_path(tmp_path, overridden)
+    assert "hsa-11.0.0" in verdict_path(tmp_path, overridden).name
+    assert verdict_path(tmp_path, replace(BUILD)) == verdict_path(tmp_path, BUILD)     # CPU/CUDA: unchanged
+
+
+def test_a_probe_crash_is_confirmed_only_by_a_second_run(tmp_path):
+    """Issue 31, item 10: one crashed probe child does not pin a tier as broken for good."""
+    first = _fallback(tmp_path, BUILD, [Fault(tier=1, kind="error")],
+                      probe=HangProbe(timeout_s=20, fault_plan=FaultPlan([Fault(tier=1, kind="crash")])))
+    with first.probing(True):
+        assert _conv(first) == 2
+    store = VerdictStore(next(tmp_path.glob("conv_verdicts_*.json")))
+    key = next(iter(store.keys()))
+    assert store.retry_tiers(key) == {1}                 # unconfirmed: a later run probes tier 1 once more
+    store.record_failure(key, 1, "probe crash: the child died", timeout=True)
+    assert store.retry_tiers(key) == set() and "confirmed" in store.get(key).failed[1]
+
