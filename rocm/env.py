@@ -224,14 +224,28 @@ def miopen_dirs(environ: Mapping[str, str]) -> dict[str, Path]:
     return {MIOPEN_KERNEL_CACHE_VAR: base / "kernel-cache"}
 
 
-def _desired(profile: RocmProfile, environ: Mapping[str, str], report: EnvReport, gfx: str) -> dict[str, str]:
+def build_backend(torch_version: str | None) -> str | None:
+    """The GPU stack a PyTorch build was made for, from its version's local label: 'rocm' (2.11.0+rocm7.0), 'cuda'
+    (+cu128), 'cpu' (+cpu); None without a label (PyPI's default wheel: CUDA on Linux, CPU elsewhere). This, not
+    the KFD topology, says whether jobs run on ROCm: WSL2, Windows and containers have no /sys/class/kfd, and a
+    Ryzen iGPU is in the topology beside an NVIDIA card that a CUDA build uses."""
+    label = (torch_version or "").partition("+")[2]
+    if label.startswith("rocm"):
+        return "rocm"
+    if label.startswith("cu"):
+        return "cuda"
+    return "cpu" if label == "cpu" else None
+
+
+def _desired(profile: RocmProfile, environ: Mapping[str, str], report: EnvReport, gfx: str,
+             allocator: bool = True) -> dict[str, str]:
     desired = dict(profile.env)
     if aotriton_gated(gfx):
         desired[AOTRITON_EXPERIMENTAL_VAR] = "1"
     user_alloc = [v for v in ALLOC_CONF_VARS if v in environ]
     if user_alloc:
         report.kept[user_alloc[0]] = (environ[user_alloc[0]], profile.alloc_conf)
-    else:
+    elif allocator:
         desired[ALLOC_CONF_VAR] = profile.alloc_conf
     for var, path in miopen_dirs(environ).items():
         if var in environ:
@@ -267,11 +281,12 @@ def _cuda_allocator(env: MutableMapping[str, str], report: EnvReport) -> None:
 
 
 def apply_env_profile(environ: MutableMapping[str, str] | None = None, *,
-                      topology_nodes: Path | str | None = None) -> EnvReport:
+                      topology_nodes: Path | str | None = None, torch_version: str | None = None) -> EnvReport:
     """Apply the profile of the detected AMD architecture family to ``environ`` (default ``os.environ``).
 
     Call before ``import torch``. Sets only variables listed in docs/FACTS.md, never one the user already set.
-    ``STEADYFRAME_ROCM_PROFILE=off`` skips it. ``topology_nodes`` points at a fake KFD topology (tests).
+    ``STEADYFRAME_ROCM_PROFILE=off`` skips it. ``topology_nodes`` points at a fake KFD topology (tests);
+    ``torch_version`` stands for the installed torch's (tests): its build decides ROCm or CUDA (`build_backend`).
     """
     env = os.environ if environ is None else environ
     report = EnvReport()
@@ -279,8 +294,25 @@ def apply_env_profile(environ: MutableMapping[str, str] | None = None, *,
         report.skipped_reason = f"disabled by {ROCM_PROFILE}"
         report.warnings = check_environment(env)
         return report
+    version = torch_version or installed_torch_version()
+    build = build_backend(version)
     arch = detect_arch(topology_nodes)
+    if arch is not None and build == "cuda":
+        report.skipped_reason = (f"the installed PyTorch is a CUDA build ({version}): the AMD GPU in the KFD "
+                                 f"topology ({arch.gfx}, e.g. a Ryzen iGPU) does not run the jobs; no ROCm profile")
+        arch = None
+    if arch is None and build == "rocm":
+        report.skipped_reason = (f"a ROCm build of PyTorch ({version}) but no KFD topology (WSL2, Windows or a "
+                                 f"container): the architecture's profile is applied when torch names the GPU; no "
+                                 f"allocator setting (expandable segments are never set on ROCm)")
+        report.warnings = check_environment(env)
+        logger.debug(report.skipped_reason)
+        return report
     if arch is None:
+        if report.skipped_reason:
+            _cuda_allocator(env, report)
+            report.warnings = check_environment(env)
+            return report
         report.skipped_reason = "no AMD GPU in the KFD topology (CUDA or CPU): no ROCm profile"
         _cuda_allocator(env, report)
         report.warnings = check_environment(env)
@@ -308,12 +340,39 @@ def apply_env_profile(environ: MutableMapping[str, str] | None = None, *,
     return report
 
 
+def apply_late_profile(gfx: str, environ: MutableMapping[str, str] | None = None) -> EnvReport:
+    """The profile of ``gfx`` (as torch names it) once torch runs, where no KFD topology named it before (a ROCm
+    build on WSL2, Windows or in a container): MIOpen's variables (read at its first use) and AOTriton's gate; not
+    the allocator (read at the first allocation, perhaps already made). Never one the user set."""
+    env = os.environ if environ is None else environ
+    report = EnvReport(gfx=gfx, family=arch_family(gfx))
+    if report.family is None or not read_environment(env).rocm_profile:
+        report.skipped_reason = f"no ROCm profile for {gfx}"
+        return report
+    report.profile = profile = PROFILES[report.family]
+    for var, value in _desired(profile, env, report, gfx, allocator=False).items():
+        if var in env:
+            if env[var] != value:
+                report.kept[var] = (env[var], value)
+        else:
+            env[var] = report.set[var] = value
+    report.warnings += check_environment(env, gfx=gfx)
+    return report
+
+
+_LATE: list[EnvReport] = []        # the late profile, applied once per process
+
+
 def apply_torch_settings() -> list[str]:
     """After ``import torch``: on ROCm turn ``cudnn.benchmark`` off (it makes MIOpen search exhaustively on
     every new shape, the usual "hung" first VAE decode). Changes nothing on CUDA/CPU. Returns what it changed."""
     import torch
 
     changed = []
+    if getattr(torch.version, "hip", None) and not _LATE and detect_arch() is None and torch.cuda.is_available():
+        gfx = torch.cuda.get_device_properties(torch.cuda.current_device()).gcnArchName.split(":")[0]
+        _LATE.append(apply_late_profile(gfx))
+        changed += [f"{k}={v} (profile for {gfx}, applied after torch started)" for k, v in _LATE[0].set.items()]
     if getattr(torch.version, "hip", None) and torch.backends.cudnn.benchmark:
         torch.backends.cudnn.benchmark = False
         changed.append("torch.backends.cudnn.benchmark=False")

@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 # gfx_target_version values as the KFD topology reports them (major*10000 + minor*100 + stepping)
 GFX = {"gfx1010": 100100, "gfx1030": 100300, "gfx1100": 110000, "gfx1151": 110501, "gfx90a": 90010,
-       "gfx942": 90402, "gfx950": 90500, "gfx906": 90006, "gfx1201": 120001}
+       "gfx942": 90402, "gfx950": 90500, "gfx906": 90006, "gfx1201": 120001, "gfx1036": 100306}
 
 
 def make_topology(root: Path, *gfx_names: str) -> Path:

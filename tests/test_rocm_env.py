@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from rocm_helpers import make_topology, run_python
@@ -258,3 +260,57 @@ def test_the_expandable_segments_message_follows_the_installed_build(version, le
                                  torch_version=version)
     found = [w for w in warnings if "expandable_segments" in w.message]
     assert len(found) == 1 and found[0].severity == level and says in found[0].message
+
+
+def test_a_rocm_build_without_kfd_gets_no_cuda_allocator_and_its_profile_once_torch_names_the_gpu(tmp_path,
+                                                                                                monkeypatch):
+    """Issue 31, item 2: WSL2 / Windows / a container: no /sys/class/kfd, a +rocm torch. Before, it was taken for
+    NVIDIA: no MIOpen profile, no AOTriton gate, and expandable_segments:True on ROCm."""
+    import torch
+
+    from rocm import env as rocm_env
+
+    env = {"STEADYFRAME_CACHE_DIR": str(tmp_path / "c")}
+    report = rocm_env.apply_env_profile(env, topology_nodes=tmp_path / "nowhere", torch_version="2.11.0+rocm7.0")
+    assert report.set == {} and env == {"STEADYFRAME_CACHE_DIR": str(tmp_path / "c")}
+    assert "ROCm build" in report.skipped_reason and "no KFD topology" in report.skipped_reason
+    # after torch starts: the profile of the arch torch names, without the allocator
+    process_env = {k: v for k, v in os.environ.items() if not k.startswith(("MIOPEN_", "PYTORCH_", "TORCH_ROCM"))}
+    process_env["STEADYFRAME_CACHE_DIR"] = str(tmp_path / "c")
+    monkeypatch.setattr(os, "environ", process_env)          # what the late profile sets stays in this test
+    monkeypatch.setattr(torch.version, "hip", "7.0.0", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: type("P", (), {"gcnArchName": "gfx1100:sramecc-:xnack-"})())
+    monkeypatch.setattr(rocm_env, "detect_arch", lambda *a: None)
+    monkeypatch.setattr(rocm_env, "_LATE", [])
+    changed = rocm_env.apply_torch_settings()
+    late = rocm_env._LATE[0]
+    assert late.family == "rdna3" and late.set.get("TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL") == "1"
+    assert process_env["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"] == "1"
+    assert not any(var.startswith("PYTORCH_") for var in late.set)          # no allocator setting, ever
+    assert any("applied after torch started" in line for line in changed)
+    rocm_env.apply_torch_settings()
+    assert len(rocm_env._LATE) == 1                                           # once per process
+
+
+def test_a_ryzen_igpu_beside_an_nvidia_card_keeps_nvidias_allocator(tmp_path):
+    """Issue 31, item 3 (its NVIDIA half): a gfx1036 iGPU in the KFD topology and a CUDA build of torch: the jobs run
+    on the NVIDIA card, so no ROCm profile, and NVIDIA's allocator setting."""
+    from rocm.env import apply_env_profile
+
+    nodes = make_topology(tmp_path / "kfd", "gfx1036")
+    env = {"STEADYFRAME_CACHE_DIR": str(tmp_path / "c")}
+    report = apply_env_profile(env, topology_nodes=nodes, torch_version="2.11.0+cu130")
+    assert not report.applied and "CUDA build" in report.skipped_reason and "gfx1036" in report.skipped_reason
+    assert report.set == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert not any(var.startswith("MIOPEN_") for var in env)
+
+
+@pytest.mark.parametrize("version, backend", [("2.11.0+rocm7.0", "rocm"), ("2.9.1+cu128", "cuda"),
+                                              ("2.13.0+cpu", "cpu"), ("2.11.0", None), (None, None)])
+def test_the_build_says_rocm_or_cuda(version, backend):
+    from rocm.env import build_backend
+
+    assert build_backend(version) == backend
