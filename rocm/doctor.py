@@ -93,6 +93,9 @@ def _probe_table(runtime, *, tiers, small, timeout_s, dtype, progress=None) -> l
              "elapsed_s": round(r.elapsed_s, 3), "message": r.message[:200]} for r in results]
 
 
+OVERRIDE_PAGE_FAULTS = ("gfx1031", "gfx1032", "gfx1103")    # cards whose override is reported to fault in MIOpen
+
+
 def _recommendations(rep: dict) -> list[str]:
     rec = []
     gpu, env = rep["gpu"], rep["environment"]
@@ -108,13 +111,24 @@ def _recommendations(rep: dict) -> list[str]:
                    "decomposition, MIOpen off) because no official wheel ships gfx101x kernels and the usual "
                    "HSA_OVERRIDE_GFX_VERSION=10.3.0 crashes with memory aperture violations.")
     if family == "rdna1" and gpu.get("reported_arch") and gpu["reported_arch"] != gpu["arch"]:
+        # "has kernels for this arch" is about the overridden ISA; whether unsetting helps is about the real one
+        real_in_wheel = gpu["arch"] in (gpu.get("wheel_arches") or ())
+        advice = ("This wheel has kernels for it too: unset the override." if real_in_wheel else
+                  f"This wheel has no {gpu['arch']} kernels (built for "
+                  f"{', '.join(gpu.get('wheel_arches') or ()) or 'unknown arches'}), so without the override "
+                  f"PyTorch cannot run on this card: keep it, or install a PyTorch built for {gpu['arch']} and "
+                  f"then unset it.")
         rec.append(f"HSA_OVERRIDE_GFX_VERSION makes this {gpu['arch']} (RDNA1, read from the KFD topology) look "
                    f"like {gpu['reported_arch']} to PyTorch. That override is widely reported to crash RDNA1 cards "
                    "(memory aperture violations); SteadyFrame plans for the real gfx101x (convolutions without "
-                   "MIOpen) either way. Unset it if PyTorch runs without it.")
+                   f"MIOpen) either way. {advice}")
     if family in ("rdna2", "rdna3", "rdna4"):
         rec.append(f"{family.upper()}: 3D convs start at tier 3 (exact 2D decomposition; MIOpen has no 3D "
                    "heuristics and no fast 3D solver on RDNA).")
+    if gpu.get("arch") in OVERRIDE_PAGE_FAULTS and gpu.get("reported_arch") and gpu["reported_arch"] != gpu["arch"]:
+        rec.append(f"HSA_OVERRIDE_GFX_VERSION on {gpu['arch']} (reported as {gpu['reported_arch']}) is reported to "
+                   "page-fault inside MIOpen; if convolutions crash, unset it where your PyTorch has "
+                   f"{gpu['arch']} kernels.")
     if gpu.get("wheel_has_arch") is False and rep["backend"] == "rocm":
         rec.append(f"This PyTorch wheel has no kernels for {gpu['arch']} (built for {', '.join(gpu['wheel_arches'])})"
                    ": GPU kernels will fail; install a ROCm wheel built for your card.")

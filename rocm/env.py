@@ -164,8 +164,13 @@ def _hsa_override_warnings(value: str, gfx: str | None, family: str | None) -> l
         return [EnvWarning("HSA_OVERRIDE_GFX_VERSION", value, "expected major.minor.step, e.g. 10.3.0.")]
     if family == "rdna1":
         return [EnvWarning("HSA_OVERRIDE_GFX_VERSION", value, "overriding an RDNA1 card (gfx101x) is widely "
-                           "reported to crash (HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION). Unset it; SteadyFrame "
-                           "keeps convolutions off MIOpen on RDNA1 instead.")]
+                           "reported to crash (HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION); SteadyFrame keeps "
+                           "convolutions off MIOpen on RDNA1. Unset it only with a PyTorch that has gfx101x kernels "
+                           "(`python -m rocm doctor` says whether yours has).")]
+    if gfx in ("gfx1031", "gfx1032", "gfx1103"):
+        return [EnvWarning("HSA_OVERRIDE_GFX_VERSION", value, f"an override on {gfx} is reported to page-fault "
+                           "inside MIOpen: if convolutions crash, unset it where your PyTorch has kernels for "
+                           f"{gfx}.")]
     if gfx == "gfx1100":
         return [EnvWarning("HSA_OVERRIDE_GFX_VERSION", value, "gfx1100 needs no override (AMD calls it a debug "
                            "aid).", "info")]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import time
 
@@ -108,3 +110,35 @@ def test_rdna1_recommendation_explains_tiers():
     text = "\n".join(_recommendations(rep))
     assert "tiers 2-3" in text and "MIOpen off" in text and "aperture" in text
     assert "no kernels for gfx1010" in text
+
+
+def _rdna1_override_report(wheel_arches):
+    return {"backend": "rocm", "kfd_arch": "gfx1010",
+            "gpu": {"family": "rdna1", "arch": "gfx1010", "reported_arch": "gfx1030", "wheel_has_arch": True,
+                    "wheel_arches": wheel_arches, "total_memory_gib": 8.0},
+            "environment": {"warnings": []}, "torch_settings": {}, "attention": {}, "probe": {"ran": False}}
+
+
+def test_rdna1_override_advice_follows_the_real_arch_in_the_wheel():
+    """Issue 31, item 7: "has kernels for this arch: True" is about gfx1030 (the override); unsetting it helps only
+    where the wheel has gfx101x kernels."""
+    from rocm.doctor import _recommendations
+
+    official = "\n".join(_recommendations(_rdna1_override_report(["gfx1030", "gfx1100"])))
+    assert "no gfx1010 kernels" in official and "keep it" in official and "unset the override" not in official
+    own_build = "\n".join(_recommendations(_rdna1_override_report(["gfx1010", "gfx1030"])))
+    assert "unset the override" in own_build and "keep it" not in own_build
+
+
+@pytest.mark.parametrize("gfx", ["gfx1031", "gfx1032", "gfx1103"])
+def test_an_override_on_cards_reported_to_page_fault_is_warned(gfx):
+    from rocm.env import check_environment
+
+    found = [w for w in check_environment({"HSA_OVERRIDE_GFX_VERSION": "10.3.0"}, gfx=gfx)
+             if w.variable == "HSA_OVERRIDE_GFX_VERSION"]
+    assert found and found[0].severity == "warning" and "page-fault" in found[0].message
+    from rocm.doctor import _recommendations
+
+    rep = _rdna1_override_report(["gfx1030"])
+    rep["gpu"].update(family="rdna3" if gfx == "gfx1103" else "rdna2", arch=gfx)
+    assert "page-fault inside MIOpen" in "\n".join(_recommendations(rep))
