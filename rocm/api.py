@@ -71,6 +71,8 @@ def initialize_miopen_fallback(use_monkey_patch: bool = True, verbose: bool = Tr
     fallback = get_default_fallback()
     if use_monkey_patch:
         fallback.install()
+    else:                       # after an earlier use_monkey_patch=True: the global patch comes off, as asked
+        fallback.uninstall()
     logger.log(logging.INFO if verbose else logging.DEBUG,
                "conv fallback initialised: %s; tiers 1 MIOpen/cuDNN -> 2 MIOpen off -> 3 exact 2D decomposition "
                "-> 4 CPU, first tier by strategy %s", "F.conv2d/F.conv3d patched" if use_monkey_patch else
@@ -127,12 +129,18 @@ def with_miopen_fallback(func=None, *, name: str | None = None, fallback: ConvFa
     return decorate(func) if func is not None else decorate
 
 
-def enable_miopen_bypass(strategy: BypassStrategy | str = BypassStrategy.AUTO, verbose: bool = True,
+def enable_miopen_bypass(strategy=BypassStrategy.AUTO, verbose: bool = True,
                          size_threshold: float | None = None, config: BypassConfig | None = None,
-                         fallback: ConvFallback | None = None) -> BypassConfig:
+                         fallback: ConvFallback | None = None, *, model=None) -> BypassConfig:
     """Set the bypass strategy of the (default) fallback (SafeConv layers without a ``config`` of their own
     follow it); see ``rocm.policy.BypassStrategy`` for what each does. ``size_threshold`` is in pixels (the larger
-    spatial side of a conv input; default 42). No environment variable is touched. Returns the config."""
+    spatial side of a conv input; default 42). No environment variable is touched. Returns the config.
+
+    ``enable_miopen_bypass(model)`` (the notes' "all Conv2d layers will be safe"): a model as the first argument
+    (or ``model=``) also gets its Conv2d/Conv3d layers routed through the fallback (``patch_model``), with the
+    AUTO strategy unless ``strategy=`` names another."""
+    if callable(getattr(strategy, "named_modules", None)):      # a model (duck-typed: rocm imports no torch here)
+        model, strategy = strategy, BypassStrategy.AUTO
     if config is None:
         kwargs = {} if size_threshold is None else {"size_threshold": float(size_threshold)}
         config = BypassConfig(BypassStrategy(strategy), verbose=verbose, **kwargs)
@@ -140,6 +148,8 @@ def enable_miopen_bypass(strategy: BypassStrategy | str = BypassStrategy.AUTO, v
     fb.bypass = config
     logger.log(logging.INFO if verbose else logging.DEBUG, "conv bypass: strategy %s, size threshold %g px",
                config.strategy.name, config.size_threshold)
+    if model is not None:
+        safe_conv.patch_model(model, None, True, fallback=fb)
     return config
 
 

@@ -5,8 +5,9 @@ The child (``rocm.probe_child``) runs in its own process group and stays warm be
 ``timeout_s`` (counted from the job's start; starting the child - import torch, GPU init - gets
 ``startup_timeout_s``) or the child dies, the whole group is killed and that (signature, tier) gets a
 ``timeout``/``crash`` verdict; the next job starts a fresh child. ``session()`` keeps one child across ``run``
-calls (the conv fallback holds one for a whole VAE decode). A child that succeeds also fills MIOpen's find db
-and kernel cache for the parent. The child dies with the app, however the app ends (``rocm.probe_child``'s
+calls (the conv fallback holds one for a whole VAE decode). A child that succeeds also fills MIOpen's kernel cache
+(compiled kernels, shared on disk) for the parent; not its find db, which MIOpen does not write under the profile's
+MIOPEN_FIND_MODE=FAST. The child dies with the app, however the app ends (``rocm.probe_child``'s
 lifeline and reaper).
 """
 

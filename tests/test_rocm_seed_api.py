@@ -216,3 +216,27 @@ def test_selective_size_threshold_is_in_pixels(shared_fallback):
         conv(torch.randn(1, 3, 42, 42))
         assert conv.last_tier == 1
     assert conv.get_bypass_stats()["bypass_rate"] == 50.0
+
+
+def test_issue_31_enable_miopen_bypass_with_a_model_routes_its_convolutions(shared_fallback):
+    """The notes: `enable_miopen_bypass(model)` — "all Conv2d layers will be safe". Before, it set the strategy
+    only and none of the model's convolutions went through the fallback."""
+    from rocm import enable_miopen_bypass
+
+    model = YourModel()
+    config = enable_miopen_bypass(model)
+    assert config.strategy.name == "AUTO" and len(rocm.patched_layers(model)) == 3
+    with torch.no_grad():
+        model(torch.randn(1, 3, 20, 20))
+    assert sum(shared_fallback.stats().calls_per_tier.values()) == 3
+
+
+def test_issue_31_initialising_without_the_monkey_patch_takes_an_earlier_one_off(shared_fallback):
+    from rocm import initialize_miopen_fallback
+
+    initialize_miopen_fallback(use_monkey_patch=True)
+    assert shared_fallback.installed
+    initialize_miopen_fallback(use_monkey_patch=False)         # before: the global patch stayed on
+    from common import patches
+
+    assert not shared_fallback.installed and "torch.nn.functional.conv3d" not in patches.active_patches()
