@@ -39,7 +39,7 @@ from memory.parking import ParkedBlocks
 from common.units import GIB
 from memory.snapshot import MemorySnapshot, host_rss_bytes, take_snapshot
 from memory.streaming import BlockStreamer
-from memory.vae import MIOPEN_SCRATCH_LIMIT, VaeDecodePolicy, cudnn_workspace_reserve, streamed_decode
+from memory.vae import VaeDecodePolicy, cudnn_workspace_reserve, miopen_scratch_limit, streamed_decode
 from rocm.allocator import synchronize
 from rocm.conv_fallback import ConvFallback, new_conv_fallback
 import rocm
@@ -122,8 +122,9 @@ class MemoryManager:
         self.device = torch.device(self.device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        if self.device.type == "cuda" and torch.version.hip is not None and self.vae_policy.scratch_limit is None:
-            self.vae_policy.scratch_limit = MIOPEN_SCRATCH_LIMIT
+        if self.device.type == "cuda" and torch.version.hip is not None:
+            if self.vae_policy.scratch_limit is None:
+                self.vae_policy.scratch_limit = miopen_scratch_limit(rocm.detect_runtime(self.device))
         elif not self.vae_policy.workspace_reserve:
             self.vae_policy.workspace_reserve = cudnn_workspace_reserve(self.device)
         if self.vae_policy.streamed is None:

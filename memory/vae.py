@@ -28,6 +28,7 @@ from memory.vae_grid import GridTiling, grid_candidates, grid_decode
 from memory.vae_stream import CHUNK_BYTES
 from configs.video import DECODE_SPEED
 import rocm
+from rocm.conv_plan import conv_plan
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,16 @@ TEMPORAL_TILES = (0, 32, 16, 8)                                   # pixel frames
 # H100 with the full-size VAE (fp16): 13.2 (256px/16-frame tiles), 13.2 (whole frames/16), 12.9 (384px/all).
 ACT_FACTOR = 13.5
 MIOPEN_SCRATCH_LIMIT = int(7.29e9)
+
+
+def miopen_scratch_limit(runtime) -> int | None:
+    """MIOpen's 3D GEMM scratch limit where the VAE's conv3d reaches MIOpen 3D (the device's conv plan starts conv3d
+    at tier 1: CDNA, unknown families); None elsewhere. RDNA starts conv3d at tier 3 (exact 2D decomposition) and
+    RDNA1 keeps MIOpen off, so the limit only shrank their streamed decoder's chunks (1–2 frames per call at
+    608×640) for a scratch they never allocate."""
+    if runtime.backend != "rocm":
+        return None
+    return MIOPEN_SCRATCH_LIMIT if conv_plan(runtime).conv3d_first_tier <= 1 else None
 # The streamed decoder (memory/vae_stream.py) holds a layer's input and output whole, the rest in chunks. Its peak,
 # measured on the H100 (fp16, channels-last, 2026-11-26: the first, middle and last sections of the issue's job in
 # 1–2 tiles, chunks of 0.5–1.5 GiB, and a small tile with 256 MiB chunks) is covered by 3.3 × C0 × tile pixels ×

@@ -132,3 +132,17 @@ def test_manager_decode_records_attempts(tiny_original):
     assert pixels.shape == (1, 3, 5, 64, 64)
     assert len(rec.vae_attempts) == len(seen) >= 2 and rec.vae_attempts[-1]["ok"]
     assert mm.summary()["stages"][0]["vae_attempts"][-1]["tiling"].startswith("32px")
+
+
+@pytest.mark.parametrize("gfx, limited", [("gfx942", True), ("gfx1100", False), ("gfx1030", False),
+                                          ("gfx1201", False), ("gfx1010", False)])
+def test_the_miopen_3d_scratch_limit_applies_only_where_conv3d_reaches_miopen_3d(gfx, limited):
+    """Issue 31, item 9: RDNA starts conv3d at the 2D decomposition (tier 3; RDNA1 keeps MIOpen off): the 3D scratch
+    limit only cut their streamed decoder's chunks. CDNA (gfx942) runs conv3d on MIOpen: the limit holds there."""
+    from rocm.arch import Runtime, arch_family
+    from memory.vae import MIOPEN_SCRATCH_LIMIT, miopen_scratch_limit
+
+    runtime = Runtime("rocm", gfx, arch_family(gfx), "2.11.0+rocm7.0", "7.0", None, "AMD GPU", 24 * 2**30, (gfx,))
+    assert miopen_scratch_limit(runtime) == (MIOPEN_SCRATCH_LIMIT if limited else None)
+    cuda = Runtime("cuda", "sm_90", None, "2.11.0+cu130", None, "13.0", "H100", 80 * 2**30, ())
+    assert miopen_scratch_limit(cuda) is None
