@@ -68,11 +68,19 @@ def _attention_flags() -> dict:
 
 
 def planned_probe_tiers(plan, requested) -> tuple[list[int], dict[str, str]]:
-    """The requested tiers the plan runs (on RDNA1 never tier 1: MIOpen there can crash or hang the GPU), and
-    why each other one is skipped."""
-    tiers = [t for t in requested if t in plan.tiers]
-    skipped = {str(t): f"not in the {(plan.family or 'device').upper()} plan (the app never runs it here)"
-               for t in requested if t not in plan.tiers}
+    """The requested tiers the plan runs for the VAE's 3D convolutions (the probe's shapes): on RDNA1 never tier 1
+    (MIOpen there can crash or hang the GPU), on RDNA2-4 conv3d from tier 3 (so no MIOpen 3D, no 7.7 GB vol2col
+    column buffer under a timeout); and why each other one is skipped."""
+    name = (plan.family or "device").upper()
+    tiers, skipped = [], {}
+    for t in requested:
+        if t not in plan.tiers:
+            skipped[str(t)] = f"not in the {name} plan (the app never runs it here)"
+        elif t < plan.conv3d_first_tier:
+            skipped[str(t)] = (f"the {name} plan starts 3D convolutions at tier {plan.conv3d_first_tier} (the app "
+                               f"never runs tier {t} for them)")
+        else:
+            tiers.append(t)
     return tiers, skipped
 
 

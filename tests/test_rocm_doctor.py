@@ -96,7 +96,8 @@ def test_rdna1_probe_table_skips_tier_1(tmp_path):
     facts = DeviceFacts("rocm", "gfx1030", 0, "RX 5700 XT", 8 * 2**30, ("gfx1030",), "2.13", "6.4", None, None)
     plan = conv_plan(resolve_runtime(facts, kfd, {"HSA_OVERRIDE_GFX_VERSION": "10.3.0"}))
     tiers, skipped = planned_probe_tiers(plan, (1, 2, 3))
-    assert tiers == [2, 3] and list(skipped) == ["1"] and "RDNA1 plan" in skipped["1"]
+    assert tiers == [3] and list(skipped) == ["1", "2"] and "RDNA1 plan" in skipped["1"]
+    assert "starts 3D convolutions at tier 3" in skipped["2"]          # conv3d never runs tier 2 there either
     assert planned_probe_tiers(conv_plan(resolve_runtime(facts, None, {})), (1, 2, 3))[0] == [1, 2, 3]
 
 
@@ -142,3 +143,20 @@ def test_an_override_on_cards_reported_to_page_fault_is_warned(gfx):
     rep = _rdna1_override_report(["gfx1030"])
     rep["gpu"].update(family="rdna3" if gfx == "gfx1103" else "rdna2", arch=gfx)
     assert "page-fault inside MIOpen" in "\n".join(_recommendations(rep))
+
+
+@pytest.mark.parametrize("gfx, tiers", [("gfx1100", [3]), ("gfx1030", [3]), ("gfx1201", [3]),
+                                        ("gfx942", [1, 2, 3])])
+def test_the_doctor_probes_only_the_tiers_the_app_uses_for_3d_convolutions(tmp_path, gfx, tiers):
+    """Issue 31, item 6: on RDNA2-4 the app starts conv3d at tier 3; the doctor ran MIOpen 3D and vol2col anyway."""
+    from rocm_helpers import make_topology
+    from rocm.arch import DeviceFacts, detect_arch, resolve_runtime
+    from rocm.conv_plan import conv_plan
+    from rocm.doctor import planned_probe_tiers
+
+    kfd = detect_arch(make_topology(tmp_path / "kfd", gfx))
+    facts = DeviceFacts("rocm", gfx, 0, "AMD GPU", 24 * 2**30, (gfx,), "2.11.0+rocm7.0", "7.0", None, None)
+    planned, skipped = planned_probe_tiers(conv_plan(resolve_runtime(facts, kfd, {})), (1, 2, 3))
+    assert planned == tiers
+    if tiers == [3]:
+        assert "starts 3D convolutions at tier 3" in skipped["1"] and "starts 3D" in skipped["2"]
