@@ -30,7 +30,7 @@ from common import patches
 from rocm import tiers as tier_ops
 from rocm.arch import Runtime, detect_runtime
 from rocm.conv_plan import conv_plan
-from rocm.errors import ConvFallbackExhausted, ProbeUndecided, classify_error
+from rocm.errors import ConvFallbackExhausted, ProbeUndecided, classify_error, last_line
 from rocm.faults import FaultPlan
 from rocm.paths import cache_dir as default_cache_dir
 from rocm.policy import BypassConfig
@@ -336,8 +336,8 @@ class ConvFallback:
                 raise ProbeUndecided(      # the advice first: the app shows the first 300 characters
                     f"The GPU did not answer the hang probe: SteadyFrame will not run this convolution inside the "
                     f"app, where a hung GPU call would freeze it. The GPU may be wedged: close programs using it, "
-                    f"reboot if it stays stuck, then run `python -m rocm doctor`. ({result.message[:160]}; tier "
-                    f"{tier}, {sig.short()})")
+                    f"reboot if it stays stuck, then run `python -m rocm doctor`. ({last_line(result.message)[:200]};"
+                    f" tier {tier}, {sig.short()})")
             if not result.is_verdict:   # oom (the parent may hold the memory) / rejected: in-process from here
                 return tiers[i:]
             ctx.store.record_failure(sig.key, tier, f"probe {result.outcome}: {result.message}",

@@ -29,6 +29,18 @@ class ProbeUndecided(RuntimeError):
     job stops here with advice. Not a GPU error of the convolution itself: it never moves to another tier."""
 
 
+def is_oom_text(text: str) -> bool:
+    """Does this error text (a child's stderr, a message) say the GPU ran out of memory?"""
+    low = text.lower()
+    return any(m in low for m in _OOM_MARKERS) or "outofmemory" in low
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of a traceback (the exception and its message), not its first characters."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip() and set(line.strip()) != {"^"}]
+    return lines[-1] if lines else text.strip()
+
+
 def classify_error(exc: BaseException) -> str | None:
     """'oom', 'vendor' (MIOpen/cuDNN/HIP/BLAS), 'declined', or None for an error that is not the GPU's fault
     (a wrong shape, a dtype mismatch...), which must propagate unchanged."""

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from configs.rocm_profiles import DEFAULTS
+from rocm.errors import is_oom_text, last_line
 from rocm.faults import FaultPlan
 from common.environment import PROBE_LIFELINE
 from rocm.probe_child import PREFIX
@@ -224,7 +225,7 @@ class HangProbe:
         if event == "timeout":
             msg = f"probe child did not become ready within {self.startup_timeout_s:.0f} s"
         else:
-            msg = f"probe child exited with code {worker.proc.wait()} before running: {worker.stderr_tail()}"
+            msg = f"probe child exited with code {worker.proc.wait()} before running: {last_line(worker.stderr_tail())}"
         self._stop_worker(graceful=False)
         return msg
 
@@ -253,8 +254,8 @@ class HangProbe:
             self._stop_worker()
         if self._worker is None:
             problem = self._start_worker(device)
-            if problem:
-                return result("inconclusive", message=problem)
+            if problem:       # no room for a second HIP context is memory, not a wedged GPU: in-process from here
+                return result("oom" if is_oom_text(problem) else "inconclusive", message=problem)
         worker = self._worker
         if not worker.send(job.to_json()):
             self._stop_worker(graceful=False)

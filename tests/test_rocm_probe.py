@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -193,3 +194,35 @@ def _spec():
     from rocm.signature import ConvSpec
 
     return ConvSpec("conv3d", (1, 1, 1), (1, 1, 1), (1, 1, 1), 1)
+
+
+def _failing_python(tmp_path, last):
+    """A "python" whose probe child dies while starting, its traceback ending in `last`."""
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\n"
+                      "echo 'Traceback (most recent call last):' >&2\n"
+                      "echo '  File \"rocm/probe_child.py\", line 1, in <module>' >&2\n"
+                      "echo '    torch.cuda.init()' >&2\n"
+                      "echo '    ^^^^^^^^^^^^^^^^^' >&2\n"
+                      f"echo '{last}' >&2\n"
+                      "exit 1\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the fake interpreter is a POSIX shell script")
+def test_an_out_of_memory_at_child_start_is_memory_not_a_wedged_gpu(tmp_path):
+    """Issue 31, item 5: the child starts inside the VAE decode when the cap is full; HIP's context creation then
+    fails with out-of-memory. Before: 'inconclusive' (the job stopped with "the GPU may be wedged") and the message
+    was the first 160 characters of the traceback."""
+    from rocm.probe import HangProbe, ProbeJob
+    from rocm.signature import ConvSignature
+
+    sig = ConvSignature("conv3d", (1, 4, 5, 8, 8), (4, 4, 3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), 1, "float32",
+                        "cpu", "cpu")
+    oom = "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 64.00 MiB"
+    result = HangProbe(python=_failing_python(tmp_path, oom)).run([ProbeJob(sig, 1)], device="cpu")[0]
+    assert result.outcome == "oom" and result.message.endswith(oom) and "^^^" not in result.message
+    other = "RuntimeError: HIP error: invalid device function"
+    result = HangProbe(python=_failing_python(tmp_path, other)).run([ProbeJob(sig, 1)], device="cpu")[0]
+    assert result.outcome == "inconclusive" and result.message.endswith(other)
