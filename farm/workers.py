@@ -21,7 +21,7 @@ import importlib
 from common.units import GIB
 from memory.hostbudget import default_host_budget
 import rocm
-from jobs.models import ComponentCache
+from jobs.models import models_for
 import time
 from pipeline.cancel import CancelToken
 from pipeline.jobs import Job, load_job
@@ -108,13 +108,8 @@ class JobWorker:
         self.node = node_name()
         self.host_ram_gb, budget_text = host_share(config)
         log.info("%s: %s", name, budget_text)
-        recipe = None
-        if config.fp8_compute:                # this worker's GPU can multiply in fp8, or the worker refuses to start
-            from pipeline.compiled import fp8_recipe
-
-            recipe = fp8_recipe(self._device())
-        self.models = ComponentCache(config.preset, config.model_dir, loader=_loader(config.loader),
-                                     fp8_compute=recipe)
+        # with --fp8-compute: this worker's GPU can multiply in fp8, or the worker refuses to start
+        self.models = models_for(config, self._device(), _loader(config.loader))
         self._cancels: dict[str, object] = {}
         self._lock = threading.Lock()
         log.info("farm worker %s on %s (pid %d)", name, self.node, os.getpid())

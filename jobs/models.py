@@ -23,15 +23,16 @@ def _default_loader(preset, mode, model_dir):
     return load_components(preset, mode, model_dir=model_dir)
 
 
-def models_for(config, device) -> "ComponentCache":
-    """The process's models (loaded when a job needs them). With --fp8-compute, this device is checked first:
-    raises pipeline.compiled.Fp8ComputeUnavailable (its message says why and what to do)."""
+def models_for(config, device, loader: Callable | None = None) -> "ComponentCache":
+    """The models of a process or farm worker (`config`: its Config or WorkerConfig), loaded when a job needs them.
+    With --fp8-compute, `device` is checked first: raises pipeline.compiled.Fp8ComputeUnavailable (its message says
+    why and what to do)."""
     recipe = None
     if config.fp8_compute:
         from pipeline.compiled import fp8_recipe
 
         recipe = fp8_recipe(device)
-    return ComponentCache(config.preset, config.model_dir, fp8_compute=recipe)
+    return ComponentCache(config.preset, config.model_dir, loader, fp8_compute=recipe)
 
 
 class ComponentCache:
