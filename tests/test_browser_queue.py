@@ -35,6 +35,9 @@ def _wait_rows(page, n, timeout=180):
 def _pick(page, entry_id):
     page.locator("#queue-table [role=gridcell][data-col='1']").filter(has_text=entry_id).first.click()
     page.wait_for_function(f"() => document.querySelector('#queue-pick input')?.value.includes('{entry_id}')")
+    # the pick's own change event may still be on its way to the server (seen once on a loaded machine: the next
+    # button acted on the previous pick); let it land before the next click
+    page.wait_for_timeout(500)
 
 
 def test_the_queue_panel(server, browser, images, tiny_original, tmp_path):
