@@ -25,14 +25,16 @@ What each profile does and why:
 * Allocator: ``garbage_collection_threshold:0.8,max_split_size_mb:512`` (SD.Next's setting; both keys are read by
   ROCm builds of PyTorch). ``expandable_segments`` is left out: a no-op on ROCm before PyTorch 2.11 + ROCm 7.
 * ``conv_tiers`` / ``conv3d_first_tier`` select where ``rocm.ConvFallback`` starts (1 MIOpen, 2 PyTorch's own GPU
-  kernels with MIOpen off, 3 exact decomposition on the GPU, 4 CPU fp32).
+  kernels with MIOpen off, 3 exact decomposition on the GPU, 4 the same with MIOpen off, 5 CPU fp32).
   - RDNA1 (gfx101x): no official wheel ships kernels for it and the usual HSA_OVERRIDE_GFX_VERSION=10.3.0 crashes
     (memory aperture violations), so convolutions stay off MIOpen: conv2d at tier 2, conv3d at tier 3 (2D convs
     over time, also without MIOpen: far smaller column buffers than tier 2's vol2col).
   - RDNA2, RDNA3, RDNA4 (gfx103x, gfx11xx, gfx12xx): MIOpen has no 3D heuristics and no fast 3D solver on these
     cards (its CK 3D implicit-GEMM solvers need XDLOPS: CDNA only); Hunyuan-shaped Conv3d measured at 44-71 s per
     call on a 7900 XTX. The exact rewrite of the causal 3D conv as 2D convs over time was reported 1.66x faster on
-    gfx1100, so conv3d starts at tier 3 (its 2D convs still use MIOpen, which has 2D heuristics).
+    gfx1100, so conv3d starts at tier 3 (its 2D convs still use MIOpen, which has 2D heuristics); when MIOpen fails
+    or times out there (its first JIT compile after an upgrade included), tier 4 keeps that conv on the GPU without
+    MIOpen before the CPU.
   - CDNA, unknown: MIOpen first (FAST find mode), with the fallback behind it.
 """
 
@@ -70,13 +72,18 @@ class RocmProfile:
     notes: tuple[str, ...] = ()
 
 
-def _profile(family: str, description: str, env: dict[str, str], *, conv_tiers=(1, 2, 3, 4),
+def _profile(family: str, description: str, env: dict[str, str], *, conv_tiers=(1, 2, 3, 4, 5),
              conv3d_first_tier: int = 1, vendor_in_decomposition: bool = True, notes=()) -> RocmProfile:
     return RocmProfile(family=family, description=description, env=MappingProxyType(dict(env)),
                        alloc_conf=ALLOC_CONF_VALUE, conv_tiers=tuple(conv_tiers),
                        conv3d_first_tier=conv3d_first_tier,
                        vendor_convs_in_decomposition=vendor_in_decomposition, notes=tuple(notes))
 
+
+# The convolution tiers (rocm.tiers runs them), in the order the fallback tries them.
+NATIVE, VENDOR_OFF, DECOMPOSED, DECOMPOSED_VENDOR_OFF, CPU = TIERS = (1, 2, 3, 4, 5)
+TIER_NAMES = {NATIVE: "native (MIOpen/cuDNN)", VENDOR_OFF: "GPU, MIOpen/cuDNN off", DECOMPOSED: "exact decomposition",
+              DECOMPOSED_VENDOR_OFF: "exact decomposition, MIOpen/cuDNN off", CPU: "CPU fp32"}
 
 _FAST = {"MIOPEN_FIND_MODE": "2"}  # 2 = FAST
 _NO_3D_SOLVER = ("MIOpen has no 3D heuristics and no fast 3D solver on this card; 3D convs start at tier 3 (exact "
@@ -85,7 +92,7 @@ _NO_3D_SOLVER = ("MIOpen has no 3D heuristics and no fast 3D solver on this card
 PROFILES: Mapping[str, RocmProfile] = MappingProxyType({
     "rdna1": _profile(
         "rdna1", "RDNA1 (gfx1010/gfx1011/gfx1012, RX 5000 series)", _FAST,
-        conv_tiers=(2, 3, 4), conv3d_first_tier=3, vendor_in_decomposition=False,
+        conv_tiers=(2, 3, 5), conv3d_first_tier=3, vendor_in_decomposition=False,
         notes=("No official PyTorch wheel ships gfx101x kernels; HSA_OVERRIDE_GFX_VERSION=10.3.0 is widely "
                "reported to crash with memory aperture violations.",
                "Convolutions run without MIOpen: tier 2 (PyTorch's GPU kernels) for conv2d, tier 3 (2D convs "
@@ -109,6 +116,9 @@ class RocmDefaults:
 
     probe_timeout_s: float = 60.0            # one conv in the hang-probe child
     probe_startup_timeout_s: float = 180.0   # child start: import torch, GPU init (not counted in the above)
+    # a probe's first run of a conv: MIOpen JIT-compiles its kernels at first use (minutes on an empty kernel cache,
+    # after every PyTorch/ROCm upgrade); only silence this long reads as a hang
+    probe_warmup_timeout_s: float = 600.0
     stall_timeout_s: float = 300.0           # VAE decode stall watchdog (stack dump, no kill)
     cache_subdir: str = "rocm"               # <cache root>/rocm (common/environment.py)
     bypass_size_threshold_px: int = 42      # the field notes' 42x42 boundary: larger spatial side of a conv input

@@ -176,7 +176,9 @@ class JobRun:
                          self.job.id, self.plan.count, self.plan.window, self.prepared.width, self.prepared.height,
                          r.mode, r.sampler, r.seed)
                 yield from drain()
-                with rocm.job_heap():                 # stage trims scan only what the job made (rocm/allocator.py)
+                # stage trims scan only what the job made (rocm/allocator.py); on ROCm the hang probe's child starts
+                # now, while the GPU is empty, and stays warm for the job's VAE decodes
+                with rocm.job_heap(), self.fallback.warm_probe(self.device):
                     yield from self._run(drain)
                 status = "done"
             except JobStopped:

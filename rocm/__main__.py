@@ -27,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="run the probe table even on CPU (small shapes)")
     group.add_argument("--no-probe", dest="probe", action="store_false", help="skip the probe table")
     doc.add_argument("--probe-timeout", type=float, default=30.0, help="seconds per conv in the probe child")
-    doc.add_argument("--probe-tiers", default="1,2,3", help="tiers to probe, e.g. 1,2,3,4 (4 = CPU, slow)")
+    doc.add_argument("--probe-tiers", default="1,2,3,4", help="tiers to probe, e.g. 1,2,3,4,5 (5 = CPU, slow)")
     doc.add_argument("--small", action="store_true", default=None,
                      help="probe and time small shapes (quick check)")
     att = doc.add_mutually_exclusive_group()

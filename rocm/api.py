@@ -26,6 +26,7 @@ import logging
 import sys
 import threading
 
+from configs.rocm_profiles import CPU
 from rocm.conv_fallback import ConvFallback, new_conv_fallback
 from rocm.policy import BypassConfig, BypassStrategy, Conv2dBypassConfig, FallbackStrategy
 from rocm import safe_conv
@@ -75,7 +76,7 @@ def initialize_miopen_fallback(use_monkey_patch: bool = True, verbose: bool = Tr
         fallback.uninstall()
     logger.log(logging.INFO if verbose else logging.DEBUG,
                "conv fallback initialised: %s; tiers 1 MIOpen/cuDNN -> 2 MIOpen off -> 3 exact 2D decomposition "
-               "-> 4 CPU, first tier by strategy %s", "F.conv2d/F.conv3d patched" if use_monkey_patch else
+               "-> 4 the same, MIOpen off -> 5 CPU, first tier by strategy %s", "F.conv2d/F.conv3d patched" if use_monkey_patch else
                "not patched (use patch_model or miopen_safe_execution)", fallback.bypass.strategy.name)
     return fallback
 
@@ -85,9 +86,9 @@ class MIOpenFallbackHandler:
 
     @staticmethod
     def stats(fallback: ConvFallback | None = None) -> dict:
-        """``cpu_attempts`` / ``cpu_successes`` (tier 4, the notes' counters) plus the calls per tier."""
+        """``cpu_attempts`` / ``cpu_successes`` (tier 5, the notes' counters) plus the calls per tier."""
         snap = (fallback or get_default_fallback()).stats()
-        return {"cpu_attempts": snap.attempts_per_tier.get(4, 0), "cpu_successes": snap.calls_per_tier.get(4, 0),
+        return {"cpu_attempts": snap.attempts_per_tier.get(CPU, 0), "cpu_successes": snap.calls_per_tier.get(CPU, 0),
                 "calls_per_tier": dict(snap.calls_per_tier), "fell_back": len(snap.fell_back),
                 "failed_in_every_tier": snap.exhausted}
 

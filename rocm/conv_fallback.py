@@ -1,7 +1,7 @@
 """``ConvFallback``: conv2d/conv3d, forward and backward, tried tier by tier until one works.
 
 Tiers (``rocm.tiers``): 1 native (MIOpen/cuDNN), 2 PyTorch's GPU kernels with MIOpen/cuDNN off for that call,
-3 exact decomposition on the GPU, 4 CPU fp32. An error of the MIOpen/HIP kind or out-of-memory moves to the next
+3 exact decomposition on the GPU, 4 the same with MIOpen/cuDNN off (a conv3d's last GPU tier), 5 CPU fp32. An error of the MIOpen/HIP kind or out-of-memory moves to the next
 tier (any other error propagates unchanged). Verdicts are cached per (op, shapes, dtype, arch) in memory and in a
 file per arch + torch + HIP + driver build (``rocm.verdicts``), so a bad shape goes straight to its working tier
 next time. Inside ``probing()`` (on ROCm by default) the first use of a signature runs in a child process with a
@@ -229,6 +229,25 @@ class ConvFallback:
                 self._probe_depth -= 1
                 self._probe_forced = previous
 
+    @contextlib.contextmanager
+    def warm_probe(self, device, enabled: bool | None = None):
+        """For a whole job: where the probe will run on ``device`` (ROCm; ``enabled=True`` anywhere, for tests),
+        start its child now, while the GPU is still empty, and keep it warm until the block ends. Started lazily in
+        the first VAE decode, beside parked blocks and tiles that fill the cap, its HIP context may not fit."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+            device = torch.device("cuda", torch.cuda.current_device())     # the name the decode's tensors carry
+        wanted = enabled if enabled is not None else self._context(device).runtime.backend == "rocm"
+        if not wanted or self.probe is None:
+            yield self
+            return
+        with self.probe.session():
+            problem = self.probe.prestart(str(device))
+            if problem:
+                logger.warning("hang probe: the child did not start before the job (%s); it starts again at the "
+                               "first new convolution", last_line(problem))
+            yield self
+
     def stats(self) -> FallbackStats:
         return self._stats.snapshot()
 
@@ -304,7 +323,9 @@ class ConvFallback:
         start = bypass.start_tier(sig)
         if sig.base_op == "conv3d":
             start = max(start, ctx.conv3d_first_tier)
-        tiers = [t for t in ctx.tiers if t >= start and bypass.allows(t)] or [ctx.tiers[-1]]
+        tiers = [t for t in ctx.tiers if t >= start and bypass.allows(t)]
+        tiers = [t for t in tiers if not (t - 1 in tiers and tier_ops.same_as_previous(
+            t, sig.base_op, ctx.vendor_in_decomposition))] or [ctx.tiers[-1]]
         verdict = ctx.store.get(sig.key) if bypass.cache_decisions else None
         if verdict is not None:
             # a timeout from an earlier run is probed once more before it is trusted (only where the probe runs)

@@ -11,7 +11,8 @@ sides (H, W; frames do not count) exceeds it. The notes' 42 is the 42x42 boundar
 algorithm was seen to hang on RDNA1.
 
 "Bypass" means leaving tier 1 (MIOpen / cuDNN): to tier 3 for the notes' GPU "unfold + matmul" (for a conv2d
-that is exactly tier 3: im2col + GEMM; a conv3d becomes 2D convs over time), to tier 4 for the CPU.
+that is exactly tier 3: im2col + GEMM; a conv3d becomes 2D convs over time; tier 4 is the same without MIOpen), to
+tier 5 for the CPU.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from configs.rocm_profiles import DEFAULTS
+from configs.rocm_profiles import CPU, DECOMPOSED, DECOMPOSED_VENDOR_OFF, DEFAULTS
 from rocm.signature import ConvSignature
 
 
 class BypassStrategy(str, enum.Enum):
-    """AUTO: tiers in order 1 -> 4, skipping tiers a verdict marked as failing for this shape. With
+    """AUTO: tiers in order 1 -> 5, skipping tiers a verdict marked as failing for this shape. With
     ``enable_implicit_gemm=False`` (the notes: "large sizes bypass MIOpen unless implicit GEMM is on") large
     convs start at tier 3.
 
@@ -36,7 +37,7 @@ class BypassStrategy(str, enum.Enum):
 
     GPU_UNFOLD (alias PURE_PYTORCH): every conv bypasses MIOpen on the GPU: tier 3.
 
-    CPU_FALLBACK: every conv goes to tier 4 (CPU, fp32), results moved back to the GPU: the notes' "maximum
+    CPU_FALLBACK: every conv goes to tier 5 (CPU, fp32), results moved back to the GPU: the notes' "maximum
     safety". Slow, but uses no GPU memory for the conv.
 
     Accepts the names in any case: ``BypassStrategy("CPU_FALLBACK")`` is ``BypassStrategy.CPU_FALLBACK``.
@@ -64,7 +65,7 @@ FallbackStrategy = BypassStrategy        # the field notes' name
 @dataclass(frozen=True)
 class BypassConfig:
     """The notes' ``Conv2dBypassConfig``. ``enable_implicit_gemm``: AUTO tries MIOpen on large convs (False:
-    they start at tier 3). ``gpu_unfold_fallback`` / ``cpu_fallback_enabled``: tiers 3 / 4 may be used.
+    they start at tier 3). ``gpu_unfold_fallback`` / ``cpu_fallback_enabled``: tiers 3-4 (the decompositions) / 5 may be used.
     ``verbose``: SafeConv layers log their first bypass at INFO (else DEBUG). ``cache_decisions``: use the
     remembered verdicts (False: every call starts at the strategy's first tier again)."""
 
@@ -89,13 +90,14 @@ class BypassConfig:
         return max(sig.input_shape[-2:]) > self.size_threshold
 
     def allows(self, tier: int) -> bool:
-        return not ((tier == 3 and not self.gpu_unfold_fallback) or (tier == 4 and not self.cpu_fallback_enabled))
+        return not ((tier in (DECOMPOSED, DECOMPOSED_VENDOR_OFF) and not self.gpu_unfold_fallback)
+                    or (tier == CPU and not self.cpu_fallback_enabled))
 
     def start_tier(self, sig: ConvSignature) -> int:
         """The first tier this strategy allows for ``sig``."""
         s = self.strategy
         if s is BypassStrategy.CPU_FALLBACK:
-            return 4
+            return CPU
         if s is BypassStrategy.GPU_UNFOLD:
             return 3
         large = self.is_large(sig)

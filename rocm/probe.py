@@ -1,11 +1,14 @@
 """Hang probe: run a convolution in a child process with a timeout, because a stuck MIOpen call or GPU kernel
 cannot be interrupted from Python.
 
-The child (``rocm.probe_child``) runs in its own process group and stays warm between jobs. When a job exceeds
-``timeout_s`` (counted from the job's start; starting the child - import torch, GPU init - gets
-``startup_timeout_s``) or the child dies, the whole group is killed and that (signature, tier) gets a
+The child (``rocm.probe_child``) runs in its own process group and stays warm between jobs. A GPU job runs twice
+in it: first a warm-up, whose limit ``warmup_timeout_s`` leaves room for MIOpen's first JIT compile of the kernels
+(minutes after a PyTorch or ROCm upgrade, on an empty kernel cache: a timeout there would send a healthy shape to
+the CPU for good), then the timed run. When the timed run exceeds ``timeout_s`` (the warm-up its own limit; starting
+the child - import torch, GPU init - gets ``startup_timeout_s``) or the child dies, the whole group is killed and that (signature, tier) gets a
 ``timeout``/``crash`` verdict; the next job starts a fresh child. ``session()`` keeps one child across ``run``
-calls (the conv fallback holds one for a whole VAE decode). A child that succeeds also fills MIOpen's kernel cache
+calls (the conv fallback holds one for a job, started before the GPU fills). A child that succeeds also fills
+MIOpen's kernel cache
 (compiled kernels, shared on disk) for the parent; not its find db, which MIOpen does not write under the profile's
 MIOPEN_FIND_MODE=FAST. The child dies with the app, however the app ends (``rocm.probe_child``'s
 lifeline and reaper).
@@ -27,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from configs.rocm_profiles import DEFAULTS
+from configs.rocm_profiles import CPU, DEFAULTS
 from rocm.errors import is_oom_text, last_line
 from rocm.faults import FaultPlan
 from common.environment import PROBE_LIFELINE
@@ -62,6 +65,7 @@ class ProbeResult:
     elapsed_s: float
     message: str = ""
     pid: int | None = None
+    warmup_s: float = 0.0       # the untimed first run (kernel compile included); elapsed_s is the timed run
 
     @property
     def is_verdict(self) -> bool:
@@ -173,8 +177,11 @@ class HangProbe:
 
     def __init__(self, timeout_s: float = DEFAULTS.probe_timeout_s,
                  startup_timeout_s: float = DEFAULTS.probe_startup_timeout_s,
-                 fault_plan: FaultPlan | None = None, python: str | None = None, env: dict | None = None):
+                 fault_plan: FaultPlan | None = None, python: str | None = None, env: dict | None = None,
+                 warmup_timeout_s: float | None = None):
         self.timeout_s = float(timeout_s)
+        self.warmup_timeout_s = float(warmup_timeout_s if warmup_timeout_s is not None
+                                      else max(self.timeout_s, DEFAULTS.probe_warmup_timeout_s))
         self.startup_timeout_s = float(startup_timeout_s)
         self.fault_plan = fault_plan
         self.python = python or sys.executable
@@ -206,6 +213,18 @@ class HangProbe:
                 self._session_depth -= 1
                 if self._session_depth == 0:
                     self._stop_worker()
+
+    def prestart(self, device: str) -> str | None:
+        """Start the child for ``device`` now, inside a ``session()``, so that it exists before the GPU fills (a
+        second HIP context may not fit later, in a VAE decode beside parked blocks and tiles). Returns None, or why
+        it could not start (the probe then starts a child at its first job, as without this call)."""
+        with self._lock:
+            if self._session_depth == 0:
+                raise RuntimeError("HangProbe.prestart() belongs inside a session(): outside one nothing keeps it")
+            if self._worker is not None and self._worker.device == device and self._worker.alive:
+                return None
+            self._stop_worker()
+            return self._start_worker(device)
 
     def _stop_worker(self, graceful: bool = True) -> None:
         if self._worker is not None:
@@ -243,12 +262,14 @@ class HangProbe:
                     self._stop_worker()
         for r in results:
             log = logger.info if r.outcome == "ok" else logger.warning
-            log("probe %s tier %d: %s in %.2f s %s", r.signature, r.tier, r.outcome, r.elapsed_s, r.message[:200])
+            log("probe %s tier %d: %s in %.2f s (first run %.2f s) %s", r.signature, r.tier, r.outcome, r.elapsed_s,
+                r.warmup_s, r.message[:200])
         return results
 
     def _run_one(self, job: ProbeJob, device: str) -> ProbeResult:
-        def result(outcome, elapsed=0.0, message="", pid=None):
-            return ProbeResult(job.signature.short(), job.signature.key, job.tier, outcome, elapsed, message, pid)
+        def result(outcome, elapsed=0.0, message="", pid=None, warm_s=0.0):
+            return ProbeResult(job.signature.short(), job.signature.key, job.tier, outcome, elapsed, message, pid,
+                               warm_s)
 
         if self._worker is not None and (self._worker.device != device or not self._worker.alive):
             self._stop_worker()
@@ -260,24 +281,34 @@ class HangProbe:
         if not worker.send(job.to_json()):
             self._stop_worker(graceful=False)
             return result("inconclusive", message="probe child closed its input", pid=worker.pid)
-        started = None
-        deadline = time.monotonic() + self.timeout_s
+        first_limit = self.warmup_timeout_s if job.tier != CPU else self.timeout_s
+        phase, warm_s = "warm-up", 0.0
+        started = time.monotonic()
+        deadline = started + first_limit
         while True:
             try:
                 event = worker.next_event(deadline - time.monotonic())
             except queue.Empty:
-                elapsed = time.monotonic() - (started or deadline - self.timeout_s)
+                elapsed = time.monotonic() - started
                 self._stop_worker(graceful=False)
-                return result("timeout", elapsed, f"no result after {self.timeout_s:g} s; process group killed",
-                              worker.pid)
+                if phase == "warm-up" and job.tier != CPU:
+                    message = (f"no result after {first_limit:g} s of the first run (kernel compile included); "
+                               f"process group killed")
+                else:
+                    message = f"no result after {self.timeout_s:g} s; process group killed"
+                return result("timeout", elapsed, message, worker.pid, warm_s)
             if event is None:
                 code = worker.proc.wait()
                 tail = worker.stderr_tail()
-                elapsed = time.monotonic() - (started or time.monotonic())
+                elapsed = time.monotonic() - started
                 self._stop_worker(graceful=False)
-                return result("crash", elapsed, f"child exited with code {code}: {tail}", worker.pid)
+                return result("crash", elapsed, f"child exited with code {code}: {tail}", worker.pid, warm_s)
             kind = event.get("event")
             if kind == "start":
+                started = time.monotonic()
+                deadline = started + first_limit
+            elif kind == "warm":       # compiled and run once: the timed run starts now
+                phase, warm_s = "timed", float(event.get("elapsed_s", 0.0))
                 started = time.monotonic()
                 deadline = started + self.timeout_s
             elif kind == "done":
@@ -287,4 +318,5 @@ class HangProbe:
                     # an error that is not the GPU's (kind 'other') is left to the in-process call to raise
                     outcome = {"oom": "oom", "vendor": "error", "declined": "error"}.get(event.get("kind"),
                                                                                        "rejected")
-                return result(outcome, float(event.get("elapsed_s", 0.0)), event.get("message", ""), worker.pid)
+                return result(outcome, float(event.get("elapsed_s", 0.0)), event.get("message", ""), worker.pid,
+                              warm_s)

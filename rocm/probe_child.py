@@ -2,9 +2,12 @@
 
 Protocol, one JSON object per line. stdin: first ``{"device": "cuda:0"}``, then one job per line
 ``{"signature": {...}, "tier": N, "vendor_in_decomposition": bool}``; EOF ends the child. stdout: ``SFPROBE {json}``
-lines: ``ready`` once torch and the GPU are initialised, then ``start``/``done`` per job, ``finished`` at EOF.
-The child stays warm between jobs (torch imported, GPU initialised, MIOpen kernels compiled), so a probe costs
-about the convolution itself. The fault-injection plan comes from ``STEADYFRAME_CONV_FAULTS``.
+lines: ``ready`` once torch and the GPU are initialised, then ``start``/``warm``/``done`` per job, ``finished`` at
+EOF. A GPU job runs twice: the first run (reported by ``warm``) includes the kernels' first JIT compile (MIOpen
+compiles a solver's kernels at first use, for minutes after a PyTorch or ROCm upgrade, when its kernel cache is
+empty), which the parent gives a long limit of its own; the second is the one the probe's timeout measures. The
+child stays warm between jobs (torch imported, GPU initialised, kernels compiled), so a probe costs about twice
+the convolution itself. The fault-injection plan comes from ``STEADYFRAME_CONV_FAULTS``.
 
 The child must not outlive the app, even when the app is killed (SIGKILL, SIGTERM) while the child is stuck in a
 GPU call that nothing can interrupt. The parent hands the child the read end of a pipe (its fd number in
@@ -23,6 +26,7 @@ import sys
 import time
 
 from common.environment import read_environment
+from configs.rocm_profiles import CPU
 from rocm.signature import ConvSignature
 from rocm.errors import classify_error
 from rocm.faults import FaultPlan
@@ -143,6 +147,10 @@ def main() -> int:
         emit({"event": "start", "index": index})
         started = time.perf_counter()
         try:
+            if job["tier"] != CPU:       # the untimed first run: kernels compiled, caches filled
+                run_job(job, device, plan)
+                emit({"event": "warm", "index": index, "elapsed_s": time.perf_counter() - started})
+                started = time.perf_counter()
             result = run_job(job, device, plan)
         except Exception as exc:  # every failure is reported to the parent, which classifies it
             kind = classify_error(exc)

@@ -29,7 +29,7 @@ from common.files import atomic_write_json
 from rocm.paths import safe_name
 
 logger = logging.getLogger(__name__)
-FORMAT = 2
+FORMAT = 3       # 3: five tiers (4 = decomposition without MIOpen, 5 = CPU; in format 2, 4 was the CPU)
 FILE_PREFIX = "conv_verdicts_"
 
 
@@ -181,7 +181,8 @@ def _read_payload(path: Path) -> dict | None:
         return None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         older = isinstance(data, dict) and isinstance(data.get("format"), int) and data["format"] < FORMAT
-        # an older SteadyFrame's verdicts have expired (not keyed by driver, no timeout re-probe): start afresh
+        # an older SteadyFrame's verdicts have expired (not keyed by driver, no timeout re-probe, tiers numbered
+        # otherwise): start afresh
         (logger.info if older else logger.warning)("ignoring conv verdict file %s of %s format", path,
                                                    "an older" if older else "another")
         return None

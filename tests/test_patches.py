@@ -129,9 +129,26 @@ def test_the_job_uses_its_managers_conv_fallback_never_the_module_default(tiny_o
     monkeypatch.setattr(rocm.api, "get_default_fallback", no_default)
     monkeypatch.setattr(rocm, "get_default_fallback", no_default, raising=False)
     memory = MemoryManager(device="cpu")
+    # issue 31 item 5: the job keeps the hang probe's child warm from before its first stage (the GPU still empty)
+    order, stage, warm_probe = [], memory.stage, memory.conv_fallback.warm_probe
+
+    def stage_seen(name, *args, **kwargs):
+        order.append(name)
+        return stage(name, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def warm_seen(device, enabled=None):
+        order.append(f"warm probe on {device}")
+        with warm_probe(device, enabled):
+            yield
+        order.append("warm probe ends")
+
+    monkeypatch.setattr(memory, "stage", stage_seen)
+    monkeypatch.setattr(memory.conv_fallback, "warm_probe", warm_seen)
     _, last = run_job(_request(), tiny_original, tmp_path, memory=memory)
     assert isinstance(last, Done), getattr(last, "detail", last)
     assert sum(memory.conv_fallback.stats().calls_per_tier.values()) > 0      # its convolutions went through it
+    assert order[0] == "warm probe on cpu" and order[-1] == "warm probe ends" and "VAE encode" in order, order
 
 
 def test_the_vae_policy_uses_the_conv_fallback_it_is_given(tiny_original):

@@ -125,7 +125,7 @@ def test_initialize_and_safe_execution(fallback):
 
 
 @pytest.mark.parametrize("strategy,tier3d,tier2d", [
-    ("auto", 1, 1), ("implicit_gemm", 3, 1), ("CPU_FALLBACK", 4, 4), ("Selective", 3, 3), ("GPU_UNFOLD", 3, 3)])
+    ("auto", 1, 1), ("implicit_gemm", 3, 1), ("CPU_FALLBACK", 5, 5), ("Selective", 3, 3), ("GPU_UNFOLD", 3, 3)])
 def test_enable_miopen_bypass(fallback, strategy, tier3d, tier2d):
     env_before = dict(os.environ)
     cfg = api.enable_miopen_bypass(strategy=strategy, size_threshold=0)

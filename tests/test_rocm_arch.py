@@ -90,7 +90,7 @@ def test_doctor_uses_the_hardware_arch_and_warns_about_the_override_on_rdna1(tmp
     rep = collect(probe=False, topology_nodes=nodes, environ=env,
                   device_facts=_facts("gfx1030" if override else "gfx1010"), attention=False)
     gpu = rep["gpu"]
-    assert gpu["arch"] == "gfx1010" and gpu["family"] == "rdna1" and rep["conv_plan"]["tiers"] == [2, 3, 4]
+    assert gpu["arch"] == "gfx1010" and gpu["family"] == "rdna1" and rep["conv_plan"]["tiers"] == [2, 3, 5]
     assert gpu["arch_source"].startswith("KFD topology")
     warned = [w for w in rep["environment"]["warnings"] if w["variable"] == "HSA_OVERRIDE_GFX_VERSION"]
     recs = "\n".join(rep["recommendations"])
@@ -109,7 +109,7 @@ def test_doctor_rdna2_plan_starts_conv3d_at_tier_3(tmp_path):
     rep = collect(probe=False, topology_nodes=make_topology(tmp_path / "kfd", "gfx1030"),
                   environ={"STEADYFRAME_CACHE_DIR": str(tmp_path / "c")}, device_facts=_facts("gfx1030"),
                   attention=False)
-    assert rep["conv_plan"]["conv3d_first_tier"] == 3 and rep["conv_plan"]["tiers"] == [1, 2, 3, 4]
+    assert rep["conv_plan"]["conv3d_first_tier"] == 3 and rep["conv_plan"]["tiers"] == [1, 2, 3, 4, 5]
     assert rep["environment"]["profile"] == "rdna2"
 
 

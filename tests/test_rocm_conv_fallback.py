@@ -1,9 +1,9 @@
 """ConvFallback: every tier equals the plain conv (outputs and gradients), and faults move calls down the tiers.
 
 Tolerances: fp32 on CPU, |tier - plain| <= 1e-5 * max(1, max|plain|) for outputs and gradients (tier 3 sums in
-another order; tiers 1, 2 and 4 are bit-identical on CPU). On a CUDA GPU (cuDNN in MIOpen's place as tier 1) the
+another order, tier 4 too; tiers 1, 2 and 5 are bit-identical on CPU). On a CUDA GPU (cuDNN in MIOpen's place as tier 1) the
 same tests run in fp32 with TF32 off and a 1e-4 tolerance (different algorithms per tier). Low-precision inputs
-through tiers 3/4 come back in their dtype and within 1e-2 (fp16) / 2e-2 (bf16) relative of the fp32 result.
+through tiers 3-5 come back in their dtype and within 1e-2 (fp16) / 2e-2 (bf16) relative of the fp32 result.
 """
 
 from __future__ import annotations
@@ -87,14 +87,14 @@ def _check_tier_equals_plain(op, case, tier, bias=True, device="cpu"):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("tier", [1, 2, 3, 4])
+@pytest.mark.parametrize("tier", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("name", list(CONV3D_CASES))
 def test_conv3d_every_tier_matches_plain(name, tier, device):
     _check_tier_equals_plain("conv3d", CONV3D_CASES[name], tier, bias=name != "k1", device=device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("tier", [1, 2, 3, 4])
+@pytest.mark.parametrize("tier", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("name", list(CONV2D_CASES))
 def test_conv2d_every_tier_matches_plain(name, tier, device):
     _check_tier_equals_plain("conv2d", CONV2D_CASES[name], tier, device=device)
@@ -145,7 +145,7 @@ def test_verdict_skips_failing_tier_for_that_shape_only():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype,rel", [(torch.float16, 1e-2), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("tier", [3, 4])
+@pytest.mark.parametrize("tier", [3, 4, 5])
 def test_low_precision_comes_back_in_its_dtype(dtype, rel, tier, device):
     fb = ConvFallback(tiers=(tier,), persist=False, probe=None)
     x, w, b = _tensors((1, 4, 5, 8, 8), (4, 4, 3, 3, 3), dtype=dtype, device=device)
@@ -168,7 +168,7 @@ def test_errors_that_are_not_the_gpus_propagate():
 
 
 def test_every_tier_failing_raises_exhausted():
-    plan = FaultPlan([Fault(tier=t, kind="miopen_unknown") for t in (1, 2, 3, 4)])
+    plan = FaultPlan([Fault(tier=t, kind="miopen_unknown") for t in (1, 2, 3, 4, 5)])
     fb = ConvFallback(persist=False, probe=None, fault_plan=plan)
     with pytest.raises(ConvFallbackExhausted, match="every tier"):
         fb.conv2d(torch.randn(1, 2, 4, 4), torch.randn(2, 2, 1, 1))
@@ -192,8 +192,8 @@ def test_install_patches_and_restores_functional():
 
 
 def test_profile_like_tier_plan_rdna1():
-    """RDNA1's plan (tiers 2-4, conv3d from tier 3, no vendor in tier 3) applied explicitly."""
-    fb = ConvFallback(tiers=(2, 3, 4), conv3d_first_tier=3, vendor_in_decomposition=False, persist=False,
+    """RDNA1's plan (tiers 2, 3, 5, conv3d from tier 3, no vendor in tier 3) applied explicitly."""
+    fb = ConvFallback(tiers=(2, 3, 5), conv3d_first_tier=3, vendor_in_decomposition=False, persist=False,
                       probe=None)
     with torch.no_grad():
         fb.conv3d(torch.randn(1, 2, 4, 5, 5), torch.randn(2, 2, 3, 3, 3), padding=1)
@@ -209,7 +209,7 @@ STRATEGIES = [
     (BypassStrategy.IMPLICIT_GEMM, {}, (3, 1), (1, 1)),
     (BypassStrategy.SELECTIVE, {}, (3, 3), (1, 1)),
     (BypassStrategy.GPU_UNFOLD, {}, (3, 3), (3, 3)),
-    (BypassStrategy.CPU_FALLBACK, {}, (4, 4), (4, 4)),
+    (BypassStrategy.CPU_FALLBACK, {}, (5, 5), (5, 5)),
 ]
 
 
@@ -241,8 +241,30 @@ def test_bypass_config_can_rule_out_tiers_and_ignore_verdicts():
                              bypass=BypassConfig(gpu_unfold_fallback=False))
     with torch.no_grad():
         no_unfold.conv2d(x, w, padding=1)
-    assert no_unfold.last_tier == 4 and 3 not in no_unfold.stats().attempts_per_tier
+    assert no_unfold.last_tier == 5 and not {3, 4} & set(no_unfold.stats().attempts_per_tier)
     with pytest.raises(ValueError, match="cpu_fallback_enabled"):
         BypassConfig("CPU_FALLBACK", cpu_fallback_enabled=False)
     with pytest.raises(ValueError, match="pixels"):
         BypassConfig(size_threshold=-1)
+
+
+def test_rdna_conv3d_keeps_a_gpu_tier_after_a_miopen_failure_in_tier_3(monkeypatch):
+    """RDNA2-4 start conv3d at tier 3 (2D convs over time through MIOpen); one MIOpen failure there moves the call to
+    tier 4 (the same decomposition, MIOpen off, on the GPU), not to the CPU. A conv2d has no tier 4 (its tier 3 has
+    no MIOpen call): it goes from tier 3 to the CPU."""
+    from rocm import vendor_free
+
+    vendor_calls = []
+    real = vendor_free.conv
+    monkeypatch.setattr(vendor_free, "conv", lambda *a, **k: vendor_calls.append(1) or real(*a, **k))
+    plan = FaultPlan([Fault(tier=t, kind="miopen_unknown") for t in (1, 2, 3)])
+    fb = ConvFallback(conv3d_first_tier=3, vendor_in_decomposition=True, persist=False, probe=None, fault_plan=plan)
+    x, w, b = _tensors((1, 4, 5, 8, 8), (4, 4, 3, 3, 3))
+    with torch.no_grad():
+        out = fb.conv3d(x, w, b, padding=1)
+        assert fb.last_tier == 4 and vendor_calls            # the 2D convs ran without MIOpen/cuDNN
+        assert_close_scaled(out, F.conv3d(x, w, b, padding=1))
+        fb.conv2d(torch.randn(1, 2, 6, 6), torch.randn(2, 2, 3, 3), padding=1)
+    assert fb.last_tier == 5
+    assert fb.stats().calls_per_op == {"conv3d": {4: 1}, "conv2d": {5: 1}}
+    assert 4 not in fb.stats().fell_back[-1].failed             # the conv2d never tried a copy of tier 3

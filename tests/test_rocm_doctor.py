@@ -57,12 +57,12 @@ def test_json_report_with_small_probe_and_attention_shows_progress():
         assert rep["gpu"]["arch_source"] == "torch"
     probe = rep["probe"]
     assert probe["ran"] and probe["small_shapes"] and probe["device"] == rep["backend"]
-    assert {(r["tier"], r["outcome"]) for r in probe["rows"]} == {(1, "ok"), (2, "ok"), (3, "ok")}
-    assert rep["conv_plan"]["tiers"] == [1, 2, 3, 4]
+    assert {(r["tier"], r["outcome"]) for r in probe["rows"]} == {(1, "ok"), (2, "ok"), (3, "ok"), (4, "ok")}
+    assert rep["conv_plan"]["tiers"] == [1, 2, 3, 4, 5]
     # progress while it works (stderr, so the JSON stays clean): one line per probe and per attention backend
     progress = [line for line in result.stderr.splitlines() if line.startswith("doctor: ")]
-    assert "doctor: probe 1/6: tier 1 on small 8ch @ 16x16, 3 frames (up to 20 s)" in progress
-    assert sum("doctor: probe " in line for line in progress) == 6
+    assert "doctor: probe 1/8: tier 1 on small 8ch @ 16x16, 3 frames (up to 20 s)" in progress
+    assert sum("doctor: probe " in line for line in progress) == 8
     assert "doctor: attention no mask: flash" in progress and "doctor: attention with mask: math" in progress
     # the attention backends, timed on the transformer's attention shape (small here), and the app's choice
     check = rep["attention"]["check"]

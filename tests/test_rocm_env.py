@@ -86,7 +86,7 @@ def test_profile_data_only_verified_variables():
         for var, value in profile.env.items():
             _check_allowed(var, value)
         _check_allowed(ALLOC_CONF_VAR, profile.alloc_conf)
-        assert set(profile.conv_tiers) <= {1, 2, 3, 4}
+        assert set(profile.conv_tiers) <= {1, 2, 3, 4, 5}
     assert 1 not in PROFILES["rdna1"].conv_tiers and not PROFILES["rdna1"].vendor_convs_in_decomposition
     # MIOpen has no fast 3D solver on any RDNA card (CK's 3D solvers need XDLOPS): conv3d starts at tier 3 there
     assert {f: PROFILES[f].conv3d_first_tier for f in PROFILES} == {

@@ -34,7 +34,7 @@ def test_ok_and_miopen_error_in_one_child():
 @pytest.mark.parametrize("timeout_s", [1.5])
 def test_hang_is_cut_within_timeout_and_leaves_no_process(timeout_s):
     plan = FaultPlan([Fault(tier=1, kind="hang", seconds=600, grandchild=True)])
-    probe = HangProbe(timeout_s=timeout_s, fault_plan=plan)
+    probe = HangProbe(timeout_s=timeout_s, fault_plan=plan, warmup_timeout_s=timeout_s)
     started = time.monotonic()
     results = probe.run([ProbeJob(_sig(), 1), ProbeJob(_sig(), 2)])
     wall = time.monotonic() - started
@@ -55,7 +55,8 @@ def test_crash_is_a_verdict_and_the_rest_continues():
 
 
 def test_fallback_probes_first_use_and_persists(tmp_path):
-    probe = HangProbe(timeout_s=1.5, fault_plan=FaultPlan([Fault(tier=1, kind="hang", seconds=600)]))
+    probe = HangProbe(timeout_s=1.5, warmup_timeout_s=1.5,
+                      fault_plan=FaultPlan([Fault(tier=1, kind="hang", seconds=600)]))
     # in-process tier 1 is a tripwire: if the fallback tried it after the probe's timeout, this would raise
     tripwire = FaultPlan([Fault(tier=1, kind="error")])
     fb = ConvFallback(cache_dir=tmp_path, probe=probe, fault_plan=tripwire)
@@ -68,7 +69,8 @@ def test_fallback_probes_first_use_and_persists(tmp_path):
     assert [(p["tier"], p["outcome"]) for p in probes] == [(1, "timeout"), (2, "ok")]
 
     # a later run: the timeout is probed once more before it is trusted; it hangs again -> confirmed
-    again = ConvFallback(cache_dir=tmp_path, probe=HangProbe(timeout_s=1.5, fault_plan=probe.fault_plan),
+    again = ConvFallback(cache_dir=tmp_path,
+                         probe=HangProbe(timeout_s=1.5, warmup_timeout_s=1.5, fault_plan=probe.fault_plan),
                          fault_plan=tripwire)
     with torch.no_grad(), again.probing(True):
         again.conv3d(x, w, padding=1)
@@ -103,8 +105,9 @@ def test_probe_on_gpu():
     sig = ConvSignature("conv3d", (1, 64, 7, 34, 34), (64, 64, 3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1), 1,
                         "float16", "cuda", "gpu")
     plan = FaultPlan([Fault(tier=1, kind="hang", seconds=600)])
-    results = HangProbe(timeout_s=3, fault_plan=plan).run([ProbeJob(sig, t) for t in (1, 2, 3, 4)], device="cuda")
-    assert [r.outcome for r in results] == ["timeout", "ok", "ok", "ok"]
+    probe = HangProbe(timeout_s=3, warmup_timeout_s=3, fault_plan=plan)
+    results = probe.run([ProbeJob(sig, t) for t in (1, 2, 3, 4, 5)], device="cuda")
+    assert [r.outcome for r in results] == ["timeout", "ok", "ok", "ok", "ok"]
 
 
 APP = """
@@ -161,7 +164,7 @@ def test_undecided_probe_fails_with_advice_and_never_runs_the_tier_in_process(tm
     stuck.write_text("#!/bin/sh\nexec sleep 60\n")
     stuck.chmod(0o755)
     probe = HangProbe(timeout_s=5, startup_timeout_s=1.0, python=str(stuck))
-    tripwire = FaultPlan([Fault(tier=t, kind="error") for t in (1, 2, 3, 4)])   # any in-process tier would raise
+    tripwire = FaultPlan([Fault(tier=t, kind="error") for t in (1, 2, 3, 4, 5)])   # any in-process tier would raise
     fb = ConvFallback(cache_dir=tmp_path / "cache", probe=probe, fault_plan=tripwire)
     started = time.monotonic()
     with torch.no_grad(), fb.probing(True), pytest.raises(ProbeUndecided) as info:
@@ -172,7 +175,7 @@ def test_undecided_probe_fails_with_advice_and_never_runs_the_tier_in_process(tm
     assert "python -m rocm doctor" in f"ProbeUndecided: {message}"[:300]          # what the app shows
     assert "did not become ready" in message
     assert classify_error(info.value) is None            # not a tier failure: the job fails with this advice
-    assert tripwire.fired() == [0, 0, 0, 0] and fb.stats().total_calls == 0
+    assert tripwire.fired() == [0] * 5 and fb.stats().total_calls == 0
     assert fb.verdict(fb.signature("conv3d", torch.randn(SHAPE), torch.randn(4, 4, 3, 3, 3), _spec())) is None
     assert fb.current is None
     assert [live_group_members(p) for p in probe.last_pids] == [[]]
@@ -226,3 +229,46 @@ def test_an_out_of_memory_at_child_start_is_memory_not_a_wedged_gpu(tmp_path):
     other = "RuntimeError: HIP error: invalid device function"
     result = HangProbe(python=_failing_python(tmp_path, other)).run([ProbeJob(sig, 1)], device="cpu")[0]
     assert result.outcome == "inconclusive" and result.message.endswith(other)
+
+
+def test_a_slow_first_compile_is_not_a_hang():
+    """Issue 31, item 4: MIOpen JIT-compiles a conv's kernels at its first use (minutes on an empty kernel cache,
+    after an upgrade). The probe runs the conv once under its long warm-up limit, then times the second run. Before,
+    the compile counted against the timeout and the shape went to the CPU for good."""
+    compile_once = FaultPlan([Fault(tier=3, kind="hang", seconds=2.5, times=1)])    # the first run only
+    probe = HangProbe(timeout_s=1.5, warmup_timeout_s=30, fault_plan=compile_once)
+    result = probe.run([ProbeJob(_sig(), 3)])[0]
+    assert result.outcome == "ok" and result.warmup_s >= 2.5 and result.elapsed_s < 1.5
+    hung = HangProbe(timeout_s=1.5, warmup_timeout_s=2.0, fault_plan=FaultPlan([Fault(tier=3, kind="hang",
+                                                                                        seconds=600)]))
+    result = hung.run([ProbeJob(_sig(), 3)])[0]
+    assert result.outcome == "timeout" and "first run" in result.message and 2.0 <= result.elapsed_s < 4
+
+
+def test_a_tier_3_timeout_on_rdna_leaves_conv3d_on_the_gpu(tmp_path):
+    """RDNA2-4's plan (conv3d from tier 3): a probe timeout in tier 3 is followed by tier 4 (MIOpen off, GPU), not
+    the CPU (before, the only tier after 3)."""
+    probe = HangProbe(timeout_s=1.5, warmup_timeout_s=1.5,
+                      fault_plan=FaultPlan([Fault(tier=3, kind="hang", seconds=600)]))
+    fb = ConvFallback(conv3d_first_tier=3, cache_dir=tmp_path, probe=probe)
+    with torch.no_grad(), fb.probing(True):
+        fb.conv3d(torch.randn(SHAPE), torch.randn(4, 4, 3, 3, 3), padding=1)
+    assert fb.last_tier == 4
+    assert [(p["tier"], p["outcome"]) for p in fb.stats().probes] == [(3, "timeout"), (4, "ok")]
+
+
+def test_a_job_starts_the_probe_child_before_the_gpu_fills(tmp_path):
+    """Issue 31, item 5: the child started lazily inside the VAE decode, when parked blocks and tiles filled the cap
+    (a second HIP context then did not fit). ``warm_probe`` (held by the job from its start) starts it at once and
+    keeps it for every decode of the job; where no probe runs it starts nothing."""
+    probe = HangProbe(timeout_s=20)
+    fb = ConvFallback(cache_dir=tmp_path, probe=probe)
+    with fb.warm_probe("cpu"):                           # CPU: no probe there, nothing starts
+        assert probe.last_pids == []
+    with fb.warm_probe("cpu", enabled=True):
+        assert len(probe.last_pids) == 1 and live_group_members(probe.last_pids[0])   # before any convolution
+        for frames in (3, 4):                             # two decodes, each in its own probing block
+            with torch.no_grad(), fb.probing(True):
+                fb.conv3d(torch.randn(1, 4, frames, 8, 8), torch.randn(4, 4, 3, 3, 3), padding=1)
+    assert [p["outcome"] for p in fb.stats().probes] == ["ok", "ok"]
+    assert len(probe.last_pids) == 1 and live_group_members(probe.last_pids[0]) == []   # one child, gone at the end

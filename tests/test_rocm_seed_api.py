@@ -69,15 +69,15 @@ def test_cpu_fallback_counts_as_the_last_resort(shared_fallback):
     from rocm import MIOpenFallbackHandler, initialize_miopen_fallback
 
     initialize_miopen_fallback(use_monkey_patch=True)
-    shared_fallback.fault_plan = FaultPlan([Fault(tier=t, kind="miopen_unknown") for t in (1, 2, 3)])
+    shared_fallback.fault_plan = FaultPlan([Fault(tier=t, kind="miopen_unknown") for t in (1, 2, 3, 4)])
     x = torch.randn(1, 4, 3, 8, 8)
     vae = Vae()
     with torch.no_grad():
         out = vae.decode(x)
-    assert shared_fallback.last_tier == 4
+    assert shared_fallback.last_tier == 5
     torch.testing.assert_close(out, torch.conv3d(x, vae.conv.weight, vae.conv.bias, padding=1))
     stats = MIOpenFallbackHandler.stats()
-    assert (stats["cpu_attempts"], stats["cpu_successes"], stats["calls_per_tier"]) == (1, 1, {4: 1})
+    assert (stats["cpu_attempts"], stats["cpu_successes"], stats["calls_per_tier"]) == (1, 1, {5: 1})
 
 
 def test_option_a_context_manager(shared_fallback):
@@ -129,7 +129,7 @@ def test_quick_start_enable_and_use_any_model(shared_fallback):
 
 
 @pytest.mark.parametrize("name,tier", [("IMPLICIT_GEMM", 1), ("SELECTIVE", 3), ("GPU_UNFOLD", 3),
-                                       ("CPU_FALLBACK", 4)])
+                                       ("CPU_FALLBACK", 5)])
 def test_strategy_recipes(shared_fallback, name, tier):
     # "For Maximum Performance" / "Selective" / "Force GPU-Only Mode" / "For Maximum Safety"
     from rocm import FallbackStrategy, enable_miopen_bypass

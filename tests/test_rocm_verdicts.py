@@ -42,7 +42,7 @@ def test_verdict_files_are_keyed_by_torch_hip_and_driver(tmp_path):
     names = sorted(p.name for p in tmp_path.iterdir())
     assert len(names) == 4 and all("drv-" in n for n in names)
     saved = json.loads((tmp_path / names[0]).read_text())
-    assert saved["format"] == 2 and set(saved["build"]) == {"arch", "torch", "hip", "cuda", "driver"}
+    assert saved["format"] == 3 and set(saved["build"]) == {"arch", "torch", "hip", "cuda", "driver"}
 
 
 def test_a_timeout_is_confirmed_only_by_a_second_run(tmp_path):
@@ -72,7 +72,8 @@ def test_a_timeout_is_confirmed_only_by_a_second_run(tmp_path):
 
 def test_a_reprobe_that_passes_brings_the_tier_back(tmp_path):
     hang = FaultPlan([Fault(tier=1, kind="hang", seconds=600)])
-    first = _fallback(tmp_path, BUILD, [Fault(tier=1, kind="error")], probe=HangProbe(timeout_s=1.5, fault_plan=hang))
+    first = _fallback(tmp_path, BUILD, [Fault(tier=1, kind="error")],
+                      probe=HangProbe(timeout_s=1.5, warmup_timeout_s=1.5, fault_plan=hang))
     with first.probing(True):
         assert _conv(first) == 2
     # a later run without the hang: tier 1 is probed again, passes, and runs
@@ -88,8 +89,8 @@ def test_a_reprobe_that_passes_brings_the_tier_back(tmp_path):
 
 def test_an_unconfirmed_timeout_is_trusted_where_no_probe_runs(tmp_path):
     first = _fallback(tmp_path, BUILD, [Fault(tier=1, kind="error")],
-                      probe=HangProbe(timeout_s=1.5, fault_plan=FaultPlan([Fault(tier=1, kind="hang",
-                                                                                 seconds=600)])))
+                      probe=HangProbe(timeout_s=1.5, warmup_timeout_s=1.5,
+                                      fault_plan=FaultPlan([Fault(tier=1, kind="hang", seconds=600)])))
     with first.probing(True):
         assert _conv(first) == 2
     later = _fallback(tmp_path, BUILD, [Fault(tier=1, kind="error")])   # no probing block: cannot re-test safely
@@ -126,13 +127,13 @@ def test_doctor_lists_and_resets_verdicts(tmp_path):
 
 def test_an_older_format_is_replaced_quietly(tmp_path, caplog):
     path = tmp_path / "v.json"
-    path.write_text(json.dumps({"format": 1, "verdicts": {"k": {"ok_tier": 2, "failed": {"1": "old"}}}}))
+    path.write_text(json.dumps({"format": 2, "verdicts": {"k": {"ok_tier": 4, "failed": {"1": "old"}}}}))  # 4: CPU
     with caplog.at_level("INFO", logger="rocm.verdicts"):
         store = VerdictStore(path)
     assert store.get("k") is None                                    # expired, not trusted
     assert [r.levelname for r in caplog.records] == ["INFO"] and "older format" in caplog.text
     store.record_failure("k", 1, "vendor: new")
-    assert json.loads(path.read_text())["format"] == 2               # replaced by the current format
+    assert json.loads(path.read_text())["format"] == 3               # replaced by the current format
     path.write_text("{not json")
     caplog.clear()
     with caplog.at_level("INFO", logger="rocm.verdicts"):
