@@ -4,13 +4,15 @@ UI wiring only: the layout lives in ui/layout.py, the handlers in ui/panel_*.py 
 the event -> component conversion in ui/view.py; every job goes through the one queue and runner (jobs/).
 `build_app(config)` returns the Blocks (tests launch it on a free port).
 """
-import rocm  # first: the ROCm environment profile must be applied before anything imports torch
+import sys
 
-ROCM_ENV = rocm.apply_env_profile()
+import rocm  # first: the ROCm environment profile must be applied before anything imports torch
+from configs.options import requested_device_index
+
+ROCM_ENV = rocm.apply_env_profile(device_index=requested_device_index(sys.argv[1:]))   # the jobs' GPU's profile
 
 import logging  # noqa: E402
 import signal  # noqa: E402
-import sys  # noqa: E402
 
 import gradio as gr  # noqa: E402
 

@@ -9,6 +9,8 @@ host heap before torch starts, a probe child's seams).
     STEADYFRAME_DIRECT_IO        0/1: MemoryConfig.direct_io for one run
     STEADYFRAME_HOST_HEAP        off: glibc's heap thresholds are left alone (rocm/allocator.py)
     STEADYFRAME_ROCM_PROFILE     off: no ROCm environment profile at start (rocm/env.py)
+    STEADYFRAME_ROCM_PROFILE_SET the variables the profile set (not the user's): a child process (a farm worker on
+                                 another GPU) applies its own GPU's profile over them (rocm/env.py)
     STEADYFRAME_CONV_FAULTS      test seam: faults injected into the convolution probe's child (JSON, rocm/faults.py)
     STEADYFRAME_PROBE_LIFELINE   the probe child's lifeline pipe, set by its parent (rocm/probe_child.py)
     HF_HUB_CACHE, HF_HOME        where the Hugging Face hub keeps downloaded weights
@@ -31,6 +33,7 @@ PARK = "STEADYFRAME_PARK"
 DIRECT_IO = "STEADYFRAME_DIRECT_IO"
 HOST_HEAP = "STEADYFRAME_HOST_HEAP"
 ROCM_PROFILE = "STEADYFRAME_ROCM_PROFILE"
+ROCM_PROFILE_SET = "STEADYFRAME_ROCM_PROFILE_SET"
 CONV_FAULTS = "STEADYFRAME_CONV_FAULTS"
 PROBE_LIFELINE = "STEADYFRAME_PROBE_LIFELINE"
 
@@ -53,6 +56,7 @@ class Environment:
     direct_io: bool | None = None
     host_heap: bool = True                # False: glibc's heap left alone
     rocm_profile: bool = True             # False: no ROCm environment profile
+    rocm_profile_set: tuple[str, ...] = ()  # the variables an earlier profile (a parent process's) set
     conv_faults: str | None = None        # the probe child's injected faults (JSON)
     probe_lifeline: str | None = None
     hub_cache: Path | None = None         # None: the hub's default
@@ -77,5 +81,6 @@ def read_environment(environ: Mapping[str, str] | None = None) -> Environment:
                        park=switch(env.get(PARK)), direct_io=switch(env.get(DIRECT_IO)),
                        host_heap=switch(env.get(HOST_HEAP)) is not False,
                        rocm_profile=switch(env.get(ROCM_PROFILE)) is not False,
+                       rocm_profile_set=tuple(v for v in env.get(ROCM_PROFILE_SET, "").split(",") if v),
                        conv_faults=env.get(CONV_FAULTS) or None, probe_lifeline=env.get(PROBE_LIFELINE) or None,
                        hub_cache=hub, offline=bool(switch(env.get("HF_HUB_OFFLINE"))))

@@ -150,3 +150,16 @@ def config_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Co
 
 def _either(chosen: bool | None, configured: bool) -> bool:
     return configured if chosen is None else chosen
+
+
+def requested_device_index(argv) -> int | None:
+    """N of ``--device cuda:N`` on a command line, read before the parser runs (the ROCm profile is applied before
+    torch starts, for the GPU the jobs will use); None when absent or not of that form."""
+    args = list(argv)
+    for i, arg in enumerate(args):
+        value = arg.partition("=")[2] if arg.startswith("--device=") else (
+            args[i + 1] if arg == "--device" and i + 1 < len(args) else None)
+        if value is not None:
+            kind, _, number = value.partition(":")
+            return int(number) if kind == "cuda" and number.isdigit() else None
+    return None

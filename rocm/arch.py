@@ -8,7 +8,14 @@
 * ``detect_runtime(device)`` (after torch is imported) combines what torch reports about the device (backend,
   versions, the arch the runtime *loads kernels for*) with that hardware arch; ``Runtime.arch_source`` says where
   the arch came from and notes an override. Torch's arch is used only when the KFD topology cannot say (no sysfs,
-  or several different GPUs behind a device-selection variable).
+  or a device-selection variable that names a GPU the topology cannot match).
+* Which KFD GPU a torch device is (``visible_gpus``, ``job_gpu``): the runtime lists the KFD GPU nodes in order,
+  ROCR_VISIBLE_DEVICES (indices or ``GPU-<uuid>``) keeps and orders a subset, then HIP_VISIBLE_DEVICES (or, when
+  it is unset, CUDA_VISIBLE_DEVICES) indexes into that subset; torch's device N is the N-th left. Sources: ROCm's
+  "GPU isolation techniques" and HIP's environment-variable reference (rocm.docs.amd.com: "HIP_VISIBLE_DEVICES or
+  CUDA_VISIBLE_DEVICES: device indices exposed to HIP applications"; ROCR's applies to the whole user-mode stack,
+  first), and PyTorch's torch/cuda/__init__.py ``_parse_visible_devices`` (PR #142292: ROCR first, HIP's indices
+  into what ROCR left, HIP before CUDA).
 """
 
 from __future__ import annotations
@@ -33,16 +40,28 @@ class GpuNode:
     node: int
     gfx: str
     gfx_target_version: int
+    unique_id: int | None = None      # KFD's unique_id: ROCR_VISIBLE_DEVICES' GPU-<uuid> is its hex form
+
+    @property
+    def integrated(self) -> bool:
+        return self.gfx in INTEGRATED
+
+
+# Ryzen APUs' integrated GPUs (Renoir/Cezanne gfx90c, Rembrandt gfx1035, Raphael/Granite Ridge gfx1036, Phoenix
+# gfx1103, Strix gfx1150/1152; Strix Halo's gfx1151 is left out: there it is the machine's main GPU). HIP lists such
+# an iGPU as a device like any other, so it can become torch's device 0 in front of the discrete card.
+INTEGRATED = frozenset({"gfx902", "gfx909", "gfx90c", "gfx1035", "gfx1036", "gfx1103", "gfx1150", "gfx1152"})
 
 
 @dataclass(frozen=True)
 class ArchInfo:
-    """The AMD GPUs the KFD topology lists; ``gfx``/``family`` are those of the first one."""
+    """The AMD GPUs the KFD topology lists; ``gfx``/``family`` are those of ``chosen``, the one the job runs on."""
 
     gfx: str
     family: str
     nodes: tuple[GpuNode, ...]
     source: str
+    chosen: GpuNode | None = None
 
     @property
     def mixed(self) -> bool:
@@ -103,18 +122,66 @@ def read_kfd_gpus(topology_nodes: Path | str | None = None) -> list[GpuNode]:
         gfx = gfx_from_target_version(version)
         if gfx:
             node = int(node_dir.name) if node_dir.name.isdigit() else -1
-            gpus.append(GpuNode(node=node, gfx=gfx, gfx_target_version=version))
+            uid = props.get("unique_id", "")
+            gpus.append(GpuNode(node=node, gfx=gfx, gfx_target_version=version,
+                                unique_id=int(uid) if uid.isdigit() and int(uid) else None))
     return gpus
 
 
-def detect_arch(topology_nodes: Path | str | None = None) -> ArchInfo | None:
-    """The AMD GPU architecture from the KFD topology, without torch; None when there is no AMD GPU."""
+_SELECTORS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+
+
+def _select(gpus: list[GpuNode], text: str, uuids: bool) -> list[GpuNode] | None:
+    """The GPUs a device-selection list names, in its order; None when an entry cannot be matched."""
+    chosen = []
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        if entry.isdigit() and int(entry) < len(gpus):
+            chosen.append(gpus[int(entry)])
+        elif uuids and entry.upper().startswith("GPU-"):
+            match = [g for g in gpus if g.unique_id is not None
+                     and f"{g.unique_id:x}" == entry[4:].replace("-", "").lower().lstrip("0")]
+            if not match:
+                return None
+            chosen.append(match[0])
+        else:
+            return None          # out of range, negative or malformed: the runtime would not say more either
+    return chosen
+
+
+def visible_gpus(gpus: list[GpuNode] | tuple[GpuNode, ...], environ: Mapping[str, str]) -> list[GpuNode] | None:
+    """The KFD GPUs in the order torch numbers them under the device-selection variables (module docstring); None
+    when a variable names something the topology cannot match (a UUID without a unique_id, an index too large)."""
+    left = list(gpus)
+    if environ.get("ROCR_VISIBLE_DEVICES") is not None:
+        left = _select(left, environ["ROCR_VISIBLE_DEVICES"], uuids=True)
+        if left is None:
+            return None
+    hip = environ.get("HIP_VISIBLE_DEVICES")
+    hip = hip if hip is not None else environ.get("CUDA_VISIBLE_DEVICES")
+    return _select(left, hip, uuids=False) if hip is not None else left
+
+
+def job_gpu(gpus: list[GpuNode] | tuple[GpuNode, ...], environ: Mapping[str, str],
+            index: int | None = None) -> GpuNode | None:
+    """The KFD GPU torch's device ``index`` (default 0, the one a job uses) runs on; None when it cannot be said."""
+    visible = visible_gpus(gpus, environ)
+    index = index or 0
+    return visible[index] if visible is not None and index < len(visible) else None
+
+
+def detect_arch(topology_nodes: Path | str | None = None, environ: Mapping[str, str] | None = None,
+                index: int | None = None) -> ArchInfo | None:
+    """The AMD GPU architecture from the KFD topology, without torch; None when there is no AMD GPU. ``gfx`` and
+    ``family`` are those of the GPU a job on torch's device ``index`` (default 0) runs on, with ``environ``'s
+    device-selection variables (default the process's); the first GPU's when they name nothing the topology has."""
     gpus = read_kfd_gpus(topology_nodes)
     if not gpus:
         return None
-    first = gpus[0]
-    return ArchInfo(gfx=first.gfx, family=arch_family(first.gfx) or "unknown", nodes=tuple(gpus),
-                    source=str(topology_nodes or KFD_TOPOLOGY_NODES))
+    chosen = job_gpu(gpus, os.environ if environ is None else environ, index) or gpus[0]
+    return ArchInfo(gfx=chosen.gfx, family=arch_family(chosen.gfx) or "unknown", nodes=tuple(gpus),
+                    source=str(topology_nodes or KFD_TOPOLOGY_NODES), chosen=chosen)
 
 
 @dataclass(frozen=True)
@@ -209,15 +276,14 @@ def device_facts(device=None) -> DeviceFacts:
 
 
 def kfd_gfx_for_device(kfd: ArchInfo | None, index: int | None, environ: Mapping[str, str]) -> str | None:
-    """The KFD topology's arch for torch device ``index``: the one arch when all GPUs share it, else the node in
-    enumeration order (only when no device-selection variable reorders the devices); None when it cannot say."""
+    """The KFD topology's arch for torch device ``index``: the one arch when all GPUs share it, else the node the
+    device-selection variables make that device (``job_gpu``); None when it cannot say."""
     if kfd is None or not kfd.nodes:
         return None
     if len({n.gfx for n in kfd.nodes}) == 1:
-        return kfd.gfx
-    if index is not None and visible_devices_note(environ) is None and index < len(kfd.nodes):
-        return kfd.nodes[index].gfx
-    return None
+        return kfd.nodes[0].gfx
+    node = job_gpu(kfd.nodes, environ, index) if index is not None else None
+    return node.gfx if node is not None else None
 
 
 def resolve_runtime(facts: DeviceFacts, kfd: ArchInfo | None, environ: Mapping[str, str]) -> Runtime:

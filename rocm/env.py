@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import MutableMapping, Mapping
 
-from common.environment import ROCM_PROFILE, read_environment
+from common.environment import ROCM_PROFILE, ROCM_PROFILE_SET, read_environment
 from configs.rocm_profiles import (ALLOC_CONF_VAR, ALLOC_CONF_VARS, AOTRITON_EXPERIMENTAL_ARCH_PREFIXES,
                                    AOTRITON_EXPERIMENTAL_VAR, MIOPEN_KERNEL_CACHE_VAR, PROFILES,
                                    RocmProfile)
 from rocm import env_facts as facts
-from rocm.arch import arch_family, detect_arch
+from rocm.arch import arch_family, detect_arch, visible_devices_note
 from rocm.paths import build_tag, cache_dir, installed_torch_version
 from configs.memory import MEMORY
 
@@ -285,15 +285,29 @@ def _cuda_allocator(env: MutableMapping[str, str], report: EnvReport) -> None:
         env["PYTORCH_CUDA_ALLOC_CONF"] = report.set["PYTORCH_CUDA_ALLOC_CONF"] = CUDA_ALLOC_CONF
 
 
+def _forget_inherited(env: MutableMapping[str, str]) -> None:
+    """Remove what an earlier profile set (a parent process's, for its own GPU: a farm worker inherits it and may run
+    on another card), so this process's profile decides them again; the user's own settings are never listed."""
+    for var in read_environment(env).rocm_profile_set:
+        env.pop(var, None)
+    env.pop(ROCM_PROFILE_SET, None)
+
+
 def apply_env_profile(environ: MutableMapping[str, str] | None = None, *,
-                      topology_nodes: Path | str | None = None, torch_version: str | None = None) -> EnvReport:
-    """Apply the profile of the detected AMD architecture family to ``environ`` (default ``os.environ``).
+                      topology_nodes: Path | str | None = None, torch_version: str | None = None,
+                      device_index: int | None = None) -> EnvReport:
+    """Apply the profile of the AMD architecture family the job's GPU has to ``environ`` (default ``os.environ``).
 
     Call before ``import torch``. Sets only variables listed in docs/FACTS.md, never one the user already set.
-    ``STEADYFRAME_ROCM_PROFILE=off`` skips it. ``topology_nodes`` points at a fake KFD topology (tests);
-    ``torch_version`` stands for the installed torch's (tests): its build decides ROCm or CUDA (`build_backend`).
+    ``STEADYFRAME_ROCM_PROFILE=off`` skips it. The GPU is torch's device ``device_index`` (default 0, as ``--device
+    cuda:N`` says) under the device-selection variables (``rocm.arch.job_gpu``): not simply the first in the KFD
+    topology, which may be a Ryzen iGPU. What it sets is listed in STEADYFRAME_ROCM_PROFILE_SET, so that a child
+    process on another GPU (a farm worker) replaces it with its own GPU's profile. ``topology_nodes`` points at a
+    fake KFD topology (tests); ``torch_version`` stands for the installed torch's (tests): its build decides ROCm
+    or CUDA (`build_backend`).
     """
     env = os.environ if environ is None else environ
+    _forget_inherited(env)
     report = EnvReport()
     if not read_environment(env).rocm_profile:
         report.skipped_reason = f"disabled by {ROCM_PROFILE}"
@@ -301,7 +315,7 @@ def apply_env_profile(environ: MutableMapping[str, str] | None = None, *,
         return report
     version = torch_version or installed_torch_version()
     build = build_backend(version)
-    arch = detect_arch(topology_nodes)
+    arch = detect_arch(topology_nodes, env, device_index)
     if arch is not None and build == "cuda":
         report.skipped_reason = (f"the installed PyTorch is a CUDA build ({version}): the AMD GPU in the KFD "
                                  f"topology ({arch.gfx}, e.g. a Ryzen iGPU) does not run the jobs; no ROCm profile")
@@ -332,10 +346,10 @@ def apply_env_profile(environ: MutableMapping[str, str] | None = None, *,
         else:
             env[var] = value
             report.set[var] = value
+    if report.set:
+        env[ROCM_PROFILE_SET] = ",".join(report.set)
     report.warnings += check_environment(env, gfx=arch.gfx)
-    if arch.mixed:
-        report.warnings.append(EnvWarning("GPU", None, f"several AMD architecture families present; profile "
-                                          f"'{arch.family}' follows the first GPU ({arch.gfx}).", "info"))
+    report.warnings += _gpu_choice_notes(arch, env, device_index)
     if env is os.environ and "torch" in sys.modules:   # only the real process environment matters here
         report.warnings.append(EnvWarning("import order", None, "torch was imported before the profile: MIOpen "
                                           "reads its variables at first use and PyTorch its allocator settings "
@@ -343,6 +357,25 @@ def apply_env_profile(environ: MutableMapping[str, str] | None = None, *,
     for line in report.lines():
         logger.info(line)
     return report
+
+
+def _gpu_choice_notes(arch, env: Mapping[str, str], device_index: int | None) -> list[EnvWarning]:
+    """Which GPU the profile followed, where there are several kinds; advice when that is a Ryzen iGPU while a
+    discrete card is there (HIP lists the iGPU as a device like any other, often as device 0)."""
+    if len({n.gfx for n in arch.nodes}) < 2:
+        return []
+    chosen = arch.chosen or arch.nodes[0]
+    selection = visible_devices_note(env)
+    notes = [EnvWarning("GPU", None, f"AMD GPUs {', '.join(n.gfx for n in arch.nodes)}: profile '{arch.family}' "
+                        f"follows {chosen.gfx} (KFD node {chosen.node}), torch's device {device_index or 0}"
+                        + (f" under {selection}" if selection else "") + ".", "info")]
+    discrete = [i for i, n in enumerate(arch.nodes) if not n.integrated]
+    if chosen.integrated and discrete and not selection and not device_index:    # not where the user chose it
+        first = arch.nodes[discrete[0]]
+        notes.append(EnvWarning("GPU", None, f"the jobs would run on {chosen.gfx}, an integrated GPU, while "
+                                f"{first.gfx} is a discrete card: start with HIP_VISIBLE_DEVICES={discrete[0]} (its "
+                                f"index among the GPUs) so that the jobs, and this profile, use it."))
+    return notes
 
 
 def apply_late_profile(gfx: str, environ: MutableMapping[str, str] | None = None) -> EnvReport:
@@ -361,6 +394,8 @@ def apply_late_profile(gfx: str, environ: MutableMapping[str, str] | None = None
                 report.kept[var] = (env[var], value)
         else:
             env[var] = report.set[var] = value
+    if report.set:
+        env[ROCM_PROFILE_SET] = ",".join(report.set)
     report.warnings += check_environment(env, gfx=gfx)
     return report
 

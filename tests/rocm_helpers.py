@@ -14,6 +14,9 @@ GFX = {"gfx1010": 100100, "gfx1030": 100300, "gfx1100": 110000, "gfx1151": 11050
        "gfx942": 90402, "gfx950": 90500, "gfx906": 90006, "gfx1201": 120001, "gfx1036": 100306}
 
 
+UNIQUE_ID = 0x5A1E0000000  # GPU node i gets unique_id UNIQUE_ID + i (ROCR_VISIBLE_DEVICES' GPU-<hex> names it)
+
+
 def make_topology(root: Path, *gfx_names: str) -> Path:
     """A fake /sys/class/kfd/kfd/topology/nodes with a CPU node 0 and one GPU node per name."""
     nodes = root / "nodes"
@@ -24,7 +27,7 @@ def make_topology(root: Path, *gfx_names: str) -> Path:
         node = nodes / str(i)
         node.mkdir()
         (node / "properties").write_text(f"cpu_cores_count 0\nsimd_count 192\ngfx_target_version {GFX[name]}\n"
-                                         "vendor_id 4098\n")
+                                         f"vendor_id 4098\nunique_id {UNIQUE_ID + i}\n")
     return nodes
 
 

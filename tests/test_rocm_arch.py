@@ -64,12 +64,14 @@ def test_conv_fallback_plans_for_the_hardware_arch(tmp_path, case, kfd_gfx, repo
     assert sig.arch == kfd_gfx and fb.verdict(sig).ok_tier == tier3d     # verdicts are keyed by the real arch
 
 
-def test_several_different_gpus_behind_a_selection_variable_fall_back_to_torch(tmp_path):
-    kfd = detect_arch(make_topology(tmp_path / "kfd", "gfx1100", "gfx1030"))
+def test_several_different_gpus_behind_a_selection_variable(tmp_path):
+    kfd = detect_arch(make_topology(tmp_path / "kfd", "gfx1100", "gfx1030"), {})
     plain = resolve_runtime(_facts("gfx1030"), kfd, {})
     assert plain.arch == "gfx1100"               # device 0 = first GPU node when nothing reorders devices
     hidden = resolve_runtime(_facts("gfx1030"), kfd, {"HIP_VISIBLE_DEVICES": "1"})
-    assert hidden.arch == "gfx1030" and hidden.arch_source.startswith("torch")
+    assert hidden.arch == "gfx1030" and hidden.arch_source.startswith("KFD topology")    # the variable read
+    unknown = resolve_runtime(_facts("gfx1030"), kfd, {"ROCR_VISIBLE_DEVICES": "GPU-0123456789abcdef"})
+    assert unknown.arch == "gfx1030" and unknown.arch_source.startswith("torch")     # a UUID the topology lacks
     nothing = resolve_runtime(_facts("gfx1030"), None, OVERRIDE)
     assert nothing.arch == "gfx1030" and "may not be the real card" in nothing.arch_source
 

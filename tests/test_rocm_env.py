@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from rocm_helpers import make_topology, run_python
+from rocm_helpers import UNIQUE_ID, make_topology, run_python
 
 # Allow-list written from docs/FACTS.md (ROCm) ("Variables" table and "PyTorch on ROCm"): the variables that
 # exist, and the values they accept. HSA_OVERRIDE_GFX_VERSION exists but is a debug aid the profile must never set.
@@ -314,3 +314,70 @@ def test_the_build_says_rocm_or_cuda(version, backend):
     from rocm.env import build_backend
 
     assert build_backend(version) == backend
+
+
+IGPU_FIRST = ("gfx1036", "gfx1100")      # a Ryzen 7000 iGPU listed before a 7900 XTX
+
+
+@pytest.mark.parametrize("selection, device_index, gfx", [
+    ({}, None, "gfx1036"),                                             # device 0 is the iGPU: advice below
+    ({"HIP_VISIBLE_DEVICES": "1"}, None, "gfx1100"),
+    ({"CUDA_VISIBLE_DEVICES": "1"}, None, "gfx1100"),                  # HIP honours it when HIP_... is unset
+    ({"HIP_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": "1"}, None, "gfx1036"),    # HIP_... wins
+    ({"ROCR_VISIBLE_DEVICES": "1"}, None, "gfx1100"),
+    ({"ROCR_VISIBLE_DEVICES": f"GPU-{UNIQUE_ID + 2:016x}"}, None, "gfx1100"),      # by UUID
+    ({"ROCR_VISIBLE_DEVICES": "1,0", "HIP_VISIBLE_DEVICES": "1"}, None, "gfx1036"),  # HIP indexes ROCR's list
+    ({}, 1, "gfx1100"),                                                # --device cuda:1
+])
+def test_the_profile_follows_the_gpu_the_job_runs_on(tmp_path, selection, device_index, gfx):
+    """Issue 31, item 3: the profile followed KFD node 0 whatever the device-selection variables said: an iGPU
+    listed before a 7900 XTX gave the RDNA2 profile and no AOTriton gate to jobs running on the 7900 XTX."""
+    from rocm.env import apply_env_profile
+
+    nodes = make_topology(tmp_path / "kfd", *IGPU_FIRST)
+    env = {"STEADYFRAME_CACHE_DIR": str(tmp_path / "c"), **selection}
+    report = apply_env_profile(env, topology_nodes=nodes, torch_version="2.11.0+rocm7.0", device_index=device_index)
+    assert report.gfx == gfx and report.family == {"gfx1036": "rdna2", "gfx1100": "rdna3"}[gfx]
+    assert (env.get("TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL") == "1") == (gfx == "gfx1100")
+    advice = [w.message for w in report.warnings if "integrated GPU" in w.message and "HIP_VISIBLE_DEVICES=1" in
+              w.message]
+    assert bool(advice) == (gfx == "gfx1036" and not selection)        # the iGPU chosen by default: say so
+
+
+def test_a_farm_worker_on_another_gpu_gets_its_own_profile(tmp_path):
+    """Issue 31, item 3: a farm worker inherits the app's environment, profile included; Ray gives it one GPU through
+    CUDA_VISIBLE_DEVICES. Its own profile replaces what the app's set (never what the user set)."""
+    from rocm.env import apply_env_profile
+
+    nodes = make_topology(tmp_path / "kfd", "gfx1100", "gfx1030")
+    app_env = {"STEADYFRAME_CACHE_DIR": str(tmp_path / "c"), "MIOPEN_FIND_ENFORCE": "NONE"}     # the user's own
+    app = apply_env_profile(app_env, topology_nodes=nodes, torch_version="2.11.0+rocm7.0")
+    assert app.family == "rdna3" and app_env["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"] == "1"
+    worker_env = dict(app_env, CUDA_VISIBLE_DEVICES="1")
+    worker = apply_env_profile(worker_env, topology_nodes=nodes, torch_version="2.11.0+rocm7.0")
+    assert worker.family == "rdna2" and "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL" not in worker_env
+    assert worker.kept == {} and worker_env["MIOPEN_FIND_ENFORCE"] == "NONE"      # the app's values were not "yours"
+    assert worker_env["MIOPEN_FIND_MODE"] == "2" and worker_env["STEADYFRAME_ROCM_PROFILE_SET"]
+    back = apply_env_profile(dict(worker_env, CUDA_VISIBLE_DEVICES="0"), topology_nodes=nodes,
+                             torch_version="2.11.0+rocm7.0")
+    assert back.family == "rdna3" and back.set["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"] == "1"
+
+
+def test_the_runtime_arch_of_a_selected_device_comes_from_the_topology():
+    """Behind HIP_VISIBLE_DEVICES the topology still names the card: an RX 5700 XT (gfx1010) run with the 10.3.0
+    override beside an iGPU is RDNA1, not the gfx1030 torch reports (before: torch's arch once a variable was set)."""
+    from rocm.arch import ArchInfo, DeviceFacts, GpuNode, resolve_runtime
+
+    kfd = ArchInfo("gfx1036", "rdna2", (GpuNode(1, "gfx1036", 100306), GpuNode(2, "gfx1010", 100100)), "test")
+    facts = DeviceFacts("rocm", "gfx1030", 0, "AMD Radeon RX 5700 XT", 8 << 30, ("gfx1030",), "2.11.0+rocm7.0",
+                        "7.0", None, None)
+    rt = resolve_runtime(facts, kfd, {"HIP_VISIBLE_DEVICES": "1", "HSA_OVERRIDE_GFX_VERSION": "10.3.0"})
+    assert (rt.arch, rt.family, rt.arch_source.startswith("KFD topology")) == ("gfx1010", "rdna1", True)
+
+
+def test_the_device_option_is_read_before_the_parser():
+    from configs.options import requested_device_index
+
+    assert [requested_device_index(a) for a in (["--device", "cuda:1"], ["--device=cuda:2", "--preset", "tiny"],
+                                                 ["--device", "cpu"], ["--device", "cuda"], [])] == [1, 2, None,
+                                                                                                    None, None]
