@@ -21,7 +21,7 @@ from rocm.conv_plan import conv_plan
 from configs.rocm_profiles import DEFAULTS
 from rocm.attention import attention_check
 from rocm.sdpa import aotriton_note
-from rocm.env import apply_env_profile, check_environment
+from rocm.env import apply_env_profile, apply_late_profile, check_environment
 from rocm.paths import cache_dir
 from rocm.tiers import TIER_NAMES
 from rocm.verdicts import list_files, reset as reset_verdicts, verdict_path
@@ -107,6 +107,7 @@ OVERRIDE_PAGE_FAULTS = ("gfx1031", "gfx1032", "gfx1103")    # cards whose overri
 def _recommendations(rep: dict) -> list[str]:
     rec = []
     gpu, env = rep["gpu"], rep["environment"]
+    rec += [note for note in env.get("profile_notes", []) if "integrated GPU" in note]
     if rep["backend"] == "cpu":
         rec.append("No GPU visible to PyTorch: SteadyFrame runs on the CPU (very slow). On AMD install a ROCm "
                    "build of PyTorch; on NVIDIA a CUDA build.")
@@ -143,8 +144,15 @@ def _recommendations(rep: dict) -> list[str]:
     if rep["backend"] == "rocm" and rep["torch_settings"].get("cudnn_benchmark"):
         rec.append("torch.backends.cudnn.benchmark is on: MIOpen searches exhaustively on every new shape. "
                    "SteadyFrame turns it off (rocm.apply_torch_settings).")
-    if any(w["severity"] == "warning" for w in env["warnings"]):
+    # (the RDNA1 override has its own advice above: it may be what lets PyTorch run at all)
+    if any(w["severity"] == "warning" and not (family == "rdna1" and w["variable"] == "HSA_OVERRIDE_GFX_VERSION")
+           for w in env["warnings"]):
         rec.append("Fix or unset the environment variables flagged above.")
+    if rep["backend"] == "rocm" and not rep["kfd_arch"]:
+        rec.append(f"No KFD topology (Windows, WSL2 or a container): the architecture is the one PyTorch names "
+                   f"({gpu['arch']}), so an HSA_OVERRIDE_GFX_VERSION would hide the real card. The profile is applied "
+                   "once torch names the GPU (MIOpen's variables and AOTriton's gate, before their first use); no "
+                   "allocator setting is made, and expandable segments are never set on ROCm.")
     if gpu.get("total_memory_gib") and gpu["total_memory_gib"] < 25:
         rec.append("Under 25 GB of VRAM: keep VAE decode tiled (memory/ does) and the transformer unloaded "
                    "before decoding.")
@@ -206,9 +214,8 @@ def collect(*, probe: bool | None = None, probe_timeout_s: float = 30.0, probe_t
     ``reset``: delete the stored conv verdicts first. ``topology_nodes`` / ``device_facts``: a simulated KFD
     topology / torch device (tests). ``progress``: called with one line per step while probing and timing."""
     env = dict(os.environ if environ is None else environ)
-    kfd = detect_arch(topology_nodes)
-
     facts = device_facts or torch_device_facts()
+    kfd = detect_arch(topology_nodes, env, facts.index)      # the GPU torch's device is, under *_VISIBLE_DEVICES
     rt = resolve_runtime(facts, kfd if facts.backend == "rocm" else None, env)
     rep: dict = {
         "python": sys.version.split()[0], "platform": platform.platform(), "backend": rt.backend,
@@ -221,7 +228,9 @@ def collect(*, probe: bool | None = None, probe_timeout_s: float = 30.0, probe_t
                 "total_memory_gib": round(rt.total_memory / GIB, 2) if rt.total_memory else None,
                 "wheel_arches": list(rt.wheel_arches), "wheel_has_arch": rt.wheel_has_arch,
                 "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-                "visible_devices": visible_devices_note(env)},
+                "visible_devices": visible_devices_note(env),
+                "kfd_gpus": [{"node": n.node, "arch": n.gfx, "integrated": n.integrated,
+                              "used": kfd.chosen is not None and n == kfd.chosen} for n in (kfd.nodes if kfd else ())]},
         "torch_settings": {"cudnn_enabled": torch.backends.cudnn.enabled,
                            "cudnn_benchmark": torch.backends.cudnn.benchmark},
     }
@@ -229,9 +238,16 @@ def collect(*, probe: bool | None = None, probe_timeout_s: float = 30.0, probe_t
     if miopen is not None and hasattr(miopen, "immediate"):
         rep["torch_settings"]["miopen_immediate"] = miopen.immediate
     gfx = rt.arch if rt.backend == "rocm" else (kfd.gfx if kfd else None)     # the hardware's, never the override
-    profile_preview = apply_env_profile(dict(env), topology_nodes=topology_nodes)
+    profile_preview = apply_env_profile(dict(env), topology_nodes=topology_nodes, torch_version=facts.torch_version,
+                                        device_index=facts.index)
+    when = "at start"
+    if not profile_preview.applied and rt.backend == "rocm" and kfd is None and rt.reported_arch:
+        # WSL2, Windows, a container: no KFD topology before torch; the app applies it once torch names the GPU
+        profile_preview, when = apply_late_profile(rt.reported_arch, dict(env)), "after torch starts (no KFD topology)"
     rep["environment"] = {
-        "profile": profile_preview.family, "profile_would_set": profile_preview.set,
+        "profile": profile_preview.family, "profile_applied": when if profile_preview.applied else None,
+        "profile_notes": [w.message for w in profile_preview.warnings if w.variable == "GPU"],
+        "profile_would_set": profile_preview.set,
         "user_kept": {k: v[0] for k, v in profile_preview.kept.items()},
         "relevant": {k: v for k, v in sorted(env.items())
                      if k.startswith(("MIOPEN_", "HSA_", "PYTORCH_", "HIP_", "ROCR_", "CUDA_VISIBLE", "STEADYFRAME_",

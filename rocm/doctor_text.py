@@ -72,10 +72,18 @@ def _gpu_lines(rep: dict) -> list[str]:
     mem = f"{gpu['total_memory_gib']} GiB" if gpu["total_memory_gib"] else "-"
     return [f"GPU          {gpu['name']}   arch {gpu['arch']}   family {gpu['family'] or '-'}   VRAM {mem}",
             f"arch from    {gpu['arch_source']}",
-            f"KFD arch     {rep['kfd_arch'] or '-'} (read before torch, from /sys/class/kfd)   driver "
+            f"KFD arch     {rep['kfd_arch'] or '-'} (read before torch, from /sys/class/kfd"
+            + ("" if rep["kfd_arch"] else ": none there on Windows, WSL2 or in a container") + f")   driver "
             f"{gpu['driver'] or '-'}",
-            f"wheel arches {', '.join(gpu['wheel_arches']) or '-'}   has kernels for this arch: "
-            f"{'-' if gpu['wheel_has_arch'] is None else gpu['wheel_has_arch']}",
+            *([f"AMD GPUs     " + ", ".join(f"{g['arch']}{' (integrated)' if g['integrated'] else ''}"
+                                         f"{' <- the jobs run here' if g['used'] else ''}"
+                                         for g in gpu.get("kfd_gpus", []))
+               + (f"   selected by {gpu['visible_devices']}" if gpu.get("visible_devices") else "")]
+              if len(gpu.get("kfd_gpus", [])) > 1 else []),
+            f"wheel arches {', '.join(gpu['wheel_arches']) or '-'}   has kernels for "
+            f"{gpu['reported_arch'] or gpu['arch']}"
+            + (" (the ISA the override loads)" if gpu["reported_arch"] and gpu["reported_arch"] != gpu["arch"] else "")
+            + f": {'-' if gpu['wheel_has_arch'] is None else gpu['wheel_has_arch']}",
             f"torch        cudnn/MIOpen enabled {rep['torch_settings']['cudnn_enabled']}, benchmark "
             f"{rep['torch_settings']['cudnn_benchmark']}"]
 
@@ -97,7 +105,9 @@ def render_text(rep: dict) -> str:
              f"torch        {rep['torch']}   HIP {rep['hip'] or '-'}   CUDA {rep['cuda'] or '-'}   "
              + (f"MIOpen {rep.get('miopen')}" if rep["backend"] == "rocm" else f"cuDNN {rep.get('cudnn')}"),
              f"python       {rep['python']} on {rep['platform']}", *_gpu_lines(rep), "",
-             f"environment profile: {env['profile'] or 'none (not ROCm)'}"]
+             f"environment profile: {env['profile'] or 'none (not ROCm)'}"
+             + (f", applied {env['profile_applied']}" if env.get("profile_applied") else "")]
+    lines += [f"  note       {n}" for n in env.get("profile_notes", [])]
     lines += [f"  would set  {k}={v}" for k, v in env["profile_would_set"].items()]
     lines += [f"  yours      {k}={v}" for k, v in env["user_kept"].items()]
     lines += [f"  env        {k}={v}" for k, v in env["relevant"].items()]

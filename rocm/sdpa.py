@@ -51,7 +51,7 @@ def aotriton_note(backend: str, arch: str | None, environ: Mapping[str, str]) ->
     shown = "unset" if value is None else f"{value!r}"
     return (f"{AOTRITON_EXPERIMENTAL_VAR} is {shown}, so PyTorch may keep its AOTriton flash / memory-efficient "
             f"kernels off on {arch}; SteadyFrame's profile sets it to 1 unless you set it (it must be set before "
-            f"the app starts)")
+            f"the first attention call: PyTorch reads it once, into a static, in sdp_utils.cpp)")
 
 
 

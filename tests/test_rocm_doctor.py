@@ -161,3 +161,64 @@ def test_the_doctor_probes_only_the_tiers_the_app_uses_for_3d_convolutions(tmp_p
     assert planned == tiers
     if tiers == [3]:
         assert "starts 3D convolutions at tier 3" in skipped["1"] and "starts 3D" in skipped["2"]
+
+
+def _simulated_facts(reported, index=0, torch_version="2.11.0+rocm7.0", driver=None):
+    from rocm.arch import DeviceFacts
+
+    return DeviceFacts("rocm", reported, index, f"simulated {reported}", 24 << 30, ("gfx1030", "gfx1100", "gfx1201"),
+                       torch_version, "7.0", None, driver)
+
+
+@pytest.mark.parametrize("machine", ["windows", "wsl2", "igpu+dgpu", "igpu+dgpu selected", "rdna1+override"])
+def test_the_doctor_on_simulated_machines(tmp_path, monkeypatch, machine):
+    """Issue 31, "Done when": `python -m rocm doctor` under a simulated Windows (no os.uname, no KFD), WSL2 (no KFD,
+    a +rocm torch), an iGPU + dGPU machine and an RDNA1 card with the override gives correct, useful output."""
+    import os
+    import platform
+
+    from rocm.arch import driver_version
+    from rocm.doctor import collect
+    from rocm.doctor_text import render_text
+    from rocm_helpers import make_topology
+
+    env = {"STEADYFRAME_CACHE_DIR": str(tmp_path / "c")}
+    nodes = tmp_path / "no-kfd"
+    if machine == "windows":
+        monkeypatch.delattr(os, "uname")
+        monkeypatch.setattr(platform, "system", lambda: "Windows")
+        monkeypatch.setattr(platform, "release", lambda: "11")
+        facts = _simulated_facts("gfx1100", torch_version="2.9.0+rocm7.1", driver=driver_version("rocm"))
+    elif machine == "wsl2":
+        facts = _simulated_facts("gfx1100")
+    elif machine.startswith("igpu"):
+        nodes = make_topology(tmp_path / "kfd", "gfx1036", "gfx1100")
+        if machine.endswith("selected"):
+            env["HIP_VISIBLE_DEVICES"] = "1"
+        facts = _simulated_facts("gfx1100" if machine.endswith("selected") else "gfx1036")
+    else:
+        nodes = make_topology(tmp_path / "kfd", "gfx1010")
+        env["HSA_OVERRIDE_GFX_VERSION"] = "10.3.0"
+        facts = _simulated_facts("gfx1030")
+    rep = collect(probe=False, attention=False, topology_nodes=nodes, environ=env, device_facts=facts)
+    text, recs = render_text(rep), "\n".join(rep["recommendations"])
+    profile = rep["environment"]
+    if machine in ("windows", "wsl2"):
+        assert rep["gpu"]["arch"] == "gfx1100" and profile["profile"] == "rdna3"
+        assert profile["profile_applied"] == "after torch starts (no KFD topology)"
+        assert profile["profile_would_set"]["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"] == "1"
+        assert not any(k.startswith("PYTORCH_") for k in profile["profile_would_set"])      # no allocator setting
+        assert "No KFD topology (Windows, WSL2 or a container)" in recs
+        if machine == "windows":
+            assert rep["gpu"]["driver"] == "windows-11" and "drv-windows-11" in rep["conv_plan"]["verdict_file"]
+    elif machine == "igpu+dgpu":
+        assert rep["gpu"]["arch"] == "gfx1036" and "gfx1036 (integrated) <- the jobs run here, gfx1100" in text
+        assert "HIP_VISIBLE_DEVICES=1" in recs
+    elif machine == "igpu+dgpu selected":
+        assert rep["gpu"]["arch"] == "gfx1100" and profile["profile"] == "rdna3" and "integrated GPU" not in recs
+        assert "gfx1100 <- the jobs run here   selected by HIP_VISIBLE_DEVICES=1" in text
+        assert profile["profile_would_set"]["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"] == "1"
+    else:
+        assert (rep["gpu"]["arch"], rep["conv_plan"]["tiers"]) == ("gfx1010", [2, 3, 5])
+        assert "has kernels for gfx1030 (the ISA the override loads): True" in text
+        assert "no gfx1010 kernels" in recs and "keep it" in recs and "Fix or unset" not in recs
