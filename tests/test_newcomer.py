@@ -57,7 +57,7 @@ def _fake_python(tmp_path) -> Path:
 def test_installer_does_nothing_the_second_time_and_installs_again_after_a_change(tmp_path):
     project = tmp_path / "project"
     (project / "scripts").mkdir(parents=True)
-    for name in ("scripts/install.sh", "pyproject.toml", "requirements.txt", "requirements-dev.txt"):
+    for name in ("scripts/install.sh", "scripts/install.py", "pyproject.toml", "requirements.txt", "requirements-dev.txt"):
         (project / name).write_text((ROOT / name).read_text())
     env = dict(os.environ, PYTHON=str(_fake_python(tmp_path)))
     prefix = subprocess.run([sys.executable, "-c", "import sys; print(sys.prefix)"], capture_output=True,
