@@ -8,7 +8,8 @@ What it does:
    it on the target device with random weights (no download), fp16 on GPU / fp32 on CPU.
 2. Enables diffusers' VAE tiling (its defaults unless ``--tile``) and records every F.conv3d/F.conv2d call of one
    tiled decode of 33 frames at 608x640 (latents 1x16x9x76x80).
-3. Times each distinct conv shape per tier (1 native, 2 vendor off, 3 decomposition, 4 CPU with ``--tier4``),
+3. Times each distinct conv shape per tier (1 native, 2 vendor off, 3 decomposition, 4 decomposition with the
+   vendor off, 5 CPU with ``--cpu``),
    median of ``--reps`` after a warm-up, and checks tiers 2-4 against tier 1. Totals are weighted by how often the
    decode calls each shape.
 4. Optionally (default on GPU) times the whole tiled decode with the fallback forced to each tier.
@@ -232,7 +233,7 @@ def parse_args(argv=None):
     p.add_argument("--tile", default=None, help="H,STRIDE,FRAMES,FRAME_STRIDE in pixels/frames "
                    "(default: diffusers' enable_tiling() defaults)")
     p.add_argument("--tiers", default="1,2,3", help="tiers to time (first one is the baseline)")
-    p.add_argument("--tier4", action="store_true", help="also time tier 4 (CPU fp32; slow on full-size shapes)")
+    p.add_argument("--cpu", action="store_true", help="also time tier 5 (CPU fp32; slow on full-size shapes)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--budget-s", type=float, default=150.0, help="time budget for the per-shape timings")
@@ -251,7 +252,7 @@ def main(argv=None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU: use --device cpu --small")
     dtype = torch.float16 if device.type == "cuda" else torch.float32
-    tiers = [int(t) for t in args.tiers.split(",")] + ([4] if args.tier4 and "4" not in args.tiers else [])
+    tiers = [int(t) for t in args.tiers.split(",")] + ([5] if args.cpu and "5" not in args.tiers else [])
     tile = tuple(int(v) for v in args.tile.split(",")) if args.tile else (SMALL_TILE if args.small else None)
     vendor = not args.no_vendor_in_decomposition
     started = time.perf_counter()
