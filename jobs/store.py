@@ -451,10 +451,13 @@ class QueueStore:
     # ---- JSON lines -------------------------------------------------------------------------------------------------
     def export_jsonl(self, statuses: Iterable[str] = (WAITING, RUNNING), keep=None) -> str:
         """The unfinished jobs as JSON lines, one job's settings and image paths a line, in line order (what
-        `import_jsonl` and `python -m cli batch` read). `keep`: only the entries with these ids."""
+        `import_jsonl` and `python -m cli batch` read). `keep`: only the entries with these ids. Image paths are
+        absolute: `batch` reads a file's relative paths relative to the file, wherever it was written."""
         lines = []
         for e in self.entries(statuses):
             if keep is not None and e.id not in keep:
                 continue
-            lines.append(json.dumps({k: v for k, v in e.values().items() if v is not None}, ensure_ascii=False))
+            values = {k: (str(Path(v).resolve()) if k in FILE_NAMES and isinstance(v, str) else v)
+                      for k, v in e.values().items() if v is not None}
+            lines.append(json.dumps(values, ensure_ascii=False))
         return "".join(line + "\n" for line in lines)

@@ -118,6 +118,20 @@ def test_export_then_import_gives_the_same_jobs(store, image, tmp_path):
     other.close()
 
 
+def test_an_export_into_another_folder_can_be_read_back_from_there(image, tmp_path, monkeypatch):
+    """Issue 33 item 12: a queue under a relative outputs folder exported its images' paths relative to the current
+    folder, which `batch` then read relative to the file's folder: export to sub/w.jsonl, then batch it, failed."""
+    monkeypatch.chdir(tmp_path)
+    relative, _ = qs.QueueStore.open(qs.Path("outputs") / ".queue")
+    relative.add_many([job(image, "a")])
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "w.jsonl").write_text(relative.export_jsonl())
+    relative.close()
+    monkeypatch.chdir(tmp_path / "sub")
+    (_, values), = jsonl.read_lines((tmp_path / "sub" / "w.jsonl").read_text())
+    assert (qs.Path.cwd() / values["image"]).is_file()          # the file's folder is where batch resolves it
+
+
 def test_import_refuses_the_whole_file_and_names_the_line(store, image):
     good = json.dumps({"image": str(image), "prompt": "ok"})
     for text, where, what in ((good + "\n{not json\n", "line 2", "not JSON"),
