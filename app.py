@@ -27,7 +27,7 @@ from ui.context import AppContext, preserved_max_gb, preserved_text  # noqa: E40
 from ui.examples import write_examples  # noqa: E402
 from ui.guard import HeapKeeper, limit_queue_per_client  # noqa: E402
 from ui.launch import (PUBLIC_NOTICE, host_budget_problem, launch_options, parse_args,  # noqa: E402
-                       public_without_login, security_warnings)
+                       port_problem, public_without_login, security_warnings)
 from ui.layout import build_layout  # noqa: E402
 from ui.panel_jobs import JobsPanel  # noqa: E402
 from ui.panel_queue import wire_queue  # noqa: E402
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
         log.warning(missing)
     from memory.manager import default_device
 
-    problem = host_budget_problem(config, default_device().type)
+    problem = host_budget_problem(config, default_device().type) or port_problem(config.web.host, config.web.port)
     if problem:
         log.error("%s", problem)
         return 2

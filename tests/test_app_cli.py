@@ -73,3 +73,19 @@ def test_launch_options(tmp_path):
     assert kw["auth"] == [("u", "p")] and kw["inbrowser"] is True and kw["share"] is False
     assert kw["allowed_paths"] == [] and kw["blocked_paths"] == [str((tmp_path / "out").resolve())]
     assert kw["max_file_size"]
+
+
+def test_a_port_in_use_is_named_with_the_apps_own_option():
+    """Issue 33 item 9: Gradio's traceback advised GRADIO_SERVER_PORT or `server_port`; the app says --port."""
+    import socket
+
+    from ui.launch import port_problem
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        problem = port_problem("127.0.0.1", port)
+        assert problem.startswith(f"--port {port}: cannot listen") and "leave --port out" in problem
+        assert "GRADIO_SERVER_PORT" not in problem and "server_port" not in problem
+    assert port_problem("127.0.0.1", port) is None and port_problem("127.0.0.1", None) is None

@@ -139,6 +139,7 @@ def test_the_app_says_at_start_what_is_missing_and_logs_a_failed_job_as_error(tm
     assert re.search(r"serving on http://127\.0\.0\.1:\d+/ ", text)                  # the real address
     assert re.search(r"ERROR jobs\.runner: job \w+ failed: text_encoder: the weights", text)
     assert "torchvision" not in text
+    assert "To create a public link" not in text and "share=True" not in text     # Gradio's advice, not ours
 
 
 def test_a_failed_job_pops_up_an_error(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,7 +115,26 @@ class LaunchOptions:
                 "inbrowser": self.inbrowser, "auth": self.auth or None, "allowed_paths": [],
                 "blocked_paths": self.blocked_paths,
                 "max_file_size": self.max_file_size, "show_error": True, "css": CSS,
+                # Gradio's own start-up prints (its URL, "To create a public link, set `share=True` in `launch()`")
+                # name its API, not ours: the app logs the address and the public link itself (--share)
+                "quiet": True,
                 "app_kwargs": {"lifespan": cleanup_lifespan(self.temp_max_age_s)}}
+
+
+def port_problem(host: str, port: int | None) -> str | None:
+    """Why the app cannot listen on ``--port`` (taken by another program), in the app's own terms (Gradio's error
+    names its environment variable and launch() parameter); None when it is free or no port was asked for (then the
+    first free one from 7860 is taken)."""
+    if port is None:
+        return None
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return (f"--port {port}: cannot listen on {host}:{port} ({exc.strerror or exc}); another program (or "
+                    f"another SteadyFrame) uses it. Start with another --port, or leave --port out to take the first "
+                    f"free one from 7860.")
+    return None
 
 
 def launch_options(config: Config) -> LaunchOptions:
