@@ -23,7 +23,8 @@ from configs.controls import CONTROLS, Control
 from configs.options import add_process_options, config_from
 from configs.runtime import Config
 from common.errors import InputError
-from pipeline.jobs import finished_video
+from common.files import atomic_write_json
+from pipeline.jobs import finished_video, load_job
 import dataclasses
 from jobs.models import models_for
 from jobs.preflight import Preflight
@@ -122,6 +123,7 @@ class Command:
         self.config, self.quiet, self.verbose = config, quiet, verbose
         self.preset_given = preset_given            # resume: else the job's own preset
         self.runner = None
+        self.aborted = False          # a second Ctrl-C: the job was not waited for
         self._preflight = None
 
     @property
@@ -161,7 +163,7 @@ class Command:
 
     def close(self) -> None:
         if self.runner is not None:
-            self.runner.close(timeout=30)
+            self.runner.close(timeout=1 if self.aborted else 30)     # aborted: the step is not waited for
             close = getattr(self.runner.executor, "close", None)
             if close is not None:
                 close()
@@ -215,7 +217,8 @@ class Command:
         bar = None if self.quiet else _progress_bar()
         last, said = None, ""
         try:
-            for batch in self.runner.stream(job, tick_s=FOLLOW_S):
+            batches = self.runner.stream(job, tick_s=FOLLOW_S)
+            for batch in batches:
                 if not batch and not job.started:          # waiting, or run by another process
                     entry = self.runner.store.get(job.entry)
                     if entry is None or entry.status in qs.FINISHED:
@@ -244,6 +247,12 @@ class Command:
                         bar.write(f"{ev.level}: {ev.message}")
                     elif isinstance(ev, LogLine) and ev.message.endswith("runs this job"):    # farm/dispatch.py
                         bar.write(ev.message, file=sys.stderr)
+        except _Aborted:
+            signal.signal(signal.SIGINT, previous)       # a third Ctrl-C ends the process as Python does
+            if bar is not None:
+                bar.close()
+                bar = None
+            return self._aborted(job.entry)
         finally:
             signal.signal(signal.SIGINT, previous)
             if bar is not None:
@@ -276,9 +285,35 @@ class Command:
     def _interrupt(self, entry_id: str) -> None:
         job = self.runner.get(entry_id)
         if job is not None and job.cancel.cancelled:
-            raise KeyboardInterrupt
+            raise _Aborted(entry_id)
         print("\nstopping after this step (Ctrl-C again to abort)...", file=sys.stderr)
         self.runner.stop(entry_id)
+
+    def _aborted(self, entry_id: str) -> tuple[int, object]:
+        """A second Ctrl-C: no waiting for the step; the job folder says "stopped" (what is written is kept, and
+        `resume` continues it), the queue entry too, and one line says so (no traceback)."""
+        from jobs import store as qs
+        from pipeline.events import Cancelled
+
+        self.aborted = True
+        entry = self.runner.store.get(entry_id)
+        folder = self.config.outputs / entry.job_dir if entry is not None and entry.job_dir else None
+        if entry is not None and entry.status not in qs.FINISHED:
+            self.runner.store.update(entry_id, status=qs.STOPPED, message="aborted (Ctrl-C twice)")
+        if folder is not None and (folder / "job.json").is_file():
+            info = load_job(folder)
+            if info.get("status") == "running":
+                info.update(status="stopped", error="aborted with a second Ctrl-C")
+                atomic_write_json(folder / "job.json", info)
+            print(f"aborted; the sections made so far are in {folder}: `python -m cli resume {folder}` continues "
+                  f"the job", file=sys.stderr)
+        else:
+            print("aborted before the job started", file=sys.stderr)
+        return EXIT_STOPPED, Cancelled()
+
+
+class _Aborted(KeyboardInterrupt):
+    """The second Ctrl-C of a job run here (raised from the SIGINT handler)."""
 
 
 def _as_event(entry, outputs: Path):

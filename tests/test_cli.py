@@ -107,3 +107,36 @@ def test_batch_refuses_absurd_lines_at_once_without_loading_models(tmp_path):
     assert "line 4: invalid: mode: 'xxxx" in r.stderr and len(r.stderr) < 5000       # the value is not echoed whole
     assert "line 5: invalid" in r.stderr and "0/5 jobs done" in r.stdout
     assert not (tmp_path / "outputs").exists()                   # nothing ran, nothing was written
+
+
+def test_a_second_ctrl_c_aborts_in_one_line_and_the_job_can_be_resumed(tmp_path):
+    """Issue 33 item 11: a second Ctrl-C printed a ~60-line KeyboardInterrupt traceback and left job.json "running".
+    The job is held inside its first convolution (an injected 60 s hang), where a step cannot end: the first Ctrl-C
+    asks for a stop, the second aborts at once."""
+    import signal
+    import time
+
+    from tests.kill_helpers import job_folder, tail
+
+    image = tmp_path / "in.png"
+    make_image(96, 80).save(image)
+    out = tmp_path / "outputs"
+    hang = json.dumps([{"tier": 1, "kind": "hang", "seconds": 60, "op": "conv3d"}])
+    env = dict(os.environ, HF_HUB_OFFLINE="1", STEADYFRAME_CONV_FAULTS=hang,
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    proc = shared().start("generate", "--preset", "tiny", "--image", image, "--seconds", 1.2, "--steps", 2,
+                          "--out", out, separate=True, env=env)
+    deadline = time.monotonic() + 60
+    while job_folder(out) is None or not (job_folder(out) / "job.json").is_file():
+        assert time.monotonic() < deadline and proc.is_alive(), tail(proc.err)
+        time.sleep(0.1)
+    time.sleep(0.3)                               # inside the hung convolution
+    os.kill(proc.pid, signal.SIGINT)
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGINT)
+    proc.join(20)
+    err = tail(proc.err, None)
+    assert proc.exitcode == 130, err
+    assert "Traceback" not in err and "aborted; the sections made so far are in" in err
+    info = json.loads((job_folder(out) / "job.json").read_text())
+    assert info["status"] == "stopped"
