@@ -82,7 +82,7 @@ def launched(outputs: Path, components, *argv: str, max_file_size: int | None = 
     if max_file_size is not None:
         kwargs["max_file_size"] = max_file_size
     assert kwargs["server_name"] == "127.0.0.1"
-    blocks.launch(**kwargs, prevent_thread_lock=True, quiet=True)
+    blocks.launch(**kwargs, prevent_thread_lock=True)             # (quiet: the app's launch options say so)
     try:
         yield Server(f"http://127.0.0.1:{port}/", blocks, runner, Path(outputs).resolve(), config)
     finally:

@@ -59,7 +59,7 @@ def test_launch_binds_localhost_and_auth_protects_the_app(built, tmp_path, auth)
     blocks = app_module.build_app(config)
     kwargs = launch_options(config).kwargs()
     assert kwargs["server_name"] == "127.0.0.1"
-    blocks.launch(**kwargs, prevent_thread_lock=True, quiet=True)
+    blocks.launch(**kwargs, prevent_thread_lock=True)
     try:
         base = f"http://127.0.0.1:{config.web.port}"
         assert _get(base + "/") == 200                         # the page itself (a login form with --auth)
