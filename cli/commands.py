@@ -82,7 +82,7 @@ def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentP
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="make one video")
     add_settings(g, controls)
-    add_common(g)
+    add_common(g, preset_default=None)       # None: not given (an extended job folder then gives its own)
     b = sub.add_parser("batch", help="run the jobs of a JSON-lines file, one job per line")
     b.add_argument("jobs", type=Path, help="each line: a JSON object with generate's settings, e.g. "
                                            '{"image": "a.png", "prompt": "...", "seconds": 3}')
@@ -386,10 +386,26 @@ def run_batch(command: Command, path: Path) -> int:
         print(f"  line {number:>3}: {status:<8} {where}")
     done = sum(1 for r in results if r[1] == "done")
     print(f"{done}/{len(results)} jobs done")
+    if invalid and not jobs:            # nothing could run: the file is the problem, as for one bad `generate`
+        return EXIT_INPUT
     return EXIT_OK if results and done == len(results) else EXIT_FAILED
 
 
+def _job_preset(folder) -> str | None:
+    """The preset a job folder was made with (its job.json), or None when it is not a job folder."""
+    if not folder or not (Path(folder) / "job.json").is_file():
+        return None
+    try:
+        models = load_job(Path(folder)).get("models")
+    except (OSError, ValueError):
+        return None
+    return models.get("preset") if isinstance(models, dict) and isinstance(models.get("preset"), str) else None
+
+
 def run_generate(command: Command, request) -> int:
+    extended = _job_preset(request.input_video) if not command.preset_given else None
+    if extended is not None and extended != command.config.preset:     # as resume: the job's own models
+        command.config = _replace(command.config, preset=extended)
     try:
         prepared = command.preflight.prepare(request)          # the one pre-flight: nothing written, nothing loaded
     except InputError as e:

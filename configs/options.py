@@ -120,6 +120,9 @@ def config_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Co
         parser.error("--vram-cap-gb: must be more than 0")
     if getattr(args, "host_ram_gb", None) is not None and not args.host_ram_gb > 0:
         parser.error("--host-ram-gb: must be more than 0 (GB of host RAM this program may use)")
+    if getattr(args, "preset", None) == "tiny" and getattr(args, "model_dir", None):
+        parser.error("--model-dir: the tiny preset builds small random models in code and reads no weights; drop "
+                     "--model-dir, or use it with --preset hunyuan")
     web = WebOptions()
     if hasattr(args, "host"):
         try:

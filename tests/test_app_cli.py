@@ -58,7 +58,7 @@ def test_auth_parsing():
 
 @pytest.mark.parametrize("argv", [["--auth", "nopassword"], ["--vram-cap-gb", "0"], ["--port", "70000"],
                                   ["--preset", "nope"], ["--auth", "a:1", "--auth", "a:2"],
-                                  ["--auth", "a:1", "--admin", "b"]])
+                                  ["--auth", "a:1", "--admin", "b"], ["--preset", "tiny", "--model-dir", "/m"]])
 def test_bad_arguments_exit_with_usage(argv, capsys):
     with pytest.raises(SystemExit) as e:
         parse_args(argv)

@@ -100,7 +100,7 @@ def test_batch_refuses_absurd_lines_at_once_without_loading_models(tmp_path):
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text("\n".join(lines) + "\n")
     r = cli("batch", jobs, "--preset", "tiny", "--out", tmp_path / "outputs", timeout=120)
-    assert r.returncode == 1
+    assert r.returncode == 2                                     # every line invalid: an input error (issue 33)
     assert "line 1: invalid: seconds: 1000000000000.0 is out of range" in r.stderr
     assert "line 2: invalid: steps: 1000000000 is out of range" in r.stderr
     assert "line 3: invalid: seconds: nan is not a finite number" in r.stderr

@@ -238,6 +238,12 @@ def test_cli_extends_a_video_and_names_the_option_on_bad_input(tmp_path):
     info = json.loads((job / "job.json").read_text())
     assert info["source"]["sha256"] == file_sha256(clip)
     assert read_frames(job / "final.mp4").shape[0] == 40 + 4 * W
+    # a job folder extended without --preset: its own models, as resume does (issue 33 item 15: it took hunyuan)
+    r = cli("generate", "--extend", job, "--mode", "f1", "--prompt", "more", "--seconds", 1.2, "--steps", 1,
+            "--out", out)
+    assert r.returncode == 0, r.stderr
+    (longer,) = [j for j in job_folders(out) if j != job]
+    assert json.loads((longer / "job.json").read_text())["models"]["preset"] == "tiny"
     r = cli("generate", "--preset", "tiny", "--video", clip, "--prompt", "waves", "--out", out)   # original mode
     assert r.returncode == 2 and "--mode" in r.stderr and "cannot continue a video" in r.stderr
     r = cli("generate", "--preset", "tiny", "--prompt", "waves", "--out", out)
