@@ -25,6 +25,8 @@ from configs.runtime import Config
 from common.errors import InputError
 from common.files import atomic_write_json
 from pipeline.jobs import finished_video, load_job
+from configs.presets import get_preset
+from common.environment import read_environment
 import dataclasses
 from jobs.models import models_for
 from jobs.preflight import Preflight
@@ -363,6 +365,10 @@ def read_batch(path: Path, preflight) -> tuple[list[tuple[int, object]], list[tu
 
 
 def run_batch(command: Command, path: Path) -> int:
+    problem = _weights_problem(command.config, "original") or _weights_problem(command.config, "f1")
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_INPUT
     try:
         jobs, invalid = read_batch(path, command.preflight)
     except (OSError, UnicodeDecodeError) as e:
@@ -402,10 +408,25 @@ def _job_preset(folder) -> str | None:
     return models.get("preset") if isinstance(models, dict) and isinstance(models.get("preset"), str) else None
 
 
+def _weights_problem(config: Config, mode: str) -> str | None:
+    """The real weights missing where they cannot be downloaded (--model-dir given, or HF_HUB_OFFLINE): said before
+    anything else is checked, since nothing else can help then. Online, they are downloaded at the job's start."""
+    from pipeline.availability import missing_weights_message        # (torch, through the loaders)
+
+    message = missing_weights_message(get_preset(config.preset), mode, config.model_dir)
+    if message and (config.model_dir or read_environment().offline):
+        return message
+    return None
+
+
 def run_generate(command: Command, request) -> int:
     extended = _job_preset(request.input_video) if not command.preset_given else None
     if extended is not None and extended != command.config.preset:     # as resume: the job's own models
         command.config = _replace(command.config, preset=extended)
+    problem = _weights_problem(command.config, request.mode)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_INPUT
     try:
         prepared = command.preflight.prepare(request)          # the one pre-flight: nothing written, nothing loaded
     except InputError as e:

@@ -120,6 +120,10 @@ def config_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Co
         parser.error("--vram-cap-gb: must be more than 0")
     if getattr(args, "host_ram_gb", None) is not None and not args.host_ram_gb > 0:
         parser.error("--host-ram-gb: must be more than 0 (GB of host RAM this program may use)")
+    model_dir = getattr(args, "model_dir", None)
+    if model_dir and getattr(args, "preset", None) != "tiny" and not Path(model_dir).expanduser().is_dir():
+        parser.error(f"--model-dir: no such folder: {model_dir} (it must be a folder laid out like the Hugging Face "
+                     f"repos: <dir>/<owner>/<repo>/...)")
     if getattr(args, "preset", None) == "tiny" and getattr(args, "model_dir", None):
         parser.error("--model-dir: the tiny preset builds small random models in code and reads no weights; drop "
                      "--model-dir, or use it with --preset hunyuan")

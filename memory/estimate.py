@@ -124,7 +124,8 @@ def nominal_plan(preset, mode: str, cap_gb: float, preserved_gb: float, device_t
     budget = int(host_ram_gb * GIB) if host_ram_gb is not None else default_host_budget()[0]
     models = nominal_models(preset, mode, cap_gb, preserved_gb, device_type, weight_storage)
     return plan_host(models, FRAMEPACK_STAGES, NOMINAL_SECTIONS, budget, nominal_overhead(device_type),
-                     int(MEMORY.host_reserve_gb * GIB), pinned=device_type == "cuda" and MEMORY.pin_host_memory)
+                     int(MEMORY.host_reserve_gb * GIB), pinned=device_type == "cuda" and MEMORY.pin_host_memory,
+                     gpu=device_type == "cuda")
 
 
 def describe_preserved(preset, cap_gb: float, preserved_gb: float, device_type: str,

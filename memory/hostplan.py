@@ -184,12 +184,14 @@ def minimum_budget(models, stages, overhead: int, reserve: int) -> int:
 
 
 def plan_host(models: list[ModelHost] | tuple[ModelHost, ...], stages: list[StageUse] | tuple[StageUse, ...],
-              sections: int, budget: int, overhead: int, reserve: int, pinned: bool = True) -> HostPlan:
-    """The plan for `budget`, or HostBudgetError naming the minimum."""
+              sections: int, budget: int, overhead: int, reserve: int, pinned: bool = True,
+              gpu: bool = True) -> HostPlan:
+    """The plan for `budget`, or HostBudgetError naming the minimum. `gpu`: whether the job runs on a GPU (the
+    refusal's advice differs: without one nothing is streamed, so only more RAM or a smaller model helps)."""
     models, stages = tuple(models), tuple(stages)
     minimum = minimum_budget(models, stages, overhead, reserve)
     if budget < minimum:
-        raise HostBudgetError(_refusal(models, stages, budget, minimum, overhead, reserve), minimum)
+        raise HostBudgetError(_refusal(models, stages, budget, minimum, overhead, reserve, gpu), minimum)
     ram = {(m.name, i) for m in models if not m.file_backed for i in range(len(m.chunk_bytes))}
     order = {m.name: k for k, m in enumerate(models)}
     candidates = sorted(((m, i) for m in models if m.file_backed for i in range(len(m.chunk_bytes))),
@@ -208,16 +210,20 @@ def plan_host(models: list[ModelHost] | tuple[ModelHost, ...], stages: list[Stag
     return HostPlan(budget, overhead, reserve, models, stages, sections, frozenset(ram), pinned, minimum)
 
 
-def _refusal(models, stages, budget: int, minimum: int, overhead: int, reserve: int) -> str:
+def _refusal(models, stages, budget: int, minimum: int, overhead: int, reserve: int, gpu: bool = True) -> str:
     worst = max(stages, key=lambda s: _transient(models, frozenset(), s), default=None)
     need = _transient(models, frozenset(), worst) if worst else 0
     fixed = sum(m.nbytes for m in models if not m.file_backed)
     parts = [f"the app itself ≈ {overhead / GIB:.1f} GB", f"{reserve / GIB:.1f} GB kept free for the page cache"]
     if need:
-        parts.insert(0, f"{need / GIB:.1f} GB of {worst.name} weights that must sit in RAM while it runs (the "
-                        f"blocks streamed to the GPU every step)")
+        parts.insert(0, f"{need / GIB:.1f} GB of {worst.name} weights that must sit in RAM while it runs"
+                        + (" (the blocks streamed to the GPU every step)" if gpu else " (no GPU: it runs from RAM)"))
     if fixed:
         parts.insert(0, f"{fixed / GIB:.1f} GB of models that have no weight files")
-    return (f"host RAM budget {budget / GIB:.1f} GB is too small: this job needs at least {minimum / GIB:.1f} GB "
-            f"({'; '.join(parts)}). Raise --host-ram-gb, or stream less (lower the preserved memory or raise the "
-            f"VRAM cap: fewer blocks streamed), or store the weights in fp8 (--fp8, half the bytes).")
+    head = (f"host RAM budget {budget / GIB:.1f} GB is too small: this job needs at least {minimum / GIB:.1f} GB "
+            f"({'; '.join(parts)}).")
+    if not gpu:     # nothing is streamed or stored in fp8 on the CPU: the cap, preserved memory and --fp8 change nothing
+        return (f"{head} Without a GPU only more RAM helps: raise --host-ram-gb if this computer has it (a CPU run "
+                f"of the real model is also very slow), or try the app with --preset tiny.")
+    return (f"{head} Raise --host-ram-gb, or stream less (lower the preserved memory or raise the VRAM cap: fewer "
+            f"blocks streamed), or store the weights in fp8 (--fp8, half the bytes).")

@@ -77,7 +77,8 @@ def arrange(models: dict[str, torch.nn.Module], stages, sections: int, frames: i
                     + job_working_bytes(frames, w.height, w.width, w.window)
                     + (2 * MEMORY.staging_mb << 20 if device.type == "cuda" else 0))
     used: list[StageUse] = [s for s in stages if any(k in models for k in s.models)]
-    plan = plan_host(hosts, used, sections, budget, overhead, int(MEMORY.host_reserve_gb * GIB), settings.pin)
+    plan = plan_host(hosts, used, sections, budget, overhead, int(MEMORY.host_reserve_gb * GIB), settings.pin,
+                     gpu=device.type == "cuda")
     read, seconds = realize(plan, packs, quantized, settings.pin, device)
     log.info("%s", why)
     log.info("host RAM plan: %s", plan.describe())

@@ -123,12 +123,25 @@ def _cli(*args):
 def test_cli_refuses_a_budget_too_small_before_loading(tmp_path):
     image = tmp_path / "in.png"
     make_image(100, 100).save(image)
-    # the real preset with no weights at all: the budget is refused first (nothing was looked up or loaded)
+    # issue 33 item 8: what is missing first (the folder, then the weights), then what does not fit
     r = _cli("generate", "--image", image, "--model-dir", tmp_path / "no-models", "--out", tmp_path / "o",
              "--host-ram-gb", 0.5)
+    assert r.returncode == 2 and "--model-dir: no such folder" in r.stderr and "host RAM" not in r.stderr
+    models = tmp_path / "models"
+    models.mkdir()
+    r = _cli("generate", "--image", image, "--model-dir", models, "--out", tmp_path / "o", "--host-ram-gb", 0.5)
+    assert r.returncode == 2 and "not on this computer yet" in r.stderr and "--preset tiny" in r.stderr
+    assert "host RAM" not in r.stderr
+    from configs.presets import get_preset
+
+    for src in get_preset("hunyuan").sources("original").values():    # the weights' folders (their configs only)
+        folder = models / src.repo / (src.subfolder or "")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text("{}")
+    r = _cli("generate", "--image", image, "--model-dir", models, "--out", tmp_path / "o", "--host-ram-gb", 0.5)
     assert r.returncode == 2, r.stderr
     assert "--host-ram-gb: host RAM budget 0.5 GB is too small" in r.stderr and "at least" in r.stderr
-    assert "no-models" not in r.stderr and not (tmp_path / "o").exists()
+    assert not (tmp_path / "o").exists()
     r = _cli("generate", "--image", image, "--preset", "tiny", "--out", tmp_path / "o", "--host-ram-gb", 0)
     assert r.returncode == 2 and "--host-ram-gb: must be more than 0" in r.stderr
 
@@ -144,6 +157,11 @@ def test_app_flags_and_the_check_at_start():
     problem = host_budget_problem(parse_args(["--host-ram-gb", "6"]), "cuda")
     assert "--host-ram-gb: host RAM budget 6.0 GB is too small" in problem and "--fp8" in problem
     assert host_budget_problem(parse_args(["--host-ram-gb", "24"]), "cuda") is None
+    # issue 33 item 8: without a GPU the cap, preserved memory and --fp8 change nothing: no advice to use them
+    for argv in (["--host-ram-gb", "6"], ["--host-ram-gb", "6", "--fp8"], ["--host-ram-gb", "6", "--vram-cap-gb",
+                                                                              "100"]):
+        cpu = host_budget_problem(parse_args(argv), "cpu")
+        assert "too small" in cpu and "--preset tiny" in cpu and "--fp8" not in cpu and "preserved" not in cpu
 
 
 def test_a_model_gives_its_ram_back_after_its_stage(tmp_path):
