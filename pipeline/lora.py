@@ -133,7 +133,7 @@ def resolve(name: str, folder) -> Path:
     path = given if given.is_absolute() or len(given.parts) > 1 else folder / given     # a bare name: the folder's
     if path.is_file():
         return path
-    raise InputError(FIELD, f"{name}: no such file (looked in {path.parent}); put it in the LoRA folder or give "
+    raise InputError(FIELD, f"{name}: no such file (looked in {path.parent.resolve()}); put it in the LoRA folder or give "
                             f"its path (./{name} for one in the current folder)")
 
 

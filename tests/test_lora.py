@@ -274,3 +274,11 @@ def test_fp8_host_storage_gets_the_lora_on_its_loaded_weights(tr, tmp_path):
         want = -1.25 * expected[module] if name.endswith(".weight") and module in expected else 0 * plain[name]
         assert float((with_lora[name] - plain[name] - want).abs().max()) <= 1e-5, name
     assert all(torch.equal(h, c.host) for h, c in zip(hosts, pack.chunks))
+
+
+def test_a_missing_file_names_the_folder_looked_in_whole(tmp_path, monkeypatch):
+    """Issue 33 item 10: "looked in loras" (the default folder, relative) said nothing about where that was."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError) as e:
+        lora.resolve("missing.safetensors", "loras")
+    assert f"looked in {tmp_path / 'loras'})" in str(e.value)
