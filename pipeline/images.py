@@ -93,8 +93,11 @@ def _open(source, field: str) -> Image.Image:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise refused("{file} is too large to decode safely (decompression bomb guard)") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise refused(f"{{file}} is not a readable image ({type(e).__name__})", readable) from None
+    except UnidentifiedImageError:
+        raise refused("{file} is not a readable image (not an image format, or not one PIL knows)", readable) \
+            from None
+    except (OSError, SyntaxError, ValueError):       # a known format whose data breaks off or is damaged
+        raise refused("{file} is not a readable image (damaged or cut short)", readable) from None
     return img
 
 

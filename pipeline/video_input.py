@@ -85,8 +85,9 @@ def _open_stream(path: Path):
         raise _refused(path, f"{{file}} is {size >> 20} MB; the limit is {VIDEO_BYTES_MAX >> 20} MB")
     try:
         container = av.open(str(path))
-    except (av.FFmpegError, OSError, ValueError, UnicodeDecodeError) as e:
-        raise _refused(path, f"{{file}} is not a readable video ({type(e).__name__})", READABLE) from None
+    except (av.FFmpegError, OSError, ValueError, UnicodeDecodeError):
+        raise _refused(path, "{file} is not a readable video (damaged, or not a video format FFmpeg knows)",
+                       READABLE) from None
     if not container.streams.video:
         kind = "audio only" if container.streams.audio else "no video stream"
         container.close()

@@ -78,12 +78,13 @@ def test_missing_unreadable_and_non_image_files(tmp_path):
     text = tmp_path / "notes.png"
     text.write_text("this is not an image")
     err = _error(Request(image=text))
-    assert err.field == "image" and "not a readable image" in err.message
+    assert err.field == "image" and "not a readable image (not an image format" in err.message
+    assert "Error)" not in err.message            # issue 33 item 6: no exception class names ("UnidentifiedImageError")
     truncated = tmp_path / "cut.png"
     good = tmp_path / "full.png"
     make_image(200, 200).save(good)
     truncated.write_bytes(good.read_bytes()[:300])
-    assert "not a readable image" in _error(Request(image=truncated)).message
+    assert "not a readable image (damaged or cut short)" in _error(Request(image=truncated)).message
     assert _error(Request(image=tmp_path)).field == "image"                 # a folder
 
 

@@ -98,8 +98,8 @@ class QueueActions:
                                           f"{IMPORT_BYTES_MAX >> 20} MB (use `python -m cli queue add` for more)")
         try:
             text = Path(path).read_text("utf-8")
-        except (OSError, ValueError) as e:                    # unreadable, not UTF-8
-            raise InputError("jobs file", f"cannot read it ({type(e).__name__}); save it as UTF-8 text") from None
+        except (OSError, ValueError):                         # unreadable, not UTF-8
+            raise InputError("jobs file", "cannot read it as text; save it as UTF-8 text") from None
         lines = text.count("\n") + 1
         if lines > IMPORT_LINES_MAX:
             raise InputError("jobs file", f"{lines} lines; a jobs file sent to the app may have at most "
