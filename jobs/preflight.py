@@ -39,6 +39,10 @@ class Preflight:
     def check(self, prepared) -> None:
         """What a prepared request must pass besides its own fields."""
         request = prepared.request
+        cap = self.config.vram_cap_gb
+        if self.device_type == "cuda" and request.preserved_gb > cap:    # what the page's hint calls "cannot work"
+            raise InputError("preserved memory", f"{request.preserved_gb:g} GB is more than the VRAM cap ({cap:g} "
+                                                 f"GB) can preserve: choose at most {cap:g} GB")
         if prepared.source is None:             # an extension's size is its input's
             check_fits(prepared, self.preset, self.config.vram_cap_gb, self.config.weight_storage)
         problem = self.host_problem(request.mode, request.preserved_gb)

@@ -68,6 +68,17 @@ def test_the_preflight_names_the_line_and_the_bad_field(image, tmp_path):
         assert e.value.field == "line 2" and e.value.message.startswith(what), e.value.message
 
 
+def test_a_preserved_memory_above_the_cap_is_refused_not_run(image):
+    """Issue 33 item 6: the page's hint said "50 GB cannot work" and Start ran the job anyway."""
+    from pipeline.request import Request
+
+    on_gpu = Preflight(Config(preset="tiny", vram_cap_gb=20), device_type="cuda")
+    with pytest.raises(InputError) as e:
+        on_gpu.prepare(Request(image=str(image), prompt="x", seconds=1.2, preserved_gb=50))
+    assert e.value.field == "preserved memory" and "at most 20 GB" in e.value.message
+    assert on_gpu.prepare(Request(image=str(image), prompt="x", seconds=1.2, preserved_gb=6)).request.preserved_gb == 6
+
+
 def test_move_reorders_only_the_waiting_jobs(store, image):
     ids = [e.id for e in store.add_many([job(image, p) for p in "abcd"])]
     assert store.claim(ids[0])                             # a: running, stays first
