@@ -12,10 +12,10 @@ from configs.options import requested_device_index
 ROCM_ENV = rocm.apply_env_profile(device_index=requested_device_index(sys.argv[1:]))   # the jobs' GPU's profile
 
 import logging  # noqa: E402
-import signal  # noqa: E402
 
 import gradio as gr  # noqa: E402
 
+from common.portable import STOP_SIGNALS, handle_signal, wait_for_stop  # noqa: E402
 from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
 from configs.runtime import Config  # noqa: E402
 from jobs.models import models_for  # noqa: E402
@@ -152,21 +152,22 @@ def main(argv=None) -> int:
 
 
 def serve_until_stopped(app: gr.Blocks) -> None:
-    """Sleep in the main thread until Ctrl-C or SIGTERM, then close the server (its shutdown deletes the temporary
-    files). Waiting in signal.pause() costs no CPU; Gradio's own wait wakes up ten times a second."""
+    """Sleep in the main thread until Ctrl-C or SIGTERM (Windows: also Ctrl-Break), then close the server (its
+    shutdown deletes the temporary files). The wait costs no CPU where signal.pause exists (Linux, macOS); Windows
+    has none, and there it looks twice a second (common/portable.py). Gradio's own wait wakes ten times a second."""
     stopping = []
 
-    def on_term(signum, frame):
+    def on_stop(signum, frame):
         stopping.append(signum)
 
-    previous = signal.signal(signal.SIGTERM, on_term)
+    restore = [handle_signal(name, on_stop) for name in STOP_SIGNALS]
     try:
-        while not stopping:
-            signal.pause()
+        wait_for_stop(lambda: bool(stopping))
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for undo in restore:
+            undo()
         log.info("stopping the server")
         app.close()
         app.runner.close(timeout=5)

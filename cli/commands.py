@@ -13,7 +13,6 @@ import argparse
 import json
 import logging
 import re
-import signal
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from configs.options import add_process_options, config_from
 from configs.runtime import Config
 from common.errors import InputError
 from common.files import atomic_write_json
+from common.portable import handle_signal
 from pipeline.jobs import finished_video, load_job
 from configs.presets import get_preset
 from common.environment import read_environment
@@ -215,7 +215,7 @@ class Command:
         from jobs.text import waiting_text
         from pipeline.events import LogLine, Progress, SectionVideo
 
-        previous = signal.signal(signal.SIGINT, lambda *_: self._interrupt(job.entry))
+        restore = handle_signal("SIGINT", lambda *_: self._interrupt(job.entry))     # main thread only
         bar = None if self.quiet else _progress_bar()
         last, said = None, ""
         try:
@@ -250,13 +250,13 @@ class Command:
                     elif isinstance(ev, LogLine) and ev.message.endswith("runs this job"):    # farm/dispatch.py
                         bar.write(ev.message, file=sys.stderr)
         except _Aborted:
-            signal.signal(signal.SIGINT, previous)       # a third Ctrl-C ends the process as Python does
+            restore()                                    # a third Ctrl-C ends the process as Python does
             if bar is not None:
                 bar.close()
                 bar = None
             return self._aborted(job.entry)
         finally:
-            signal.signal(signal.SIGINT, previous)
+            restore()
             if bar is not None:
                 bar.close()
         return self._ended(last)

@@ -24,7 +24,7 @@ from configs.memory import MEMORY
 from memory import fp8
 from memory.chunk import Chunk
 from memory.deltas import apply_deltas
-from memory.weightfiles import DIRECT_ALIGN, DIRECT_IO_AVAILABLE, TensorSource
+from memory.weightfiles import DIRECT_ALIGN, TensorSource, direct_io_available
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class Staging:
         self._slots = slots
         self._next = 0
         self.bytes_read = 0
-        self.direct = direct and DIRECT_IO_AVAILABLE     # O_DIRECT reads (no page-cache read-ahead wanted then)
+        self.direct = direct and direct_io_available()    # O_DIRECT reads (no page-cache read-ahead wanted then)
 
     @property
     def nbytes(self) -> int:

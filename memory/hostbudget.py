@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 from configs.memory import MEMORY, MemoryConfig
@@ -24,6 +25,11 @@ CUDA_CONTEXT_ESTIMATE = 1 * GIB        # host memory of a CUDA/ROCm context + li
 OVERHEAD_FLOOR = GIB // 4
 
 
+def _linux() -> bool:
+    """/proc and cgroups are Linux's: elsewhere (Windows, macOS) the limit is None and psutil gives the RSS."""
+    return sys.platform.startswith("linux")
+
+
 def _read(path: Path) -> str | None:
     try:
         return path.read_text().strip()
@@ -33,7 +39,9 @@ def _read(path: Path) -> str | None:
 
 def cgroup_memory_limit(proc_cgroup: str | None = None, root: Path = Path("/sys/fs/cgroup")) -> int | None:
     """The tightest memory limit of this process's cgroup and its parents (v2 memory.max, v1
-    memory.limit_in_bytes); None when there is none (or it cannot be read)."""
+    memory.limit_in_bytes); None when there is none (or it cannot be read, or this is not Linux)."""
+    if proc_cgroup is None and not _linux():
+        return None
     text = proc_cgroup if proc_cgroup is not None else _read(Path("/proc/self/cgroup"))
     if not text:
         return None
@@ -85,8 +93,9 @@ def default_host_budget(total: int | None = None, limit: int | None = None,
 
 
 def rss_breakdown(pid: int | str = "self") -> dict[str, int]:
-    """Resident memory of a process in bytes: rss, anon, file, shmem, and the peak (hwm), from /proc."""
-    text = _read(Path(f"/proc/{pid}/status")) or ""
+    """Resident memory of a process in bytes: rss, anon, file, shmem, and the peak (hwm), from /proc (Linux);
+    elsewhere rss and anon are psutil's RSS (Windows: the working set) and the rest 0."""
+    text = (_read(Path(f"/proc/{pid}/status")) if _linux() else None) or ""
     keys = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem", "VmHWM": "hwm"}
     out = {v: 0 for v in keys.values()}
     for line in text.splitlines():

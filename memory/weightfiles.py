@@ -45,7 +45,11 @@ READ_PIECE = 1 << 30            # bytes per pread call (Linux returns at most ~2
 PARALLEL_PIECE = 4 << 20        # the smallest piece one reader thread takes of a large read
 PAGE = mmap.PAGESIZE
 DIRECT_ALIGN = 4096             # O_DIRECT: buffer address, file offset and length in multiples of this
-DIRECT_IO_AVAILABLE = hasattr(os, "O_DIRECT")
+
+
+def direct_io_available() -> bool:
+    """O_DIRECT reads need os.O_DIRECT and os.preadv: Linux, not macOS or Windows (read at call time)."""
+    return hasattr(os, "O_DIRECT") and hasattr(os, "preadv")
 
 
 def read_threads() -> int:
@@ -100,7 +104,7 @@ class WeightFile:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.size = self.path.stat().st_size
-        self.fd = os.open(self.path, os.O_RDONLY)
+        self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))    # O_BINARY: Windows, no text mode
         self._finalizer = weakref.finalize(self, _close, self.fd)
         self._map: mmap.mmap | None = None
         self._base: torch.Tensor | None = None
@@ -166,7 +170,7 @@ class WeightFile:
         with self._lock:
             if self._direct is None:
                 self._direct = -1
-                if DIRECT_IO_AVAILABLE:
+                if direct_io_available():
                     try:
                         self._direct = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
                         weakref.finalize(self, _close, self._direct)
@@ -241,7 +245,7 @@ def _index_files(folder: Path) -> list[Path]:
     indexes = sorted(folder.glob("*.safetensors.index.json"))
     if indexes:
         try:
-            weight_map = json.loads(indexes[0].read_text())["weight_map"]
+            weight_map = json.loads(indexes[0].read_text("utf-8"))["weight_map"]    # not the locale's (Windows)
         except (ValueError, KeyError, OSError) as e:
             raise WeightFileError(f"{indexes[0]}: damaged index ({type(e).__name__}: {e})") from None
         names = sorted(set(weight_map.values()))

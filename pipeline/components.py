@@ -194,7 +194,11 @@ def load_components(preset: ModelPreset | str, mode: str = "original", model_dir
         for role, src in preset.sources(mode).items():
             folder, revision = resolve(preset, mode, role, src, model_dir)
             log.info("loading %s from %s", role, folder)
-            part = _load_role(role, folder, src)
+            try:
+                part = _load_role(role, folder, src)
+            except FileNotFoundError as e:      # a folder with the configs but not the weight files (a copy cut short)
+                raise WeightsNotFound(f"{role}: {e}: the folder has the configuration but not the weights; copy the "
+                                      f"whole {src.repo} repo there again (or remove it to download it)") from None
             if isinstance(part, torch.nn.Module):
                 part = part.eval().requires_grad_(False)
             parts[role], revisions[role] = part, revision

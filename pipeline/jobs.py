@@ -9,7 +9,6 @@ job is in: running, done, stopped or failed.
 from __future__ import annotations
 
 import json
-import os
 import platform
 import secrets
 import shutil
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from common.files import atomic_copy, atomic_write_bytes, atomic_write_json
+from common.files import atomic_copy, atomic_write_bytes, atomic_write_json, rename_new
 import io
 
 CHECKPOINT = "latents.safetensors"       # the latest section's latents and random state (pipeline/checkpoint.py)
@@ -103,7 +102,7 @@ class Job:
             if fill is not None:
                 fill(job)
             job.save()
-            os.rename(partial, outputs / job_id)
+            rename_new(partial, outputs / job_id)     # never over a folder; Windows: waits for a scanner
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise

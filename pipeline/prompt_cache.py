@@ -18,7 +18,7 @@ import logging
 import os
 from pathlib import Path
 
-from common.files import atomic_path
+from common.files import atomic_path, unlink_if_possible
 from common.environment import read_environment
 from common.units import MIB
 from configs.memory import MEMORY
@@ -40,6 +40,17 @@ def cache_key(prompt: str, negative: str | None, revisions: dict, storage: str, 
             "storage": storage, "crop_start": crop_start, "template": PROMPT_TEMPLATE,
             "tokens": [LLAMA_MAX_TOKENS, CLIP_MAX_TOKENS], "format": 1}
     return hashlib.sha256(json.dumps(data, sort_keys=True, ensure_ascii=True).encode()).hexdigest()
+
+
+def _stat(path: Path, field: str) -> int:
+    try:
+        return getattr(path.stat(), field)
+    except OSError:                    # deleted meanwhile by another process's eviction
+        return 0
+
+
+def _size(path: Path) -> int:
+    return _stat(path, "st_size")
 
 
 class PromptCache:
@@ -90,22 +101,24 @@ class PromptCache:
         if not self.folder.is_dir():
             return []
         files = [p for p in self.folder.glob("*.safetensors") if p.is_file()]
-        return sorted(files, key=lambda p: p.stat().st_mtime_ns)
+        return sorted(files, key=lambda p: _stat(p, "st_mtime_ns"))
 
     def size(self) -> int:
-        return sum(p.stat().st_size for p in self.entries())
+        return sum(_size(p) for p in self.entries())
 
     def evict(self) -> int:
-        """Delete the least recently used files until the folder fits `max_bytes`; returns how many went."""
+        """Delete the least recently used files until the folder fits `max_bytes`; returns how many went. A file
+        that cannot be deleted now (Windows: another process reads it) stays until a later eviction."""
         files = self.entries()
-        total = sum(p.stat().st_size for p in files)
+        total = sum(_size(p) for p in files)
         gone = 0
         for p in files:
             if total <= self.max_bytes:
                 break
-            total -= p.stat().st_size
-            p.unlink(missing_ok=True)
-            gone += 1
+            size = _size(p)
+            if unlink_if_possible(p):
+                total -= size
+                gone += 1
         if gone:
             log.info("prompt cache: %d old entr%s deleted (limit %.0f MB)", gone, "y" if gone == 1 else "ies",
                      self.max_bytes / MIB)

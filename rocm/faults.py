@@ -95,9 +95,12 @@ class FaultPlan:
             return
         if fault.kind == "crash":
             if in_child:
-                import resource
-
-                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+                try:
+                    import resource          # "Availability: Unix" (docs.python.org/3/library/resource.html)
+                except ImportError:          # Windows: no core file to keep small
+                    logger.debug("no resource module here: the crash fault aborts without a core-size limit")
+                else:
+                    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
                 os.abort()
             logger.warning("crash fault ignored outside a probe child: %s", fault)
             return

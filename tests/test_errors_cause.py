@@ -20,8 +20,13 @@ def test_the_cli_logs_the_loading_traceback_always_and_shows_it_with_verbose(tmp
     image = tmp_path / "in.png"
     make_image(100, 100).save(image)
     monkeypatch.setenv("STEADYFRAME_CACHE_DIR", str(tmp_path / "cache"))
-    args = ("generate", "--image", image, "--model-dir", tmp_path / "no-models", "--out", tmp_path / "o",
-            "--host-ram-gb", 64)
+    from configs.presets import get_preset
+
+    models = tmp_path / "no-models"                 # the weights' folders, with nothing loadable in them
+    for src in get_preset("hunyuan").sources("original").values():
+        (models / src.repo / (src.subfolder or "")).mkdir(parents=True, exist_ok=True)
+        (models / src.repo / (src.subfolder or "") / "config.json").write_text("{}")
+    args = ("generate", "--image", image, "--model-dir", models, "--out", tmp_path / "o", "--host-ram-gb", 64)
     quiet = cli(*args)
     log_file = tmp_path / "cache" / "logs" / "cli.log"
     assert quiet.returncode == 1 and "Traceback" not in quiet.stderr

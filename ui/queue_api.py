@@ -17,6 +17,7 @@ from configs.controls import CONTROLS as TABLE
 from jobs import jsonl
 from jobs import store as qs
 from common.errors import InputError
+from common.files import unlink_if_possible
 from jobs.runner import Runner
 from ui import settings as st
 from ui.access import Access
@@ -140,8 +141,12 @@ class QueueActions:
         folder = Path(tempfile.gettempdir()) / "steadyframe-queue-exports"
         folder.mkdir(exist_ok=True)
         for old in folder.glob("queue-*.jsonl"):
-            if time.time() - old.stat().st_mtime > EXPORT_KEEP_S:
-                old.unlink(missing_ok=True)
+            try:
+                stale = time.time() - old.stat().st_mtime > EXPORT_KEEP_S
+            except OSError:                      # deleted meanwhile by another app's export
+                continue
+            if stale:
+                unlink_if_possible(old)          # Windows: one still being sent stays until the next export
         keep = {e.id for e in self.visible(user)}
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, prefix="queue-", suffix=".jsonl",
                                          delete=False) as f:

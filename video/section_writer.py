@@ -24,6 +24,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from common.portable import usable_cpus
 from configs.video import ENCODING, VideoEncoding
 from video.mp4 import encode_segment, write_segments
 from video.buffer import VideoBuffer, frames_sha256
@@ -86,8 +87,7 @@ class SectionWriter:
         self._results: queue.Queue[WrittenSection | Exception] = queue.Queue()
         self._cache: dict[tuple[int, ...], bytes] = {}
         self._error: Exception | None = None       # the writer's first failure; later tasks are not done
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        workers = encoding.parallel_segments or max(1, cpus // max(1, encoding.x264_threads))
+        workers = encoding.parallel_segments or max(1, usable_cpus() // max(1, encoding.x264_threads))
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="video-segment",
                                         initializer=_lower_priority, initargs=(encoding.writer_nice,))
         self._thread = threading.Thread(target=self._work, name="video-writer", daemon=True)
