@@ -48,7 +48,7 @@ def cli_message(error, names: dict[str, str]) -> str:
     return error.cli_text(names.get(error.field, error.field))
 
 
-def add_common(p: argparse.ArgumentParser, *, preset_default: str | None = "hunyuan") -> None:
+def add_common(p: argparse.ArgumentParser, *, preset_default: str | None = None) -> None:
     add_process_options(p, preset_default=preset_default)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, warnings only")
     p.add_argument("-v", "--verbose", action="store_true", help="stage messages (memory status, timings)")
@@ -84,14 +84,14 @@ def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentP
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="make one video")
     add_settings(g, controls)
-    add_common(g, preset_default=None)       # None: not given (an extended job folder then gives its own)
+    add_common(g)                 # --preset not given: an extended job folder gives its own (as resume)
     b = sub.add_parser("batch", help="run the jobs of a JSON-lines file, one job per line")
     b.add_argument("jobs", type=Path, help="each line: a JSON object with generate's settings, e.g. "
                                            '{"image": "a.png", "prompt": "...", "seconds": 3}')
     add_common(b)
     r = sub.add_parser("resume", help="continue an interrupted job from its folder")
     r.add_argument("job_dir", type=Path, help="the job's folder under outputs/")
-    add_common(r, preset_default=None)
+    add_common(r)
     sub.add_parser("queue", add_help=False, help="the app's job queue on disk: add, list, export, move, remove, "
                                                  "run (python -m cli queue -h)")     # cli/queue.py
     return parser

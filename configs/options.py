@@ -15,8 +15,9 @@ from configs.runtime import Config, FarmOptions, WebOptions
 TEMP_MAX_AGE_S = 24 * 3600                # Gradio's cached uploads/videos (a copy per shown video) live this long
 
 
-def add_process_options(p: argparse.ArgumentParser, *, preset_default: str | None = "hunyuan") -> None:
-    """What runs the jobs: the models, where jobs are written, the memory limits, the farm."""
+def add_process_options(p: argparse.ArgumentParser, *, preset_default: str | None = None) -> None:
+    """What runs the jobs: the models, where jobs are written, the memory limits, the farm. --preset's default None
+    means "not given": Config takes hunyuan then; a command that continues a job folder takes that job's preset."""
     p.add_argument("--preset", choices=sorted(PRESETS), default=preset_default,
                    help="hunyuan: the real models (about 42 GB, downloaded once); tiny: tiny random models built in "
                         "code, no download (to try it)")
