@@ -23,14 +23,21 @@ ROWS_PER_PIECE = 1024      # rows merged at a time: float32 temporaries ≤ rows
 
 @dataclass(frozen=True)
 class WeightDelta:
-    """W (out × in) += up (out × R) @ down (R × in); strengths and alpha/rank are folded into `up`."""
-    down: torch.Tensor
-    up: torch.Tensor
+    """W (out × in) += up (out × R) @ down (R × in) + full; strengths and alpha/rank are folded into `up`. Either
+    part may be None: `full` alone is a full-weight or a bias difference (any shape: the tensor's own)."""
+    down: torch.Tensor | None
+    up: torch.Tensor | None
+    full: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.full.shape) if self.full is not None else (self.up.shape[0], self.down.shape[1])
 
     def apply(self, weight: torch.Tensor) -> None:
         """Add the delta to `weight` in place, computed in float32 and rounded once to the weight's dtype."""
         device = weight.device
-        if device.type == "cuda" and weight.dtype in HALF and self.up.dtype == weight.dtype == self.down.dtype:
+        if self.full is None and device.type == "cuda" and weight.dtype in HALF \
+                and self.up.dtype == weight.dtype == self.down.dtype:
             # One GEMM in place: cuBLAS accumulates the product in float32 and adds W in its float32 epilogue,
             # rounding once, at a quarter of the float32 path's memory traffic (no float32 copy of W), which is
             # what the streamer's side stream needs (benchmarks/lora_step.py: 1.05× → 1.01× per step). Measured
@@ -38,11 +45,14 @@ class WeightDelta:
             # (cuBLAS's summation order), so a LoRA's pixels can differ across devices by rounding.
             weight.addmm_(self.up.to(device, non_blocking=True), self.down.to(device, non_blocking=True))
             return
-        down = self.down.to(device, torch.float32, non_blocking=True)
-        up = self.up.to(device, torch.float32, non_blocking=True)
+        def f32(t):
+            return None if t is None else t.to(device, torch.float32, non_blocking=True)
+        down, up, full = f32(self.down), f32(self.up), f32(self.full)
         for r0 in range(0, weight.shape[0], ROWS_PER_PIECE):
             rows = weight[r0:r0 + ROWS_PER_PIECE]
-            merged = torch.addmm(rows.float(), up[r0:r0 + ROWS_PER_PIECE], down)
+            merged = rows.float() if down is None else torch.addmm(rows.float(), up[r0:r0 + ROWS_PER_PIECE], down)
+            if full is not None:
+                merged = merged + full[r0:r0 + ROWS_PER_PIECE]
             rows.copy_(merged)
 
 
@@ -59,8 +69,8 @@ def set_deltas(pack, deltas: dict[str, WeightDelta]) -> None:
     for name, delta in deltas.items():
         chunk, i = where[name]
         entry = chunk.entries[i]
-        if tuple(entry.shape) != (delta.up.shape[0], delta.down.shape[1]):
-            raise ValueError(f"{name}: weight {tuple(entry.shape)}, delta {delta.up.shape[0]}×{delta.down.shape[1]}")
+        if tuple(entry.shape) != delta.shape:
+            raise ValueError(f"{name}: weight {tuple(entry.shape)}, delta {delta.shape}")
         chunk.deltas[i] = _stored(delta, entry.dtype)
 
 
@@ -68,9 +78,11 @@ def _stored(delta: WeightDelta, dtype: torch.dtype) -> WeightDelta:
     """The factors in the weight's dtype (half the bytes to copy per load for bf16), pinned when there is a GPU
     (their copy is then asynchronous on the streamer's side stream)."""
     def keep(t):
+        if t is None:
+            return None
         t = t.to(dtype).contiguous()
         return t.pin_memory() if torch.cuda.is_available() else t
-    return WeightDelta(keep(delta.down), keep(delta.up))
+    return WeightDelta(keep(delta.down), keep(delta.up), keep(delta.full))
 
 
 def clear_deltas(pack) -> None:

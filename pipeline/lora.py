@@ -6,25 +6,32 @@ path is used as it is. Every file is read and checked against the transformer be
 stage loads a model): a non-safetensors file, a file over the size limit, a key that matches no layer of the
 transformer, or a wrong rank or shape is refused with an InputError naming the file and the first bad key.
 
-Key formats (all end up as diffusers module names of HunyuanVideoFramepackTransformer3DModel):
+Key formats (all end up as diffusers module names of HunyuanVideoFramepackTransformer3DModel; pipeline/lora_keys.py
+resolves the names, this module the roles):
 - diffusers / PEFT: `transformer.<module>.lora_A.weight` / `.lora_B.weight` (the `transformer.` and PEFT's
   `base_model.model.` prefixes are optional); alpha from the `lora_adapter_metadata` that diffusers saves.
-- original HunyuanVideo names (`double_blocks.0.img_attn_qkv.lora_A.weight`, `diffusion_model.` prefix or
-  none): diffusers' own `_convert_hunyuan_video_lora_to_diffusers` (what HunyuanVideoLoraLoaderMixin uses).
-- kohya / musubi-tuner / ComfyUI: `lora_unet_<module with _ for .>.lora_down.weight` / `.lora_up.weight` /
-  `.alpha`, or the same with dots after `diffusion_model.`. Written here (`_canonical`, `_underscored_names`):
-  diffusers converts that naming for Flux and Wan (`_convert_kohya_flux_lora_to_diffusers`,
-  `_convert_musubi_wan_lora_to_diffusers`) but not for HunyuanVideo. Underscored names are resolved against the
-  module names the model really has (FramePack's musubi LoRAs use the diffusers names: `x_embedder`,
-  `clean_x_embedder`, `image_projection` …) and against the original HunyuanVideo names.
-- Also written here (`_split_single_linear1`): diffusers splits a single block's fused `linear1` (q, k, v, mlp) at a
-  fixed hidden size of 3072; it is split at the model's own hidden size first, so the tiny preset works too.
+- kohya / musubi-tuner: `lora_unet_<module with _ for .>.lora_down.weight` / `.lora_up.weight` / `.alpha`;
+  OneTrainer: the same after `lora_transformer_` (or dotted after `lora_transformer.`); musubi-tuner's
+  convert_lora.py `--target other`: `diffusion_model.<module with . for _>.lora_A.weight` (FramePack's names:
+  `transformer.blocks.0.attn.to.q`).
+- HunyuanVideo's original names (Tencent's `double_blocks.0.img_attn_qkv`, ComfyUI's `double_blocks.0.img_attn.qkv`,
+  `img_mod.lin`, `single_blocks.0.linear1` …, OneTrainer's OMI `transformer.double_blocks.0.img_attn_qkv.0`), with
+  `diffusion_model.` or no prefix, `lora_up/lora_down` or `lora_A/lora_B`: mapped here (not with diffusers'
+  `_convert_hunyuan_video_lora_to_diffusers`, which splits at a fixed hidden size of 3072 and chunks the down
+  factors of the token refiner's qkv and of the final modulation); fused layers are split at the model's own
+  sizes, the final layer's modulation rows swap halves (shift, scale → diffusers' scale, shift).
+- Full differences beside or instead of a pair: `<module>.diff` (added to the weight) and `.diff_b` (to the bias),
+  as ComfyUI reads them (FastVideo-style files); strength applies, alpha does not.
+- Keys of another model in the same file (`lora_te1_…`, `text_encoders.…`, OneTrainer's `llama.…`/`clip_l.…` and
+  `bundle_emb.…`) are skipped: the job's log says which and why, job.json counts them (`skipped_keys`).
+A refusal names the key as the file writes it.
 
 Applying: each LoRA gives a low-rank delta per Linear weight (`up @ down`, alpha/rank and the strength folded into
-`up`); the LoRAs of one weight are concatenated into one delta, which memory/deltas.py merges into every device
-copy of the weight as it is loaded (resident or streamed). PEFT's layer injection is not used: it would compute the
-LoRA branch in every forward (extra kernels per layer per step), while a merged weight costs nothing per step once
-loaded, and the host copy of the weights is never touched (nothing to undo after a failed job).
+`up`) and its full differences per tensor; the LoRAs of one tensor are concatenated (summed) into one delta, which
+memory/deltas.py merges into every device copy of the tensor as it is loaded (resident or streamed). PEFT's layer
+injection is not used: it would compute the LoRA branch in every forward (extra kernels per layer per step), while a
+merged weight costs nothing per step once loaded, and the host copy of the weights is never touched (nothing to
+undo after a failed job).
 """
 from __future__ import annotations
 
@@ -43,18 +50,11 @@ from memory.deltas import WeightDelta, clear_deltas, set_deltas
 from common.errors import InputError
 from memory.hostpack import HostPack
 from memory.hostpack import _ATTR
+from pipeline import lora_keys
 
 log = logging.getLogger(__name__)
 
 FIELD = "LoRAs"          # the setting's name in messages (configs/controls.py: field of "loras")
-# Original HunyuanVideo module tails in a double / single block, and top-level modules (for underscored names).
-_DOUBLE = ("img_mod.linear", "img_attn_qkv", "img_attn_proj", "img_mlp.fc1", "img_mlp.fc2", "txt_mod.linear",
-           "txt_attn_qkv", "txt_attn_proj", "txt_mlp.fc1", "txt_mlp.fc2")
-_SINGLE = ("linear1", "linear2", "modulation.linear")
-_TOP = ("img_in.proj", "time_in.mlp.0", "time_in.mlp.2", "vector_in.in_layer", "vector_in.out_layer",
-        "guidance_in.mlp.0", "guidance_in.mlp.2", "final_layer.linear", "final_layer.adaLN_modulation.1")
-_PREFIXES = ("base_model.model.", "diffusion_model.", "transformer.")
-_ORIGINAL = re.compile(r"^(double_blocks|single_blocks|img_in|txt_in|time_in|vector_in|guidance_in|final_layer)\b")
 
 
 # ---- the setting ----------------------------------------------------------------------------------------------------
@@ -161,58 +161,30 @@ def read_file(path: Path, max_mb: int = LORA.max_file_mb) -> tuple[dict[str, tor
 
 
 # ---- key formats ----------------------------------------------------------------------------------------------------
-def _strip(key: str) -> str:
-    for p in _PREFIXES:
-        if key.startswith(p):
-            return key[len(p):]
-    return key
+_KEY = re.compile(r"(.+?)\.(?:(lora_A|lora_B|lora_down|lora_up)(?:\.default)?\.weight|(alpha|diff|diff_b))")
+_ROLES = {"lora_A": "A", "lora_down": "A", "lora_B": "B", "lora_up": "B", "alpha": "alpha", "diff": "diff",
+          "diff_b": "diff_b"}
 
 
-def _underscored_names(model: nn.Module) -> dict[str, str]:
-    """Underscored → dotted, for the model's own (diffusers) Linear names and the original HunyuanVideo names."""
-    cfg = model.config
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    names += [f"double_blocks.{i}.{t}" for i in range(cfg.num_layers) for t in _DOUBLE]
-    names += [f"single_blocks.{i}.{t}" for i in range(cfg.num_single_layers) for t in _SINGLE]
-    names += list(_TOP)
-    return {n.replace(".", "_"): n for n in names}
-
-
-def _canonical(tensors: dict[str, torch.Tensor], meta: dict, model: nn.Module, path: Path) \
-        -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, str]]:
-    """(module name (diffusers' or HunyuanVideo's original) → (A, B·alpha/rank), module → its first key in the
-    file), from any of the key formats."""
-    known = _underscored_names(model)
-    parts: dict[str, dict[str, torch.Tensor]] = {}
-    origin: dict[str, str] = {}
+def _groups(tensors: dict[str, torch.Tensor], path: Path) \
+        -> tuple[dict[str, dict[str, tuple[str, torch.Tensor]]], list[tuple[str, str]]]:
+    """(module name as the file writes it (prefix dropped) → role → (key, tensor), [(skipped key, why)]): every
+    key is a LoRA factor, an alpha, a full difference, or another model's (skipped); anything else is refused."""
+    groups: dict[str, dict[str, tuple[str, torch.Tensor]]] = {}
+    skipped = []
     for key, value in tensors.items():
-        k = _strip(key)
-        m = re.fullmatch(r"(.+?)\.(lora_A|lora_B|lora_down|lora_up)(?:\.default)?\.weight|(.+?)\.alpha", k)
+        reason = lora_keys.skip_reason(key)
+        if reason is not None:
+            skipped.append((key, reason))
+            continue
+        m = _KEY.fullmatch(lora_keys.strip_prefix(key))
         if m is None:
             raise InputError(FIELD, f"{{file}}: key {key!r} is not a LoRA weight (expected '<layer>.lora_A.weight', "
-                                    f"'.lora_B.weight', '.lora_down.weight', '.lora_up.weight' or '.alpha'; DoRA "
-                                    f"and full-weight diffs are not supported)", path=path)
-        module = m.group(1) or m.group(3)
-        if module.startswith("lora_unet_"):
-            # kohya's `double_blocks_0_img_attn_qkv` → the dotted name it stands for (unknown: left as it is)
-            module = known.get(module[len("lora_unet_"):], module)
-        role = {"lora_A": "A", "lora_down": "A", "lora_B": "B", "lora_up": "B"}.get(m.group(2), "alpha")
-        parts.setdefault(module, {})[role] = value
-        origin.setdefault(module, key)
-    alphas = _metadata_alpha(meta)
-    out = {}
-    for module, p in parts.items():
-        if "A" not in p or "B" not in p:
-            raise InputError(FIELD, f"{{file}}: key {origin[module]!r} has no matching "
-                                    f"{'lora_B/lora_up' if 'A' in p else 'lora_A/lora_down'} weight", path=path)
-        a, b = p["A"].float(), p["B"].float()
-        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
-            raise InputError(FIELD, f"{{file}}: key {origin[module]!r}: down {tuple(a.shape)} and up "
-                                    f"{tuple(b.shape)} are not a pair of rank-r matrices", path=path)
-        rank = a.shape[0]
-        alpha = float(p["alpha"]) if "alpha" in p else alphas.get(rank)
-        out[module] = (a, b * (alpha / rank) if alpha is not None else b)
-    return out, origin
+                                    f"'.lora_B.weight', '.lora_down.weight', '.lora_up.weight', '.alpha', or a full "
+                                    f"difference '.diff' / '.diff_b'; DoRA, LoHa and LoKr are not supported)",
+                             path=path)
+        groups.setdefault(m.group(1), {})[_ROLES[m.group(2) or m.group(3)]] = (key, value)
+    return groups, skipped
 
 
 def _metadata_alpha(meta: dict) -> dict[int, float]:
@@ -224,33 +196,69 @@ def _metadata_alpha(meta: dict) -> dict[int, float]:
         return {}
 
 
-def _split_single_linear1(factors: dict, hidden: int) -> None:
-    """single_blocks.N.linear1 (fused q, k, v, mlp) → the diffusers names, split at the model's hidden size."""
-    for module in [m for m in factors if re.fullmatch(r"single_blocks\.\d+\.linear1", m)]:
-        a, b = factors.pop(module)
-        base = module.replace("single_blocks", "single_transformer_blocks").removesuffix(".linear1")
-        q, k, v, mlp = torch.split(b, (hidden, hidden, hidden, b.shape[0] - 3 * hidden), dim=0)
-        for name, piece in (("attn.to_q", q), ("attn.to_k", k), ("attn.to_v", v), ("proj_mlp", mlp)):
-            factors[f"{base}.{name}"] = (a, piece)
+@dataclass
+class _Converted:
+    factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)   # module → (A, B·α/r)
+    diffs: dict[str, torch.Tensor] = field(default_factory=dict)       # parameter ("….weight"/"….bias") → delta
+    origin: dict[str, str] = field(default_factory=dict)               # module → the first file key behind it
 
 
-def to_diffusers(factors: dict, model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Original HunyuanVideo names → diffusers module names (diffusers' conversion); diffusers names unchanged."""
-    from diffusers.loaders.lora_conversion_utils import _convert_hunyuan_video_lora_to_diffusers
+def _convert(groups: dict, meta: dict, names: lora_keys.Names, path: Path) -> _Converted:
+    """The file's groups → low-rank factors per diffusers Linear and full differences per parameter; refuses (naming
+    the file's key) a name that reaches no layer, a pair that is not one, a fused layer whose rows do not split."""
+    def refuse(key, why):
+        raise InputError(FIELD, f"{{file}}: key {key!r}{why}", path=path)
 
-    original = {m: f for m, f in factors.items() if _ORIGINAL.match(m)}
-    if not original:
-        return dict(factors)
-    out = {m: f for m, f in factors.items() if m not in original}
-    cfg = model.config
-    _split_single_linear1(original, cfg.num_attention_heads * cfg.attention_head_dim)
-    state = {}
-    for module, (a, b) in original.items():
-        state[f"{module}.lora_A.weight"], state[f"{module}.lora_B.weight"] = a, b
-    for key, value in _convert_hunyuan_video_lora_to_diffusers(state).items():
-        module, role = key.removeprefix("transformer.").rsplit(".lora_", 1)
-        a, b = out.get(module, (None, None))
-        out[module] = (value, b) if role.startswith("A") else (a, value)
+    alphas = _metadata_alpha(meta)
+    out = _Converted()
+    for source, p in groups.items():
+        first = next(iter(p.values()))[0]
+        target = names.resolve(source)
+        for module in target.modules:
+            if module not in names.modules:
+                refuse(first, " matches no layer of the transformer (is it a LoRA for another model?)")
+            out.origin.setdefault(module, first)
+        if "A" in p or "B" in p or not ("diff" in p or "diff_b" in p):
+            if "A" not in p or "B" not in p:
+                refuse(first, f" has no matching {'lora_B/lora_up' if 'A' in p else 'lora_A/lora_down'} weight")
+            a, b = p["A"][1].float(), p["B"][1].float()
+            if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
+                refuse(first, f": down {tuple(a.shape)} and up {tuple(b.shape)} are not a pair of rank-r matrices")
+            for module in target.modules:
+                layer = names.modules[module]
+                if not isinstance(layer, nn.Linear):
+                    refuse(first, f": {module} is a {type(layer).__name__}, only Linear layers take a LoRA here")
+            rank = a.shape[0]
+            alpha = float(p["alpha"][1]) if "alpha" in p else alphas.get(rank)
+            if alpha is not None:
+                b = b * (alpha / rank)
+            sizes = [names.modules[m].out_features for m in target.modules]
+            pieces = target.split(b, sizes)
+            if pieces is None:
+                refuse(first, f": up {tuple(b.shape)} does not split into {' + '.join(map(str, sizes))} rows for "
+                              f"{', '.join(target.modules)} (a LoRA for another model size?)")
+            for module, piece in zip(target.modules, pieces):
+                if module in out.factors:                  # two names of one layer: their deltas add
+                    a0, b0 = out.factors[module]
+                    out.factors[module] = (torch.cat([a0, a]), torch.cat([b0, piece], dim=1))
+                else:
+                    out.factors[module] = (a, piece)
+        for role, kind in (("diff", "weight"), ("diff_b", "bias")):
+            if role not in p:
+                continue
+            key, diff = p[role][0], p[role][1].float()
+            params = [f"{m}.{kind}" for m in target.modules]
+            missing = [n for n in params if n not in names.params]
+            if missing:
+                refuse(key, f": {missing[0].rsplit('.', 1)[0]} has no {kind} to add a difference to")
+            wanted = [names.params[n].shape for n in params]
+            pieces = target.split(diff, [s[0] if len(s) else 0 for s in wanted])
+            if pieces is None or any(piece.shape != w for piece, w in zip(pieces, wanted)):
+                refuse(key, f": {tuple(diff.shape)} does not fit "
+                            f"{', '.join(f'{n} {tuple(w)}' for n, w in zip(params, wanted))} (a LoRA for another "
+                            f"model size?)")
+            for name, piece in zip(params, pieces):
+                out.diffs[name] = out.diffs[name] + piece if name in out.diffs else piece
     return out
 
 
@@ -262,47 +270,58 @@ class LoadedLora:
     strength: float
     sha256: str
     factors: dict[str, tuple[torch.Tensor, torch.Tensor]]     # diffusers module name → (A, B·alpha/rank)
+    diffs: dict[str, torch.Tensor] = field(default_factory=dict)     # parameter name → full difference (.diff/_b)
+    skipped: tuple[tuple[str, str], ...] = ()                  # (key, why) of the keys not applied (text encoders)
+
+    def layers(self) -> set[str]:
+        return set(self.factors) | {n.rsplit(".", 1)[0] for n in self.diffs}
 
     def record(self) -> dict:
-        return {"file": self.name, "sha256": self.sha256, "strength": self.strength, "layers": len(self.factors)}
+        out = {"file": self.name, "sha256": self.sha256, "strength": self.strength, "layers": len(self.layers())}
+        if self.skipped:
+            out["skipped_keys"] = len(self.skipped)
+        return out
+
+
+def _skipped_lines(name: str, skipped) -> list[str]:
+    """One line per reason: how many keys, the first few of them."""
+    by_reason: dict[str, list[str]] = {}
+    for key, reason in skipped:
+        by_reason.setdefault(reason, []).append(key)
+    return [f"LoRA {name}: {len(keys)} key(s) skipped, {reason}: {', '.join(keys[:3])}"
+            f"{', …' if len(keys) > 3 else ''}" for reason, keys in by_reason.items()]
 
 
 def load_lora(path: Path, model: nn.Module, strength: float = 1.0, name: str | None = None) -> LoadedLora:
-    """Read one LoRA file and check it against `model`: every key must reach a Linear layer with the right
-    shapes. Raises InputError naming the file and the first bad key."""
+    """Read one LoRA file and check it against `model`: every key must reach a layer of the transformer with the
+    right shapes, or be another model's (a text encoder's: skipped, with a warning in the job's log). Raises
+    InputError naming the file and the first bad key as the file writes it."""
     path = Path(path)
+    name = name or path.name
     tensors, meta = read_file(path)
     if not tensors:
         raise InputError(FIELD, "{file} holds no tensors", path=path)
-    canonical, origin = _canonical(tensors, meta, model, path)
-    try:
-        factors = to_diffusers(canonical, model)
-    except (RuntimeError, ValueError, KeyError) as e:
-        raise InputError(FIELD, f"{{file}}: its HunyuanVideo keys could not be converted ({str(e)[:120]})",
-                         path=path) from None
-    modules = dict(model.named_modules())
-    firsts = {m: origin.get(m) for m in factors}
-    for module, (a, b) in factors.items():
-        key = firsts.get(module) or f"{module} (diffusers name)"
-        layer = modules.get(module)
-        if layer is None:
-            raise InputError(FIELD, f"{{file}}: key {key!r} matches no layer of the transformer (is it a LoRA for "
-                                    f"another model?)", path=path)
-        if not isinstance(layer, nn.Linear):
-            raise InputError(FIELD, f"{{file}}: key {key!r}: {module} is a {type(layer).__name__}, only Linear "
-                                    f"layers take a LoRA here", path=path)
-        if a is None or b is None or a.shape[1] != layer.in_features or b.shape[0] != layer.out_features \
-                or a.shape[0] != b.shape[1]:
-            shapes = f"down {tuple(a.shape) if a is not None else None}, up {tuple(b.shape) if b is not None else None}"
-            raise InputError(FIELD, f"{{file}}: key {key!r}: {shapes} do not fit {module} "
-                                    f"({layer.out_features}×{layer.in_features}); wrong rank or shape (a LoRA for "
-                                    f"another model size?)", path=path)
-    return LoadedLora(path, name or path.name, strength, file_sha256(path), factors)
+    groups, skipped = _groups(tensors, path)
+    if not groups:
+        raise InputError(FIELD, f"{{file}} holds nothing for the transformer: its {len(skipped)} key(s) are "
+                                f"{skipped[0][1]} (e.g. {skipped[0][0]!r})", path=path)
+    names = lora_keys.Names(model)
+    c = _convert(groups, meta, names, path)
+    for module, (a, b) in c.factors.items():
+        key = c.origin[module]
+        layer = names.modules[module]
+        if a.shape[1] != layer.in_features or b.shape[0] != layer.out_features or a.shape[0] != b.shape[1]:
+            raise InputError(FIELD, f"{{file}}: key {key!r}: down {tuple(a.shape)}, up {tuple(b.shape)} do not fit "
+                                    f"{module} ({layer.out_features}×{layer.in_features}); wrong rank or shape (a "
+                                    f"LoRA for another model size?)", path=path)
+    for line in _skipped_lines(name, skipped):
+        log.warning(line)
+    return LoadedLora(path, name, strength, file_sha256(path), c.factors, c.diffs, tuple(skipped))
 
 
 @dataclass
 class LoraSet:
-    """The LoRAs of one job, checked. `deltas()`: the merged delta per weight (state-dict name)."""
+    """The LoRAs of one job, checked. `deltas()`: the merged delta per tensor (state-dict name)."""
     loras: list[LoadedLora] = field(default_factory=list)
 
     def __bool__(self) -> bool:
@@ -313,14 +332,21 @@ class LoraSet:
 
     def deltas(self) -> dict[str, WeightDelta]:
         grouped: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        full: dict[str, torch.Tensor] = {}
         for lo in self.loras:
             if lo.strength == 0:
                 continue
             for module, (a, b) in lo.factors.items():
-                grouped.setdefault(module, []).append((a, b * lo.strength))
-        return {f"{module}.weight": WeightDelta(torch.cat([a for a, _ in pairs]).contiguous(),
-                                                torch.cat([b for _, b in pairs], dim=1).contiguous())
-                for module, pairs in grouped.items()}
+                grouped.setdefault(f"{module}.weight", []).append((a, b * lo.strength))
+            for name, diff in lo.diffs.items():
+                full[name] = full[name] + lo.strength * diff if name in full else lo.strength * diff
+        out = {}
+        for name in list(grouped) + [n for n in full if n not in grouped]:
+            pairs = grouped.get(name)
+            down = torch.cat([a for a, _ in pairs]).contiguous() if pairs else None
+            up = torch.cat([b for _, b in pairs], dim=1).contiguous() if pairs else None
+            out[name] = WeightDelta(down, up, full.get(name))
+        return out
 
 
 def load_set(spec, folder, model: nn.Module) -> LoraSet:
