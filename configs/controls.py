@@ -23,6 +23,7 @@ from configs.memory import MEMORY
 MODES = ("original", "f1")
 SAMPLERS = ("unipc", "unipc_bh2", "euler")   # pipeline/samplers.py; unipc = FramePack's (bh1)
 TEACACHE_CHOICES = (0.0, 0.1, 0.15, 0.2)
+MAGCACHE_CHOICES = (0.0, 0.05, 0.1, 0.15)   # pipeline/magcache.py; 0.1 = its authors' default
 COMPILE_CHOICES = ("on", "off")
 KINDS = ("image", "video", "text", "int", "float", "choice")
 FILE_KINDS = ("image", "video")          # a file (path or upload): not a setting of job.json
@@ -195,6 +196,12 @@ CONTROLS: tuple[Control, ...] = (
                  "size prepares kernels (kept for later starts). The CPU always runs them eagerly.",
             help="compiled transformer blocks on a GPU: on (default) or off (eager); the CPU always runs eagerly; "
                  "the command line's switch is --no-compile"),
+    # pipeline/magcache.py; last in the table so that the /video API's positional order of the others stays.
+    Control("magcache", "float", 0.0, (0.0, 1.0), choices=MAGCACHE_CHOICES, choice_labels=((0.0, "off"),),
+            label="MagCache threshold", field="MagCache threshold", widget="dropdown", advanced=True,
+            info="Skips transformer steps by their calibrated residual magnitudes (0.1 = its authors' default): "
+                 "faster, slightly lossy. Only with TeaCache off.",
+            help="MagCache threshold (0 = off; 0.1 = its authors' default); only with TeaCache off (--teacache 0)"),
 )
 
 

@@ -1,4 +1,5 @@
-"""One denoising step of the FramePack transformer, with per-section constants computed once and TeaCache.
+"""One denoising step of the FramePack transformer, with per-section constants computed once and TeaCache or
+MagCache.
 
 The transformer's own forward recomputes the clean-latent embeddings and all rotary embeddings at every step; here
 they are computed when a section begins (they depend only on the section's context), and each step runs only what
@@ -16,6 +17,7 @@ from typing import Callable
 import torch
 
 import rocm
+from pipeline.magcache import MagCache
 from pipeline.sections import SectionContext, SectionIndices
 from pipeline.teacache import TeaCache
 from pipeline.text import TextEmbeddings
@@ -35,14 +37,20 @@ class FramepackDenoiser:
     """Callable `(latents, timestep, branch) -> velocity` for one section at a time."""
 
     def __init__(self, transformer, teacache_threshold: float = 0.0, steps: int = 0,
-                 on_oom: Callable[[], bool] | None = None):
+                 on_oom: Callable[[], bool] | None = None, *, magcache_threshold: float = 0.0,
+                 mode: str = "original"):
         """`on_oom`: called after an out-of-memory in a step; True means memory was freed (e.g. more weights
-        streamed) and the step is worth retrying."""
+        streamed) and the step is worth retrying. At most one of the two caches is on (a threshold > 0); `mode`
+        picks MagCache's calibrated ratios (original or f1)."""
+        if teacache_threshold > 0 and magcache_threshold > 0:
+            raise ValueError("TeaCache and MagCache cannot both be on")
         self.transformer = transformer
         self.on_oom = on_oom
         self.dtype = transformer.dtype
         self.teacache = {b: TeaCache(teacache_threshold, steps) for b in ("cond", "uncond")} \
             if teacache_threshold > 0 else None
+        self.magcache = {b: MagCache(magcache_threshold, steps, mode) for b in ("cond", "uncond")} \
+            if magcache_threshold > 0 else None
         self._const: _SectionConstants | None = None
         self._text: dict[str, TextEmbeddings] = {}
         self._guidance: torch.Tensor | None = None
@@ -71,9 +79,8 @@ class FramepackDenoiser:
         self._const = _SectionConstants(context_tokens, rope, image_tokens, latent_shape)
         self._text = {k: v.to(dev, dt) for k, v in texts.items()}
         self._guidance = torch.tensor([guidance * 1000.0], dtype=dt, device=dev)
-        if self.teacache:
-            for cache in self.teacache.values():
-                cache.reset()
+        for cache in (self.teacache or self.magcache or {}).values():
+            cache.reset()
 
     def end_section(self) -> None:
         self._const = None
@@ -82,7 +89,7 @@ class FramepackDenoiser:
     @torch.no_grad()
     def __call__(self, latents: torch.Tensor, timestep: torch.Tensor, branch: str = "cond") -> torch.Tensor:
         """One prediction; after an out-of-memory, retried as long as `on_oom` frees something."""
-        cache = self.teacache[branch] if self.teacache else None
+        cache = self._cache(branch)
         while True:
             saved = cache.state() if cache is not None else None
             try:
@@ -97,6 +104,10 @@ class FramepackDenoiser:
             if not self.on_oom():
                 raise torch.OutOfMemoryError(f"out of memory in the transformer with every block streamed ({reason})")
             log.warning("retrying the step after out-of-memory")
+
+    def _cache(self, branch: str) -> TeaCache | MagCache | None:
+        caches = self.teacache or self.magcache
+        return caches[branch] if caches else None
 
     def _predict(self, latents: torch.Tensor, timestep: torch.Tensor, branch: str) -> torch.Tensor:
         tr, c = self.transformer, self._const
@@ -118,8 +129,12 @@ class FramepackDenoiser:
         effective = int(mask.sum(dim=1, dtype=torch.int)[0])
         encoder = encoder[:, :effective]
 
-        cache = self.teacache[branch] if self.teacache else None
-        if cache is not None and cache.should_skip(tr.transformer_blocks[0].norm1(hidden, emb=temb)[0]):
+        cache = self._cache(branch)
+        if self.teacache:                   # TeaCache reads block 0's modulated input; MagCache reads no tensor
+            skip = cache.should_skip(tr.transformer_blocks[0].norm1(hidden, emb=temb)[0])
+        else:
+            skip = cache is not None and cache.should_skip()
+        if skip:
             hidden = cache.apply(hidden)
         else:
             before = hidden

@@ -219,7 +219,8 @@ class JobRun:
         if done:
             yield from self._rebuild_video(done, drain)
 
-        denoiser = FramepackDenoiser(c.transformer, r.teacache, r.steps, on_oom=self.memory.stream_more)
+        denoiser = FramepackDenoiser(c.transformer, r.teacache, r.steps, on_oom=self.memory.stream_more,
+                                     magcache_threshold=r.magcache, mode=r.mode)
         blocks = compiled.for_job(c.transformer, self.device, process=self.compile != "off", job=r.compile,
                                   force=self.compile == "force")
         _, _, _, lh, lw = start_latent.shape
@@ -247,6 +248,8 @@ class JobRun:
             self._timed("transformer", time.monotonic() - t_stage)
             if denoiser.teacache:
                 log.info("TeaCache skipped %d of %d steps", denoiser.teacache["cond"].skipped, r.steps)
+            if denoiser.magcache:
+                log.info("MagCache skipped %d of %d steps", denoiser.magcache["cond"].skipped, r.steps)
             history, real = sec.append_section(self.plan, section, history, generated.cpu(), start_latent)
             save_checkpoint(self.job, section, history, real, start_latent, end_latent, self.generator)
             yield from drain()

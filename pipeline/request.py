@@ -12,7 +12,7 @@ from PIL import Image
 
 from configs.controls import CONTROLS, Control, control
 from configs.generation import LIMITS
-from pipeline import timeline
+from pipeline import magcache, timeline
 from common.errors import InputError
 from pipeline.images import load_image, resize_center_crop
 from pipeline.resolution import job_size
@@ -178,6 +178,7 @@ def check_settings(values: Mapping[str, Any], preset: Mapping[str, Any] | None =
             warnings += more
     if {"prompt", "mode", "seconds", "latent_window", "fps"} <= checked.keys():
         timeline.check_request(checked)         # a timed prompt must fit this video (pipeline/timeline.py)
+    magcache.check_settings(checked)            # one cache at a time: MagCache or TeaCache
     return checked, warnings
 
 

@@ -4,6 +4,17 @@ A prompt is a timeline when it holds a block that opens with a number: `[` time 
 (also a malformed one such as `[2x: …]`, which is refused with the reason). Any other prompt is plain and is used
 exactly as typed, brackets and all ("a cat [fluffy] sits").
 
+Two more forms of FramePack-Studio's, with its meaning (its parser: modules/prompt_handler.py,
+`parse_timestamped_prompt`, and the lookup of a section's prompt in modules/pipelines/worker.py):
+- A time range `[2.2s-3.3s: …]`: the prompt is in effect from its start to its end, not until the next block. After
+  the end, until the next block starts (or the video ends), the default prompt is: the base text below, else the
+  timeline's first prompt (Studio's lookup falls back to its first prompt section where none is in effect).
+  A range that runs past the next block's start is refused (which would win is unclear).
+- Text outside the blocks, anywhere (`a cat on a sofa [2s: the cat jumps]`): the base prompt, the parts joined by a
+  space. It is a prompt of its own — not added to the timed ones: it is in effect from 0 s until the first block
+  (which may then start after 0 s), and wherever a range leaves a gap. Base text that no time is left for (the
+  first block starts at 0 s and no range ends early) is refused, as any prompt that would never be used.
+
 When a section uses which prompt — pure bookkeeping, no models:
 - Times are places in the FINAL video, whatever the generation order: the original mode generates its sections from
   the end backwards, F1 forwards; both put the section of video position p (0 = the first after the start image)
@@ -43,6 +54,15 @@ class Segment:
     start: float               # seconds from the video's start
     text: str
     written: str               # the block as typed (for messages)
+    filler: bool = False       # the default prompt after a range's end: not refused when no section uses it
+
+
+@dataclass(frozen=True)
+class _Block:
+    start: float
+    end: float | None          # a range's end; None: until the next block
+    text: str
+    written: str
 
 
 @dataclass(frozen=True)
@@ -69,57 +89,91 @@ def is_timeline(prompt: str) -> bool:
     return isinstance(prompt, str) and _TIMELINE.search(prompt) is not None
 
 
-def _time(raw: str, block: str) -> float:
+def _time(raw: str, block: str, shape: str) -> float:
     m = _TIME.fullmatch(raw.strip())
-    if "-" in raw.strip().lstrip("-") and not raw.strip().startswith("-"):
-        raise _error(f"{block}: time ranges are not supported; give each prompt's start time only, like "
-                     f"[0s: …] [2s: …] (a prompt lasts until the next one starts)")
     if m is None:
-        raise _error(f"{block}: {raw.strip()!r} is not a time; write the start in seconds, like [0s: …] or "
-                     f"[1.5s: …]")
+        raise _error(f"{block}: {raw.strip()!r} is not a time; write {shape}")
     value = float(m.group(1))
     if not math.isfinite(value):
         raise _error(f"{block}: {raw.strip()!r} is not a finite time")
     return value
 
 
-def parse(prompt: str) -> Timeline:
-    """The prompt's timeline; a plain prompt is one segment at 0 s with its text exactly as given. Raises InputError
-    (field "prompt") for a malformed timeline: text outside the blocks, a bad or unsorted or repeated time, an empty
-    block, a first block after 0 s. Bounded work (one pass over at most the request's prompt length)."""
-    if not is_timeline(prompt):
-        return Timeline((Segment(0.0, prompt, prompt),), timed=False)
-    segments, pos = [], 0
+def _times(raw: str, block: str) -> tuple[float, float | None]:
+    """(start, end or None) of a block's time: `2s`, or a range `2s-4s` (FramePack-Studio's)."""
+    text = raw.strip()
+    first, dash, second = text.partition("-")
+    if not dash or not first.strip():          # no range ("-1s" too: a negative time is not a time)
+        return _time(text, block, "the start in seconds, like [0s: …] or [1.5s: …]"), None
+    shape = "a range in seconds, like [2s-4s: …]"
+    start, end = _time(first, block, shape), _time(second, block, shape)
+    if end < start:
+        raise _error(f"{block}: the range ends at {end:g}s, before its start {start:g}s; write the earlier time "
+                     f"first, like [{end:g}s-{start:g}s: …]")
+    if end == start:
+        raise _error(f"{block}: the range ends where it starts; give it an end after {start:g}s, or write "
+                     f"[{start:g}s: …] for a prompt that lasts until the next one")
+    return start, end
+
+
+def _blocks(prompt: str) -> tuple[list[_Block], str]:
+    """The blocks in the order written, and the base text (the parts outside the blocks, joined by a space)."""
+    blocks, outside, pos = [], [], 0
     for m in _BLOCK.finditer(prompt):
-        _outside(prompt[pos:m.start()])
+        outside.append(_outside(prompt[pos:m.start()]))
         pos = m.end()
         block = f"[{_quote(m.group(1).strip())}: {_quote(m.group(2).strip())}]"
-        start, text = _time(m.group(1), block), m.group(2).strip()
+        (start, end), text = _times(m.group(1), block), m.group(2).strip()
         if not text:
             raise _error(f"{block} has no text; write what happens from {start:g}s, or remove the block")
-        if segments and start == segments[-1].start:
+        if blocks and start == blocks[-1].start:
             raise _error(f"two prompts start at {start:g}s; give each time once")
-        if segments and start < segments[-1].start:
+        if blocks and start < blocks[-1].start:
             raise _error(f"the times must increase from left to right: {block} comes after "
-                         f"{segments[-1].written}; put the blocks in time order")
-        segments.append(Segment(start, text, block))
-    _outside(prompt[pos:])
-    if segments[0].start != 0:
-        raise _error(f"the timeline starts at {segments[0].start:g}s; the first prompt must start at 0s, like "
-                     f"[0s: …]")
+                         f"{blocks[-1].written}; put the blocks in time order")
+        if blocks and blocks[-1].end is not None and blocks[-1].end > start:
+            raise _error(f"{blocks[-1].written} lasts until {blocks[-1].end:g}s, past the start of {block} at "
+                         f"{start:g}s; end the range at {start:g}s or earlier, or start the next prompt later")
+        blocks.append(_Block(start, end, text, block))
+    outside.append(_outside(prompt[pos:]))
+    return blocks, " ".join(part for part in outside if part)
+
+
+def parse(prompt: str) -> Timeline:
+    """The prompt's timeline; a plain prompt is one segment at 0 s with its text exactly as given. Raises InputError
+    (field "prompt") for a malformed timeline: a bad, unsorted or repeated time, a range that ends before it starts
+    or runs into the next block, an empty block, an unmatched bracket, a first block after 0 s without base text,
+    base text left no time. Bounded work (one pass over at most the request's prompt length)."""
+    if not is_timeline(prompt):
+        return Timeline((Segment(0.0, prompt, prompt),), timed=False)
+    blocks, base = _blocks(prompt)
+    default = base or blocks[0].text
+    segments = []
+    if blocks[0].start != 0:
+        if not base:
+            raise _error(f"the timeline starts at {blocks[0].start:g}s; the first prompt must start at 0s, like "
+                         f"[0s: …] (or write the prompt until then outside the blocks: 'a cat sits "
+                         f"[{blocks[0].start:g}s: …]')")
+        segments.append(Segment(0.0, base, f"the base text {_quote(base)!r}"))
+    for i, b in enumerate(blocks):
+        segments.append(Segment(b.start, b.text, b.written))
+        after = blocks[i + 1].start if i + 1 < len(blocks) else None
+        if b.end is not None and (after is None or b.end < after):
+            segments.append(Segment(b.end, default, f"{_quote(default)!r} after {b.written}", filler=True))
+    if base and blocks[0].start == 0 and not any(s.filler for s in segments):
+        raise _error(f"{_quote(base)!r} stands outside the [time: text] blocks; such text is the base prompt, used "
+                     f"where no block is in effect, but the blocks leave no time for it (the first starts at 0s); "
+                     f"put it inside a block, like [0s: {_quote(base)}], or start the first block later")
     return Timeline(tuple(segments), timed=True)
 
 
-def _outside(text: str) -> None:
-    """Text between or around the blocks: only spaces may stand there."""
+def _outside(text: str) -> str:
+    """Text between or around the blocks (part of the base prompt), stripped; a bracket there is refused."""
     stray = text.strip()
-    if not stray:
-        return
     if "[" in stray or "]" in stray:
         raise _error(f"{_quote(stray)!r}: a bracket is unmatched or a block is malformed; write every part as "
                      f"[time: text], with no brackets inside the text")
-    raise _error(f"{_quote(stray)!r} stands outside the [time: text] blocks; put every part of a timed prompt "
-                 f"inside a block, like [0s: {_quote(stray)}]")
+    return stray
 
 
 # ---- sections ----------------------------------------------------------------------------------------------------
@@ -150,18 +204,19 @@ def video_seconds(window: int, count: int, fps: int) -> float:
 
 def segment_positions(timeline: Timeline, window: int, count: int, fps: int) -> list[int]:
     """The segment index of each video position (the prompt in effect at the section's middle). Raises InputError
-    for a time at or past the video's end, or a prompt that no section's middle falls in."""
+    for a time at or past the video's end, or a prompt that no section's middle falls in (the default prompt after
+    a range's end is left unused then: the range simply lasts to the video's end)."""
     end = video_seconds(window, count, fps)
     section_s = 4 * window / fps
     for seg in timeline.segments:
-        if seg.start >= end:
+        if seg.start >= end and not seg.filler:
             raise _error(f"{seg.written} starts at or after the video's end ({end:.2f} s: {count} section"
                          f"{'s' if count != 1 else ''} of {section_s:.2f} s); use earlier times or a longer video")
     starts = [s.start for s in timeline.segments]
     chosen = [bisect.bisect_right(starts, section_middle(window, p, fps)) - 1 for p in range(count)]
     used = set(chosen)
     for i, seg in enumerate(timeline.segments):
-        if i not in used:
+        if i not in used and not seg.filler:
             until = f"{starts[i + 1]:g}s" if i + 1 < len(starts) else "the end"
             raise _error(f"{seg.written} (from {seg.start:g}s until {until}) holds no section's middle, so no "
                          f"section would use it: each section lasts {section_s:.2f} s and takes the prompt in effect "
@@ -222,6 +277,10 @@ def schedule(prompt: str, mode: str, window: int, count: int, fps: int, blend: i
     """The prompt's conditioning per section, in generation order. Raises InputError (field "prompt")."""
     timeline = parse(prompt)
     chosen = segment_positions(timeline, window, count, fps)
+    if len(set(chosen)) < len(timeline.segments):     # a range's default prompt no section uses: not encoded
+        kept = sorted(set(chosen))
+        timeline = Timeline(tuple(timeline.segments[i] for i in kept), timed=True)
+        chosen = [kept.index(i) for i in chosen]
     by_position = position_weights(timeline, chosen, blend)
     order = [by_position[video_position(mode, count, i)] for i in range(count)]
     return Schedule(timeline, tuple(order), mode, window, fps)

@@ -67,6 +67,8 @@ class Layout:
     selected_job: gr.State
     lora: panel_lora.LoraPicker | None = None
     extend: gr.Button | None = None             # Past jobs: extend the selected job (ui/source_job.py)
+    studio_import: gr.UploadButton | None = None    # Past jobs: a FramePack-Studio job's settings (pipeline/studio.py)
+    studio_report: gr.Markdown | None = None        # what that import could not map
 
     def controls(self) -> list:
         """The generation controls in the table's order (ui.settings.CONTROLS: the handlers' and the API's)."""
@@ -160,10 +162,14 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                     extend = gr.Button("Extend", interactive=False, elem_id="extend-btn")
                 gr.Markdown("_Resume continues a stopped or interrupted job from its last finished section._",
                             elem_id="resume-info")
+                studio_import = gr.UploadButton("Import Studio settings", file_types=[".json", ".png"], size="sm",
+                                                elem_id="studio-import")
+                studio_report = gr.Markdown("_FramePack-Studio's metadata .json, or the .png it saves with a job: "
+                                            "fills the controls as Reuse settings does._", elem_id="studio-report")
                 job_details = gr.JSON(label="job.json", elem_id="job-details")
     return Layout(widgets=w.in_order(), randomize=randomize, preserved_info=preserved_info,
                   prompt_tokens=prompt_tokens, hints=hints, start=start, end=end, status=status, progress=progress,
                   preview=preview, video=video, log=log, report=report, memory_plot=memory_plot, timings=timings,
                   gallery=gallery, refresh=refresh, job_details=job_details, job_video=job_video, reuse=reuse,
                   resume=resume, jobs_state=gr.State([]), selected_job=gr.State(None), lora=picker,
-                  extend=extend)
+                  extend=extend, studio_import=studio_import, studio_report=studio_report)

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 from pathlib import Path
 
 import gradio as gr
 
 from common.errors import InputError
+from pipeline import studio
 from ui import jobs_gallery
+from ui import messages
 from ui import settings as st
 from ui.context import AppContext
 from ui.media import published
@@ -19,6 +22,14 @@ from PIL import Image
 from pipeline.jobs import atomic_write_bytes
 
 log = logging.getLogger(__name__)
+
+# Controls an imported FramePack-Studio job leaves as they are: this machine's, not the job's.
+STUDIO_KEEPS = ("preserved_gb", "compile", "crf")
+
+
+def _markdown_text(text: str) -> str:
+    """`text` shown as it is in Markdown (an imported file's keys and prompt: no links, images or markup)."""
+    return re.sub(r"([\\`*_{}\[\]()<>#+!|~])", r"\\\1", text)
 
 
 class JobsPanel:
@@ -77,6 +88,34 @@ class JobsPanel:
         gr.Info(f"Settings of job {entry.id} loaded, with {which}.")
         return [values[name] for name in st.CONTROLS]
 
+    def import_studio(self, upload, request: gr.Request = None):
+        """A FramePack-Studio job's settings (its metadata JSON, or its PNG's text chunks: pipeline/studio.py) into
+        the controls, as Reuse settings fills them: what Studio gives, the defaults for the rest of the job's
+        settings; the machine's own (preserved memory, compile, CRF) and the images stay, except that Studio's PNG,
+        its job's start image, becomes the start image. Returns the controls' values and the report."""
+        try:
+            path = st.client_file(upload, studio.FIELD)
+            if path is None:
+                raise InputError(studio.FIELD, "no file; upload FramePack-Studio's .json or .png of a job")
+            imported = studio.import_file(path, self.ctx.default_resolution)
+        except InputError as e:
+            raise gr.Error(messages.input_error(e), title="Cannot import these settings", print_exception=False) \
+                from None
+        values: dict = st.values_from_settings(imported.settings, self.ctx.default_resolution)
+        for name in STUDIO_KEEPS:
+            values[name] = gr.update()
+        values["image"] = path if imported.kind == "png" else gr.update()
+        values["end_image"] = gr.update()
+        values["input_video"] = None                  # a video or job to extend is chosen afresh, as with Reuse
+        report = imported.report()
+        gr.Info(f"FramePack-Studio settings loaded: {len(imported.settings)} controls"
+                + (f"; {len(report)} notes below" if report else "")
+                + ("" if imported.kind == "png" else "; upload the start image"))
+        lines = "\n".join(f"- {_markdown_text(messages.plain(line))}" for line in report)
+        text = (f"**Imported from FramePack-Studio** ({len(imported.settings)} controls set).\n\n"
+                + (f"Not mapped or changed:\n{lines}" if lines else "Everything in the file was mapped."))
+        return [values[name] for name in st.CONTROLS] + [text]
+
     def keep_preview(self, view) -> None:
         """A job that ended before its first video: its last latent preview becomes its gallery picture."""
         job_dir = getattr(view.result, "job_dir", None)
@@ -99,6 +138,9 @@ class JobsPanel:
         ui.reuse.click(self.reuse_settings, ui.selected_job, ui.controls(), show_progress="hidden")
         ui.extend.click(self.extend, ui.selected_job, [ui.source_job, ui.mode, ui.image, ui.input_video],
                         show_progress="hidden")
+        if ui.studio_import is not None:
+            ui.studio_import.upload(self.import_studio, ui.studio_import, ui.controls() + [ui.studio_report],
+                                    show_progress="hidden")
 
     def extend(self, job_id, request: gr.Request):
         """The selected job as the job to extend (F1 mode; no start image or video with it)."""

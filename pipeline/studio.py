@@ -1,0 +1,413 @@
+"""A FramePack-Studio job's settings as SteadyFrame's controls: its metadata JSON or the text chunks of its PNG.
+
+Studio writes, for every job (modules/pipelines/metadata_utils.py, `create_metadata` and `save_job_start_image`):
+- `<metadata_dir>/<job_id>.json`: a JSON object (the keys below; "loras" is {name: weight});
+- `<output_dir>/<job_id>.png`: the job's start image, with one PNG text chunk per key whose value is a string,
+  number, bool or None, written as text (`str(value)`: "True", "None", "0.15"); so no "loras" there.
+Its own "load metadata" (modules/interface.py, `load_metadata_from_json`) reads the same keys back, and takes the
+cache type from "cache_type" or, in older files, from "use_magcache" / "use_teacache".
+
+`read_file` reads either (bounded: a JSON of at most STUDIO_JSON_MAX_BYTES, a PNG's chunks up to its image data);
+`from_metadata` maps the keys onto the controls of configs/controls.py: the values SteadyFrame's checks accept
+(pipeline.request.setting_problems), and for every key that could not be mapped a (key, reason). Keys that are pure
+bookkeeping (the version, the time, file paths) are left out silently. Light: no torch.
+
+Command line (one batch line for `python -m cli batch`; what was not mapped goes to stderr):
+    python -m pipeline.studio STUDIO.json --image start.png >> jobs.jsonl
+    python -m pipeline.studio STUDIO.png >> jobs.jsonl          # the PNG is Studio's start image: used as the image
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from PIL import Image, UnidentifiedImageError
+
+from common.errors import InputError
+from configs.controls import MAGCACHE_CHOICES, TEACACHE_CHOICES, control
+from configs.lora import LORA
+from pipeline import timeline
+from pipeline.request import setting_problems
+
+FIELD = "Studio settings"              # the name messages give the imported file
+STUDIO_JSON_MAX_BYTES = 1 << 20        # Studio's JSON is about 2 kB
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+STUDIO_BUCKET_TARGETS = (128, 256, 384, 512, 640, 768)    # the resolutions of Studio's bucket table
+
+# Studio key -> SteadyFrame control, where the meaning is the same (Studio's worker.py passes them to the same
+# FramePack sampling arguments: cfg, gs (distilled), rs (rescale); blend_sections counts sections as prompt_blend does).
+DIRECT = {
+    "prompt": "prompt",
+    "negative_prompt": "negative_prompt",
+    "seed": "seed",
+    "steps": "steps",
+    "cfg": "cfg",
+    "gs": "gs",
+    "rs": "rescale",
+    "total_second_length": "seconds",
+    "latent_window_size": "latent_window",
+    "blend_sections": "prompt_blend",
+}
+
+# Studio's model types (modules/interface.py's model_type choices, metadata_utils.py's colours) -> mode, and a note.
+MODES = {
+    "Original": ("original", ""),
+    "Original with Endframe": ("original", "upload the end image (it is not in the metadata)"),
+    "F1": ("f1", ""),
+    "F1 with Endframe": ("f1", "SteadyFrame's F1 mode has no end frame; the job runs without one"),
+    "Video F1": ("f1", "choose the video to extend (it is not in the metadata)"),
+}
+NOT_MODES = {
+    "Video": "Studio's backward video extension; SteadyFrame extends videos in F1 mode only (choose F1 and the video)",
+    "Video with Endframe": "Studio's backward video extension with an end frame; SteadyFrame extends videos in F1 "
+                           "mode only",
+    "XY Plot": "an XY plot (a grid of jobs); SteadyFrame has none: import one of its jobs instead",
+}
+
+# Keys that describe the file, not the job: never reported.
+BOOKKEEPING = {"app_version", "timestamp", "job_id", "has_input_image", "input_image_path", "end_frame_image_path",
+               "end_frame_used", "generation_type", "video_path", "input_video"}
+
+# Keys with no SteadyFrame setting: the reason, reported when the key holds a value.
+NO_SETTING = {
+    "resolutionH": "Studio buckets a start image by its width target (resolutionW) alone; that is the resolution",
+    "end_frame_strength": "Studio scales the end frame's latent by it; SteadyFrame has no such setting",
+    "latent_type": "the latent Studio starts from without a start image; SteadyFrame always starts from an image",
+    "combine_with_source": "Studio's video extension joins the source video; SteadyFrame's extension always does",
+    "num_cleaned_frames": "a setting of Studio's video extension; SteadyFrame has none",
+    "x_param": "an XY plot's axis; SteadyFrame has no XY plots",
+    "y_param": "an XY plot's axis; SteadyFrame has no XY plots",
+    "x_values": "an XY plot's axis; SteadyFrame has no XY plots",
+    "y_values": "an XY plot's axis; SteadyFrame has no XY plots",
+}
+CACHE_KEYS = {"cache_type", "use_teacache", "teacache_rel_l1_thresh", "teacache_num_steps", "use_magcache",
+              "magcache_threshold", "magcache_max_consecutive_skips", "magcache_retention_ratio"}
+# What identifies Studio's metadata (every file it writes has these).
+STUDIO_KEYS = {"prompt", "seed", "model_type"}
+
+
+@dataclass
+class StudioImport:
+    """The controls an imported Studio job sets (Request field names, values checked), what could not be mapped
+    ((Studio key, reason)), and notes on what was mapped (rounded, or needs a file the metadata cannot hold)."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    unmapped: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    kind: str = "json"                      # "json" or "png"
+
+    def report(self) -> list[str]:
+        """The lines to show: 'key: reason' for each key not mapped, then the notes."""
+        return [f"{key}: {reason}" for key, reason in self.unmapped] + self.notes
+
+
+# ---- reading -------------------------------------------------------------------------------------------------------
+
+def read_file(path) -> tuple[dict, str]:
+    """(Studio's metadata, "json" or "png") from a file Studio wrote. Raises InputError naming FIELD."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(PNG_SIGNATURE))
+    except OSError as e:
+        raise InputError(FIELD, f"cannot read {{file}}: {e.strerror or e}", path=path) from None
+    if head == PNG_SIGNATURE:
+        return _read_png(path), "png"
+    return _read_json(path), "json"
+
+
+def _read_json(path: Path) -> dict:
+    if path.stat().st_size > STUDIO_JSON_MAX_BYTES:
+        raise InputError(FIELD, f"{{file}} is larger than {STUDIO_JSON_MAX_BYTES // 1024} kB: not a FramePack-Studio "
+                                f"metadata file (those are a few kB)", path=path)
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8-sig"))
+    except (ValueError, RecursionError):
+        raise InputError(FIELD, "{file} is neither JSON nor a PNG; give the .json file FramePack-Studio writes "
+                                "beside its outputs (its metadata folder), or the PNG start image it saves with the "
+                                "video", path=path) from None
+    if not isinstance(data, dict):
+        raise InputError(FIELD, "{file} does not hold a JSON object of a job's settings", path=path)
+    _studio_or_refuse(data, path, "its keys")
+    return data
+
+
+def _read_png(path: Path) -> dict:
+    try:
+        with Image.open(path) as im:                  # the chunks before the image data; the pixels are not decoded
+            text = {k: v for k, v in im.info.items() if isinstance(k, str) and isinstance(v, str)}
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as e:
+        raise InputError(FIELD, f"{{file}} is not a readable PNG ({str(e)[:120]})", path=path) from None
+    _studio_or_refuse(text, path, "its text chunks")
+    return text
+
+
+def _studio_or_refuse(data: Mapping, path: Path, where: str) -> None:
+    if STUDIO_KEYS & set(data):
+        return
+    hint = " (this looks like a SteadyFrame job.json: pick the job in Past jobs and press Reuse settings)" \
+        if "settings" in data else ""
+    raise InputError(FIELD, f"{{file}} holds no FramePack-Studio settings in {where} (no prompt, seed or model_type)"
+                            f"{hint}", path=path)
+
+
+# ---- values --------------------------------------------------------------------------------------------------------
+
+def _none(value) -> bool:
+    """No value: None, Studio's text "None" (a PNG chunk), an empty text, list or mapping."""
+    return value is None or (isinstance(value, str) and value.strip() in ("", "None")) or value in ({}, [])
+
+
+def _number(value, kind: str):
+    """A number from JSON or a PNG chunk's text; None when it is none. Whole floats become ints for int controls."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    if kind == "int":
+        return int(value) if float(value).is_integer() else None
+    return float(value)
+
+
+def _flag(value) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value) and not _none(value)
+
+
+def _nearest(value: float, choices: tuple) -> float:
+    """The non-zero choice nearest `value` (the page offers only these)."""
+    return min((c for c in choices if c > 0), key=lambda c: (abs(c - value), c))
+
+
+# ---- mapping -------------------------------------------------------------------------------------------------------
+
+def from_metadata(meta: Mapping[str, Any], default_resolution: int = 640, kind: str = "json") -> StudioImport:
+    """Studio's metadata (JSON values, or a PNG's text values) as SteadyFrame settings; see the module's doc."""
+    out = StudioImport(kind=kind)
+    wanted: dict[str, Any] = {}                       # control -> value, before SteadyFrame's checks
+    source: dict[str, str] = {}                       # control -> the Studio key it came from
+
+    def want(name: str, value, key: str) -> None:
+        wanted[name], source[name] = value, key
+
+    for key, name in DIRECT.items():
+        raw, c = meta.get(key), control(name)
+        if c.kind == "text":
+            if isinstance(raw, str) and not (kind == "png" and raw == "None"):
+                want(name, raw, key)
+            elif raw is not None:
+                out.unmapped.append((key, f"not text ({type(raw).__name__})"))
+            continue
+        if _none(raw):
+            continue
+        value = _number(raw, c.kind)
+        if value is None:
+            what = "a whole number" if c.kind == "int" else "a number"
+            out.unmapped.append((key, f"{str(raw)[:40]!r} is not {what}"))
+            continue
+        want(name, value, key)
+
+    _mode(meta, out, want)
+    _resolution(meta, out, want)
+    _caches(meta, out, want, wanted)
+    _loras(meta, out, want)
+
+    for key, value in meta.items():
+        if key in DIRECT or key in CACHE_KEYS or key in BOOKKEEPING or key in ("model_type", "resolutionW", "loras"):
+            continue
+        if key in NO_SETTING:
+            if not _none(value) and not (key == "latent_type" and _flag(meta.get("has_input_image", True))) \
+                    and not (key in ("combine_with_source", "num_cleaned_frames")
+                             and not str(meta.get("model_type", "")).startswith("Video")):
+                out.unmapped.append((key, NO_SETTING[key]))
+            continue
+        out.unmapped.append((str(key)[:60], "not a FramePack-Studio setting SteadyFrame knows"))
+
+    problems = setting_problems(wanted, default_resolution)
+    for name, value in wanted.items():
+        if name in problems:
+            out.unmapped.append((source[name], f"SteadyFrame refuses {str(value)[:40]!r}: {problems[name]}"))
+        else:
+            out.settings[name] = value
+    _check_prompt(out)
+    return out
+
+
+def _mode(meta, out: StudioImport, want) -> None:
+    model = meta.get("model_type")
+    if _none(model):
+        return
+    model = str(model)
+    if model in MODES:
+        mode, note = MODES[model]
+        want("mode", mode, "model_type")
+        if note:
+            out.notes.append(f"model_type {model!r} → mode {mode}: {note}")
+    else:
+        out.unmapped.append(("model_type", NOT_MODES.get(model, f"{model[:40]!r} is not a model type SteadyFrame "
+                                                                f"knows (Original, F1 …)")))
+
+
+def _resolution(meta, out: StudioImport, want) -> None:
+    """Studio buckets a start image with `find_nearest_bucket(H, W, resolution=resolutionW)` (its original and F1
+    pipelines), which first moves the target to the nearest size its bucket table has (diffusers_helper/
+    bucket_tools.py: STUDIO_BUCKET_TARGETS): that target is SteadyFrame's resolution."""
+    if _none(meta.get("resolutionW")):
+        return
+    width = _number(meta["resolutionW"], "float")
+    if width is None:
+        out.unmapped.append(("resolutionW", f"{str(meta['resolutionW'])[:40]!r} is not a number"))
+        return
+    target = min(STUDIO_BUCKET_TARGETS, key=lambda t: abs(t - width))
+    if target != width:
+        out.notes.append(f"resolutionW {width:g} → resolution {target} (Studio buckets at the nearest of "
+                         f"{', '.join(map(str, STUDIO_BUCKET_TARGETS))})")
+    want("resolution", target, "resolutionW")
+
+
+def _caches(meta, out: StudioImport, want, wanted) -> None:
+    """Studio's cache choice (its loader's rule: "cache_type", else use_magcache, else use_teacache) as the two
+    thresholds; the value nearest Studio's among those the page offers."""
+    if not CACHE_KEYS & set(meta):
+        return
+    kind = meta.get("cache_type")                     # "MagCache", "TeaCache" or "None" (the text: no cache)
+    if kind is None or kind == "":
+        kind = "MagCache" if _flag(meta.get("use_magcache")) else "TeaCache" if _flag(meta.get("use_teacache")) \
+            else "None"
+    kind = str(kind)
+    if kind == "TeaCache":
+        given = _number(meta.get("teacache_rel_l1_thresh"), "float")
+        value = _nearest(given if given is not None else 0.15, TEACACHE_CHOICES)
+        if given is not None and value != given:
+            out.notes.append(f"teacache_rel_l1_thresh {given:g} → TeaCache threshold {value:g} (the nearest the page "
+                             f"offers)")
+        want("teacache", value, "teacache_rel_l1_thresh")
+        want("magcache", 0.0, "use_magcache")
+        steps = _number(meta.get("teacache_num_steps"), "int")
+        if steps is not None and steps != wanted.get("steps"):
+            out.unmapped.append(("teacache_num_steps", "SteadyFrame's TeaCache counts the job's own steps (the first "
+                                                       "and last of each section always compute)"))
+    elif kind == "MagCache":
+        given = _number(meta.get("magcache_threshold"), "float")
+        value = _nearest(given if given is not None else 0.1, MAGCACHE_CHOICES)
+        if given is not None and value != given:
+            out.notes.append(f"magcache_threshold {given:g} → MagCache threshold {value:g} (the nearest the page "
+                             f"offers)")
+        want("magcache", value, "magcache_threshold")
+        want("teacache", 0.0, "use_teacache")
+        for key in ("magcache_max_consecutive_skips", "magcache_retention_ratio"):
+            if not _none(meta.get(key)):
+                out.unmapped.append((key, "SteadyFrame's MagCache uses its authors' fixed values (3 skips in a row, "
+                                          "the first 20 % of the steps computed: pipeline/magcache.py)"))
+    elif kind == "None":
+        want("teacache", 0.0, "use_teacache")
+        want("magcache", 0.0, "use_magcache")
+    else:
+        out.unmapped.append(("cache_type", f"{kind[:40]!r} is not MagCache, TeaCache or None"))
+
+
+def _loras(meta, out: StudioImport, want) -> None:
+    """Studio's {name: weight}: a name is the file's path in its LoRA folder without the suffix
+    (studio.py's LoRA list); SteadyFrame names the .safetensors file in its own LoRA folder."""
+    loras = meta.get("loras")
+    if _none(loras):
+        if out.kind == "png":
+            out.notes.append("loras: Studio writes the LoRAs into its JSON file only, not into the PNG; import the "
+                             "JSON to get them")
+        return
+    if not isinstance(loras, Mapping):
+        out.unmapped.append(("loras", "not a mapping of LoRA names to weights"))
+        return
+    items = []
+    for name, weight in loras.items():
+        name = str(name).strip()
+        if not name:                                  # Studio's placeholder LoRA " "
+            continue
+        strength = _number(weight, "float")
+        file = Path(name.replace("\\", "/")).name + ".safetensors"
+        if strength is None or not LORA.strength_min <= strength <= LORA.strength_max:
+            out.unmapped.append((f"loras.{name[:60]}", f"weight {str(weight)[:20]!r} is not a strength from "
+                                                       f"{LORA.strength_min:g} to {LORA.strength_max:g}"))
+        elif "," in file or "\n" in file:
+            out.unmapped.append((f"loras.{name[:60]}", "a name with ',' cannot be written in the LoRAs field"))
+        elif len(items) == LORA.max_count:
+            out.unmapped.append((f"loras.{name[:60]}", f"more than {LORA.max_count} LoRAs; SteadyFrame takes at most "
+                                                       f"{LORA.max_count}"))
+        else:
+            if "/" in name.replace("\\", "/"):
+                out.notes.append(f"loras: {name[:60]!r} is in a subfolder of Studio's LoRA folder; SteadyFrame looks "
+                                 f"for {file} in its LoRA folder")
+            items.append(f"{file}:{strength:g}")
+    if items:
+        want("loras", ", ".join(items), "loras")
+
+
+def _check_prompt(out: StudioImport) -> None:
+    """A note when SteadyFrame will refuse the imported prompt for this video (the prompt is filled in anyway)."""
+    prompt = out.settings.get("prompt")
+    if not isinstance(prompt, str) or not timeline.is_timeline(prompt):
+        return
+    settings = {"prompt": prompt}
+    for name in ("mode", "seconds", "latent_window", "fps", "prompt_blend"):
+        settings[name] = out.settings.get(name, control(name).default)
+    try:
+        timeline.check_request(settings)
+    except InputError as e:
+        out.notes.append(f"prompt: imported, but SteadyFrame refuses it as it stands: {e.message}")
+    except ValueError:
+        pass                                          # the length or window: their own checks say it
+
+
+def import_file(path, default_resolution: int = 640) -> StudioImport:
+    """`read_file` then `from_metadata`. Raises InputError naming FIELD for a file that is not Studio's."""
+    meta, kind = read_file(path)
+    return from_metadata(meta, default_resolution, kind)
+
+
+# ---- the command line: one batch line ------------------------------------------------------------------------------
+
+def batch_line(imported: StudioImport, image=None, end_image=None) -> str:
+    """One line for `python -m cli batch` (the settings and the images' absolute paths)."""
+    line = dict(imported.settings)
+    for name, path in (("image", image), ("end_image", end_image)):
+        if path:
+            line[name] = str(Path(path).resolve())
+    return json.dumps(line, ensure_ascii=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.studio",
+        description="Print a FramePack-Studio job's settings (its metadata .json, or the PNG it saves with the "
+                    "metadata in its text chunks) as one line for `python -m cli batch`; what could not be mapped "
+                    "goes to stderr.")
+    parser.add_argument("file", type=Path, help="Studio's <job_id>.json or <job_id>.png")
+    parser.add_argument("--image", type=Path, help="the start image (default: the PNG itself, when a PNG is given)")
+    parser.add_argument("--end-image", type=Path, help="the end image (original mode)")
+    args = parser.parse_args(argv)
+    try:
+        imported = import_file(args.file)
+    except InputError as e:
+        print(e.cli_text(), file=sys.stderr)
+        return 2
+    image = args.image or (args.file if imported.kind == "png" else None)
+    for line in imported.report():
+        print(f"not mapped or changed: {line}", file=sys.stderr)
+    if image is None:
+        print("note: no start image; add --image start.png (the batch refuses a line without one)", file=sys.stderr)
+    print(batch_line(imported, image, args.end_image))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""Importing a FramePack-Studio job's settings (pipeline/studio.py): its metadata JSON and the text chunks of the PNG
+it saves, mapped onto SteadyFrame's controls with what could not be mapped reported; the command line's batch line;
+and the page's "Import Studio settings" handler (no browser, no server). Fast: no models."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import gradio as gr
+import pytest
+from PIL import Image
+from PIL.PngImagePlugin import PngInfo
+
+from common.errors import InputError
+from pipeline import studio
+from pipeline.request import Request
+from tests.conftest import uploaded
+from ui import settings as st
+from ui.panel_jobs import STUDIO_KEEPS, JobsPanel
+
+# What Studio's create_metadata (modules/pipelines/metadata_utils.py) writes for an F1 job with MagCache and LoRAs.
+STUDIO = {
+    "app_version": "0.5",
+    "prompt": "[0s: Person looks surprised] [1.1s: Person raises arms above head] [2.2s-3.3s: Person puts hands on "
+              "hips]",
+    "negative_prompt": "blurry",
+    "seed": 4242, "steps": 30, "cfg": 1.0, "gs": 12.5, "rs": 0.0,
+    "latent_type": "Black", "timestamp": 1718000000.5,
+    "resolutionW": 600, "resolutionH": 640,
+    "model_type": "F1", "generation_type": "F1",
+    "has_input_image": True, "input_image_path": "/home/me/studio/inputs/x.png",
+    "total_second_length": 6, "blend_sections": 4, "latent_window_size": 9, "num_cleaned_frames": 5,
+    "end_frame_strength": None, "end_frame_image_path": None, "end_frame_used": "False",
+    "input_video": None, "video_path": None,
+    "x_param": None, "y_param": None, "x_values": None, "y_values": None,
+    "combine_with_source": False,
+    "use_teacache": False, "teacache_num_steps": 25, "teacache_rel_l1_thresh": 0.15,
+    "use_magcache": True, "magcache_threshold": 0.12, "magcache_max_consecutive_skips": 2,
+    "magcache_retention_ratio": 0.25,
+    "loras": {"styles/anime": 0.8, "motion": 1.2, " ": 1.0},
+}
+EXPECTED = {
+    "prompt": STUDIO["prompt"], "negative_prompt": "blurry", "seed": 4242, "steps": 30, "cfg": 1.0, "gs": 12.5,
+    "rescale": 0.0, "seconds": 6.0, "latent_window": 9, "prompt_blend": 4, "mode": "f1", "resolution": 640,
+    "magcache": 0.1, "teacache": 0.0, "loras": "anime.safetensors:0.8, motion.safetensors:1.2",
+}
+
+
+def _json(tmp_path, meta=STUDIO, name="20250101_120000_123.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(meta, indent=2))             # as Studio writes it
+    return path
+
+
+def _png(tmp_path, meta=STUDIO, name="20250101_120000_123.png") -> Path:
+    """A start image with Studio's text chunks: prompt, seed, model_type, then every scalar value as str()
+    (save_job_start_image)."""
+    info = PngInfo()
+    info.add_text("prompt", meta["prompt"])
+    info.add_text("seed", str(meta["seed"]))
+    info.add_text("model_type", meta["model_type"])
+    for key, value in meta.items():
+        if isinstance(value, (str, int, float, bool)) or value is None:
+            info.add_text(key, str(value))
+    path = tmp_path / name
+    Image.new("RGB", (48, 32), (10, 120, 200)).save(path, pnginfo=info)
+    return path
+
+
+def test_a_studio_json_maps_onto_the_controls_and_says_what_it_could_not(tmp_path):
+    got = studio.import_file(_json(tmp_path))
+    assert got.kind == "json" and got.settings == EXPECTED
+    unmapped = dict(got.unmapped)
+    assert set(unmapped) == {"resolutionH", "magcache_max_consecutive_skips", "magcache_retention_ratio"}
+    assert "resolutionW" in unmapped["resolutionH"] and "fixed values" in unmapped["magcache_retention_ratio"]
+    report = "\n".join(got.report())
+    assert "resolutionW 600 → resolution 640" in report
+    assert "magcache_threshold 0.12 → MagCache threshold 0.1" in report
+    assert "'styles/anime' is in a subfolder" in report
+    for quiet in ("app_version", "timestamp", "input_image_path", "latent_type", "teacache_num_steps", "x_param"):
+        assert quiet not in report                        # bookkeeping, unused or empty: not reported
+    Request.from_mapping({**got.settings, "image": "x.png"})           # every key is a SteadyFrame control
+
+
+def test_teacache_video_models_refused_values_and_unknown_keys(tmp_path):
+    meta = {**STUDIO, "use_magcache": False, "use_teacache": True, "teacache_rel_l1_thresh": 0.1,
+            "teacache_num_steps": 20, "steps": 150, "model_type": "Video", "combine_with_source": True,
+            "loras": {"big": 3.5}, "my_own_key": 1, "seed": "7.5"}
+    got = studio.from_metadata(meta)
+    assert got.settings["teacache"] == 0.1 and got.settings["magcache"] == 0.0
+    assert "steps" not in got.settings and "mode" not in got.settings and "loras" not in got.settings
+    unmapped = dict(got.unmapped)
+    assert unmapped["steps"].startswith("SteadyFrame refuses '150'")
+    assert "F1 mode only" in unmapped["model_type"]
+    assert "SteadyFrame's TeaCache counts the job's own steps" in unmapped["teacache_num_steps"]
+    assert "is not a strength from -2 to 2" in unmapped["loras.big"]
+    assert unmapped["my_own_key"] == "not a FramePack-Studio setting SteadyFrame knows"
+    assert "is not a whole number" in unmapped["seed"]
+    assert "combine_with_source" in unmapped and "num_cleaned_frames" in unmapped      # a video model's settings
+    # Studio's newer "cache_type" wins over the flags, as its own loader reads it
+    assert studio.from_metadata({**STUDIO, "cache_type": "None"}).settings["magcache"] == 0.0
+
+
+def test_a_prompt_steadyframe_would_refuse_is_imported_with_a_note():
+    got = studio.from_metadata({"prompt": "[0s: a] [9s: b]", "total_second_length": 3, "model_type": "Original"})
+    assert got.settings["prompt"] == "[0s: a] [9s: b]"
+    assert any(n.startswith("prompt: imported, but SteadyFrame refuses it") and "after the video's end" in n
+               for n in got.notes)
+
+
+def test_the_png_text_chunks_give_the_same_settings_typed(tmp_path):
+    got = studio.import_file(_png(tmp_path))
+    assert got.kind == "png"
+    assert got.settings == {k: v for k, v in EXPECTED.items() if k != "loras"}       # "loras" is JSON-only
+    assert isinstance(got.settings["seed"], int) and isinstance(got.settings["gs"], float)
+    assert any("Studio writes the LoRAs into its JSON file only" in line for line in got.report())
+    assert "end_frame_strength" not in dict(got.unmapped)      # the chunk's text "None" is no value
+
+
+@pytest.mark.parametrize("content, words", [
+    (b'{"settings": {"seed": 1}, "status": "done"}', "press Reuse settings"),
+    (b'{"hello": 1}', "holds no FramePack-Studio settings"),
+    (b"[1, 2]", "does not hold a JSON object"),
+    (b"\x00\x01garbage", "is neither JSON nor a PNG"),
+    (b"[" * 100_000, "is neither JSON nor a PNG"),
+])
+def test_files_that_are_not_studio_metadata_are_refused(tmp_path, content, words):
+    path = tmp_path / "x.json"
+    path.write_bytes(content)
+    with pytest.raises(InputError) as e:
+        studio.import_file(path)
+    assert e.value.field == studio.FIELD and words in e.value.message
+
+
+def test_a_png_without_studio_chunks_and_a_huge_json_are_refused(tmp_path):
+    plain = tmp_path / "plain.png"
+    Image.new("RGB", (8, 8)).save(plain)
+    with pytest.raises(InputError, match="holds no FramePack-Studio settings in its text chunks"):
+        studio.import_file(plain)
+    huge = tmp_path / "huge.json"
+    huge.write_text('{"prompt": "' + "x" * studio.STUDIO_JSON_MAX_BYTES + '"}')
+    with pytest.raises(InputError, match="larger than"):
+        studio.import_file(huge)
+
+
+def test_the_command_line_prints_one_batch_line(tmp_path, capsys):
+    assert studio.main([str(_json(tmp_path)), "--image", str(tmp_path / "start.png")]) == 0
+    out, err = capsys.readouterr()
+    line = json.loads(out)
+    assert line == {**EXPECTED, "image": str((tmp_path / "start.png").resolve())}
+    assert Request.from_mapping(line).seed == 4242                     # names a batch line may use
+    assert "not mapped or changed: resolutionH:" in err
+    png = _png(tmp_path)
+    assert studio.main([str(png)]) == 0                                  # the PNG is Studio's start image
+    assert json.loads(capsys.readouterr().out)["image"] == str(png.resolve())
+    assert studio.main([str(tmp_path / "missing.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+# ---- the page's handler -----------------------------------------------------------------------------------------
+
+def _panel() -> JobsPanel:
+    return JobsPanel(SimpleNamespace(ui=None, default_resolution=640))
+
+
+def test_the_page_import_fills_the_controls_as_reuse_does(tmp_path):
+    png = uploaded(_png(tmp_path))
+    out = _panel().import_studio(png)
+    assert len(out) == len(st.CONTROLS) + 1
+    values, report = dict(zip(st.CONTROLS, out)), out[-1]
+    for name, value in EXPECTED.items():
+        if name != "loras":
+            assert values[name] == value, name
+    assert values["image"] == png                               # Studio's PNG is its job's start image
+    assert values["loras"] == "" and values["sampler"] == "unipc"    # the rest of the job's settings: the defaults
+    assert values["input_video"] is None and values["source_job"] == ""
+    for name in STUDIO_KEEPS + ("end_image",):
+        assert values[name] == gr.update(), name                # this machine's settings stay as they are
+    assert "Not mapped or changed" in report and "- resolutionH: Studio buckets" in report
+
+    out = _panel().import_studio(uploaded(_json(tmp_path, {**STUDIO, "![t](http://example.com/x.png)": 1})))
+    values = dict(zip(st.CONTROLS, out))
+    assert values["image"] == gr.update() and values["loras"] == EXPECTED["loras"]
+    assert "- \\!\\[t\\]\\(http://example.com/x.png\\): not a FramePack-Studio setting" in out[-1]   # shown as text
+
+
+def test_the_page_import_refuses_a_path_on_the_server_and_a_foreign_file(tmp_path):
+    with pytest.raises(gr.Error, match="only a file uploaded to this app"):
+        _panel().import_studio(str(_json(tmp_path)))                # not an upload: never read
+    foreign = tmp_path / "notes.json"
+    foreign.write_text('{"a": 1}')
+    with pytest.raises(gr.Error, match="Studio settings: notes.json holds no FramePack-Studio settings"):
+        _panel().import_studio(uploaded(foreign))
