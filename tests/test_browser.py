@@ -137,8 +137,9 @@ def test_end_stops_a_running_job_while_another_tab_waits(server, browser, images
     url, _ = server
     a, b = _open(browser, url), _open(browser, url)
     try:
-        # long (25 sections): End lands long before its end, also on a loaded machine (9.6 s once finished first)
-        _fill_job(a, images / "start.png", seconds=30, steps=8)
+        # long (8 sections of 25 steps): End lands long before its end, also on a loaded machine (with 8 steps a
+        # section it once finished first)
+        _fill_job(a, images / "start.png", seconds=9.6, steps=25)
         _fill_job(b, images / "start.png", prompt="the second tab", seconds=1.2, steps=3)
         a.locator("#start-btn").click()
         a.wait_for_function("() => window.__sf.previews.length >= 1")
