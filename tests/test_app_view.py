@@ -107,6 +107,11 @@ def test_hints_explain_invalid_and_useless_combinations():
     ok = hints.combination_problems(mode="original", has_end_image=True, cfg=1.0, rescale=0.0,
                                     negative_prompt="", crf=16, teacache=0.15)
     assert ok == []
+    both = hints.combination_problems(mode="original", has_end_image=False, cfg=1.0, rescale=0.0,
+                                      negative_prompt="", crf=16, teacache=0.15, magcache=0.1)
+    assert both[0][0] == "error" and "needs TeaCache off" in both[0][1]       # the pre-flight refuses the pair
+    assert hints.combination_problems(mode="original", has_end_image=False, cfg=1.0, rescale=0.0,
+                                      negative_prompt="", crf=16, teacache=0, magcache=0.1) == []
     assert "2 sections" in hints.plan_hint(2.4, 9, "original") and "73 frames" in hints.plan_hint(2.4, 9, "original")
     assert hints.plan_hint("x", 9, "original") == ""
     md = hints.hints_markdown("plan", problems)

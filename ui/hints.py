@@ -71,10 +71,15 @@ def timeline_hint(prompt, seconds, latent_window, mode, blend, fps: int = DEFAUL
     return "ℹ Timed prompt, by section:\n" + "\n".join(f"- {line}" for line in shown)
 
 
-def combination_problems(*, mode, has_end_image, cfg, rescale, negative_prompt, crf, teacache) -> list[tuple[str, str]]:
+def combination_problems(*, mode, has_end_image, cfg, rescale, negative_prompt, crf, teacache,
+                         magcache=0) -> list[tuple[str, str]]:
     """(level, text) for settings that cannot work together ("error") or do nothing / cost more ("note")."""
     out = []
     cfg, rescale, crf, teacache = number(cfg), number(rescale), number(crf), number(teacache)
+    magcache = number(magcache)
+    if teacache and magcache:            # the pre-flight refuses this pair: say so before Start
+        out.append(("error", f"MagCache {magcache:g} needs TeaCache off: set TeaCache to off under Advanced (one "
+                             f"cache at a time)."))
     if has_end_image and mode != "original":
         out.append(("error", "End image: only the **original** mode supports an end frame. Choose mode "
                              "'original' or remove the end image."))

@@ -133,7 +133,7 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
             w.place_rest(advanced=False)
             with gr.Accordion("Advanced", open=False, elem_id="advanced"):
                 for name in ("negative_prompt", "cfg", "rescale", "latent_window", "sampler", "resolution",
-                             "width", "height", "teacache"):
+                             "width", "height", "teacache", "magcache"):
                     w.place(name)
                 w.place_rest(advanced=True)
         with gr.Column(scale=6):

@@ -56,12 +56,13 @@ def long_job_note(ctx: AppContext, seconds, window, mode, steps) -> str:
 def wire(app: gr.Blocks, ctx: AppContext) -> None:
     ui, live, quick = ctx.ui, ctx.live, ctx.quick
     hint_inputs = [ui.mode, ui.end_image, ui.seconds, ui.latent_window, ui.cfg, ui.rescale, ui.negative_prompt,
-                   ui.crf, ui.teacache, ui.steps, ui.prompt, ui.prompt_blend]
+                   ui.crf, ui.teacache, ui.steps, ui.prompt, ui.prompt_blend, ui.magcache]
 
-    def show_hints(mode, end_image, seconds, window, cfg, rescale, negative, crf, teacache, steps, prompt, blend):
+    def show_hints(mode, end_image, seconds, window, cfg, rescale, negative, crf, teacache, steps, prompt, blend,
+                   magcache):
         problems = hints.combination_problems(
             mode=mode, has_end_image=st.upload_path(end_image) is not None, cfg=cfg, rescale=rescale,
-            negative_prompt=negative, crf=crf, teacache=teacache)
+            negative_prompt=negative, crf=crf, teacache=teacache, magcache=magcache)
         text = hints.hints_markdown(hints.plan_hint(seconds, window, mode, DEFAULTS.fps), problems)
         note = long_job_note(ctx, seconds, window, mode, steps)
         timed = hints.timeline_hint(prompt, seconds, window, mode, blend, DEFAULTS.fps)
