@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from cli import log as cli_log
-from configs.controls import CONTROLS, Control
+from configs.controls import CONTROLS, Control, control
 from configs.options import add_process_options, config_from
 from configs.runtime import Config
 from common.errors import InputError
@@ -78,6 +78,13 @@ def add_settings(p: argparse.ArgumentParser, controls: tuple[Control, ...] = CON
                        help=text.replace("%", "%%"), **({"action": "append"} if c.repeat else {}))
 
 
+def add_new_seed(p: argparse.ArgumentParser) -> None:
+    """`batch` and `queue add`: the `new_seed` control for every line of the file (a line's own key otherwise)."""
+    c = control("new_seed")
+    p.add_argument(c.option, dest="new_seed", choices=c.choices, default=None,
+                   help=c.help + " (for every line; else each line's own \"new_seed\")")
+
+
 def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentParser:
     prog = "steadyframe-cli" if Path(sys.argv[0]).name == "steadyframe-cli" else "python -m cli"
     parser = argparse.ArgumentParser(prog=prog, description="FramePack image-to-video, headless.")
@@ -88,6 +95,7 @@ def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentP
     b = sub.add_parser("batch", help="run the jobs of a JSON-lines file, one job per line")
     b.add_argument("jobs", type=Path, help="each line: a JSON object with generate's settings, e.g. "
                                            '{"image": "a.png", "prompt": "...", "seconds": 3}')
+    add_new_seed(b)
     add_common(b)
     r = sub.add_parser("resume", help="continue an interrupted job from its folder")
     r.add_argument("job_dir", type=Path, help="the job's folder under outputs/")
@@ -364,7 +372,7 @@ def read_batch(path: Path, preflight) -> tuple[list[tuple[int, object]], list[tu
     return jobs, invalid
 
 
-def run_batch(command: Command, path: Path) -> int:
+def run_batch(command: Command, path: Path, new_seed: str | None = None) -> int:
     problem = _weights_problem(command.config, "original") or _weights_problem(command.config, "f1")
     if problem:
         print(f"error: {problem}", file=sys.stderr)
@@ -378,6 +386,10 @@ def run_batch(command: Command, path: Path) -> int:
         print(f"line {number}: invalid: {reason}", file=sys.stderr)
     if invalid and jobs:
         print(f"{len(invalid)} invalid line(s) skipped; running the other {len(jobs)} job(s)", file=sys.stderr)
+    if new_seed is not None:
+        from jobs.runner import with_new_seed_switch
+
+        jobs = [(number, with_new_seed_switch(p, new_seed)) for number, p in jobs]
     queued = command.open().submit_many([p for _, p in jobs], origin="batch", checked=True) if jobs else []
     for (number, prepared), job in zip(jobs, queued):
         print(f"line {number}: {prepared.request.prompt[:60]!r} (queued as {job.entry})")
@@ -483,6 +495,6 @@ def main(argv: list[str] | None = None) -> int:
             return run_generate(command, request)
         if args.command == "resume":
             return run_resume(command, args.job_dir)
-        return run_batch(command, args.jobs)
+        return run_batch(command, args.jobs, args.new_seed)
     finally:
         command.close()

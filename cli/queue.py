@@ -19,13 +19,13 @@ from pathlib import Path
 from common.errors import InputError
 from configs import PRESETS
 from configs.runtime import Config
-from cli.commands import Command, add_common
+from cli.commands import Command, add_common, add_new_seed
 from cli import log as cli_log
 from configs.options import config_from
 from jobs import jsonl
 from jobs import store as qs
 from jobs.preflight import Preflight
-from jobs.runner import enqueue
+from jobs.runner import enqueue, with_new_seed_switch
 
 EXIT_OK, EXIT_INPUT = 0, 2
 
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("add", parents=[common], help="add the jobs of a JSON-lines file (as `python -m cli "
                                                      "batch` reads)")
     a.add_argument("jobs", type=Path)
+    add_new_seed(a)
     ls = sub.add_parser("list", parents=[common], help="the queue in its order, with each job's status")
     ls.add_argument("--json", action="store_true", help="one JSON object a line")
     e = sub.add_parser("export", parents=[common], help="write the waiting (and running) jobs as JSON lines")
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                 return EXIT_INPUT
             preflight = Preflight(Config(preset=args.preset, outputs=args.outputs))     # the app's one pre-flight
             prepared = jsonl.prepare_lines(jsonl.read_lines(text), preflight, args.jobs.resolve().parent)
+            if args.new_seed is not None:
+                prepared = [with_new_seed_switch(p, args.new_seed) for p in prepared]
             for e, _ in enqueue(store, preflight, prepared, origin="queue", checked=True):
                 print(f"added {e.id}: {str(e.settings.get('prompt', ''))[:60]!r}")
         elif args.action == "list":

@@ -24,7 +24,10 @@ MODES = ("original", "f1")
 SAMPLERS = ("unipc", "unipc_bh2", "euler")   # pipeline/samplers.py; unipc = FramePack's (bh1)
 TEACACHE_CHOICES = (0.0, 0.1, 0.15, 0.2)
 MAGCACHE_CHOICES = (0.0, 0.05, 0.1, 0.15)   # pipeline/magcache.py; 0.1 = its authors' default
+# Text-to-video (pipeline/text_to_video.py): what the video starts from when no start image is given.
+STARTS = ("image", "noise", "black", "white", "green")
 COMPILE_CHOICES = ("on", "off")
+ON_OFF = ("off", "on")                   # a switch: "on" does it
 KINDS = ("image", "video", "text", "int", "float", "choice")
 FILE_KINDS = ("image", "video")          # a file (path or upload): not a setting of job.json
 WIDGETS = ("image", "video", "textbox", "number", "slider", "radio", "dropdown")
@@ -98,9 +101,10 @@ class Control:
 
 CONTROLS: tuple[Control, ...] = (
     # The order is the /video API's (and the page handlers') order of parameters.
+    # Not needed for text-to-video (the `start_from` control other than "image": pipeline/request.py).
     Control("image", "image", required=True, required_unless="input_video", label="Start image", widget="image",
             elem_id="start-image",
-            help="the start image (PNG, JPEG, WebP ...)"),
+            help="the start image (PNG, JPEG, WebP ...); none for text-to-video (--start-from noise)"),
     Control("end_image", "image", label="End image", widget="image", help="optional end frame (original mode only)",
             widget_label="End image (optional, original mode only)"),
     Control("prompt", "text", "", label="Prompt", widget="textbox",
@@ -183,9 +187,13 @@ CONTROLS: tuple[Control, ...] = (
             default_text="none",
             help="a LoRA and its strength, e.g. style.safetensors:0.8 (-2 to 2; repeat for several; a name is "
                  "looked up in --lora-dir)"),
-    # Not on the page: the end image's share of the SigLIP image conditioning (see pipeline/orchestrator.py).
+    # The end image's share of the SigLIP image conditioning (see pipeline/orchestrator.py); Advanced on the page.
     Control("end_embed_weight", "float", 0.5, (0.0, 1.0), label="End-frame embedding weight",
-            field="end-frame embedding weight", help="share of the end image in the image conditioning"),
+            field="end-frame embedding weight", help="share of the end image in the image conditioning",
+            widget="slider", step=0.05, advanced=True,
+            widget_label="End-frame strength (original mode, with an end image)",
+            info="How much the end image steers the video's look (0 = only the start image, 1 = only the end "
+                 "image)."),
     Control("fps", "int", 30, (1, 120), label="Frames per second", cli=None,
             help="frames per second of the video (job.json and batch lines only)"),
     # pipeline/compiled.py; the command line's switch is the process option --no-compile (configs/options.py).
@@ -202,6 +210,26 @@ CONTROLS: tuple[Control, ...] = (
             info="Skips transformer steps by their calibrated residual magnitudes (0.1 = its authors' default): "
                  "faster, slightly lossy. Only with TeaCache off.",
             help="MagCache threshold (0 = off; 0.1 = its authors' default); only with TeaCache off (--teacache 0)"),
+    # Text-to-video (pipeline/text_to_video.py, FramePack-Studio's "Latent Image"): no start image; the video
+    # starts from seeded noise or a plain colour, at the resolution control's square bucket (or the custom size).
+    Control("start_from", "choice", "image", choices=STARTS, label="Start from", field="start from",
+            widget="radio", cli_aliases=("--text-to-video",),
+            choice_labels=(("image", "the start image"), ("noise", "noise (text-to-video)"),
+                           ("black", "black (text-to-video)"), ("white", "white (text-to-video)"),
+                           ("green", "green screen (text-to-video)")),
+            info="Text-to-video: leave the start image empty and start from noise or a plain colour.",
+            help="image (the start image, default) or text-to-video without one: noise (seeded), black, white or "
+                 "green (a plain colour)"),
+    # Video modes (issue 32).
+    Control("keep_final_only", "choice", "off", choices=ON_OFF, label="Keep only the final video",
+            field="keep only the final video", widget="radio", advanced=True,
+            info="on: each section's mp4 is deleted once final.mp4 is written (a stopped job keeps them, for Resume).",
+            help="on: delete the section videos once the job is done and final.mp4 is written (off keeps them)"),
+    Control("new_seed", "choice", "off", choices=ON_OFF, label="New seed for each job", field="new seed",
+            widget="radio",
+            info="on: each job added (Start, queue, batch) gets a fresh random seed, recorded in its job.json.",
+            help="on: each job gets a fresh random seed when it is queued (recorded in job.json; batch and queue "
+                 "add)"),
 )
 
 

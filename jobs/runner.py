@@ -104,12 +104,31 @@ def with_copies(prepared, entry: qs.Entry):
     return dataclasses.replace(prepared, request=dataclasses.replace(prepared.request, **copies), source=source)
 
 
+NEW_SEED_MAX = 2**32 - 1             # a fresh seed of the `new_seed` control (as FramePack-Studio's: 32 bits)
+
+
+def with_new_seed(prepared):
+    """The `new_seed` control: a job queued with it on gets a fresh random seed now, once, and is queued (and its
+    job.json written) with that seed and the control off, so that its settings make the same video again."""
+    request = prepared.request
+    if getattr(request, "new_seed", "off") != "on":
+        return prepared
+    seed = secrets.randbelow(NEW_SEED_MAX + 1)
+    return dataclasses.replace(prepared, request=dataclasses.replace(request, seed=seed, new_seed="off"))
+
+
+def with_new_seed_switch(prepared, value: str):
+    """`prepared` with its `new_seed` control set to `value` ("on"/"off": a command's --new-seed for a whole file)."""
+    return dataclasses.replace(prepared, request=dataclasses.replace(prepared.request, new_seed=value))
+
+
 def enqueue(store: qs.QueueStore, preflight, requests: list, *, owner: str | None = None, origin: str = "queue",
             checked: bool = False) -> list[tuple[qs.Entry, Work]]:
     """Check every request (the one pre-flight; `checked`: they are PreparedRequests it passed already) and add
     them all, in order and in one transaction: [(its entry, what it will run)]. Raises InputError naming the field
     (nothing is added then)."""
     prepared = list(requests) if checked else [preflight.prepare(r) for r in requests]
+    prepared = [with_new_seed(p) for p in prepared]
     entries = store.add_many([entry_values(p.request) for p in prepared], owner=owner, origin=origin)
     return [(e, Work(e.id, with_copies(p, e), owner=owner)) for e, p in zip(entries, prepared)]
 

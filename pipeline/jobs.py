@@ -145,6 +145,22 @@ class Job:
         self.update(status=status, final=final.name if final else None, error=error,
                     finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), timings=timings or self.info["timings"],
                     memory=memory or self.info["memory"])
+        if status == "done" and final is not None and self.info.get("settings", {}).get("keep_final_only") == "on":
+            self.drop_section_videos()
+
+    def drop_section_videos(self) -> None:
+        """Keep only the final video (the `keep_final_only` control): delete the section videos of a job that is
+        done, and only once final.mp4 is there. A stopped or failed job keeps them (Resume decodes its sections
+        again from the checkpoint, and a done job is never resumed; Extend uses final.mp4)."""
+        if self.info.get("status") != "done" or not self.path("final.mp4").is_file():
+            return
+        for name in self.info.get("videos") or []:
+            if isinstance(name, str) and "/" not in name and "\\" not in name and name != "final.mp4":
+                try:
+                    self.path(name).unlink(missing_ok=True)
+                except OSError:             # held open (Windows): it stays, nothing else depends on it
+                    pass
+        self.update(videos=[], section_videos="deleted (keep only the final video)")
 
 
 JOB_JSON_MAX_BYTES = 4 << 20          # a real job.json is a few kB; anything far larger was not written by a job

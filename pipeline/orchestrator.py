@@ -41,7 +41,7 @@ from pipeline.images import to_model_tensor
 from pipeline.jobs import Job
 from pipeline.logcapture import capture_logs
 from pipeline.preview import preview_image
-from pipeline import timeline
+from pipeline import text_to_video, timeline
 from pipeline.prompt_cache import cache_key, default_cache
 from pipeline.request import PreparedRequest
 from pipeline.sampling import sample_section
@@ -385,6 +385,12 @@ class JobRun:
     def _encode_latents(self):
         vae = self.models.vae
         t = time.monotonic()
+        if self.request.start_from == "noise":      # text-to-video: no VAE encode (pipeline/text_to_video.py)
+            scale = getattr(vae, "spatial_compression_ratio", 8)
+            start = text_to_video.noise_latent(self.generator, vae.config.latent_channels,
+                                               self.prepared.height // scale, self.prepared.width // scale)
+            self._timed("VAE encode", time.monotonic() - t)
+            return start, None
         with self.memory.stage("VAE encode", vae=vae), self.fallback.active():
             def encode(img):
                 x = to_model_tensor(img).unsqueeze(2).to(self.device, vae.dtype)
@@ -398,7 +404,9 @@ class JobRun:
 
     @torch.no_grad()
     def _encode_image(self) -> torch.Tensor:
-        """SigLIP embedding of the start image. With an end image, the conditioning is the blend
+        """SigLIP embedding of the start image (text-to-video: of its stand-in, a plain colour; for noise a black
+        image, as FramePack-Studio does: see pipeline/text_to_video.py).
+        With an end image, the conditioning is the blend
         (1 − a)·start + a·end with a = request.end_embed_weight (default 0.5, FramePack's end-frame PR #167 idea).
         diffusers' pipeline computes that blend and then ignores it (a = 0); a = 0 reproduces it exactly."""
         c = self.models

@@ -12,12 +12,16 @@ from PIL import Image
 
 from configs.controls import CONTROLS, Control, control
 from configs.generation import LIMITS
-from pipeline import magcache, timeline
+from pipeline import magcache, text_to_video, timeline
 from common.errors import InputError
 from pipeline.images import load_image, resize_center_crop
 from pipeline.resolution import job_size
 
 log = logging.getLogger(__name__)
+
+
+_T2V_HINT = ("; for text-to-video without one choose start from noise, black, white or green "
+             "(--start-from noise)")
 
 
 class RequestBase:
@@ -51,9 +55,12 @@ class RequestBase:
                 raise InputError(str(key), f"unknown setting; known: {known}")
         fields.update(given)
         for c in cls.CONTROLS:
+            if c.name == "image" and text_to_video.is_text_to_video(fields.get("start_from")):
+                continue                        # text-to-video: no start image (checked in `prepare`)
             if c.required and fields.get(c.name) is None and fields.get(c.required_unless) is None:
                 other = f" (or the {control(c.required_unless).label.lower()}'s)" if c.required_unless else ""
-                raise InputError(c.field_name, f"missing; give the {c.label.lower()}'s path{other}"
+                raise InputError(c.field_name, (f"missing; give the {c.label.lower()}'s path{other}"
+                                                + (_T2V_HINT if c.name == "image" else ""))
                                  if c.is_file else "missing")
             if c.is_file and base is not None and isinstance(fields.get(c.name), (str, Path)):
                 path = Path(fields[c.name]).expanduser()
@@ -223,8 +230,30 @@ def prepare(request: Request, default_resolution: int = 640, *, images_prepared:
         raise InputError("job to extend", f"{shown(settings['source_job'])} is a job id, which the app looks up in "
                                           f"its outputs folder; here give the job's folder as the video to extend "
                                           f"(input_video, --extend outputs/<job id>)")
+    t2v = text_to_video.is_text_to_video(settings.get("start_from"))
+    if t2v and r.input_video is not None:
+        raise InputError("start from", f"{shown(settings['start_from'])} is text-to-video, which starts without an "
+                                       f"image; extending a video starts from its last frame: choose start from "
+                                       f"'image'")
     if r.input_video is not None:                      # extending a video: its own checks and start image
         return _prepare_extension(dataclasses.replace(r, **settings), warnings)
+    if t2v and r.image is not None and not images_prepared:
+        raise InputError("start from", f"{shown(settings['start_from'])} is text-to-video, which starts without an "
+                                       f"image; remove the start image, or choose start from 'image' to use it")
+    if t2v and r.image is None:              # text-to-video: the square bucket of the resolution, or the custom size
+        size = job_size(settings["resolution"], settings["resolution"], settings["resolution"], settings["width"],
+                        settings["height"])
+        r = dataclasses.replace(r, **settings)
+        if r.end_image is not None:
+            raise InputError("end image", "text-to-video has no start image to pair an end frame with; remove "
+                                          "the end image, or give a start image (start from 'image')")
+        for w in warnings:
+            log.warning(w)
+        image = text_to_video.stand_in_image(r.start_from, size.height, size.width)
+        return PreparedRequest(r, image, None, size.height, size.width, r.prompt, tuple(warnings))
+    if r.image is None:                      # Request(...) built directly, without from_mapping's check
+        raise InputError("image", "no image given", advice="Upload a start image; for text-to-video without one "
+                                                           "choose start from noise, black, white or green.")
     if r.end_image is not None and r.mode != "original":
         raise InputError("end image", "only the original mode supports an end frame; choose mode 'original' or "
                                       "remove the end image")

@@ -6,7 +6,7 @@
     context.py      what the handlers share (AppContext); the preserved-memory bound
     panel_controls.py  live hints, memory plan, token count, upload checks, random seed
     panel_run.py    Start, Resume, End and the running job (long-job confirmation, report after the job)
-    panel_jobs.py   past jobs: gallery, details, Reuse settings
+    panel_jobs.py   past jobs: gallery, details, Reuse settings, Delete
     runner.py       the job runner: one GPU job at a time in click order, places and waits, staged images
     messages.py     messages for the page: fields by their labels, no exception class names
     uploads.py      uploads checked when they arrive

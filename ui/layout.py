@@ -69,6 +69,10 @@ class Layout:
     extend: gr.Button | None = None             # Past jobs: extend the selected job (ui/source_job.py)
     studio_import: gr.UploadButton | None = None    # Past jobs: a FramePack-Studio job's settings (pipeline/studio.py)
     studio_report: gr.Markdown | None = None        # what that import could not map
+    delete: gr.Button | None = None                 # Past jobs: delete the selected job (asks first)
+    delete_note: gr.Markdown | None = None          # the question, or what was deleted
+    delete_confirm: gr.Button | None = None         # shown by Delete; removes the job folder
+    delete_pending: gr.State | None = None          # the job id Delete asked about (Confirm deletes that one)
 
     def controls(self) -> list:
         """The generation controls in the table's order (ui.settings.CONTROLS: the handlers' and the API's)."""
@@ -124,6 +128,8 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
             with gr.Row():
                 w.place("seed", scale=4)
                 randomize = gr.Button("Random seed", scale=1, elem_id="randomize-seed")
+            if "new_seed" in w.rows:
+                w.place("new_seed")
             w.place("steps")
             w.place("gs")
             w.place("preserved_gb")
@@ -160,6 +166,10 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                     reuse = gr.Button("Reuse settings", interactive=False, elem_id="reuse-btn")
                     resume = gr.Button("Resume", interactive=False, elem_id="resume-btn")
                     extend = gr.Button("Extend", interactive=False, elem_id="extend-btn")
+                    delete = gr.Button("Delete", variant="stop", size="sm", elem_id="delete-job-btn")
+                delete_note = gr.Markdown("", elem_id="delete-job-note")
+                delete_confirm = gr.Button("Confirm delete", variant="stop", size="sm", visible=False,
+                                           elem_id="delete-job-confirm")
                 gr.Markdown("_Resume continues a stopped or interrupted job from its last finished section._",
                             elem_id="resume-info")
                 studio_import = gr.UploadButton("Import Studio settings", file_types=[".json", ".png"], size="sm",
@@ -172,4 +182,5 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                   preview=preview, video=video, log=log, report=report, memory_plot=memory_plot, timings=timings,
                   gallery=gallery, refresh=refresh, job_details=job_details, job_video=job_video, reuse=reuse,
                   resume=resume, jobs_state=gr.State([]), selected_job=gr.State(None), lora=picker,
-                  extend=extend, studio_import=studio_import, studio_report=studio_report)
+                  extend=extend, studio_import=studio_import, studio_report=studio_report, delete=delete,
+                  delete_note=delete_note, delete_confirm=delete_confirm, delete_pending=gr.State(None))

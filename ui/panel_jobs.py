@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+import shutil
 from pathlib import Path
 
 import gradio as gr
@@ -19,7 +20,7 @@ from ui import settings as st
 from ui.context import AppContext
 from ui.media import published
 from PIL import Image
-from pipeline.jobs import atomic_write_bytes
+from pipeline.jobs import PARTIAL_SUFFIX, atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,54 @@ class JobsPanel:
                 + (f"Not mapped or changed:\n{lines}" if lines else "Everything in the file was mapped."))
         return [values[name] for name in st.CONTROLS] + [text]
 
+    # ---- Delete (Past jobs): asked, then confirmed ---------------------------------------------------------------
+    def _deletable(self, job_id, request) -> jobs_gallery.JobEntry:
+        """The job `job_id` if this user may delete it now; raises gr.Error saying why not. Found by its name among
+        the outputs folder's job folders (ui/access.py), never a path made of the text; with several users only the
+        job's owner may delete it; a running job is refused."""
+        access = self.ctx.access
+        user = access.user(request)
+        entry = self._entry(job_id, request) if job_id else None
+        if entry is None:
+            raise gr.Error("Select a job in the gallery first (this one is not there).", print_exception=False)
+        if len(access.users) > 1 and entry.owner != user:
+            raise gr.Error("Only the user who made this job can delete it.", print_exception=False)
+        if entry.status == "running":
+            raise gr.Error(f"Job {entry.id} is running: press End (or remove it from the queue) first.",
+                           print_exception=False)
+        store = getattr(getattr(self.ctx, "runner", None), "store", None)
+        if store is not None and any(e.job_dir and Path(e.job_dir).name == entry.id
+                                     for e in store.entries(("waiting", "running"))):
+            raise gr.Error(f"Job {entry.id} is in the queue (running or waiting to resume): remove it from the "
+                           f"queue first.", print_exception=False)
+        outputs = Path(self.ctx.outputs).resolve()
+        if entry.dir.is_symlink() or entry.dir.resolve().parent != outputs:
+            raise gr.Error("This job's folder is not in the outputs folder.", print_exception=False)
+        return entry
+
+    def ask_delete(self, job_id, request: gr.Request = None):
+        """Delete pressed: (the confirmation text, the Confirm button shown, the job it asks about: Confirm deletes
+        that one, whatever is selected since). A resumable job warns that it can no longer be resumed."""
+        entry = self._deletable(job_id, request)
+        warning = (" **It is not finished: once deleted it can no longer be resumed.**" if entry.resumable else "")
+        return (f"Delete job **{entry.id}** ({entry.status}) and every file in its folder?{warning}",
+                gr.update(visible=True), entry.id)
+
+    def delete_job(self, job_id, request: gr.Request = None):
+        """Confirm pressed: the job asked about (`job_id`) has its folder removed (first renamed to a hidden name,
+        which listings skip and a later start sweeps if removing it fails half way). Returns the gallery, its ids,
+        the note, the Confirm button hidden, no job asked about, then the selected job's outputs cleared."""
+        entry = self._deletable(job_id, request)
+        hidden = entry.dir.with_name(f".{entry.id}.deleted{PARTIAL_SUFFIX}")
+        try:
+            entry.dir.rename(hidden)
+        except OSError as e:
+            raise gr.Error(f"Could not delete job {entry.id}: {e}", print_exception=False) from None
+        shutil.rmtree(hidden, ignore_errors=True)
+        log.info("job %s deleted", entry.id)
+        gallery, ids = self.refresh(request)
+        return (gallery, ids, f"Job {entry.id} deleted.", gr.update(visible=False), None) + self.select_id(None)
+
     def keep_preview(self, view) -> None:
         """A job that ended before its first video: its last latent preview becomes its gallery picture."""
         job_dir = getattr(view.result, "job_dir", None)
@@ -138,6 +187,12 @@ class JobsPanel:
         ui.reuse.click(self.reuse_settings, ui.selected_job, ui.controls(), show_progress="hidden")
         ui.extend.click(self.extend, ui.selected_job, [ui.source_job, ui.mode, ui.image, ui.input_video],
                         show_progress="hidden")
+        if ui.delete is not None:
+            ui.delete.click(self.ask_delete, ui.selected_job, [ui.delete_note, ui.delete_confirm, ui.delete_pending],
+                            show_progress="hidden")
+            ui.delete_confirm.click(self.delete_job, ui.delete_pending,
+                                    [ui.gallery, ui.jobs_state, ui.delete_note, ui.delete_confirm, ui.delete_pending]
+                                    + self.detail_outputs, show_progress="hidden")
         if ui.studio_import is not None:
             ui.studio_import.upload(self.import_studio, ui.studio_import, ui.controls() + [ui.studio_report],
                                     show_progress="hidden")
