@@ -275,6 +275,15 @@ def _resolution(meta, out: StudioImport, want) -> None:
     want("resolution", target, "resolutionW")
 
 
+def _threshold(meta, out: StudioImport, want, control: str, key: str, default: float, choices, name: str) -> None:
+    """A cache's threshold: Studio's value (or its default), as the nearest one the page offers (noted if moved)."""
+    given = _number(meta.get(key), "float")
+    value = _nearest(given if given is not None else default, choices)
+    if given is not None and value != given:
+        out.notes.append(f"{key} {given:g} → {name} threshold {value:g} (the nearest the page offers)")
+    want(control, value, key)
+
+
 def _caches(meta, out: StudioImport, want, wanted) -> None:
     """Studio's cache choice (its loader's rule: "cache_type", else use_magcache, else use_teacache) as the two
     thresholds; the value nearest Studio's among those the page offers."""
@@ -286,24 +295,14 @@ def _caches(meta, out: StudioImport, want, wanted) -> None:
             else "None"
     kind = str(kind)
     if kind == "TeaCache":
-        given = _number(meta.get("teacache_rel_l1_thresh"), "float")
-        value = _nearest(given if given is not None else 0.15, TEACACHE_CHOICES)
-        if given is not None and value != given:
-            out.notes.append(f"teacache_rel_l1_thresh {given:g} → TeaCache threshold {value:g} (the nearest the page "
-                             f"offers)")
-        want("teacache", value, "teacache_rel_l1_thresh")
+        _threshold(meta, out, want, "teacache", "teacache_rel_l1_thresh", 0.15, TEACACHE_CHOICES, "TeaCache")
         want("magcache", 0.0, "use_magcache")
         steps = _number(meta.get("teacache_num_steps"), "int")
         if steps is not None and steps != wanted.get("steps"):
             out.unmapped.append(("teacache_num_steps", "SteadyFrame's TeaCache counts the job's own steps (the first "
                                                        "and last of each section always compute)"))
     elif kind == "MagCache":
-        given = _number(meta.get("magcache_threshold"), "float")
-        value = _nearest(given if given is not None else 0.1, MAGCACHE_CHOICES)
-        if given is not None and value != given:
-            out.notes.append(f"magcache_threshold {given:g} → MagCache threshold {value:g} (the nearest the page "
-                             f"offers)")
-        want("magcache", value, "magcache_threshold")
+        _threshold(meta, out, want, "magcache", "magcache_threshold", 0.1, MAGCACHE_CHOICES, "MagCache")
         want("teacache", 0.0, "use_teacache")
         for key in ("magcache_max_consecutive_skips", "magcache_retention_ratio"):
             if not _none(meta.get(key)):

@@ -16,23 +16,13 @@ from memory.manager import MemoryManager
 from pipeline import lora
 from common.errors import InputError
 from tests.conftest import make_image
-from tests.lora_helpers import RANK, WRITERS, merged_by_hand, write_comfy, write_diffusers, write_musubi
+from tests.lora_helpers import (RANK, WRITERS, merged_by_hand, weights_in_stage, write_comfy, write_diffusers,
+                                write_musubi)
 
 
 @pytest.fixture(scope="module")
 def tr(tiny_original):
     return tiny_original.transformer
-
-
-def _weights_in_stage(tr, loras: lora.LoraSet, memory: MemoryManager | None = None) -> dict[str, torch.Tensor]:
-    """The transformer's weights as a stage binds them with `loras` attached (then detached)."""
-    mm = memory or MemoryManager(device="cpu")
-    lora.attach(tr, loras)
-    try:
-        with mm.stage("transformer", transformer=tr):
-            return {k: v.detach().clone() for k, v in tr.state_dict().items()}
-    finally:
-        lora.detach(tr)
 
 
 def _close(state, expected, tol=1e-5):
@@ -47,7 +37,7 @@ def test_each_key_format_applied_equals_the_hand_merge(tr, tmp_path, fmt):
     before = {k: v.clone() for k, v in tr.state_dict().items()}
     loras = lora.load_set(f"{path.name}:0.7", tmp_path, tr)
     assert sorted(loras.loras[0].factors) == sorted(expected)
-    _close(_weights_in_stage(tr, loras), merged_by_hand(tr, [(expected, 0.7)]))
+    _close(weights_in_stage(tr, loras), merged_by_hand(tr, [(expected, 0.7)]))
     assert any(float((merged_by_hand(tr, [(expected, 0.7)])[k] - before[k]).abs().max()) > 1e-3 for k in before)
     _close(dict(tr.state_dict()), before, 0.0)             # the host copy never changed
 
@@ -55,10 +45,10 @@ def test_each_key_format_applied_equals_the_hand_merge(tr, tmp_path, fmt):
 def test_strength_zero_is_no_lora_and_two_loras_add(tr, tmp_path):
     a, ea = write_diffusers(tr, tmp_path / "a.safetensors")
     b, eb = write_comfy(tr, tmp_path / "b.safetensors")
-    plain = _weights_in_stage(tr, lora.LoraSet())
-    zero = _weights_in_stage(tr, lora.load_set("a.safetensors:0", tmp_path, tr))
+    plain = weights_in_stage(tr, lora.LoraSet())
+    zero = weights_in_stage(tr, lora.load_set("a.safetensors:0", tmp_path, tr))
     _close(zero, plain, 0.0)
-    both = _weights_in_stage(tr, lora.load_set("a.safetensors:0.5, b.safetensors:-1.5", tmp_path, tr))
+    both = weights_in_stage(tr, lora.load_set("a.safetensors:0.5, b.safetensors:-1.5", tmp_path, tr))
     _close(both, merged_by_hand(tr, [(ea, 0.5), (eb, -1.5)]))
 
 
@@ -267,8 +257,8 @@ def test_fp8_host_storage_gets_the_lora_on_its_loaded_weights(tr, tmp_path):
     assert pack.fp8
     hosts = [c.host.clone() for c in pack.chunks]
     path, expected = write_diffusers(model, tmp_path / "a.safetensors")
-    plain = _weights_in_stage(model, lora.LoraSet())
-    with_lora = _weights_in_stage(model, lora.load_set(f"{path}:-1.25", None, model))
+    plain = weights_in_stage(model, lora.LoraSet())
+    with_lora = weights_in_stage(model, lora.load_set(f"{path}:-1.25", None, model))
     for name in plain:
         module = name.removesuffix(".weight")
         want = -1.25 * expected[module] if name.endswith(".weight") and module in expected else 0 * plain[name]
