@@ -2,7 +2,7 @@
 
 `step`: one transformer step (the pipeline's FramepackDenoiser after `begin_section`, the first section's real
 context at 608×640, window 9) resident and under the 20 GB cap (preserved 6, prefetch 1, streamed as the app
-streams), for eager bf16, compiled blocks and fp8 compute (torchao, compiled); the median of `--steps` steps after
+streams), for eager bf16, compiled blocks and fp8 compute (compiled, weights kept in fp8); the median of `--steps` steps after
 `--warmup`, the first compiled call timed apart (kernel preparation). Error against eager bf16 (relative Frobenius
 norm): one step's output, and a whole section's latents (25 sampling steps of the real sampler from the same noise).
 
@@ -94,7 +94,7 @@ def step_main(args) -> None:
     for variant in variants:
         if variant == "fp8":
             recipe = "rowwise" if args.tiny else compiled.fp8_recipe(device)
-            compiled.use_fp8_compute(tr, recipe)
+            compiled.use_fp8_compute(tr, recipe, device)
         blocks.enabled = variant != "eager"
         prepare_s = None
         if blocks.enabled:        # the first call compiles (timed here, not in the steps)
@@ -183,8 +183,8 @@ def jobs_main(args) -> None:
                 lora_name = write_random_lora(comps.transformer, lora_dir)
             if variant == "fp8":
                 recipe = "rowwise" if device.type == "cpu" else compiled.fp8_recipe(device)
-                if not any(type(m).__name__ == "Float8Linear" for m in comps.transformer.modules()):
-                    compiled.use_fp8_compute(comps.transformer, recipe)
+                if not any(isinstance(m, compiled.Fp8Linear) for m in comps.transformer.modules()):
+                    compiled.use_fp8_compute(comps.transformer, recipe, device)
             request = Request(image=_image(height, width), prompt="a red fox runs through fresh snow",
                               seconds=args.seconds if variant not in ("lora", "teacache") else args.short_seconds,
                               steps=args.steps, seed=31337, teacache=0.15 if variant == "teacache" else 0.0,

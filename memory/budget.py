@@ -86,7 +86,7 @@ class MemoryBudget:
         return plan_residency([c.nbytes for c in pack.blocks], pack.rest.nbytes, self.cap_bytes,
                               self.preserved_bytes, min_resident=1, activation_bytes=act,
                               slot_count=self.slot_count,
-                              stage_bytes=max((c.host_nbytes for c in pack.blocks if c.fp8), default=0))
+                              stage_bytes=max((c.host_nbytes for c in pack.blocks if c.stores_fp8), default=0))
 
     def place(self, models: dict[str, torch.nn.Module], packs: dict[str, HostPack]) -> dict[str, Placement]:
         out = {name: Placement(name, pack) for name, pack in packs.items()}

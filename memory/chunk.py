@@ -4,7 +4,9 @@ the host (memory/hostpack.py says which homes there are and why).
 Layouts: the device layout (the model's dtype, every tensor 256-byte aligned) is what a device buffer holds and what
 the parameters are bound to during a stage; the host layout is the same for plain storage, and for fp8 storage
 holds the Linear weights as e4m3fn + a float32 scale per row. Binding swaps `.data` pointers only (the same
-Parameter objects throughout; a model built empty gets real Parameters on its first binding).
+Parameter objects throughout; a model built empty gets real Parameters on its first binding). A weight kept in
+fp8 on the device (memory/fp8.py `keep_on_device`, for fp8 compute) is stored in fp8 whatever the storage setting,
+and its region of the device layout holds that stored form (values, then the row scales) instead of bf16.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ class _Entry:
     h_offset: int = 0           # in the host buffer (its stored form)
     h_nbytes: int = 0
     scale_offset: int = -1      # fp8 entries: float32 scale per row, in the host buffer
+    keep: bool = False          # kept in fp8 on the device (values + scales in its device region)
 
 
 def _placeholder(entry: _Entry) -> torch.Tensor:
@@ -103,18 +106,25 @@ class Chunk:
                     n = tensor.numel() * tensor.element_size()
                     name_ = f"{prefixes[id(module)]}.{key}".lstrip(".")
                     entry = _Entry([place], offset, n, tensor.shape, tensor.dtype, name_,
-                                   quantizable=fp8.quantizable(module, key, tensor))
+                                   quantizable=fp8.quantizable(module, key, tensor),
+                                   keep=fp8.kept(module, key, tensor)
+                                   and fp8.kept_fits(tuple(tensor.shape), _align(n), ALIGN))
                     seen[id(tensor)] = entry
                     self.entries.append(entry)
                     offset += _align(n)
         self.ids = set(seen)
         self.nbytes = offset
+        self.kept = any(e.keep for e in self.entries)
         if files is None:                                       # in memory: copy into one flat buffer
             self.home = "ram"
             self.host_nbytes = self._layout(False)
             self.host = torch.empty(self.host_nbytes, dtype=torch.uint8)
             for entry in self.entries:
-                self._host_view(entry).copy_(self._current(entry.places[0]))
+                current = self._current(entry.places[0])
+                if self.is_fp8(entry):
+                    fp8.quantize_into(self._host_view(entry), self.scale_view(self.host, entry), current)
+                else:
+                    self._host_view(entry).copy_(current)
         else:                                                   # file-backed: nothing read yet
             self.home = "file"
             for entry in self.entries:
@@ -131,7 +141,7 @@ class Chunk:
         off = 0
         for e in self.entries:
             e.h_offset = off
-            if quantized and e.quantizable:
+            if self._stored_fp8(e, quantized):
                 values, scales = fp8.stored_bytes(tuple(e.shape))
                 e.h_nbytes = values
                 e.scale_offset = off + _align(values)
@@ -145,7 +155,7 @@ class Chunk:
         """Bytes of the host buffer in plain or fp8 form (without changing anything)."""
         total = 0
         for e in self.entries:
-            if quantized and e.quantizable:
+            if self._stored_fp8(e, quantized):
                 values, scales = fp8.stored_bytes(tuple(e.shape))
                 total += _align(values) + _align(scales)
             else:
@@ -157,8 +167,18 @@ class Chunk:
         """Bytes read from the weight files to load this chunk once (0 for chunks without files)."""
         return sum(e.source.nbytes for e in self.entries if isinstance(e.source, TensorSource))
 
+    @staticmethod
+    def _stored_fp8(entry: _Entry, quantized: bool) -> bool:
+        return entry.keep or (quantized and entry.quantizable)
+
     def is_fp8(self, entry: _Entry) -> bool:
-        return self.fp8 and entry.quantizable
+        """Is this entry stored in fp8 on the host now?"""
+        return self._stored_fp8(entry, self.fp8)
+
+    @property
+    def stores_fp8(self) -> bool:
+        """Does the host buffer hold anything in fp8 (fp8 storage, or weights kept in fp8 on the device)?"""
+        return self.fp8 or self.kept
 
     @staticmethod
     def _current(place: _Place) -> torch.Tensor:
@@ -166,7 +186,12 @@ class Chunk:
         return table[place.name].data
 
     @staticmethod
-    def _view(flat: torch.Tensor, entry: _Entry) -> torch.Tensor:
+    def _view(flat: torch.Tensor, entry: _Entry) -> torch.Tensor | fp8.Kept:
+        if entry.keep:                  # the stored form: values, then (aligned) the row scales
+            values, scales = fp8.stored_bytes(tuple(entry.shape))
+            at = entry.offset + _align(values)
+            return fp8.Kept(flat[entry.offset:entry.offset + values].view(fp8.FP8).view(entry.shape),
+                            flat[at:at + scales].view(torch.float32))
         return flat[entry.offset:entry.offset + entry.nbytes].view(entry.dtype).view(entry.shape)
 
     def _host_view(self, entry: _Entry, host: torch.Tensor | None = None) -> torch.Tensor:
@@ -184,8 +209,9 @@ class Chunk:
             return values.view(fp8.FP8).view(entry.shape), self.scale_view(flat, entry)
         return values.view(entry.dtype).view(entry.shape), None
 
-    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """One view of `flat` (device layout) per tensor (made once per buffer: binding is then pointer swaps)."""
+    def views(self, flat: torch.Tensor) -> list[torch.Tensor | fp8.Kept]:
+        """One view of `flat` (device layout) per tensor (made once per buffer: binding is then pointer swaps);
+        a kept fp8 weight's is a `memory.fp8.Kept` (values, scales)."""
         return [self._view(flat, entry) for entry in self.entries]
 
     def _idle_view(self, entry: _Entry) -> torch.Tensor:
@@ -209,9 +235,14 @@ class Chunk:
     def bind_idle(self) -> None:
         self.bind_views(self.host_views)
 
-    def bind_views(self, views: list[torch.Tensor]) -> None:
+    def bind_views(self, views: list[torch.Tensor | fp8.Kept]) -> None:
         for entry, view in zip(self.entries, views):
             fresh = None
+            if entry.keep:              # the fp8 values in the Parameter, their scales beside it (None: not fp8)
+                scales = view.scales if isinstance(view, fp8.Kept) else None
+                view = view.values if isinstance(view, fp8.Kept) else view
+                for place in entry.places:
+                    place.module._buffers[fp8.SCALE] = scales
             for place in entry.places:
                 if not place.is_param:
                     place.module._buffers[place.name] = view
@@ -252,6 +283,13 @@ class Chunk:
         value = value if value.dtype == entry.dtype else value.to(entry.dtype)
         return fp8.round_trip(value) if self.is_fp8(entry) else value
 
+    def stored_value(self, entry: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
+        """An fp8-stored entry's (values, scales) on the CPU: the host copy's, or quantized from the files."""
+        if self.home == "ram":
+            values, scales = self.stored_views(self.host, entry)
+            return values, scales
+        return fp8.quantize(self._file_value(entry))
+
     def to_ram(self, quantized: bool, device: torch.device | None = None) -> int:
         """Give the chunk a host buffer (plain or fp8) filled from where its values are now; returns the bytes
         read from the weight files. A pinned chunk stays pinned."""
@@ -260,15 +298,38 @@ class Chunk:
         if self.home == "ram" and self.fp8 and not quantized:
             raise ValueError(f"{self.name}: weights stored in fp8 have no files to return to full precision from; "
                              f"load the models again")
+        return self._fill_host(quantized, device)
+
+    def keep_marked(self, device: torch.device | None = None) -> bool:
+        """Weights whose Linear was marked with memory.fp8.keep_on_device after this chunk was made become kept in
+        fp8 (a host buffer is rebuilt; call between stages). Returns whether anything changed."""
+        keep = [e.quantizable and bool(getattr(e.places[0].module, fp8.KEEP_ATTR, False))
+                and fp8.kept_fits(tuple(e.shape), _align(e.nbytes), ALIGN) for e in self.entries]
+        if keep == [e.keep for e in self.entries]:
+            return False
+        values = [self.value(e) for e in self.entries] if self.home == "ram" else None   # with the old layout
+        for e, k in zip(self.entries, keep):
+            e.keep = k
+        self.kept = any(keep)
+        if values is None:
+            self.host_nbytes = self._layout(self.fp8)
+            self._refresh_idle()
+            self.bind_idle()
+        else:
+            self._fill_host(self.fp8, device, values)
+        return True
+
+    def _fill_host(self, quantized: bool, device: torch.device | None, values: list | None = None) -> int:
         was_pinned = self.pinned
-        values = [self.value(e) for e in self.entries] if self.home == "ram" else None   # before the relayout
+        if values is None and self.home == "ram":
+            values = [self.value(e) for e in self.entries]                 # before the relayout
         size = self.stored_nbytes(quantized)
         host = torch.empty(size, dtype=torch.uint8)
         self._layout(quantized)
         read = 0
         for i, e in enumerate(self.entries):
             dst = host[e.h_offset:e.h_offset + e.h_nbytes]
-            if quantized and e.quantizable:
+            if self._stored_fp8(e, quantized):
                 w = values[i] if values is not None else self._file_value(e)
                 read += e.source.nbytes if values is None and isinstance(e.source, TensorSource) else 0
                 fp8.quantize_into(dst.view(fp8.FP8).view(e.shape), self.scale_view(host, e), w, device)

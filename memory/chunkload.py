@@ -88,6 +88,9 @@ def finish_stored(chunk: Chunk, stored: torch.Tensor, out: torch.Tensor) -> None
         values, scales = chunk.stored_views(stored, entry)
         if scales is None:
             view.copy_(values)
+        elif isinstance(view, fp8.Kept):                    # stays fp8: the stored bytes as they are
+            view.values.copy_(values)
+            view.scales.copy_(scales)
         else:
             fp8.dequantize_into(view, values, scales)
 
@@ -105,7 +108,9 @@ def _from_files(chunk: Chunk, buf: torch.Tensor, staging: Staging) -> None:
             staging.upload(src, raw)
             w = raw.view(src.dtype).view(src.shape)
             w = w if w.dtype == entry.dtype else w.to(entry.dtype)
-            if chunk.is_fp8(entry):
+            if isinstance(view, fp8.Kept):
+                fp8.quantize_into(view.values, view.scales, w)
+            elif chunk.is_fp8(entry):
                 q, scale = fp8.quantize(w)
                 fp8.dequantize_into(view, q, scale)
             else:
@@ -115,7 +120,11 @@ def _from_files(chunk: Chunk, buf: torch.Tensor, staging: Staging) -> None:
 def _fill_cpu(chunk: Chunk, buf: torch.Tensor) -> None:
     for entry, view in zip(chunk.entries, chunk.views(buf)):
         src = entry.source
-        if chunk.home == "file" and isinstance(src, TensorSource) and src.dtype == entry.dtype \
+        if isinstance(view, fp8.Kept):
+            values, scales = chunk.stored_value(entry)
+            view.values.copy_(values)
+            view.scales.copy_(scales)
+        elif chunk.home == "file" and isinstance(src, TensorSource) and src.dtype == entry.dtype \
                 and not chunk.is_fp8(entry):
             src.file.read_into(buf[entry.offset:entry.offset + entry.nbytes], src.offset)
         else:
@@ -135,7 +144,7 @@ def load_chunk(chunk: Chunk, device: torch.device, staging: Staging | None = Non
                non_blocking: bool = True) -> torch.Tensor | None:
     """A device copy of `chunk`, bound; returns its buffer (None on the CPU when the idle views are used)."""
     if device.type == "cpu":
-        if chunk.home == "ram" and not chunk.fp8 and not chunk.deltas:
+        if chunk.home == "ram" and not chunk.stores_fp8 and not chunk.deltas:
             chunk.bind_idle()
             return None
         buf = torch.empty(chunk.nbytes, dtype=torch.uint8)
@@ -144,7 +153,7 @@ def load_chunk(chunk: Chunk, device: torch.device, staging: Staging | None = Non
         chunk.bind(buf)
         return buf
     buf = torch.empty(chunk.nbytes, dtype=torch.uint8, device=device)
-    if chunk.home == "ram" and not chunk.fp8:
+    if chunk.home == "ram" and not chunk.stores_fp8:
         buf.copy_(chunk.host, non_blocking=non_blocking and chunk.pinned)
     elif chunk.home == "ram":
         stored = torch.empty(chunk.host_nbytes, dtype=torch.uint8, device=device)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from memory import fp8
+
 HALF = (torch.bfloat16, torch.float16)
 ROWS_PER_PIECE = 1024      # rows merged at a time: float32 temporaries ≤ rows × in × 8 bytes (126 MB at in = 15360)
 
@@ -90,7 +92,15 @@ def clear_deltas(pack) -> None:
         c.deltas = {}
 
 
-def apply_deltas(chunk, views: list[torch.Tensor]) -> None:
-    """Merge the chunk's deltas into `views` (its tensors in a device copy, memory/chunk.py `views`)."""
+def apply_deltas(chunk, views: list) -> None:
+    """Merge the chunk's deltas into `views` (its tensors in a device copy, memory/chunk.py `views`). A weight kept
+    in fp8 on the device is turned into its dtype, merged and quantized again in place (one temporary of its size)."""
     for i, delta in chunk.deltas.items():
-        delta.apply(views[i])
+        view = views[i]
+        if isinstance(view, fp8.Kept):
+            weight = torch.empty(view.values.shape, dtype=chunk.entries[i].dtype, device=view.values.device)
+            fp8.dequantize_into(weight, view.values, view.scales)
+            delta.apply(weight)
+            fp8.quantize_into(view.values, view.scales, weight)
+        else:
+            delta.apply(view)

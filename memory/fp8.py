@@ -12,8 +12,16 @@ Error (e4m3fn keeps 3 mantissa bits): every element within 2^-4 of its value rel
 on normally distributed weights the relative error (Frobenius norm) is about 2.3 % per matrix. What that does to
 one transformer step and to a section's latents is measured in tests/test_fp8.py (tiny preset) and in
 benchmarks/hostram.py (full size; BENCHMARKS.md).
+
+**Kept in fp8 on the device** (fp8 compute, pipeline/compiled.py): a Linear marked with `keep_on_device` has its
+weight stored in fp8 on the host whatever the storage setting, and its device copy is the stored form too: the
+e4m3fn values and their row scales, inside the region its bf16 weight would take (memory/chunk.py). While bound,
+the Parameter holds the fp8 values and the module's `weight_scale` buffer the scales (None otherwise), so the
+product multiplies them as they are: no dequantising on the way in, no cast of the weight in each product.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -21,6 +29,30 @@ from torch import nn
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)      # 448
 ROWS_PER_PIECE_BYTES = 64 << 20            # fp32 temporaries while quantizing are bounded by this
+KEEP_ATTR = "_steadyframe_fp8_kept"        # a Linear whose weight stays fp8 on the device
+SCALE = "weight_scale"                     # its buffer: the row scales of the bound fp8 weight (None: not fp8)
+
+
+class Kept(NamedTuple):
+    """A kept weight's device copy: e4m3fn values (out, in) and float32 row scales (out,)."""
+    values: torch.Tensor
+    scales: torch.Tensor
+
+
+def keep_on_device(linear: nn.Linear) -> None:
+    """Mark `linear` (before the model is packed): its weight is stored and bound in fp8 with row scales."""
+    setattr(linear, KEEP_ATTR, True)
+    linear.register_buffer(SCALE, None, persistent=False)
+
+
+def kept(module: nn.Module, name: str, tensor: torch.Tensor) -> bool:
+    return quantizable(module, name, tensor) and getattr(module, KEEP_ATTR, False)
+
+
+def kept_fits(shape: tuple[int, ...], region: int, align: int) -> bool:
+    """Do the fp8 values (aligned) and the row scales fit in a device region of `region` bytes?"""
+    values, scales = stored_bytes(shape)
+    return -(-values // align) * align + scales <= region
 
 
 def quantizable(module: nn.Module, name: str, tensor: torch.Tensor) -> bool:
@@ -55,6 +87,13 @@ def quantize_into(q: torch.Tensor, scale: torch.Tensor, w: torch.Tensor, device:
     for r in range(0, w.shape[0], rows):
         piece = torch.div(w[r:r + rows].float(), s[r:r + rows, None]).clamp_(-FP8_MAX, FP8_MAX)   # w untouched
         q[r:r + rows].copy_(piece)
+
+
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3fn values, float32 row scales) in one expression (traceable by torch.compile); the same bits as
+    `quantize` for a weight, and the per-token quantization of an activation (rows = tokens)."""
+    s = row_scales(w)
+    return torch.div(w.float(), s[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), s
 
 
 def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -89,6 +89,16 @@ class HostPack:
         model.__dict__[_ATTR] = pack
         return pack
 
+    def keep_marked(self, device: torch.device | None = None) -> int:
+        """Chunks whose Linears were marked to keep their weights in fp8 on the device (memory/fp8.py) since the pack
+        was made take that storage now; returns how many changed."""
+        return sum(c.keep_marked(device) for c in self.chunks)
+
+    @classmethod
+    def existing(cls, model: nn.Module) -> "HostPack | None":
+        """The model's pack if it has one (nothing is built)."""
+        return model.__dict__.get(_ATTR)
+
     @property
     def chunks(self) -> list[Chunk]:
         return [self.rest, *self.blocks]

@@ -22,12 +22,13 @@ unless set already), so a restarted app only traces the blocks again (seconds) i
 Eager: on the CPU (compiling the tiny preset costs more than it saves), where PyTorch has no Triton (e.g. some
 Windows builds), with `--no-compile`, or when a job's "Compiled transformer" is off. One log line says which.
 
-**fp8 compute** (torchao's float8 linear, row-wise dynamic scaling; falls back to one scale per tensor where the
-GPU's PyTorch has no row-wise fp8 product): each Linear inside the blocks multiplies in float8 e4m3: the activation
-and the weight are scaled and cast per call (fused into the compiled block), the product accumulates in float32 and
-comes out in bf16. The weights stay the model's Parameters (bf16 in their pinned host chunks or device slots), so
-streaming, LoRA merges and fp8 host storage (`--fp8`) work unchanged. With `--fp8` the slot holds the stored fp8
-weights turned back into bf16, cast to fp8 again by each product: they do not (yet) stay fp8 on the GPU.
+**fp8 compute** (row-wise scaling; one scale per tensor where the GPU's PyTorch has no row-wise fp8 product): each
+Linear inside the blocks multiplies in float8 e4m3 with PyTorch's own fp8 product (`torch._scaled_mm`, cuBLASLt /
+hipBLASLt, the kernel torchao's float8 inference calls too; no hand-written kernels). Its weight is kept in fp8:
+stored as e4m3 values with a scale per row in host RAM (memory/fp8.py, whatever `--fp8` says: the same rounding the
+product would apply) and copied to the device in that form (resident blocks, streamed slots, parked blocks), so a
+product only quantizes its activation per token (fused into the compiled block) and a streamed block copies half
+the bytes. LoRAs are merged into the device copy (turned to bf16, merged, quantized again).
 Needs fp8 tensor cores: NVIDIA compute capability 8.9+ (Ada, Hopper, Blackwell) or AMD gfx942/gfx950 (MI300,
 MI350) and gfx12 (RDNA4) with a PyTorch that supports fp8 products there (checked by a small product at start).
 """
@@ -46,6 +47,8 @@ from torch._dynamo.utils import counters
 from torch.utils._triton import has_triton
 
 from common.environment import read_environment
+from memory import fp8
+from memory.hostpack import HostPack
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +205,9 @@ class KernelTimer:
 
 
 # ---- fp8 compute -------------------------------------------------------------------------------------------------
+RECIPES = ("rowwise", "tensorwise")
+
+
 class Fp8ComputeUnavailable(RuntimeError):
     """--fp8-compute cannot run here (the message says why and what to do)."""
 
@@ -212,8 +218,58 @@ def _fp8_target(name: str, module: nn.Module) -> bool:
             and ".norm" not in f".{name}" and module.in_features % 16 == 0 and module.out_features % 16 == 0)
 
 
+def fp8_linear(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+               recipe: str = "rowwise") -> torch.Tensor:
+    """x @ (values · scales)ᵀ + bias with one fp8 product (PyTorch's `torch._scaled_mm`: cuBLASLt / hipBLASLt).
+    `values` (out, in) e4m3fn and `scales` (out,) float32 are the weight as memory/fp8.py stores it. "rowwise": the
+    activation is quantized per token (row) and the product applies both scales; "tensorwise" (GPUs whose PyTorch
+    has no row-wise fp8 product): one activation scale, the weight's row scales applied to the float32 output."""
+    rows = x.reshape(-1, x.shape[-1])
+    if recipe == "rowwise":
+        xq, xs = fp8.quantize_rows(rows)
+        out = torch._scaled_mm(xq, values.t(), scale_a=xs[:, None], scale_b=scales[None, :], bias=bias,
+                               out_dtype=x.dtype, use_fast_accum=True)
+    else:
+        xs = (rows.abs().amax().float() / fp8.FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+        xq = torch.div(rows.float(), xs).clamp(-fp8.FP8_MAX, fp8.FP8_MAX).to(fp8.FP8)
+        one = torch.ones((), dtype=torch.float32, device=x.device)
+        out = torch._scaled_mm(xq, values.t(), scale_a=xs, scale_b=one, out_dtype=torch.float32,
+                               use_fast_accum=True)
+        out = (out * scales[None, :]).to(x.dtype)
+        out = out if bias is None else out + bias
+    return out.reshape(*x.shape[:-1], values.shape[0])
+
+
+class Fp8Linear(nn.Linear):
+    """A block Linear under fp8 compute (its class swapped in place; the same Parameters). Bound to a weight kept in
+    fp8 (memory/fp8.py: the values in `weight`, the row scales in `weight_scale`) it multiplies them as they are;
+    bound to a weight in the model's dtype it quantizes it for the product (per row, as the storage would)."""
+    fp8_recipe = "rowwise"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scales = self.weight_scale
+        if scales is None:
+            values, scales = fp8.quantize_rows(self.weight)
+        else:
+            values = self.weight
+        return fp8_linear(x, values, scales, self.bias, self.fp8_recipe)
+
+
+def _probe(device: torch.device, recipe: str) -> None:
+    """One small fp8 product on `device`, checked against the bf16 product (raises if PyTorch cannot run it)."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    w = torch.randn(64, 64, generator=gen).to(device, torch.bfloat16)
+    x = torch.randn(32, 64, generator=gen).to(device, torch.bfloat16)
+    values, scales = fp8.quantize_rows(w)
+    out = fp8_linear(x, values, scales, None, recipe).float()
+    ref = (x @ w.t()).float()
+    err = ((out - ref).norm() / ref.norm()).item()
+    if not err < 0.1:
+        raise RuntimeError(f"the fp8 product is off by {err:.3f} (relative) on this GPU")
+
+
 def fp8_recipe(device: torch.device) -> str:
-    """The torchao float8 recipe this GPU runs ("rowwise", else "tensorwise"); raises Fp8ComputeUnavailable."""
+    """The fp8 product this GPU runs ("rowwise", else "tensorwise"); raises Fp8ComputeUnavailable."""
     device = torch.device(device)
     if device.type != "cuda":
         raise Fp8ComputeUnavailable(f"--fp8-compute needs a GPU with fp8 tensor cores (NVIDIA RTX 40xx / Ada, H100 "
@@ -229,17 +285,10 @@ def fp8_recipe(device: torch.device) -> str:
         major, minor = torch.cuda.get_device_capability(device)
         raise Fp8ComputeUnavailable(f"--fp8-compute needs fp8 tensor cores (compute capability 8.9 or newer: RTX 40xx,"
                                     f" L4, H100 …); {name} has {major}.{minor}. Leave --fp8-compute off.")
-    try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    except ImportError:
-        raise Fp8ComputeUnavailable("--fp8-compute uses torchao: pip install torchao (or leave --fp8-compute off)")
     failures = []
-    for recipe in ("rowwise", "tensorwise"):
+    for recipe in RECIPES:
         try:
-            probe = nn.Sequential(nn.Linear(64, 64, bias=False)).to(device, torch.bfloat16)
-            convert_to_float8_training(probe, config=Float8LinearConfig.from_recipe_name(recipe))
-            with torch.no_grad():
-                probe(torch.randn(32, 64, device=device, dtype=torch.bfloat16))
+            _probe(device, recipe)
             return recipe
         except Exception as e:      # this PyTorch has no such fp8 product on this GPU: try the next recipe
             failures.append(f"{recipe}: {str(e).strip().splitlines()[-1][:160] if str(e).strip() else type(e).__name__}")
@@ -247,14 +296,22 @@ def fp8_recipe(device: torch.device) -> str:
                                 f" Leave --fp8-compute off.")
 
 
-def use_fp8_compute(transformer: nn.Module, recipe: str = "rowwise") -> int:
-    """Make the block Linears of `transformer` multiply in fp8 (same Parameters; call before it is packed or
-    compiled). Returns how many Linears were converted."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
-    names = [name for name, m in transformer.named_modules() if _fp8_target(name, m)]
-    wanted = set(names)
-    convert_to_float8_training(transformer, config=Float8LinearConfig.from_recipe_name(recipe),
-                               module_filter_fn=lambda m, fqn: fqn in wanted)
-    log.info("fp8 compute: %d block Linears multiply in float8 e4m3 (torchao, %s scaling)", len(names), recipe)
+def use_fp8_compute(transformer: nn.Module, recipe: str = "rowwise", device: torch.device | None = None) -> int:
+    """Make the block Linears of `transformer` multiply in fp8, their weights kept in fp8 on the device (call between
+    stages; the same Parameters; a pack the model has takes the fp8 storage now, quantizing on `device` when it is
+    a GPU). Returns how many Linears were converted."""
+    if recipe not in RECIPES:
+        raise ValueError(f"fp8 recipe {recipe!r}: one of {', '.join(RECIPES)}")
+    names = []
+    for name, module in transformer.named_modules():
+        if _fp8_target(name, module):
+            module.__class__ = Fp8Linear
+            module.fp8_recipe = recipe
+            fp8.keep_on_device(module)
+            names.append(name)
+    pack = HostPack.existing(transformer)
+    if pack is not None:
+        pack.keep_marked(device)
+    log.info("fp8 compute: %d block Linears multiply in float8 e4m3 (%s scaling), weights kept in fp8 on the device",
+             len(names), recipe)
     return len(names)

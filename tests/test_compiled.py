@@ -147,8 +147,7 @@ def test_fp8_compute_is_refused_with_a_clear_message_where_it_cannot_run():
     assert models_for(_config("--preset", "tiny"), torch.device("cpu")).fp8_compute is None
 
 
-def test_fp8_compute_converts_the_block_linears_only_and_keeps_their_parameters():
-    pytest.importorskip("torchao", reason="torchao is what --fp8-compute runs on (pip install torchao)")
+def _fp8_transformer():
     from diffusers import HunyuanVideoFramepackTransformer3DModel
 
     from configs.presets import PRESETS
@@ -156,18 +155,80 @@ def test_fp8_compute_converts_the_block_linears_only_and_keeps_their_parameters(
     cfg = dict(PRESETS["tiny"].tiny_configs["transformer"])
     cfg.update(num_attention_heads=2, attention_head_dim=16)            # 32 wide: multiples of 16, as full size
     torch.manual_seed(0)
-    tr = HunyuanVideoFramepackTransformer3DModel(**cfg).eval().requires_grad_(False).to(torch.bfloat16)
+    return HunyuanVideoFramepackTransformer3DModel(**cfg).eval().requires_grad_(False).to(torch.bfloat16)
+
+
+def test_fp8_compute_converts_the_block_linears_only_and_keeps_their_parameters():
+    tr = _fp8_transformer()
     before = {n: m.weight for n, m in tr.named_modules() if isinstance(m, torch.nn.Linear)}
     x = torch.randn(64, 32, dtype=torch.bfloat16)
     q = tr.transformer_blocks[0].attn.to_q
     reference = q(x)
     n = compiled.use_fp8_compute(tr, "rowwise")
-    converted = {name for name, m in tr.named_modules() if type(m).__name__ == "Float8Linear"}
+    converted = {name for name, m in tr.named_modules() if isinstance(m, compiled.Fp8Linear)}
     assert n == len(converted) > 0
     assert all(name.startswith(("transformer_blocks.", "single_transformer_blocks.")) for name in converted)
     assert not any(".norm" in f".{name}" for name in converted)       # the modulation layers stay bf16
     assert "transformer_blocks.0.attn.to_q" in converted
     assert all(dict(tr.named_modules())[name].weight is before[name] for name in converted)   # same Parameters
-    out = tr.transformer_blocks[0].attn.to_q(x)
+    out = q(x)                                  # not packed yet: its bf16 weight is quantized for the product
     err = float((out.float() - reference.float()).norm() / reference.float().norm())
     assert 0 < err < 0.08                                              # fp8 rounding: close, not equal
+    q.fp8_recipe = "tensorwise"                 # one activation scale, the weight's row scales after the product
+    err = float((q(x).float() - reference.float()).norm() / reference.float().norm())
+    assert 0 < err < 0.08
+
+
+@pytest.mark.parametrize("packed_first", [False, True], ids=["marked-then-packed", "packed-then-marked"])
+def test_fp8_compute_keeps_weights_in_fp8_on_the_device_resident_streamed_and_with_a_lora(packed_first):
+    """The block Linears' weights are stored in fp8 and bound as stored (values + row scales); the product gives
+    the bits it gives when it quantizes the bf16 weight itself; a LoRA is merged and quantized again. A model
+    packed before fp8 compute is turned on (real weights are packed as they load) changes its storage then."""
+    from memory import fp8
+    from memory.deltas import WeightDelta, clear_deltas, set_deltas
+    from memory.hostpack import HostPack
+    from memory.manager import MemoryManager
+    from tests.test_memory_streaming import _inputs, _step
+
+    twin = _fp8_transformer()                   # the same weights, never packed: each product quantizes bf16
+    compiled.use_fp8_compute(twin, "rowwise")
+    inputs = _inputs(twin, seed=2)
+    per_product = _step(twin, inputs)
+    bf16 = twin.transformer_blocks[0].attn.to_q.weight.detach()
+    tr = _fp8_transformer()
+    if packed_first:
+        plain_bytes = HostPack.of(tr).host_bytes
+    compiled.use_fp8_compute(tr, "rowwise")
+    q = tr.transformer_blocks[0].attn.to_q
+    pack = HostPack.of(tr)
+    if packed_first:
+        assert pack.host_bytes < plain_bytes        # (tensors this small: alignment and embeddings dominate)
+    kept = [e for c in pack.chunks for e in c.entries if e.keep]
+    assert len(kept) == sum(isinstance(m, compiled.Fp8Linear) for m in tr.modules()) > 0
+    assert all(c.stores_fp8 for c in pack.blocks) and not pack.rest.stores_fp8 and not pack.fp8
+    resident = MemoryManager(device="cpu", plan_on_cpu=True)
+    with resident.stage("transformer", transformer=tr):
+        assert q.weight.dtype == fp8.FP8 and q.weight_scale.dtype == torch.float32
+        assert torch.equal(q.weight.view(torch.uint8), fp8.quantize(bf16)[0].view(torch.uint8))
+        out = _step(tr, inputs)
+    assert all(torch.equal(a, b) for a, b in zip(out, per_product))
+    assert q.weight_scale is None and q.weight.dtype == torch.bfloat16 and torch.isnan(q.weight).all()   # idle
+    cap_gb = (pack.rest.nbytes + pack.blocks[0].nbytes) / 2 ** 30
+    streaming = MemoryManager(device="cpu", cap_gb=cap_gb, preserved_gb=0, plan_on_cpu=True)
+    with streaming.stage("transformer", transformer=tr) as rec:
+        out = _step(tr, inputs)
+    assert "1/2 blocks" in rec.placement["transformer"] and rec.stream_misses == 0
+    assert all(torch.equal(a, b) for a, b in zip(out, per_product))
+    gen = torch.Generator().manual_seed(3)
+    delta = WeightDelta(torch.randn(4, 32, generator=gen) * 0.05, torch.randn(32, 4, generator=gen) * 0.05)
+    set_deltas(pack, {"transformer_blocks.0.attn.to_q.weight": delta})
+    merged = torch.empty_like(bf16)
+    fp8.dequantize_into(merged, *fp8.quantize(bf16))
+    WeightDelta(delta.down.to(torch.bfloat16), delta.up.to(torch.bfloat16)).apply(merged)    # the hand merge
+    try:
+        with resident.stage("transformer", transformer=tr):
+            values, scales = fp8.quantize(merged)
+            assert torch.equal(q.weight.view(torch.uint8), values.view(torch.uint8))
+            assert torch.equal(q.weight_scale, scales)
+    finally:
+        clear_deltas(pack)
