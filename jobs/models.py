@@ -38,7 +38,7 @@ def models_for(config, device, loader: Callable | None = None) -> "ComponentCach
 class ComponentCache:
     def __init__(self, preset: str, model_dir: Path | None = None, loader: Callable | None = None,
                  fp8_compute: str | None = None):
-        """`fp8_compute`: the torchao float8 recipe of --fp8-compute ("rowwise" …), None: off."""
+        """`fp8_compute`: the fp8 product of --fp8-compute ("rowwise" or "tensorwise", pipeline/compiled.py), None: off."""
         self.preset = get_preset(preset)
         self.fp8_compute = fp8_compute
         self.model_dir = model_dir
