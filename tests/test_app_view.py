@@ -114,6 +114,11 @@ def test_hints_explain_invalid_and_useless_combinations():
                                       negative_prompt="", crf=16, teacache=0, magcache=0.1) == []
     assert "2 sections" in hints.plan_hint(2.4, 9, "original") and "73 frames" in hints.plan_hint(2.4, 9, "original")
     assert hints.plan_hint("x", 9, "original") == ""
+    # the fields by the labels the page shows (not the code's "seconds:" / "latent window:")
+    assert hints.plan_hint(200, 9, "original").startswith("⚠ Total video length: 200 is not between")
+    assert hints.plan_hint(5, 40, "original").startswith("⚠ Latent window size: 40 is not a whole number between")
+    timed = hints.timeline_hint("[0s: a cat] [2s: a dog]", 5, 9, "original", 0)
+    assert "- 0.00–1.23 s: 'a cat'" in timed                 # the first section starts with the start image
     md = hints.hints_markdown("plan", problems)
     assert md.startswith("ℹ plan") and "⚠" in md
 

@@ -8,6 +8,7 @@ import math
 from configs import DEFAULTS, LIMITS, MEMORY
 from common.errors import InputError
 from memory.estimate import describe_preserved
+from ui.messages import input_error, label
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,14 @@ def number(value) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def on_page(error: ValueError) -> str:
+    """'seconds: 200 is not between 1 and 120' -> 'Total video length: …' (the field by its label on the page)."""
+    if isinstance(error, InputError):
+        return input_error(error)
+    field, sep, text = str(error).partition(": ")
+    return f"{label(field)}: {text}" if sep and label(field) != field else str(error)
+
+
 def plan_hint(seconds, latent_window, mode, fps: int = DEFAULTS.fps) -> str:
     """'2 sections of 9 latent frames → 73 frames (2.4 s at 30 fps)', or what is wrong with the length or window.
     Bounded work at any input: the planner refuses values beyond the limits before it counts anything."""
@@ -42,7 +51,7 @@ def plan_hint(seconds, latent_window, mode, fps: int = DEFAULTS.fps) -> str:
     try:
         plan = sections.make_plan(mode if isinstance(mode, str) else "", s, w, fps)
     except ValueError as e:
-        return f"⚠ {e}"
+        return f"⚠ {on_page(e)}"
     frames = plan.total_frames
     rounded = (f"{s:g} s is rounded to whole sections: " if abs(frames / fps - s) >= 0.05 else "")
     return (f"{rounded}{plan.count} section{'s' if plan.count != 1 else ''} of {plan.window} latent frames → "
