@@ -115,8 +115,12 @@ def test_hints_explain_invalid_and_useless_combinations():
     assert "2 sections" in hints.plan_hint(2.4, 9, "original") and "73 frames" in hints.plan_hint(2.4, 9, "original")
     assert hints.plan_hint("x", 9, "original") == ""
     # the fields by the labels the page shows (not the code's "seconds:" / "latent window:")
-    assert hints.plan_hint(200, 9, "original").startswith("⚠ Total video length: 200 is not between")
-    assert hints.plan_hint(5, 40, "original").startswith("⚠ Latent window size: 40 is not a whole number between")
+    # a number typed past a slider's end: the page moves the slider to its end (Start too): the hint says so
+    assert hints.plan_hint(200, 9, "original").startswith("⚠ Total video length: 200 is beyond the slider (1–120); "
+                                                          "the job gets 120. 100 sections")
+    assert hints.plan_hint(5, 40, "original").startswith("⚠ Latent window size: 40 is beyond the slider (1–33); "
+                                                         "the job gets 33.")
+    assert hints.plan_hint(5, 4.5, "original").startswith("⚠ Latent window size: 4.5 is not a whole number between")
     timed = hints.timeline_hint("[0s: a cat] [2s: a dog]", 5, 9, "original", 0)
     assert "- 0.00–1.23 s: 'a cat'" in timed                 # the first section starts with the start image
     md = hints.hints_markdown("plan", problems)

@@ -48,14 +48,26 @@ def plan_hint(seconds, latent_window, mode, fps: int = DEFAULTS.fps) -> str:
     s, w = number(seconds), number(latent_window)
     if s is None or w is None:
         return ""
+    # a number typed past a slider's end: the page sets the slider to that end when the box loses focus (Start
+    # does that too), so say which value the job will get instead of an error that Start would contradict
+    s, s_note = _slider_end(s, LIMITS.seconds, "seconds")
+    w, w_note = _slider_end(w, LIMITS.latent_window, "latent_window")
     try:
         plan = sections.make_plan(mode if isinstance(mode, str) else "", s, w, fps)
     except ValueError as e:
         return f"⚠ {on_page(e)}"
     frames = plan.total_frames
     rounded = (f"{s:g} s is rounded to whole sections: " if abs(frames / fps - s) >= 0.05 else "")
-    return (f"{rounded}{plan.count} section{'s' if plan.count != 1 else ''} of {plan.window} latent frames → "
-            f"{frames} frames ({frames / fps:.1f} s at {fps} fps); the video refreshes after each section.")
+    return (f"{s_note}{w_note}{rounded}{plan.count} section{'s' if plan.count != 1 else ''} of {plan.window} latent "
+            f"frames → {frames} frames ({frames / fps:.1f} s at {fps} fps); the video refreshes after each section.")
+
+
+def _slider_end(value: float, limits: tuple, name: str) -> tuple[float, str]:
+    lo, hi = limits
+    if lo <= value <= hi:
+        return value, ""
+    end = hi if value > hi else lo
+    return end, f"⚠ {label(name)}: {value:g} is beyond the slider ({lo:g}–{hi:g}); the job gets {end:g}. "
 
 
 def timeline_hint(prompt, seconds, latent_window, mode, blend, fps: int = DEFAULTS.fps) -> str:
