@@ -4,6 +4,8 @@ UI wiring only: the layout lives in ui/layout.py, the handlers in ui/panel_*.py 
 the event -> component conversion in ui/view.py; every job goes through the one queue and runner (jobs/).
 `build_app(config)` returns the Blocks (tests launch it on a free port).
 """
+from __future__ import annotations
+
 import sys
 
 import rocm  # first: the ROCm environment profile must be applied before anything imports torch
@@ -11,33 +13,23 @@ from configs.options import requested_device_index
 
 ROCM_ENV = rocm.apply_env_profile(device_index=requested_device_index(sys.argv[1:]))   # the jobs' GPU's profile
 
+# Light imports only up here (argparse, the configs, the queue's files): `--help` and a bad option are answered
+# before torch, diffusers and Gradio load (seconds on a busy machine); build_app and main import those.
 import logging  # noqa: E402
-
-import gradio as gr  # noqa: E402
 
 from common.portable import STOP_SIGNALS, handle_signal, wait_for_stop  # noqa: E402
 from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
 from configs.runtime import Config  # noqa: E402
 from jobs.models import models_for  # noqa: E402
 from jobs.runner import Runner, open_runner  # noqa: E402
-from ui import panel_controls, panel_lora  # noqa: E402
 from ui.access import Access  # noqa: E402
-from ui.api import PUBLIC_ENDPOINTS, JobApi, hide_ui_endpoints  # noqa: E402
-from ui.context import AppContext, preserved_max_gb, preserved_text  # noqa: E402
 from ui.examples import write_examples  # noqa: E402
 from ui.guard import HeapKeeper, limit_queue_per_client  # noqa: E402
 from ui.launch import (PUBLIC_NOTICE, host_budget_problem, launch_options, parse_args,  # noqa: E402
                        port_problem, public_without_login, security_warnings)
-from ui.layout import build_layout  # noqa: E402
-from ui.panel_jobs import JobsPanel  # noqa: E402
-from ui.panel_queue import wire_queue  # noqa: E402
-from ui.panel_run import JOBS_MAX, RunPanel  # noqa: E402
 from ui.prompt_tokens import TokenCounter  # noqa: E402
 from ui.settings import use_own_upload_folder  # noqa: E402
-from ui.queue_api import QUEUE_ENDPOINTS  # noqa: E402
-import torch  # noqa: E402
 from farm.executor import queue_executor  # noqa: E402
-from pipeline.availability import missing_weights_message  # noqa: E402
 
 log = logging.getLogger("steadyframe.app")
 QUEUE_MAX = 64          # events waiting in Gradio's queue at most (one GPU job runs at a time)
@@ -51,6 +43,7 @@ PROGRESS_POLL_S = 0.25  # how often it sends pending progress (its own default: 
 def _device_text(device) -> str:
     if device.type != "cuda":
         return "CPU (no GPU found: slow with real models; the tiny preset is meant for this)"
+    import torch
 
     name = torch.cuda.get_device_name(device)
     backend = "ROCm" if torch.version.hip else "CUDA"
@@ -64,11 +57,22 @@ def app_runner(config: Config, device) -> tuple[Runner, str | None]:
     return open_runner(config, executor, device_type=device.type)
 
 
-def build_app(config: Config, runner: Runner | None = None) -> gr.Blocks:
+def build_app(config: Config, runner: Runner | None = None):
     """The whole app as a gr.Blocks (queue configured, runner started, not launched). The panels in ui/ wire their
     own events: panel_controls (live hints, memory plan, token count, upload checks), panel_run (Start, Resume,
     End, the running job), panel_jobs (past jobs), panel_queue (the queue), api (the API for scripts)."""
+    import gradio as gr
+
     from memory.manager import default_device
+    from pipeline.availability import missing_weights_message
+    from ui import panel_controls, panel_lora
+    from ui.api import PUBLIC_ENDPOINTS, JobApi, hide_ui_endpoints
+    from ui.context import AppContext, preserved_max_gb, preserved_text
+    from ui.layout import build_layout
+    from ui.panel_jobs import JobsPanel
+    from ui.panel_queue import wire_queue
+    from ui.panel_run import JOBS_MAX, RunPanel
+    from ui.queue_api import QUEUE_ENDPOINTS
 
     preset = get_preset(config.preset)
     device = default_device()
@@ -108,7 +112,7 @@ def build_app(config: Config, runner: Runner | None = None) -> gr.Blocks:
     return app
 
 
-def idle_quietly(app: gr.Blocks) -> None:
+def idle_quietly(app) -> None:
     """Gradio's queue polls for new events every 1 ms and for progress every 10 ms on Linux (gradio/queueing.py,
     `sleep_when_free`): about 5 % of a core with nothing to do. A job waits at most QUEUE_POLL_S longer to start
     and progress is sent every PROGRESS_POLL_S: invisible next to a job, and an idle app then idles."""
@@ -127,10 +131,12 @@ def main(argv=None) -> int:
     for warning in security_warnings(config):
         log.warning(warning)
 
+    from memory.manager import default_device                    # torch (the options are checked by now)
+    from pipeline.availability import missing_weights_message
+
     missing = missing_weights_message(get_preset(config.preset), DEFAULTS.mode, config.model_dir)
     if missing:
         log.warning(missing)
-    from memory.manager import default_device
 
     problem = host_budget_problem(config, default_device().type) or port_problem(config.web.host, config.web.port)
     if problem:
@@ -151,7 +157,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def serve_until_stopped(app: gr.Blocks) -> None:
+def serve_until_stopped(app) -> None:
     """Sleep in the main thread until Ctrl-C or SIGTERM (Windows: also Ctrl-Break), then close the server (its
     shutdown deletes the temporary files). The wait costs no CPU where signal.pause exists (Linux, macOS); Windows
     has none, and there it looks twice a second (common/portable.py). Gradio's own wait wakes ten times a second."""

@@ -351,9 +351,10 @@ def _progress_bar():
     return tqdm(total=None, unit="step", dynamic_ncols=True, desc="starting")
 
 
-def read_batch(path: Path, preflight) -> tuple[list[tuple[int, object]], list[tuple[int, str, str]]]:
+def read_batch(path: Path, prepare) -> tuple[list[tuple[int, object]], list[tuple[int, str, str]]]:
     """Every job of a JSON-lines file, checked before any of them runs (a bad line is refused at once, not after
-    the jobs before it): ([(line number, PreparedRequest)], [(line number, "invalid", reason)])."""
+    the jobs before it): ([(line number, PreparedRequest)], [(line number, "invalid", reason)]). `prepare`: a
+    Request -> PreparedRequest that raises InputError (`check_request`, or a Preflight's prepare)."""
     from pipeline.request import Request
 
     jobs, invalid = [], []
@@ -364,7 +365,7 @@ def read_batch(path: Path, preflight) -> tuple[list[tuple[int, object]], list[tu
             obj = json.loads(line)
             if not isinstance(obj, dict):
                 raise InputError("job", "each line must be a JSON object")
-            jobs.append((number, preflight.prepare(Request.from_mapping(obj, base=path.parent))))
+            jobs.append((number, prepare(Request.from_mapping(obj, base=path.parent))))
         except InputError as e:
             invalid.append((number, "invalid", cli_message(e, KEY_OF_FIELD)))
         except (ValueError, RecursionError, TypeError) as e:   # not JSON (JSONDecodeError is a ValueError)
@@ -372,16 +373,33 @@ def read_batch(path: Path, preflight) -> tuple[list[tuple[int, object]], list[tu
     return jobs, invalid
 
 
+def check_request(request, config: Config):
+    """A request's own fields and images (pipeline/request.py `prepare`: PIL, not torch), checked before anything
+    loads the models' libraries: a typo in a path or a value is said in a fraction of a second. The pre-flight's
+    checks against the models and memory follow (Preflight.prepare takes the PreparedRequest as it is)."""
+    from pipeline.request import prepare
+
+    return prepare(request, get_preset(config.preset).default_resolution)
+
+
 def run_batch(command: Command, path: Path, new_seed: str | None = None) -> int:
-    problem = _weights_problem(command.config, "original") or _weights_problem(command.config, "f1")
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return EXIT_INPUT
-    try:
-        jobs, invalid = read_batch(path, command.preflight)
+    try:                         # the file and each line's own fields and images first: nothing of torch loaded yet
+        checked, invalid = read_batch(path, lambda request: check_request(request, command.config))
     except (OSError, UnicodeDecodeError) as e:
         print(f"error: jobs: cannot read {path}: {e}", file=sys.stderr)
         return EXIT_INPUT
+    jobs = []
+    if checked:
+        problem = _weights_problem(command.config, "original") or _weights_problem(command.config, "f1")
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return EXIT_INPUT
+        for number, prepared in checked:             # then what the models and the memory limits decide
+            try:
+                jobs.append((number, command.preflight.prepare(prepared)))
+            except InputError as e:
+                invalid.append((number, "invalid", cli_message(e, KEY_OF_FIELD)))
+        invalid.sort()
     for number, _, reason in invalid:
         print(f"line {number}: invalid: {reason}", file=sys.stderr)
     if invalid and jobs:
@@ -435,12 +453,17 @@ def run_generate(command: Command, request) -> int:
     extended = _job_preset(request.input_video) if not command.preset_given else None
     if extended is not None and extended != command.config.preset:     # as resume: the job's own models
         command.config = _replace(command.config, preset=extended)
+    try:
+        prepared = check_request(request, command.config)     # its own fields and images: nothing of torch loaded
+    except InputError as e:
+        print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
+        return EXIT_INPUT
     problem = _weights_problem(command.config, request.mode)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_INPUT
     try:
-        prepared = command.preflight.prepare(request)          # the one pre-flight: nothing written, nothing loaded
+        prepared = command.preflight.prepare(prepared)         # the one pre-flight: nothing written, nothing loaded
     except InputError as e:
         print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
         return EXIT_INPUT

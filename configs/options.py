@@ -39,7 +39,7 @@ def add_process_options(p: argparse.ArgumentParser, *, preset_default: str | Non
                    help="run the transformer blocks eagerly (default on a GPU: compiled with torch.compile, about 20 "
                         "%% faster a step; the first job prepares kernels, kept for later starts)")
     p.add_argument("--fp8-compute", action="store_true",
-                   help="multiply the transformer blocks' Linears in fp8 (torchao; NVIDIA RTX 40xx/H100 or newer, AMD "
+                   help="multiply the transformer blocks' Linears in fp8, their weights kept in fp8 (NVIDIA RTX 40xx/H100 or newer, AMD "
                         "MI300/MI350/RDNA4): faster, slightly less exact; refused on other devices")
     p.add_argument("--no-pin", action="store_true", help="do not page-lock host copies (when host RAM is short)")
     p.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: the GPU if there is one)")

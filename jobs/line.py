@@ -4,7 +4,7 @@ each one's remaining time (a running job's latest estimate) or expected time at 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pipeline.eta import JobRates
+from pipeline.eta import JobRates, frame_size
 
 
 @dataclass(frozen=True)
@@ -23,13 +23,17 @@ def plan_of(request):
 
 
 class Speed:
-    """The speed of the last finished job, learnt from its timings: what the expected time of a job is."""
+    """The speed of the last finished job, learnt from its timings: what the expected time of a job is, at that
+    job's speed per latent token and per pixel (a job of another resolution or latent window takes longer or less).
+    `default_resolution`: the preset's, for a request whose resolution is the preset's (None)."""
 
-    def __init__(self):
+    def __init__(self, default_resolution: int | None = None):
         self.rates = None                       # pipeline.eta.JobRates, once a job has finished
+        self.default_resolution = default_resolution
 
     def learn(self, request, timings: dict) -> None:
-        rates = JobRates.from_timings(timings, plan_of(request), int(request.steps))
+        rates = JobRates.from_timings(timings, plan_of(request), int(request.steps),
+                                      frame_size(request, self.default_resolution))
         if rates is not None:
             self.rates = rates
 
@@ -38,7 +42,8 @@ class Speed:
         if self.rates is None or request is None:
             return None
         try:
-            return self.rates.job_seconds(plan_of(request), int(request.steps))
+            return self.rates.job_seconds(plan_of(request), int(request.steps),
+                                          frame_size(request, self.default_resolution))
         except (ValueError, TypeError, OverflowError, AttributeError):
             return None
 

@@ -137,7 +137,7 @@ class Runner:
     def __init__(self, store: qs.QueueStore, executor, preflight, *, poll_s: float = POLL_S):
         self.store, self.executor, self.preflight = store, executor, preflight
         self.poll_s = poll_s
-        self.speed = Speed()
+        self.speed = Speed(getattr(preflight, "default_resolution", None))   # a job's expected time
         self.token = secrets.token_hex(8)            # this process's name in the queue's lease
         self._jobs: dict[str, Job] = {}              # entry id -> the job followed here
         self._sessions: dict[str, Job] = {}          # session -> its newest job
@@ -519,7 +519,9 @@ def _settings_request(settings: dict):
     """The parts of a stored entry's settings an estimate needs (pipeline/eta.py), with the defaults."""
     return SimpleNamespace(mode=settings.get("mode", DEFAULTS.mode), seconds=settings.get("seconds", DEFAULTS.seconds),
                            latent_window=settings.get("latent_window", DEFAULTS.latent_window),
-                           fps=settings.get("fps", DEFAULTS.fps), steps=settings.get("steps", DEFAULTS.steps))
+                           fps=settings.get("fps", DEFAULTS.fps), steps=settings.get("steps", DEFAULTS.steps),
+                           resolution=settings.get("resolution"), width=settings.get("width", 0),
+                           height=settings.get("height", 0))
 
 
 def open_runner(config, executor, *, device_type: str, preflight=None) -> tuple[Runner, str | None]:

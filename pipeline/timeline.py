@@ -269,7 +269,8 @@ class Schedule:
             first, last = section_frames(self.window, p)
             mix = " + ".join(f"{share:.2f}·{_quote(self.texts[k])!r}" if share < 1 else repr(_quote(self.texts[k]))
                              for k, share in enumerate(w) if share > 0)
-            lines.append(f"{first / self.fps:.2f}–{(last + 1) / self.fps:.2f} s: {mix}")
+            start = 0 if p == 0 else first                # the first section's span includes the start image
+            lines.append(f"{start / self.fps:.2f}–{(last + 1) / self.fps:.2f} s: {mix}")
         return lines
 
 
@@ -288,10 +289,10 @@ def schedule(prompt: str, mode: str, window: int, count: int, fps: int, blend: i
 
 def check_request(settings: dict) -> None:
     """The request checks' hook (pipeline/request.py): a timed prompt must fit the video of these settings."""
-    from pipeline.sections import make_plan
-
     prompt = settings.get("prompt")
     if not is_timeline(prompt):
         return
+    from pipeline.sections import make_plan        # (torch): a plain prompt's request is checked without it
+
     plan = make_plan(settings["mode"], settings["seconds"], settings["latent_window"], settings["fps"])
     schedule(prompt, plan.mode, plan.window, plan.count, settings["fps"], settings.get("prompt_blend") or 0)

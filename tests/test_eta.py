@@ -1,10 +1,16 @@
-"""pipeline/eta.py: the ETA counts every remaining step and decode, and whole-job estimates from a finished job."""
+"""pipeline/eta.py: the ETA counts every remaining step and decode, and whole-job estimates from a finished job
+(scaled to another job's size); the page's last progress line says the job's time as its status does. Fabricated
+timings only: nothing runs."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
+from jobs.line import Speed
 from pipeline import sections
-from pipeline.eta import DECODE_PRIOR, JobRates, Remaining
+from pipeline.eta import DECODE_PRIOR, JobRates, Remaining, step_tokens
+from pipeline.events import Done, Progress
 
 
 def _plan(seconds=3.6, mode="original"):
@@ -18,10 +24,10 @@ def test_in_section_one_the_estimate_counts_the_later_sections_and_every_decode(
     for step in range(1, 5):                            # 1 s per step
         left = eta.update("sampling", 1, step, float(step))
     sampling_left = (10 - 4) + 2 * 10                   # this section's last 6 steps and two more sections
-    # no decode measured yet: a section's decode is assumed to take about as long as its sampling (10 s)
+    # no decode measured yet: a latent frame's decode is assumed to take DECODE_PRIOR steps
     frames = [plan.decode_frames(s) for s in plan.sections]
-    assert left == pytest.approx(sampling_left * 1.0 + sum(frames) * DECODE_PRIOR * 10 / frames[-1])
-    assert left > sampling_left + 2 * 10
+    assert left == pytest.approx(sampling_left * 1.0 + sum(frames) * DECODE_PRIOR * 1.0)
+    assert left > sampling_left
 
 
 def test_measured_decode_time_per_frame_replaces_the_prior():
@@ -40,6 +46,21 @@ def test_measured_decode_time_per_frame_replaces_the_prior():
     during_last_decode = eta.update("VAE decode", 3, 2, t + 10)
     assert during_last_decode == pytest.approx(frames[2] * eta.decode_per_frame())
 
+
+def test_the_decodes_after_the_first_give_the_rate_once_there_are_some():
+    """The first decode also starts the VAE and the video's writer (the tiny preset's 9 frames took as long as 18
+    later): once a later decode is measured, the rate comes from the later ones."""
+    plan = _plan()
+    frames = [plan.decode_frames(s) for s in plan.sections]
+    eta = Remaining.for_plan(plan, steps=2)
+    for section, t in ((1, 0.0), (2, 10.0)):
+        eta.update("sampling", section, 0, t)
+        eta.update("sampling", section, 1, t + 1)
+        eta.update("sampling", section, 2, t + 2)
+        eta.update("VAE decode", section, 2, t + 2)
+    assert eta.decode_per_frame() == pytest.approx(8.0 / frames[0])      # only the first: its rate
+    eta.update("sampling", 3, 0, 14.0)                                   # section 2's decode took 2 s
+    assert eta.decode_per_frame() == pytest.approx(2.0 / frames[1])
 
 def test_no_estimate_before_a_step_is_timed():
     eta = Remaining.for_plan(_plan(), steps=4)
@@ -61,14 +82,113 @@ def test_job_rates_from_a_finished_job_estimate_a_longer_one():
 def test_before_the_first_decode_an_earlier_jobs_speed_or_the_encode_stage_is_used():
     plan = _plan()
     frames = [plan.decode_frames(s) for s in plan.sections]
-    known = Remaining.for_plan(plan, steps=2, decode_prior=0.5)
+    known = Remaining.for_plan(plan, steps=3, decode_prior=0.5)
     known.update("sampling", 1, 0, 0.0)
-    left = known.update("sampling", 1, 1, 0.1)
-    assert left == pytest.approx((1 + 2 * 2) * 0.1 + sum(frames) * 0.5)
-    fresh = Remaining.for_plan(plan, steps=2)
+    known.update("sampling", 1, 1, 0.1)
+    left = known.update("sampling", 1, 2, 0.2)
+    assert left == pytest.approx((1 + 2 * 3) * 0.1 + sum(frames) * 0.5)
+    fresh = Remaining.for_plan(plan, steps=3)
     fresh.update("VAE encode", 0, 0, 0.0)
     fresh.update("image encoder", 0, 0, 3.0)             # the VAE encode stage took 3 s: decodes take no less
     fresh.update("sampling", 1, 0, 3.5)
-    left = fresh.update("sampling", 1, 1, 3.6)
+    fresh.update("sampling", 1, 1, 3.6)
+    left = fresh.update("sampling", 1, 2, 3.7)
     assert fresh.encode_s == pytest.approx(3.0)
-    assert left == pytest.approx((1 + 2 * 2) * 0.1 + sum(frames) * 3.0 / frames[-1])
+    assert left == pytest.approx((1 + 2 * 3) * 0.1 + sum(frames) * 3.0 / frames[-1])
+
+
+def _run(plan, steps, step_s, frame_s, starts, fixed_s=2.0):
+    """A whole job's progress points as the orchestrator sends them (pipeline/orchestrator.py), with these times:
+    `starts[n]` from section n's start to its first step (loading, kernels) besides the step; each step `step_s`;
+    a decode `frame_s` a latent frame. [(stage, section, step, elapsed)], and the job's total time."""
+    t, points = fixed_s, []
+    for section in plan.sections:
+        n = section.index + 1
+        points.append(("sampling", n, 0, t))
+        t += starts[min(n, len(starts)) - 1]
+        for step in range(1, steps + 1):
+            t += step_s
+            points.append(("sampling", n, step, t))
+        points.append(("VAE decode", n, steps, t))
+        t += plan.decode_frames(section) * frame_s
+    return points, t
+
+
+def test_section_ones_estimate_is_near_the_time_it_takes():
+    """Issue 33 item 5: a GPU-like job (BENCHMARKS.md: 1.3 s a step, 0.32 s a decoded latent frame, loading the
+    transformer 0.3 s, the first section's kernels prepared in 20 s): from the second step of section 1 on, the
+    estimate is within 20 % of the time really left. Before, the first step's loading and kernels counted as a step
+    and a section's decode was assumed as long as its sampling (~70 % too high)."""
+    plan, steps = sections.make_plan("original", 5.0, 9, 30), 25
+    points, total = _run(plan, steps, 1.3, 0.32, starts=[20.3, 0.3])
+    eta = Remaining.for_plan(plan, steps)
+    ratios = []
+    for stage, section, step, elapsed in points:
+        left = eta.update(stage, section, step, elapsed)
+        if stage == "sampling" and section == 1 and step >= 2:
+            ratios.append(left / (total - elapsed))
+    assert len(ratios) == steps - 1
+    assert all(0.8 < r < 1.2 for r in ratios), [round(r, 2) for r in ratios]
+
+
+def test_a_sections_start_is_kept_apart_from_its_steps():
+    plan, steps = sections.make_plan("f1", 3.6, 9, 30), 4
+    eta = Remaining.for_plan(plan, steps)
+    eta.update("sampling", 1, 0, 0.0)
+    eta.update("sampling", 1, 1, 31.0)                 # 30 s of loading and kernels, then a 1 s step
+    eta.update("sampling", 1, 2, 32.0)
+    assert eta.per_step == pytest.approx(1.0) and eta.start_extra() == 0.0   # the first start: one-time work
+    eta.update("VAE decode", 1, 4, 34.0)
+    eta.update("sampling", 2, 0, 44.0)
+    eta.update("sampling", 2, 1, 48.0)                 # a later section: 3 s of loading, then its step
+    left = eta.update("sampling", 2, 2, 49.0)
+    assert eta.per_step == pytest.approx(1.0) and eta.start_extra() == pytest.approx(3.0)
+    per_frame = 10.0 / plan.decode_frames(plan.sections[0])
+    assert left == pytest.approx((2 + 4) * 1.0 + 3.0 + sum(plan.decode_frames(s) for s in plan.sections[1:])
+                                 * per_frame)
+
+
+def test_a_learnt_speed_scales_with_the_latent_tokens_and_pixels():
+    """Issue 33 item 5: a job learnt at 128 px predicts one at 64 px (or another window) at the same speed per
+    latent token and per pixel; before, at the same time as the 128 px job (26 s shown for a 6 s job)."""
+    plan, steps = sections.make_plan("original", 2.4, 9, 30), 4
+    timings = {"transformer": 16.0, "VAE decode": 8.0, "total": 26.0}
+    rates = JobRates.from_timings(timings, plan, steps, (128, 128))
+    assert rates.job_seconds(plan, steps, (128, 128)) == pytest.approx(26.0)
+    small = rates.job_seconds(plan, steps, (64, 64))
+    token_ratio = step_tokens(64, 64, 9) / step_tokens(128, 128, 9)
+    assert small == pytest.approx(2.0 + 16.0 * token_ratio + 8.0 / 4)
+    assert small < 9.0
+    wide = sections.make_plan("original", 2.4, 18, 30)
+    frames = sum(wide.decode_frames(s) for s in wide.sections)
+    assert rates.job_seconds(wide, steps, (128, 128)) == pytest.approx(
+        2.0 + wide.count * steps * rates.per_step * step_tokens(128, 128, 18) / step_tokens(128, 128, 9)
+        + frames * rates.per_frame)
+    speed = Speed(default_resolution=64)                # the tiny preset's
+    job = SimpleNamespace(mode="original", seconds=2.4, latent_window=9, fps=30, steps=4, resolution=128, width=0,
+                          height=0)
+    speed.learn(job, timings)
+    assert speed.expected_seconds(job) == pytest.approx(26.0)
+    page = SimpleNamespace(mode="original", seconds=2.4, latent_window=9, fps=30, steps=4, resolution=None)
+    assert speed.expected_seconds(page) == pytest.approx(small)          # the preset's resolution: 64
+    custom = SimpleNamespace(**{**vars(job), "width": 64, "height": 64})
+    assert speed.expected_seconds(custom) == pytest.approx(small)
+
+
+def test_compiling_kernels_is_not_learnt_as_a_steps_time():
+    plan, steps = sections.make_plan("original", 2.4, 9, 30), 4
+    rates = JobRates.from_timings({"transformer": 56.0, "preparing kernels": 40.0, "VAE decode": 8.0,
+                                   "total": 66.0}, plan, steps)
+    assert rates.per_step == pytest.approx(16.0 / (plan.count * steps))
+
+
+def test_the_last_progress_line_says_the_jobs_time_as_the_status_does():
+    """Issue 33 item 5: after a job the progress line said "elapsed 50 s" (its last progress event, before the last
+    decode) and the status "1 min 01 s" (the job's total)."""
+    from ui.view import JobView
+
+    view = JobView(fps=30, mode="f1")
+    view.apply(Progress("VAE decode", 2, 2, 25, 25, 50.0, 3.0, "decoding"))
+    view.apply(Done(None, None, 73, False, {"total": 61.0}))
+    progress = view._progress_html()
+    assert "1 min 01 s" in view.status and "elapsed 1 min 01 s" in progress and "50 s" not in progress

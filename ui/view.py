@@ -122,7 +122,7 @@ class JobView:
                 self._changed.add("video")
             self.status = done_status(event, self.fps)
             self._log("info", self.status.replace("**", "").replace("`", ""))
-            self._finish_progress("stopped" if event.stopped else "done")
+            self._finish_progress("stopped" if event.stopped else "done", event.timings.get("total"))
             self._changed.add("status")
         elif isinstance(event, Failed):
             self.result = event
@@ -164,15 +164,19 @@ class JobView:
             and self.progress.sections > 1 else ""
         return progress_html(self._shown, note=note)
 
-    def _finish_progress(self, stage: str) -> None:
+    def _finish_progress(self, stage: str, total_s: float | None = None) -> None:
+        """The progress line of an ended job; `total_s`: the job's whole time (Done.timings' "total", the clock of
+        every Progress.elapsed_s), which the line then says as the status does (the last progress event came
+        before the last decode and the video's end)."""
         p = self.progress
         if p is None:
-            self.progress = Progress(stage, 0, 0, 0, 0, 0.0, None, stage)
+            self.progress = Progress(stage, 0, 0, 0, 0, 0.0 if total_s is None else float(total_s), None, stage)
             self.waiting = None
         else:
             done = stage == "done"
+            elapsed = p.elapsed_s if total_s is None else float(total_s)
             self.progress = Progress(stage, p.sections if done else p.section, p.sections,
-                                     p.steps if done else p.step, p.steps, p.elapsed_s, None, stage)
+                                     p.steps if done else p.step, p.steps, elapsed, None, stage)
         self._shown = self.progress
         self._changed.add("progress")
 
