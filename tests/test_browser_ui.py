@@ -154,6 +154,20 @@ def test_phone_start_shows_progress_and_preview_and_end_stays_reachable(server, 
         page.close()
 
 
+def test_a_refused_start_leaves_no_idle_line_under_its_message(server, browser):
+    """Start without an image: the status names the field, and the progress line agrees (it said "Idle: upload an
+    image, write a prompt, press Start." under "⚠ Start image: …")."""
+    page = _open(browser, server)
+    try:
+        page.locator("#prompt textarea").fill("a cat")
+        page.locator("#start-btn").click()
+        assert "no image given" in _wait_status(page, "Start image:")
+        page.wait_for_function("() => document.querySelector('#progress').innerText.includes('Not started')")
+        assert "Idle" not in page.locator("#progress").inner_text()
+    finally:
+        page.close()
+
+
 def test_desktop_start_and_progress_in_one_screen(server, browser):
     page = _open(browser, server, DESKTOP)
     try:

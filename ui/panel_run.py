@@ -30,6 +30,7 @@ STOP_CALLS_MAX = 8      # End presses handled at once (each is a lock and a flag
 SUBMITS_MAX = 2         # Start/Resume checks (image decoding) at once; more wait in the queue
 JOBS_MAX = 16           # job streams open at once (the runner's line orders them; one runs at a time)
 TICK_S = 1.0            # the progress bar's clock moves this often between events
+NOT_STARTED = "Not started: change what the message above names, then press Start."
 
 
 class RunPanel:
@@ -93,8 +94,11 @@ class RunPanel:
             self.refuse(request.session_hash, e)
 
     def show_submit_error(self, request: gr.Request):
+        """The refusal in the status, and a progress line that agrees with it (not "Idle: … press Start")."""
         message = self.runner.last_error(request.session_hash)
-        return f"⚠ {message}" if message else gr.skip()
+        if not message:
+            return gr.skip(), gr.skip()
+        return f"⚠ {message}", progress_html(None, idle_text=NOT_STARTED)
 
     # ---- the running job --------------------------------------------------------------------------------------------
     def run(self, job_id):
@@ -168,7 +172,8 @@ class RunPanel:
 
         def queue_job(submitted, api_name=None):
             """After a job is queued: it waits its turn in the queue and streams to the page."""
-            submitted.failure(self.show_submit_error, None, ui.status, queue=False, show_progress="hidden")
+            submitted.failure(self.show_submit_error, None, [ui.status, ui.progress], queue=False,
+                              show_progress="hidden")
             submitted.success(self.run, job_state, run_outputs, concurrency_limit=JOBS_MAX, concurrency_id="gpu",
                               show_progress="full", show_progress_on=[ui.progress], api_name=api_name) \
                 .then(self.finish, [job_state, ui.selected_job], finish_outputs,
