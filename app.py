@@ -96,7 +96,8 @@ def build_app(config: Config, runner: Runner | None = None):
                          TokenCounter(preset, config.model_dir), access, public, keeper)
         panel_controls.wire(app, ctx)
         if ui.lora is not None:
-            panel_lora.wire(ui.lora, ui.loras, ctx.quick)
+            panel_lora.wire(ui.lora, ui.loras, ctx.quick, check=lambda spec, mode: runner.preflight.check_loras(
+                mode, spec), mode=ui.mode)
         jobs = JobsPanel(ctx)
         RunPanel(ctx, jobs).wire(app, gr.State(None))
         jobs.wire(app)

@@ -20,6 +20,11 @@ def folder(tmp_path_factory, tiny_original):
     d = tmp_path_factory.mktemp("loras")
     write_comfy(tiny_original.transformer, d / "style.safetensors")
     write_diffusers(tiny_original.transformer, d / "motion.safetensors")
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"transformer.no_such_block.proj.lora_A.weight": torch.zeros(4, 32),       # keys that fit nothing
+               "transformer.no_such_block.proj.lora_B.weight": torch.zeros(32, 4)}, str(d / "other.safetensors"))
     return d
 
 
@@ -47,9 +52,23 @@ def test_choose_a_lora_on_the_page(server, browser, folder, tmp_path):
         expect(box).to_have_value("")
         page.locator("#lora-file input").click()
         page.get_by_role("option", name="style.safetensors").click()
-        set_number(page, "lora-strength", -0.75)
+        set_number(page, "lora-strength", -0.5)
         page.locator("#lora-add").click()
+        expect(box).to_have_value("style.safetensors:-0.5")
+        # a slider per LoRA in the box (Studio has one): moving it rewrites the box; the box is checked at once
+        slot = page.locator("#lora-slot-0")
+        expect(slot).to_contain_text("style.safetensors strength")
+        set_number(page, "lora-slot-0", -0.75)
         expect(box).to_have_value("style.safetensors:-0.75")
+        expect(page.locator("#lora-note")).to_contain_text("fit the transformer")
+        box.fill("style.safetensors:-0.75, other.safetensors:1")           # keys that fit no layer: said now
+        box.press("Tab")
+        expect(page.locator("#lora-note")).to_contain_text("other.safetensors")
+        expect(page.locator("#lora-note")).to_contain_text("⚠")
+        expect(page.locator("#lora-slot-1")).to_contain_text("other.safetensors strength")
+        box.fill("style.safetensors:-0.75")
+        box.press("Tab")
+        expect(page.locator("#lora-slot-1")).to_be_hidden()
         before = set(server.jobs())
         page.locator("#start-btn").click()
         status = wait_status(page, "Done", "Failed")

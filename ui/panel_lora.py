@@ -1,5 +1,8 @@
 """The LoRA picker: the LoRA folder's files in a dropdown, a strength, "Add" into the LoRAs box (the setting the
-job, job.json, Reuse settings and the /video API's `loras` parameter use: `file:strength, ...`)."""
+job, job.json, Reuse settings and the /video API's `loras` parameter use: `file:strength, ...`). Under it, one
+strength slider per LoRA in the box (as FramePack-Studio has; moving one rewrites the box) and the box checked
+against the transformer's layers as soon as it changes (a LoRA whose keys do not fit is said then, not when the job
+starts)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,6 +13,10 @@ import gradio as gr
 from configs.lora import LORA
 from pipeline import lora
 from common.errors import InputError
+from ui import messages
+
+
+SLOTS = 4                # strength sliders shown (one per LoRA of the box; more LoRAs: edit the box)
 
 
 @dataclass
@@ -20,6 +27,8 @@ class LoraPicker:
     add: gr.Button
     clear: gr.Button
     refresh: gr.Button
+    sliders: list = None           # SLOTS strength sliders, labelled by their LoRA
+    note: gr.Markdown = None       # the box checked: what each LoRA changes, or why it cannot be used
 
 
 def place(widgets, folder) -> LoraPicker:
@@ -37,7 +46,54 @@ def place(widgets, folder) -> LoraPicker:
             add = gr.Button("Add LoRA", size="sm", elem_id="lora-add")
             clear = gr.Button("No LoRAs", size="sm", elem_id="lora-clear")
             refresh = gr.Button("Refresh list", size="sm", elem_id="lora-refresh")
-    return LoraPicker(folder, file, strength, add, clear, refresh)
+        sliders = [gr.Slider(LORA.strength_min, LORA.strength_max, value=1.0, step=0.05, visible=False,
+                             label=f"LoRA {i + 1}", elem_id=f"lora-slot-{i}") for i in range(SLOTS)]
+        note = gr.Markdown("", elem_id="lora-note")
+    return LoraPicker(folder, file, strength, add, clear, refresh, sliders, note)
+
+
+def slots(text) -> list:
+    """The sliders for the box's LoRAs: label and strength for each, hidden beyond them (a box that does not parse
+    hides them: the note says why)."""
+    try:
+        choices = lora.parse_spec(text or "") if isinstance(text, str) else ()
+    except InputError:
+        choices = ()
+    out = []
+    for i in range(SLOTS):
+        if i < len(choices):
+            c = choices[i]
+            out.append(gr.update(visible=True, label=f"{c.name} strength", value=c.strength))
+        else:
+            out.append(gr.update(visible=False))
+    return out
+
+
+def moved(index: int, strength, text):
+    """The box with the `index`-th LoRA's strength set to `strength` (a slider moved)."""
+    if not isinstance(text, str) or isinstance(strength, bool) or not isinstance(strength, (int, float)) \
+            or not LORA.strength_min <= strength <= LORA.strength_max:
+        return gr.skip()
+    try:
+        choices = list(lora.parse_spec(text))
+    except InputError:
+        return gr.skip()
+    if index >= len(choices):
+        return gr.skip()
+    choices[index] = lora.LoraChoice(choices[index].name, round(float(strength), 4))
+    return lora.format_spec(choices)
+
+
+def checked(text, mode, check) -> str:
+    """The note under the sliders: the box checked now by `check(spec, mode)` (the pre-flight's LoRA check:
+    reads the files, matches their keys to the transformer's layers; raises InputError)."""
+    if not isinstance(text, str) or not text.strip():
+        return ""
+    try:
+        check(text, mode if isinstance(mode, str) else "original")
+    except InputError as e:
+        return f"⚠ {messages.input_error(e)}"
+    return f"✓ {len(lora.parse_spec(text))} LoRA(s) fit the transformer's layers."
 
 
 def added(name, strength, text) -> str:
@@ -57,9 +113,16 @@ def added(name, strength, text) -> str:
     return lora.format_spec([*choices, lora.LoraChoice(str(name), round(float(strength), 4))])
 
 
-def wire(picker: LoraPicker, box: gr.Textbox, guard) -> None:
-    """The picker's buttons (un-queued, so bounded by `guard`: ui/guard.py)."""
+def wire(picker: LoraPicker, box: gr.Textbox, guard, check=None, mode=None) -> None:
+    """The picker's buttons and sliders (un-queued, so bounded by `guard`: ui/guard.py); with `check(spec, mode)`
+    (and the mode control) the box is checked whenever it changes."""
     hidden = dict(queue=False, show_progress="hidden")
+    box.change(guard.wrap(slots, lambda *a: [gr.skip()] * SLOTS), box, picker.sliders, **hidden)
+    for i, slider in enumerate(picker.sliders):        # user moves only (.input): the box's own updates do not loop
+        slider.input(guard.wrap(lambda v, t, i=i: moved(i, v, t), gr.skip), [slider, box], box, **hidden)
+    if check is not None and mode is not None:
+        box.change(lambda text, m: checked(text, m, check), [box, mode], picker.note, show_progress="hidden",
+                   concurrency_limit=1, concurrency_id="lora-check")
     picker.add.click(guard.wrap(added, gr.skip), [picker.file, picker.strength, box], box, **hidden)
     picker.clear.click(guard.wrap(lambda: "", gr.skip), None, box, **hidden)
 
