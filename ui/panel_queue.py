@@ -87,6 +87,18 @@ class QueuePanel:
     def __init__(self, ctx: AppContext, actions: QueueActions, parts: QueueParts, warning: str | None = None):
         self.ctx, self.actions, self.parts = ctx, actions, parts
         self.warning = warning
+        self.recovered: dict[str, bool] = {}     # entry id -> interrupted, for the jobs the last run left queued
+
+    def recovered_text(self, user) -> str:
+        """The jobs the app found in its queue at start (the last run's), while some of them are still to run."""
+        ids = {e.id for e in self.actions.visible(user, [qs.WAITING, qs.RUNNING]) if e.id in self.recovered}
+        if not ids:
+            return ""
+        broken = sum(self.recovered[i] for i in ids)
+        return (f"ℹ {len(ids)} queued job{'s' if len(ids) != 1 else ''} from before the restart "
+                f"{'run' if len(ids) != 1 else 'runs'} now, in order"
+                + (f" ({broken} interrupted: {'they continue' if broken != 1 else 'it continues'} from the last "
+                   f"finished section)" if broken else "") + ".")
 
     def _user(self, request) -> str | None:
         return self.ctx.access.user(request)
@@ -118,6 +130,7 @@ class QueuePanel:
     # ---- handlers ---------------------------------------------------------------------------------------------------
     def on_load(self, picked=None, request: gr.Request = None):
         text = f"⚠ {self.warning}" if self.warning else ""
+        text = "\n\n".join(t for t in (text, self.recovered_text(self._user(request))) if t)
         if self.ctx.public_notice:
             text = "\n\n".join(t for t in (text, f"⚠ {self.ctx.public_notice}") if t)
         return self._after(text, request, picked)
@@ -205,11 +218,12 @@ class QueuePanel:
 def wire_queue(ctx: AppContext, app: gr.Blocks, warning: str | None = None) -> QueuePanel:
     """The queue panel and the /queue_* API over the runner's queue (call inside the gr.Blocks being built, after
     the layout). `warning`: the store's (a damaged database moved aside), shown on the panel."""
-    waiting = len(ctx.runner.store.entries([qs.WAITING]))
-    if waiting:
-        log.info("queue: %d job(s) waiting in %s", waiting, ctx.runner.store.path)
+    left = ctx.runner.store.entries([qs.WAITING, qs.RUNNING])      # before this runner: what the last run left
+    if left:
+        log.info("queue: %d job(s) waiting in %s", len(left), ctx.runner.store.path)
     actions = QueueActions(ctx.runner, ctx.access)
     panel = QueuePanel(ctx, actions, build_parts(), warning)
+    panel.recovered = {e.id: e.status == qs.RUNNING or e.message.startswith("interrupted") for e in left}
     panel.wire(app)
     QueueApi(actions).register(ctx.ui.controls())
     return panel
