@@ -104,7 +104,8 @@ def test_the_gallery_shows_a_frame_of_the_video_with_status_length_and_time(tmp_
     assert picture == str(d / jg.THUMBNAIL)
     r, g, b = Image.open(picture).convert("RGB").getpixel((32, 24))
     assert b > 200 and r < 60 and g < 60, (r, g, b)                # the blue middle, not the red start
-    assert caption == "✓ done · 0.5 s · 01 Jan 12:00"
+    assert caption == "✓ done · 0.5 s · 01 Jan 12:00\n“a cat” · seed 7"      # what it was, at a glance
+    assert entry.matches("CAT 7") and entry.matches("done 20250101") and not entry.matches("cat dog")
     before = os.stat(picture).st_mtime_ns
     assert jg.read_job(d).thumbnail == d / jg.THUMBNAIL and os.stat(picture).st_mtime_ns == before   # kept
 

@@ -60,7 +60,7 @@ def test_the_queue_panel(server, browser, images, tiny_original, tmp_path):
             expect(page.locator("#queue-status")).to_contain_text("Added 2 jobs")
             rows = _wait_rows(page, 3)
             assert [r[2] for r in rows] == ["running", "waiting", "waiting"]
-            assert [r[4] for r in rows] == ["the first job", "one per image", "one per image"]
+            assert [r[3] for r in rows] == ["the first job", "one per image", "one per image"]
             first, second, third = (r[1] for r in rows)
 
             _pick(page, third)                                   # the last job moves up, before the second
@@ -92,8 +92,12 @@ def test_the_queue_panel(server, browser, images, tiny_original, tmp_path):
         rows = wait_for(lambda: (lambda rs: rs if rs and all(r[2] == "done" for r in rs) else None)(_table(page)),
                         600, every=1, what="the queue to finish")
         assert [r[1] for r in rows] == [first, third]
-        info = job_info(server.outputs / rows[1][7])
+        info = job_info(server.outputs / store.get(rows[1][1]).job_dir)
         assert info["settings"]["prompt"] == "saved into the job" and info["settings"]["seconds"] == 2.4
+        page.locator("#queue-clear").click()                    # finished jobs leave the list (issue 33)
+        expect(page.locator("#queue-status")).to_contain_text("Cleared 2 finished jobs")
+        wait_for(lambda: not _table(page), 30, every=0.3, what="an empty queue table")
+        assert store.entries() == [] and (server.outputs / info["id"]).is_dir()    # the job folders stay
     finally:
         page.close()
         store.close()

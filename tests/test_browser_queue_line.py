@@ -98,7 +98,7 @@ def test_end_removes_a_start_job_waiting_in_line(server, browser, image, tiny_f1
             gate.wait()                                                   # the first job runs, held in its decode
             b.locator("#start-btn").click()
             rows = _rows(b, 2)
-            assert [(r[2], r[4]) for r in rows] == [(qs.RUNNING, "the running job"), (qs.WAITING, "the waiting job")]
+            assert [(r[2], r[3]) for r in rows] == [(qs.RUNNING, "the running job"), (qs.WAITING, "the waiting job")]
             waiting = rows[1][1]
             expect(b.locator("#end-btn")).to_be_enabled()
 

@@ -18,6 +18,9 @@ from pipeline.jobs import atomic_write_bytes
 log = logging.getLogger(__name__)
 
 GALLERY_LIMIT = 60
+CAPTION_PROMPT = 40          # characters of the prompt on a tile
+FILTER_WORDS = 8            # words of the Past jobs filter looked at
+FILTER_CHARS = 200          # characters of it kept
 STATUS_MARK = {"done": "✓", "stopped": "■", "failed": "✗", "running": "…"}
 
 
@@ -119,10 +122,23 @@ class JobEntry:
             return "?"
 
     def caption(self) -> str:
-        """'✓ done · 2.4 s · 21 Nov 20:42' (short enough for a gallery tile; the prompt is in the details)."""
+        """'✓ done · 2.4 s · 21 Nov 20:42' and, on a second line, the prompt's start and the seed (short enough for a
+        gallery tile; the whole prompt is in the details)."""
         length = self.length_s()
         made = f"{length:.1f} s" if length is not None else "no video"
-        return f"{STATUS_MARK.get(self.status, '?')} {self.status} · {made} · {self.when()}"
+        head = f"{STATUS_MARK.get(self.status, '?')} {self.status} · {made} · {self.when()}"
+        prompt = " ".join(str(self.settings.get("prompt") or "").split())
+        seed = self.settings.get("seed")
+        tail = [f"“{prompt[:CAPTION_PROMPT]}{'…' if len(prompt) > CAPTION_PROMPT else ''}”" if prompt else "",
+                f"seed {seed}" if isinstance(seed, int) else ""]
+        tail = " · ".join(t for t in tail if t)
+        return f"{head}\n{tail}" if tail else head
+
+    def matches(self, words: str) -> bool:
+        """Past jobs' filter: every word (case-insensitive) in the job's id, status, prompt or seed."""
+        text = " ".join([self.dir.name, self.status, str(self.settings.get("prompt") or ""),
+                         str(self.settings.get("seed", ""))]).lower()
+        return all(w in text for w in str(words or "").lower().split()[:FILTER_WORDS])
 
     def details(self) -> dict:
         """What the detail panel shows: the job's record without the bulky parts."""
@@ -144,9 +160,10 @@ def read_job(job_dir: Path) -> JobEntry | None:
     return JobEntry(Path(job_dir), info)
 
 
-def list_jobs(outputs: Path, limit: int = GALLERY_LIMIT, sees=None) -> list[JobEntry]:
+def list_jobs(outputs: Path, limit: int = GALLERY_LIMIT, sees=None, words: str = "") -> list[JobEntry]:
     """Job folders under `outputs` that have a readable job.json, newest first (job ids start with the time).
-    `sees(owner)`: only the jobs whose job.json "owner" it accepts (ui/access.py)."""
+    `sees(owner)`: only the jobs whose job.json "owner" it accepts (ui/access.py); `words`: only those matching
+    the Past jobs filter (`JobEntry.matches`)."""
     outputs = Path(outputs)
     if not outputs.is_dir():
         return []
@@ -154,7 +171,7 @@ def list_jobs(outputs: Path, limit: int = GALLERY_LIMIT, sees=None) -> list[JobE
     for d in sorted((p for p in outputs.iterdir() if p.is_dir() and not p.name.startswith(".")),
                     key=lambda p: p.name, reverse=True):
         entry = read_job(d)
-        if entry is not None and (sees is None or sees(entry.owner)):
+        if entry is not None and (sees is None or sees(entry.owner)) and (not words or entry.matches(words)):
             entries.append(entry)
             if len(entries) >= limit:
                 break

@@ -8,6 +8,8 @@ import io
 import logging
 import re
 import shutil
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import gradio as gr
@@ -33,9 +35,14 @@ def _markdown_text(text: str) -> str:
     return re.sub(r"([\\`*_{}\[\]()<>#+!|~])", r"\\\1", text)
 
 
+FILTERS_KEPT = 256          # sessions whose Past jobs filter is remembered (the oldest is forgotten first)
+
+
 class JobsPanel:
     def __init__(self, ctx: AppContext):
         self.ctx, self.ui = ctx, ctx.ui
+        self._words: OrderedDict[str, str] = OrderedDict()       # session -> its Past jobs filter
+        self._lock = threading.Lock()
 
     @property
     def detail_outputs(self) -> list:
@@ -43,10 +50,25 @@ class JobsPanel:
         return [ui.selected_job, ui.job_video, ui.job_details, ui.reuse, ui.resume, ui.extend]
 
     def refresh(self, request: gr.Request = None):
+        """The gallery (the session's filter applied, whoever refreshes it: a finished job, Delete, Refresh)."""
         user = self.ctx.access.user(request)
+        with self._lock:
+            words = self._words.get(getattr(request, "session_hash", None) or "", "")
         entries = jobs_gallery.shown_entries(jobs_gallery.list_jobs(
-            self.ctx.outputs, sees=lambda owner: self.ctx.access.sees(user, owner)))
+            self.ctx.outputs, sees=lambda owner: self.ctx.access.sees(user, owner), words=words))
         return jobs_gallery.gallery_items(entries, published), [e.id for e in entries]
+
+    def filtered(self, words, request: gr.Request = None):
+        """The Past jobs filter changed: remembered for the session, the gallery shown through it."""
+        words = words[:jobs_gallery.FILTER_CHARS] if isinstance(words, str) else ""
+        session = getattr(request, "session_hash", None) or ""
+        with self._lock:
+            self._words.pop(session, None)
+            if words.strip():
+                self._words[session] = words
+                while len(self._words) > FILTERS_KEPT:
+                    self._words.popitem(last=False)
+        return self.refresh(request)
 
     refresh_gallery = refresh
 
@@ -183,6 +205,10 @@ class JobsPanel:
         ui = self.ui
         app.load(self.refresh_gallery, None, [ui.gallery, ui.jobs_state], show_progress="hidden")
         ui.refresh.click(self.refresh_gallery, None, [ui.gallery, ui.jobs_state], show_progress="hidden")
+        jobs_filter = getattr(ui, "jobs_filter", None)
+        if jobs_filter is not None:
+            jobs_filter.change(self.filtered, jobs_filter, [ui.gallery, ui.jobs_state], show_progress="hidden",
+                               trigger_mode="always_last")
         ui.gallery.select(self.select_job, ui.jobs_state, self.detail_outputs, show_progress="hidden")
         ui.reuse.click(self.reuse_settings, ui.selected_job, ui.controls(), show_progress="hidden")
         ui.extend.click(self.extend, ui.selected_job, [ui.source_job, ui.mode, ui.image, ui.input_video],

@@ -21,16 +21,21 @@ from ui.queue_api import QueueActions, QueueApi
 log = logging.getLogger(__name__)
 
 REFRESH_S = 2.0             # the list is read again this often while the page is open
-HEADERS = ["#", "id", "status", "progress", "prompt", "image", "seconds", "job folder", "message"]
+HEADERS = ["#", "id", "status", "prompt", "note"]         # five: a phone shows them all (nine were cut off)
+PROMPT_CHARS = 48
 LABELS = {"queued job": "Queued job", "images": "Images (one job each)", "jobs file": "Import JSON lines"}
 
 
 def rows(entries: list[qs.Entry]) -> list[list]:
     out = []
     for n, e in enumerate(entries, 1):
-        image = Path(e.images.get("image") or e.images.get("input_video") or "").name
-        out.append([n, e.id, e.status, f"{e.progress * 100:.0f} %", str(e.settings.get("prompt", ""))[:60], image,
-                    e.settings.get("seconds"), e.job_dir or "", e.message[:120]])
+        prompt = " ".join(str(e.settings.get("prompt", "")).split())
+        seconds = e.settings.get("seconds")
+        note = [f"{e.progress * 100:.0f} %" if e.status == qs.RUNNING else "",
+                f"{seconds:g} s" if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else "",
+                e.message[:120]]
+        out.append([n, e.id, e.status, prompt[:PROMPT_CHARS] + ("…" if len(prompt) > PROMPT_CHARS else ""),
+                    " · ".join(t for t in note if t)])
     return out
 
 
@@ -51,6 +56,7 @@ class QueueParts:
     export: gr.Button
     export_file: gr.File
     timer: gr.Timer
+    clear: gr.Button = None
 
 
 def build_parts() -> QueueParts:
@@ -68,6 +74,7 @@ def build_parts() -> QueueParts:
             remove = gr.Button("Remove / End", size="sm", variant="stop", elem_id="queue-remove")
             load = gr.Button("Load its settings", size="sm", elem_id="queue-load")
             save = gr.Button("Save the settings above into it (its images stay)", size="sm", elem_id="queue-save")
+            clear = gr.Button("Clear finished", size="sm", elem_id="queue-clear")
         with gr.Row():
             add = gr.Button("Add to queue", variant="primary", elem_id="queue-add")
             images = gr.File(label=LABELS["images"], file_count="multiple", file_types=["image"],
@@ -80,7 +87,7 @@ def build_parts() -> QueueParts:
             export_file = gr.File(label="Exported queue (JSON lines)", interactive=False, elem_id="queue-export")
         timer = gr.Timer(REFRESH_S)
     return QueueParts(status, table, pick, up, down, remove, load, save, add, images, add_images, import_file,
-                      export, export_file, timer)
+                      export, export_file, timer, clear)
 
 
 class QueuePanel:
@@ -167,6 +174,11 @@ class QueuePanel:
     def down(self, picked, request: gr.Request):
         return self.step(picked, +1, request)
 
+    def clear_finished(self, request: gr.Request):
+        gone = self.actions.clear_finished(self._user(request))
+        return self._after(f"Cleared {gone} finished job{'s' if gone != 1 else ''} from the list (their videos stay "
+                           f"in Past jobs)." if gone else "No finished jobs to clear.", request)
+
     def remove(self, picked, request: gr.Request):
         return self._do(lambda: self.actions.remove(picked, self._user(request)), lambda text: text, request)
 
@@ -211,6 +223,7 @@ class QueuePanel:
         p.up.click(self.up, p.pick, shown, **quick)
         p.down.click(self.down, p.pick, shown, **quick)
         p.remove.click(self.remove, p.pick, shown, **quick)
+        p.clear.click(self.clear_finished, None, shown, **quick)
         p.save.click(self.save, [p.pick, *controls], shown, preprocess=False, **quick)
         p.load.click(self.load, p.pick, controls, show_progress="hidden")
 

@@ -182,6 +182,18 @@ class QueueActions:
     def listing(self, user: str | None = None) -> list[dict]:
         return [e.summary() for e in self.visible(user)]
 
+    def clear_finished(self, user: str | None = None) -> int:
+        """Take the finished, stopped and failed jobs the user may see out of the list (their job folders stay in
+        Past jobs); returns how many."""
+        gone = 0
+        for e in self.visible(user, qs.FINISHED):
+            try:
+                self.store.remove(e.id)
+                gone += 1
+            except InputError:              # it changed meanwhile (started again by a resume?): left as it is
+                pass
+        return gone
+
 
 class QueueApi:
     """The /queue_* endpoints (call `register` inside the gr.Blocks being built)."""
