@@ -409,3 +409,33 @@ def test_progress_says_the_original_mode_makes_the_end_first(server, browser, im
             assert not noted, noted[:3]
     finally:
         page.close()
+
+
+# ---- issue 32: text-to-video and "keep only the final video" from the page ------------------------------------------
+def test_text_to_video_from_the_page_keeps_only_the_final_video(server, browser):
+    """No start image: "Start from" noise runs text-to-video; with "Keep only the final video" on, the job folder
+    ends with final.mp4 and no section videos; the same settings again give the same video (same seed)."""
+    page = _open(browser, server)
+    try:
+        page.locator("#prompt textarea").fill("a red fox runs through fresh snow")
+        set_number(page, "seconds", 1.2)
+        set_number(page, "steps", 2)
+        page.locator("#start-from label").filter(has_text="noise").click()
+        page.locator("#advanced").get_by_text("Advanced").first.click()
+        page.locator("#keep-final-only label").filter(has_text="on").click()
+        finals = []
+        for _ in range(2):
+            before = set(server.jobs())
+            page.locator("#start-btn").click()
+            assert "Done" in _wait_status(page, "Done", "Failed", "⚠")
+            job = _newest_job(server, before)
+            info = wait_for(lambda: (lambda i: i if i["status"] != "running" else None)(job_info(job)), 30,
+                            what="the job's record")
+            assert info["status"] == "done", info
+            assert info["settings"]["start_from"] == "noise" and info["settings"]["keep_final_only"] == "on"
+            assert (job / "final.mp4").is_file() and not list(job.glob("section_*.mp4"))
+            finals.append([s.get("frames_sha256") for s in info["sections"]])
+        assert finals[0] == finals[1] and finals[0] and all(finals[0])      # the same frames, hashed
+        _shot(page, "desktop_text_to_video", full=False)
+    finally:
+        page.close()
