@@ -427,6 +427,7 @@ def test_text_to_video_from_the_page_keeps_only_the_final_video(server, browser)
         for _ in range(2):
             before = set(server.jobs())
             page.locator("#start-btn").click()
+            page.wait_for_function("() => !document.querySelector('#status').innerText.includes('Done')")
             assert "Done" in _wait_status(page, "Done", "Failed", "⚠")
             job = _newest_job(server, before)
             info = wait_for(lambda: (lambda i: i if i["status"] != "running" else None)(job_info(job)), 30,
@@ -435,7 +436,7 @@ def test_text_to_video_from_the_page_keeps_only_the_final_video(server, browser)
             assert info["settings"]["start_from"] == "noise" and info["settings"]["keep_final_only"] == "on"
             assert (job / "final.mp4").is_file() and not list(job.glob("section_*.mp4"))
             finals.append([s.get("frames_sha256") for s in info["sections"]])
-        assert finals[0] == finals[1] and finals[0] and all(finals[0])      # the same frames, hashed
+        assert finals[0] == finals[1] and finals[0] and all(finals[0]), finals   # the same frames, hashed
         _shot(page, "desktop_text_to_video", full=False)
     finally:
         page.close()
