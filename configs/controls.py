@@ -28,6 +28,7 @@ MAGCACHE_CHOICES = (0.0, 0.05, 0.1, 0.15)   # pipeline/magcache.py; 0.1 = its au
 STARTS = ("image", "noise", "black", "white", "green")
 COMPILE_CHOICES = ("on", "off")
 ON_OFF = ("off", "on")                   # a switch: "on" does it
+CONTEXT_FRAMES_MAX = 19                  # FramePack's clean history: 1 + 2 + 16 latents (pipeline/sections.py)
 KINDS = ("image", "video", "text", "int", "float", "choice")
 FILE_KINDS = ("image", "video")          # a file (path or upload): not a setting of job.json
 WIDGETS = ("image", "video", "textbox", "number", "slider", "radio", "dropdown")
@@ -172,9 +173,11 @@ CONTROLS: tuple[Control, ...] = (
     # Extending a video (pipeline/extend.py): its last frame is the start image, so no image is given with it.
     Control("input_video", "video", label="Video to extend", field="video", widget="video",
             cli_aliases=("--video", "--extend"), elem_id="extend-video",
-            widget_label="Video to extend (optional; F1 mode; replaces the start image)",
-            help="a video (mp4, webm, mov) or a finished F1 job folder to continue (F1 mode only; the start image is "
-                 "then its last frame; seconds = the length added)"),
+            widget_label="Video to extend (optional; replaces the start image; F1: the new part follows it, "
+                         "original: it goes before it, or with an end image after it)",
+            help="a video (mp4, webm, mov) or a finished F1 job folder to extend; seconds = the length added. F1: the "
+                 "new part continues after its last frame; original mode: the new part goes before it (the video "
+                 "ends with the input), or, with an end image, after it and ends at the end image"),
     Control("source_job", "text", "", label="Job to extend", field="job to extend", widget="textbox", cli=None,
             elem_id="extend-job", widget_label="Job to extend (optional; a finished F1 job's id: pick it in the gallery "
             "and press Extend; its latents are reused)",
@@ -230,6 +233,16 @@ CONTROLS: tuple[Control, ...] = (
             info="on: each job added (Start, queue, batch) gets a fresh random seed, recorded in its job.json.",
             help="on: each job gets a fresh random seed when it is queued (recorded in job.json; batch and queue "
                  "add)"),
+    # Extending (pipeline/extend.py): FramePack's clean-latent context holds 19 latents (1x 1, 2x 2, 4x 16).
+    Control("context_frames", "int", 0, (0, CONTEXT_FRAMES_MAX), label="Context frames", field="context frames",
+            widget="slider", step=1, default_text="0 (automatic)",
+            widget_label="Context frames (extending: the input video's latent frames that condition the new part)",
+            info="0 = automatic: 19 (all FramePack's context holds) for F1 and backward, 5 toward an end frame (there "
+                 "each is a full-size latent: more costs time and memory). Fewer = freer motion, more = closer to "
+                 "the video.",
+            help="extending: how many of the input video's latent frames (4 video frames each) condition the new "
+                 "sections, 1 to 19; 0 = automatic (19; 5 toward an end frame, where each costs like a generated "
+                 "frame)"),
 )
 
 

@@ -7,7 +7,9 @@ upload's temporary file) still being there; the copy, or else the file at the re
 recorded sha256. Decoding the same file with the same settings gives the same frames (pipeline/video_input.py), so
 the resumed video equals an uninterrupted one. A job folder as the input needs nothing more: the extension's own
 checkpoint holds the whole history (the input job's latents included), and its sections are decoded again from it
-as any resume's are.
+as any resume's are. The original mode's directions (backward, toward an end frame) follow from the settings (the
+mode, the job's end.png), as when it was started; an extension toward an end frame keeps the input's prefix latents
+in its checkpointed history, so it needs only the frames.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from common.files import atomic_copy, file_sha256
 from common.errors import InputError
-from pipeline.extend import ExtendSource, job_source, min_frames
+from pipeline.extend import FORWARD, TO_END, ExtendSource, direction, job_source, min_frames
 from pipeline.video_input import VIDEO_SUFFIXES, load_video
 
 KEPT_STEM = "input_video"               # the job folder's copy of an input video: input_video.mp4, .webm …
@@ -43,9 +45,12 @@ def restore_source(job_dir: Path, record, request, *, whole: bool = False) -> Ex
     too, as when it was started. Raises InputError when the record is damaged or the input is gone or changed."""
     if not isinstance(record, dict) or record.get("kind") not in ("video", "job"):
         raise _damaged(job_dir, "kind")
-    done, sha = record.get("sections_as_context"), record.get("sha256")
-    if isinstance(done, bool) or not isinstance(done, int) or done < 1 or not isinstance(sha, str):
+    done, sha, way = record.get("sections_as_context"), record.get("sha256"), direction(request)
+    least = 0 if way == TO_END else 1          # toward an end frame the input stands for no section of the plan
+    if isinstance(done, bool) or not isinstance(done, int) or done < least or not isinstance(sha, str):
         raise _damaged(job_dir, "sections_as_context or sha256")
+    if record.get("direction", FORWARD) != way:     # the mode and the end image say which way it extends
+        raise _damaged(job_dir, f"direction {record.get('direction', FORWARD)!r}, but the settings extend {way}")
     path = Path(str(record.get("path", "")))
     if record["kind"] == "job":
         if not whole:
@@ -67,4 +72,4 @@ def restore_source(job_dir: Path, record, request, *, whole: bool = False) -> Ex
     tail = record.get("encoded_frames")
     if len(video.frames) != record.get("frames") or not isinstance(tail, int) or not 0 < tail <= len(video.frames):
         raise _damaged(job_dir, f"{len(video.frames)} frames decoded, {record.get('frames')} recorded")
-    return ExtendSource("video", found, sha, done, video=video, tail_frames=tail)
+    return ExtendSource("video", found, sha, done, video=video, tail_frames=tail, direction=way)

@@ -229,17 +229,23 @@ class JobRun:
             self.cancel.check()
             noise = torch.randn((1, c.transformer.config.in_channels, self.plan.window, lh, lw),
                                 generator=self.generator, dtype=torch.float32)
-            ctx = sec.section_context(self.plan, section, history, start_latent, end_latent)
+            if self.prepared.source is not None:     # extending: what of the input the section sees
+                ctx, indices = extend.section_inputs(self.plan, section, history, start_latent, end_latent,
+                                                     self.prepared.source, r.context_frames)
+            else:
+                ctx = sec.section_context(self.plan, section, history, start_latent, end_latent)
+                indices = self.plan.indices(section)
             yield self.progress("sampling", n, 0, f"section {n}/{self.plan.count}: loading the transformer")
             t_stage = time.monotonic()
             with self.memory.stage("transformer", transformer=c.transformer), self.fallback.active():
                 yield from drain()
                 section_texts = texts.for_section(section.index)
                 lengths = tuple(sorted((b, int(t.mask.sum())) for b, t in section_texts.items()))
-                kernels = compiled.KernelTimer(blocks, (r.mode, self.plan.window, lh, lw, lengths))
+                kernels = compiled.KernelTimer(blocks, (r.mode, self.plan.window, lh, lw, lengths,
+                                                        len(indices.clean)))    # an extension's prefix: more
                 if kernels.active:      # the first step compiles: say so instead of a progress bar that stalls
                     yield self.progress("sampling", n, 0, f"section {n}/{self.plan.count}: {compiled.PREPARING}")
-                denoiser.begin_section(ctx, self.plan.indices(section), (self.plan.window, lh, lw),
+                denoiser.begin_section(ctx, indices, (self.plan.window, lh, lw),
                                        image_embeds, section_texts, r.gs)
                 sampler = sample_section(denoiser, noise.to(self.device), sampler=r.sampler, steps=r.steps,
                                          cfg=r.cfg, rescale=r.rescale, check_stop=self.cancel.check)
@@ -255,10 +261,19 @@ class JobRun:
             yield from drain()
             yield self.progress("VAE decode", n, r.steps, f"section {n}/{self.plan.count}: decoding")
             pixels = self._decode(sec.latents_to_decode(self.plan, section, real))
-            self.writer.submit(pixels, n, self.job.path(f"section_{n:02d}.mp4"))   # written while the next samples
+            self._submit(section, pixels, self.job.path(f"section_{n:02d}.mp4"))   # written while the next samples
             del pixels                                  # the writer's now (video/section_writer.py)
             yield from drain()
             yield from self._written()
+
+    def _submit(self, section: sec.Section, pixels: torch.Tensor, path: Path | None = None) -> None:
+        """Hand a decoded section to the writer (with `path`, its file is written). An extension toward an end
+        frame puts the input video's frames before its last section (pipeline/extend.py)."""
+        lead = extend.lead_frames(self.prepared.source, section)
+        if lead is not None:
+            self.writer.submit(pixels)
+            pixels = lead
+        self.writer.submit(pixels, section.index + 1 if path is not None else None, path)
 
     def _stream_steps(self, sampler, section: int, kernels: compiled.KernelTimer | None = None
                       ) -> Iterator[Event]:
@@ -324,8 +339,8 @@ class JobRun:
         now: the same file an uninterrupted run writes."""
         source, first = self.prepared.source, 0
         saved = self.resume.saved if self.resume is not None else None
-        if source is not None and source.frames is not None:     # an input video: its frames, then (resuming)
-            self.writer.submit(source.frames)                     # the new sections made before the stop
+        if source is not None and source.frames is not None and source.direction != extend.TO_END:
+            self.writer.submit(source.frames)     # an input video: its frames, then (resuming) the new sections
             first = source.sections_done
             if saved is None:
                 return
@@ -339,9 +354,9 @@ class JobRun:
             pixels = self._decode(sec.latents_to_decode(self.plan, section, real))
             name = f"section_{n:02d}.mp4"
             if recorded is not None and name not in recorded and n > inherited:
-                self.writer.submit(pixels, n, self.job.path(name))
+                self._submit(section, pixels, self.job.path(name))
             else:
-                self.writer.submit(pixels)
+                self._submit(section, pixels)
             del pixels
             yield from drain()
             yield from self._written()

@@ -213,9 +213,12 @@ def _prepare_extension(request, warnings: list[str]) -> PreparedRequest:
 
     extend.check_request(request)
     source, image = extend.load_source(request, request.resolution)
+    end = None                                      # the original mode extends toward an end image
+    if request.end_image is not None:
+        end = resize_center_crop(load_image(request.end_image, "end image"), image.height, image.width)
     for w in warnings:
         log.warning(w)
-    return PreparedRequest(request, image, None, image.height, image.width, request.prompt, tuple(warnings),
+    return PreparedRequest(request, image, end, image.height, image.width, request.prompt, tuple(warnings),
                            source)
 
 

@@ -86,16 +86,18 @@ class SectionPlan:
     def history_sizes(self) -> tuple[int, int, int]:
         return HISTORY_ORIGINAL if self.mode == "original" else HISTORY_F1
 
-    def indices(self, section: Section) -> SectionIndices:
+    def indices(self, section: Section, prefix: int = 1) -> SectionIndices:
+        """`prefix`: clean latents before the blank padding in the original mode (1: the start latent; more when an
+        extension toward an end frame gives the input video's last latents, pipeline/extend.py)."""
         w = self.window
         if self.mode == "original":
             pad = section.padding * w
-            # [prefix 1 | blank pad | window w | post 1 | 2x 2 | 4x 16]
-            start_latents = 1 + pad
+            # [prefix 1 (or more) | blank pad | window w | post 1 | 2x 2 | 4x 16]
+            start_latents = prefix + pad
             post = start_latents + w
             return SectionIndices(
                 latents=list(range(start_latents, post)),
-                clean=[0, post],
+                clean=[*range(prefix), post],
                 history_2x=list(range(post + 1, post + 3)),
                 history_4x=list(range(post + 3, post + 19)),
             )
@@ -192,7 +194,8 @@ class SectionContext:
 def section_context(plan: SectionPlan, section: Section, history: torch.Tensor, start_latent: torch.Tensor,
                     end_latent: torch.Tensor | None = None) -> SectionContext:
     """Clean-latent slices for `section` from the history. In the original mode the end image's latent takes the
-    first section's post slot."""
+    first section's post slot. `start_latent` is the 1x prefix: the start latent, or (original mode, see
+    `SectionPlan.indices`' `prefix`) several latents."""
     sizes = list(plan.history_sizes)
     if plan.mode == "original":
         one, two, four = history[:, :, : sum(sizes)].split(sizes, dim=2)

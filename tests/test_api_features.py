@@ -53,8 +53,8 @@ def test_a_video_to_extend_through_the_api(server, client, tmp_path):
     clip = write_video(tmp_path / "clip.mp4", moving_frames(45, 96, 80))
     values = dict(input_video=handle_file(str(clip)), prompt="the camera keeps moving", seconds=1.2,
                   steps=2, api_name="/video")
-    with pytest.raises(AppError, match="original"):                           # the original mode cannot continue
-        client.predict(mode="original", **values)
+    with pytest.raises(AppError, match="context frames"):                     # out of range: refused, named
+        client.predict(mode="f1", context_frames=20, **values)
     _, summary = client.predict(mode="f1", **values)
     assert summary["status"] == "done", summary
     source = job_info(server.outputs / summary["job_id"])["source"]

@@ -1,6 +1,7 @@
 """Extending a video from the page (issue 14), in headless Chromium against the app on the tiny preset: a clip is
 dropped into "Video to extend" (no start image), mode F1, Start; the job finishes with the clip's frames followed
-by the new section, and job.json names the clip and its hash. The original mode is refused with the field named."""
+by the new section, and job.json names the clip and its hash. The note under the extension options says which way
+the job extends (the original mode: before the video; F1: after it)."""
 from __future__ import annotations
 
 import pytest
@@ -37,19 +38,19 @@ def _page(browser, server, clip):
 def test_extend_a_video_from_the_page(server, browser, tmp_path):
     clip = write_video(tmp_path / "holiday.mp4", moving_frames(45))
     page = _page(browser, server, clip)
-    page.locator("#start-btn").click()
-    status = wait_status(page, "Failed", "⚠", "mode")
-    assert "cannot continue a video" in status and "Mode" in status, status      # original mode: refused
+    note = page.locator("#extend-note")          # the original mode would put the new part before the video
+    note.filter(has_text="goes before the video").wait_for()
     page.locator("#mode label").filter(has_text="F1").click()
-    page.wait_for_timeout(300)
+    note.filter(has_text="continues after the last frame").wait_for()
+    set_number(page, "context-frames", 5)        # the control reaches job.json
     before = {d.name for d in server.outputs.iterdir()}
     page.locator("#start-btn").click()
-    page.wait_for_function("() => !document.querySelector('#status').innerText.includes('cannot continue')")
     status = wait_status(page, "Done", "Failed", "⚠", timeout=300_000)
     assert "Done" in status, status
     (job,) = [d for d in server.outputs.iterdir() if d.name not in before and not d.name.startswith(".")]
     info = job_info(job)
     assert info["status"] == "done" and info["source"]["sha256"] == file_sha256(clip)
+    assert info["settings"]["context_frames"] == 5
     assert info["source"]["path"].endswith(".mp4") and info["source"]["frames"] == 45
     assert read_frames(job / "final.mp4").shape[0] == 45 + 4 * W
     page.close()

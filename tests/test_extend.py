@@ -81,8 +81,11 @@ def test_start_with_keeps_the_frames_bit_for_bit():
     buf.add(frames)
     assert np.array_equal(buf.frames(), frames)
     assert buf.parts()[0][1].shape[0] == 40 - OVERLAP
-    with pytest.raises(ValueError, match="F1"):
-        VideoBuffer("original", OVERLAP).add(frames)
+    backward = VideoBuffer("original", OVERLAP)          # the original mode: new parts go before them
+    backward.add(frames)
+    assert np.array_equal(backward.frames(), frames) and backward.parts()[1][1].shape[0] == 40 - OVERLAP
+    with pytest.raises(ValueError, match="empty video"):
+        buf.start_with(frames)
 
 
 def test_resampling_by_timestamps():
@@ -130,12 +133,11 @@ def test_bad_inputs_are_refused_naming_the_field_and_file(tmp_path):
 
 def test_requests_an_extension_cannot_be(tmp_path):
     clip = write_video(tmp_path / "clip.mp4", moving_frames(40))
-    e = _refusal(tmp_path, clip, mode="original")
-    assert e.field == "mode" and "cannot continue a video" in str(e)
     img = tmp_path / "start.png"
     make_image().save(img)
     assert _refusal(tmp_path, clip, image=img).field == "image"
-    assert _refusal(tmp_path, clip, end_image=img, mode="f1").field == "end image"
+    e = _refusal(tmp_path, clip, end_image=img, mode="f1")
+    assert e.field == "end image" and "only the original mode" in str(e)
     with pytest.raises(InputError, match="image.*missing.*video"):
         Request.from_mapping({"prompt": "x"})
 
@@ -244,7 +246,7 @@ def test_cli_extends_a_video_and_names_the_option_on_bad_input(tmp_path):
     assert r.returncode == 0, r.stderr
     (longer,) = [j for j in job_folders(out) if j != job]
     assert json.loads((longer / "job.json").read_text())["models"]["preset"] == "tiny"
-    r = cli("generate", "--preset", "tiny", "--video", clip, "--prompt", "waves", "--out", out)   # original mode
-    assert r.returncode == 2 and "--mode" in r.stderr and "cannot continue a video" in r.stderr
+    r = cli("generate", "--preset", "tiny", "--video", job, "--prompt", "waves", "--out", out)   # original mode
+    assert r.returncode == 2 and "--mode" in r.stderr and "F1 mode only" in r.stderr
     r = cli("generate", "--preset", "tiny", "--prompt", "waves", "--out", out)
     assert r.returncode == 2 and "--image: missing" in r.stderr and "video to extend" in r.stderr

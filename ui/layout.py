@@ -73,6 +73,7 @@ class Layout:
     delete_note: gr.Markdown | None = None          # the question, or what was deleted
     delete_confirm: gr.Button | None = None         # shown by Delete; removes the job folder
     delete_pending: gr.State | None = None          # the job id Delete asked about (Confirm deletes that one)
+    extend_note: gr.Markdown | None = None          # which way an extension goes (ui/panel_controls.py)
 
     def controls(self) -> list:
         """The generation controls in the table's order (ui.settings.CONTROLS: the handlers' and the API's)."""
@@ -119,12 +120,15 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                 status = gr.Markdown("", elem_id="status")
                 progress = gr.HTML(progress_html(None), elem_id="progress")
             hints = gr.Markdown("", elem_id="hints")
+            extend_note = gr.Markdown("", elem_id="extend-note")   # which way an extension goes (ui/panel_controls.py)
             if examples:
                 gr.Examples(examples=examples, inputs=[image, prompt], label="Examples: click one to load its image "
                             "and prompt", elem_id="examples", examples_per_page=6)
             gr.Examples(examples=[[p] for p in st.EXAMPLE_PROMPTS], inputs=[prompt], label="Example prompts")
             w.place("seconds")
-            w.place("mode")
+            w.place("mode")                       # with a video to extend it says which way (pipeline/extend.py)
+            if "context_frames" in w.rows:        # how much of that video the new sections see (below Start: the
+                w.place("context_frames")         # desktop screen keeps Start and the progress in view)
             with gr.Row():
                 w.place("seed", scale=4)
                 randomize = gr.Button("Random seed", scale=1, elem_id="randomize-seed")
@@ -183,4 +187,5 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                   gallery=gallery, refresh=refresh, job_details=job_details, job_video=job_video, reuse=reuse,
                   resume=resume, jobs_state=gr.State([]), selected_job=gr.State(None), lora=picker,
                   extend=extend, studio_import=studio_import, studio_report=studio_report, delete=delete,
-                  delete_note=delete_note, delete_confirm=delete_confirm, delete_pending=gr.State(None))
+                  delete_note=delete_note, delete_confirm=delete_confirm, delete_pending=gr.State(None),
+                  extend_note=extend_note)

@@ -53,6 +53,23 @@ def long_job_note(ctx: AppContext, seconds, window, mode, steps) -> str:
     return f"⚠ **Long job: {count} sections**, {when}. Start asks you to confirm."
 
 
+def extension_note(mode, has_video: bool, has_job: bool, has_end_image: bool) -> str:
+    """Which way an extension goes (pipeline/extend.py), shown under the extension options; '' when nothing is
+    extended."""
+    if not (has_video or has_job):
+        return ""
+    if mode == "f1":
+        end = " F1 has no end frame: remove the end image, or choose the original mode." if has_end_image else ""
+        return f"ℹ F1: the new part continues after the last frame.{end}"
+    if has_job:
+        return ("⚠ A job to extend continues from its saved latents in F1 mode only: choose F1, or extend its "
+                "final video (Video to extend) in the original mode.")
+    if has_end_image:
+        return "ℹ Original mode with an end image: the new part goes after the video and ends at the end image."
+    return ("ℹ Original mode: the new part goes before the video (the result ends with it). Add an end image to "
+            "extend after it toward that frame, or choose F1 to continue it.")
+
+
 def wire(app: gr.Blocks, ctx: AppContext) -> None:
     ui, live, quick = ctx.ui, ctx.live, ctx.quick
     hint_inputs = [ui.mode, ui.end_image, ui.seconds, ui.latent_window, ui.cfg, ui.rescale, ui.negative_prompt,
@@ -72,6 +89,17 @@ def wire(app: gr.Blocks, ctx: AppContext) -> None:
     for component in hint_inputs:
         component.change(live_hints, hint_inputs, ui.hints, preprocess=False, **HIDDEN)
     app.load(live_hints, hint_inputs, ui.hints, preprocess=False, **HIDDEN)
+
+    if ui.extend_note is not None and "input_video" in ui.widgets and "source_job" in ui.widgets:
+        note_inputs = [ui.mode, ui.input_video, ui.source_job, ui.end_image]
+
+        def show_extension(mode, video, job, end_image):
+            return extension_note(mode, st.upload_path(video) is not None, bool(str(job or "").strip()),
+                                  st.upload_path(end_image) is not None)
+
+        live_note = quick.wrap(show_extension, gr.skip, latest_wins=True)
+        for component in note_inputs:
+            component.change(live_note, note_inputs, ui.extend_note, preprocess=False, **HIDDEN)
 
     def memory_plan(preserved_gb, resolution, width, height, window, image):
         return preserved_text(ctx.preset, ctx.config, ctx.device, preserved_gb, ctx.preserved_max_gb, resolution,

@@ -31,10 +31,14 @@ class VideoBuffer:
         return sum(c.shape[0] for _, c in self._chunks) + edge
 
     def add(self, decoded: torch.Tensor | np.ndarray) -> None:
-        """Blend a newly decoded part (1, 3, T, H, W) in [-1, 1] into the video; or start it with finished frames,
-        (T, H, W, 3) uint8 (an extended video's input, F1)."""
+        """Blend a newly decoded part (1, 3, T, H, W) in [-1, 1] into the video; or add finished frames, (T, H, W, 3)
+        uint8 (an extended video's input): they start an empty video (`start_with`), or go before an original-mode
+        video (`lead_with`)."""
         if isinstance(decoded, np.ndarray):
-            self.start_with(decoded)
+            if self.mode == "original" and len(self):
+                self.lead_with(decoded)
+            else:
+                self.start_with(decoded)
             return
         part = decoded.detach().float().cpu()
         ov = self.overlap
@@ -56,18 +60,39 @@ class VideoBuffer:
         self._edge = keep
 
     def start_with(self, frames: np.ndarray) -> None:
-        """Begin an empty F1 video with (T, H, W, 3) uint8 frames: all but the last `overlap` settle as they are
-        (bit for bit); those become the edge the next part cross-fades into (uint8 -> float -> uint8 is exact)."""
-        if self.mode != "f1" or len(self):
-            raise ValueError("only an empty F1 video can start with finished frames")
+        """Begin an empty video with (T, H, W, 3) uint8 frames: all but the `overlap` frames the next part
+        cross-fades into settle as they are (bit for bit); those become the edge (uint8 -> float -> uint8 is exact).
+        F1: the new parts go after them (the edge is their end); original: before them (the edge is their start)."""
+        if len(self):
+            raise ValueError("only an empty video can start with finished frames")
+        self._check(frames)
+        ov = self.overlap
+        settle, edge = (frames[ov:], frames[:ov]) if self.mode == "original" else (frames[:-ov], frames[-ov:])
+        if settle.shape[0]:
+            self._chunks.append((self._settled, np.ascontiguousarray(settle)))
+            self._settled += 1
+        self._edge = _to_pixels(edge)
+
+    def lead_with(self, frames: np.ndarray) -> None:
+        """Put (T, H, W, 3) uint8 frames before an original-mode video whose first frame repeats their last one
+        (an extension toward an end frame: its start latent is the input video's last frame): that frame is left
+        out and the frames join without a cross-fade, bit for bit."""
+        if self.mode != "original" or not len(self):
+            raise ValueError("only a started original-mode video can be led by finished frames")
+        self._check(frames)
+        ov = self.overlap
+        rest = pixels_to_frames(self._edge)[1:]
+        if rest.shape[0]:
+            self._chunks.insert(0, (self._settled, rest))
+            self._settled += 1
+        if frames.shape[0] > ov:
+            self._chunks.insert(0, (self._settled, np.ascontiguousarray(frames[ov:])))
+            self._settled += 1
+        self._edge = _to_pixels(frames[:ov])
+
+    def _check(self, frames: np.ndarray) -> None:
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[0] < self.overlap:
             raise ValueError(f"need at least {self.overlap} uint8 T×H×W×3 frames, not {frames.shape} {frames.dtype}")
-        cut = frames.shape[0] - self.overlap
-        if cut:
-            self._chunks.append((self._settled, np.ascontiguousarray(frames[:cut])))
-            self._settled += 1
-        edge = torch.from_numpy(np.ascontiguousarray(frames[cut:])).float().div(127.5).sub(1.0)
-        self._edge = edge.permute(3, 0, 1, 2).unsqueeze(0)
 
     def parts(self) -> list[Part]:
         """The whole video as consecutive parts, in video order: the edge (key None) and the settled chunks."""
@@ -79,6 +104,11 @@ class VideoBuffer:
     def frames(self) -> np.ndarray:
         """(T, H, W, 3) uint8, the whole video."""
         return np.concatenate([frames for _, frames in self.parts()], axis=0)
+
+
+def _to_pixels(frames: np.ndarray) -> torch.Tensor:
+    """(T, H, W, 3) uint8 -> (1, 3, T, H, W) float32 in [-1, 1]."""
+    return torch.from_numpy(np.ascontiguousarray(frames)).float().div(127.5).sub(1.0).permute(3, 0, 1, 2).unsqueeze(0)
 
 
 def frames_sha256(parts: list[Part]) -> str:
