@@ -12,9 +12,9 @@ later section's start has been measured (the first one's is mostly one-time work
 Until the first decode of the job has finished, the decode time per frame is the one measured on an earlier job
 (`decode_prior`, when the caller has one), else a latent frame's decode is assumed to take `DECODE_PRIOR` sampling
 steps (BENCHMARKS.md, the 3-section job on an H100: 0.29–0.36 s a latent frame at 1.3 s a step; assuming instead a
-section's decode as long as its sampling put section 1's estimate ~70 % too high, issue 33) and a section's decode
-at least as long as this job's VAE encode stage (the same model loaded for one frame): assumptions, replaced by the
-measurement as soon as there is one.
+section's decode as long as its sampling put section 1's estimate ~70 % too high, issue 33) and each section's
+decode at least as long as this job's VAE encode stage (the same model loaded for one frame): assumptions, replaced
+by the measurement as soon as there is one.
 
 `JobRates` are the speeds of a finished job (per step, per decoded latent frame, fixed stages), used to estimate
 jobs that have not started (the queue's waiting time, the expected time of a job). A step's time grows with the
@@ -124,7 +124,9 @@ class Remaining:
         per_step = self.per_step
         if per_step is None:
             return None
-        return max(DECODE_PRIOR * per_step, self.encode_s / max(self.frames[-1], 1))
+        # a section's decode is at least this job's VAE encode stage (the same model, one frame): where decoding is
+        # slow next to a step (the CPU, the tiny preset) that bound, not the GPU's ratio, is what holds
+        return max(DECODE_PRIOR * per_step, self.encode_s / max(min(self.frames), 1))
 
     @property
     def decode_measured(self) -> bool:

@@ -27,6 +27,7 @@ def _page(browser, server, clip):
     page.set_default_timeout(120_000)
     page.goto(server.url)
     page.wait_for_selector("#start-btn")
+    page.locator("#extend-group").get_by_text("Extend a video").first.click()     # the group under Start
     page.locator("#extend-video input[type=file]").set_input_files(str(clip))
     page.wait_for_selector("#extend-video video")
     page.locator("#prompt textarea").fill("the waves keep rolling in")

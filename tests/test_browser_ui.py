@@ -168,11 +168,38 @@ def test_a_refused_start_leaves_no_idle_line_under_its_message(server, browser):
         page.close()
 
 
+def _bottom(page, selector) -> float:
+    return page.evaluate(f"() => document.querySelector({selector!r}).getBoundingClientRect().bottom")
+
+
 def test_desktop_start_and_progress_in_one_screen(server, browser):
+    """One screen for a job (issue 33): at 1280×900 the images, the prompt, the length, Start, the preview and the
+    video are all within the first 900 px; the memory plan sits right under Advanced → Resolution (it was 287 px
+    above the screen while the resolution was edited)."""
     page = _open(browser, server, DESKTOP)
     try:
-        assert _in_view(page, "#start-btn") and _in_view(page, "#progress") and _in_view(page, "#preview")
+        for selector in ("#start-image", "#prompt", "#seconds", "#mode", "#start-btn", "#preview", "#result-video"):
+            assert _bottom(page, selector) <= DESKTOP["height"], (selector, _bottom(page, selector))
+        assert _in_view(page, "#progress")
         _shot(page, "desktop_idle", full=False)
+        page.locator("#advanced").get_by_text("Advanced").first.click()
+        page.locator("#resolution input[type=number]").first.scroll_into_view_if_needed()
+        assert _in_view(page, "#resolution") and _in_view(page, "#preserved-info")
+        _shot(page, "desktop_resolution_and_memory_plan", full=False)
+    finally:
+        page.close()
+
+
+def test_phone_shows_every_part_without_sideways_scrolling(server, browser):
+    """At 390×844 nothing is wider than the screen: the queue list (five columns), Past jobs (two tiles a row)."""
+    page = _open(browser, server, PHONE)
+    try:
+        page.locator("#past-jobs").get_by_text("Past jobs").click()
+        page.wait_for_timeout(500)
+        wide = page.evaluate("""() => [...document.querySelectorAll('#queue-table, #past-jobs, #jobs-gallery, #queue')]
+            .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1).map(e => e.id)""")
+        assert wide == [] and page.evaluate("() => document.documentElement.scrollWidth") <= PHONE["width"]
+        _shot(page, "phone_past_jobs_and_queue")
     finally:
         page.close()
 

@@ -30,9 +30,15 @@ CSS = """
             background: var(--background-fill-primary); box-shadow: 0 -2px 10px rgba(0, 0, 0, 0.2);
             max-height: 40vh; overflow-y: auto;}
   .gradio-container {padding-bottom: 200px !important;}
+  #jobs-gallery .grid-container {grid-template-columns: repeat(2, minmax(0, 1fr)) !important;}
 }
+/* Past jobs: the caption under the picture, not over it */
+#jobs-gallery .caption-label {position: static !important; background: none !important; color: inherit !important;
+    max-width: 100% !important;}
 """
 PHONE_MAX_WIDTH = 768
+IMAGE_HEIGHT = 200                                   # the start and end images: the job fits one desktop screen
+SIZE_CONTROLS = ("resolution", "width", "height")     # Advanced's last controls: the memory plan follows them
 # After Start on a narrow screen: bring the preview into view (the bar at the bottom keeps Start, End and progress).
 SHOW_PREVIEW_JS = (f"() => {{ if (window.innerWidth <= {PHONE_MAX_WIDTH}) "
                    "document.querySelector('#preview')?.scrollIntoView({behavior: 'smooth', block: 'start'}); }")
@@ -74,6 +80,8 @@ class Layout:
     delete_confirm: gr.Button | None = None         # shown by Delete; removes the job folder
     delete_pending: gr.State | None = None          # the job id Delete asked about (Confirm deletes that one)
     extend_note: gr.Markdown | None = None          # which way an extension goes (ui/panel_controls.py)
+    extend_group: gr.Accordion | None = None        # the video / finished job to extend (opened by Extend)
+    jobs_filter: gr.Textbox | None = None           # Past jobs: words a job must contain (ui/panel_jobs.py)
 
     def controls(self) -> list:
         """The generation controls in the table's order (ui.settings.CONTROLS: the handlers' and the API's)."""
@@ -104,15 +112,19 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                 f"({preset.description}). Device: {device_text}.")
     if notice:
         gr.Markdown(f"⚠ {notice}", elem_id="notice")
+    # One screen for a job (1280×900): the images, the prompt, the length and mode, Start/End with the status and
+    # progress on the left; the preview and the video on the right. The rest is in groups under them: extending a
+    # video, the job's settings and LoRAs (left); Advanced, then the memory plan right under the resolution it
+    # depends on, and the log (right).
     with gr.Row():
         with gr.Column(scale=5):
             with gr.Row():
-                image = w.place("image")
-                w.place("end_image")
-                w.place("input_video")            # extending a video: its last frame is the start (pipeline/extend.py)
-            w.place("source_job")                 # or a finished job (ui/source_job.py; Past jobs' Extend fills it)
+                image = w.place("image", height=IMAGE_HEIGHT)
+                w.place("end_image", height=IMAGE_HEIGHT)
             prompt = w.place("prompt", lines=2, placeholder="Describe the motion, e.g. " + st.EXAMPLE_PROMPTS[0])
             prompt_tokens = gr.HTML("", elem_id="prompt-tokens")
+            w.place("seconds")
+            w.place("mode")                       # with a video to extend it says which way (pipeline/extend.py)
             with gr.Column(elem_id="actions"):
                 with gr.Row():
                     start = gr.Button("Start", variant="primary", elem_id="start-btn")
@@ -121,37 +133,40 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                 progress = gr.HTML(progress_html(None), elem_id="progress")
             hints = gr.Markdown("", elem_id="hints")
             extend_note = gr.Markdown("", elem_id="extend-note")   # which way an extension goes (ui/panel_controls.py)
+            with gr.Accordion("Extend a video or a finished job", open=False, elem_id="extend-group") as extend_group:
+                w.place("input_video")            # extending a video: the new part joins it (pipeline/extend.py)
+                w.place("source_job")             # or a finished job (ui/source_job.py; Past jobs' Extend fills it)
+                if "context_frames" in w.rows:    # how much of that video the new sections see
+                    w.place("context_frames")
+            with gr.Accordion("Seed, steps and output", open=True, elem_id="job-settings"):
+                with gr.Row():
+                    w.place("seed", scale=4)
+                    randomize = gr.Button("Random seed", scale=1, elem_id="randomize-seed")
+                if "new_seed" in w.rows:
+                    w.place("new_seed")
+                w.place("steps")
+                w.place("gs")
+                w.place("crf")
+                w.place_rest(advanced=False, keep=("preserved_gb", "loras"))   # placed below (right; the LoRAs)
+            picker = panel_lora.place(w, lora_dir) if "loras" in w.rows else None
             if examples:
                 gr.Examples(examples=examples, inputs=[image, prompt], label="Examples: click one to load its image "
                             "and prompt", elem_id="examples", examples_per_page=6)
             gr.Examples(examples=[[p] for p in st.EXAMPLE_PROMPTS], inputs=[prompt], label="Example prompts")
-            w.place("seconds")
-            w.place("mode")                       # with a video to extend it says which way (pipeline/extend.py)
-            if "context_frames" in w.rows:        # how much of that video the new sections see (below Start: the
-                w.place("context_frames")         # desktop screen keeps Start and the progress in view)
-            with gr.Row():
-                w.place("seed", scale=4)
-                randomize = gr.Button("Random seed", scale=1, elem_id="randomize-seed")
-            if "new_seed" in w.rows:
-                w.place("new_seed")
-            w.place("steps")
-            w.place("gs")
-            w.place("preserved_gb")
-            preserved_info = gr.Markdown(preserved_text, elem_id="preserved-info")
-            w.place("crf")
-            picker = panel_lora.place(w, lora_dir) if "loras" in w.rows else None
-            w.place_rest(advanced=False)
-            with gr.Accordion("Advanced", open=False, elem_id="advanced"):
-                for name in ("negative_prompt", "cfg", "rescale", "latent_window", "sampler", "resolution",
-                             "width", "height", "teacache", "magcache"):
-                    w.place(name)
-                w.place_rest(advanced=True)
         with gr.Column(scale=6):
             preview = gr.Image(label="Latent preview (updates every step)", interactive=False, format="png",
                                height=200, elem_id="preview")
             video = gr.Video(label="Video (refreshes after every section)", interactive=False, autoplay=True,
                              loop=True, height=420, elem_id="result-video")
-            with gr.Accordion("Log", open=True):
+            with gr.Accordion("Advanced", open=False, elem_id="advanced"):
+                for name in ("negative_prompt", "cfg", "rescale", "latent_window", "sampler", "teacache", "magcache"):
+                    w.place(name)
+                w.place_rest(advanced=True, keep=SIZE_CONTROLS)
+                for name in SIZE_CONTROLS:        # last: the memory plan is right under them
+                    w.place(name)
+            w.place("preserved_gb")
+            preserved_info = gr.Markdown(preserved_text, elem_id="preserved-info")
+            with gr.Accordion("Log", open=True, elem_id="log-panel"):
                 log = gr.Textbox(label="Stage messages", lines=10, max_lines=10, autoscroll=True,
                                  interactive=False, elem_id="log")
     with gr.Accordion("Memory and timings of the last job", open=False, elem_id="memory-and-timings") as report:
@@ -161,6 +176,8 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
     with gr.Accordion("Past jobs", open=False, elem_id="past-jobs"):
         with gr.Row():
             with gr.Column(scale=3):
+                jobs_filter = gr.Textbox(label="Filter", placeholder="words of the prompt, the seed, the status or "
+                                         "the id", max_length=200, elem_id="jobs-filter")
                 gallery = gr.Gallery(label="Jobs in the outputs folder (newest first)", columns=4, height=360,
                                      allow_preview=False, elem_id="jobs-gallery")
                 refresh = gr.Button("Refresh", size="sm", elem_id="jobs-refresh")
@@ -188,4 +205,4 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                   resume=resume, jobs_state=gr.State([]), selected_job=gr.State(None), lora=picker,
                   extend=extend, studio_import=studio_import, studio_report=studio_report, delete=delete,
                   delete_note=delete_note, delete_confirm=delete_confirm, delete_pending=gr.State(None),
-                  extend_note=extend_note)
+                  extend_note=extend_note, extend_group=extend_group, jobs_filter=jobs_filter)

@@ -211,7 +211,9 @@ class JobsPanel:
                                trigger_mode="always_last")
         ui.gallery.select(self.select_job, ui.jobs_state, self.detail_outputs, show_progress="hidden")
         ui.reuse.click(self.reuse_settings, ui.selected_job, ui.controls(), show_progress="hidden")
-        ui.extend.click(self.extend, ui.selected_job, [ui.source_job, ui.mode, ui.image, ui.input_video],
+        opened = [ui.extend_group] if ui.extend_group is not None else []      # the group it fills, opened
+        ui.extend.click(self.extend_opened if opened else self.extend, ui.selected_job,
+                        [ui.source_job, ui.mode, ui.image, ui.input_video, *opened],
                         show_progress="hidden")
         if ui.delete is not None:
             ui.delete.click(self.ask_delete, ui.selected_job, [ui.delete_note, ui.delete_confirm, ui.delete_pending],
@@ -222,6 +224,10 @@ class JobsPanel:
         if ui.studio_import is not None:
             ui.studio_import.upload(self.import_studio, ui.studio_import, ui.controls() + [ui.studio_report],
                                     show_progress="hidden")
+
+    def extend_opened(self, job_id, request: gr.Request):
+        """`extend`, and the page's "Extend a video" group opened to show what it filled."""
+        return (*self.extend(job_id, request), gr.update(open=True))
 
     def extend(self, job_id, request: gr.Request):
         """The selected job as the job to extend (F1 mode; no start image or video with it)."""

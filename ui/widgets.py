@@ -61,9 +61,10 @@ class Widgets:
         self.made[name] = widget
         return widget
 
-    def place_rest(self, advanced: bool) -> None:
+    def place_rest(self, advanced: bool, keep: tuple[str, ...] = ()) -> None:
+        """The controls of the group not placed yet (but those in `keep`: the caller places them after)."""
         for name, c in self.rows.items():
-            if name not in self.made and c.advanced == advanced:
+            if name not in self.made and c.advanced == advanced and name not in keep:
                 self.place(name)
 
     def in_order(self) -> dict[str, gr.components.Component]:
