@@ -190,3 +190,23 @@ def test_memory_plot_and_timings_table():
     assert "| transformer | 1 | 6.90 | 1.00 | 0.50 | 15.00 GB | 17.00 GB |" in table
     assert "video writing" in table and "total" in table
     assert plots.timings_markdown([], {}) == "_No stage ran._"
+
+
+def test_the_pages_expected_time_follows_the_resolution_controls():
+    """The live hint's expected time is at the size the page's Resolution / custom size say (issue 33: a speed
+    learned on a 128 px job was shown for a 64 px one unchanged)."""
+    from types import SimpleNamespace
+
+    from jobs.line import Speed
+    from pipeline.request import Request
+    from ui.panel_controls import expected_time
+
+    speed = Speed(default_resolution=64)
+    speed.learn(Request(image=None, seconds=2.4, steps=4, resolution=128),
+                {"transformer": 8.0, "VAE decode": 2.0, "total": 12.0})
+    ctx = SimpleNamespace(runner=SimpleNamespace(expected_seconds=speed.expected_seconds))
+    at = {r: expected_time(ctx, 2.4, 9, "original", 4, r) for r in (128, 64)}
+    assert at[128] == "expected time about 12 s (at the speed of this app's last job)"
+    assert "about 4 s" in at[64]            # the fixed 2 s + a quarter of the pixels and about of the tokens …
+    assert expected_time(ctx, 2.4, 9, "original", 4, 128, 64, 64) == at[64]    # … as does a 64×64 custom size
+    assert expected_time(ctx, 2.4, 9, "original", 4, "x", -5, 10**9) == expected_time(ctx, 2.4, 9, "original", 4)

@@ -195,7 +195,7 @@ def test_hostile_clients_cannot_starve_the_others(app, client, tmp_path):
         # a job started during the abuse still runs
         job = client.submit(image=handle_file(str(start)), **{**JOB, "seed": 4}, api_name="/video")
         victim = uuid.uuid4().hex[:11]
-        hint = ["original", None, 5, 9, 1, 0, "", 16, 0.15, 25, "x", 0, 0]     # (the last: magcache)
+        hint = ["original", None, 5, 9, 1, 0, "", 16, 0.15, 25, "x", 0, 0, 640, 0, 0]   # (magcache, the size)
         slow = []
         for _ in range(10):
             seconds, seed = _ask(url, events["random_seed"], [], victim)

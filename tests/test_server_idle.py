@@ -30,8 +30,9 @@ def test_idle_app_uses_no_cpu_before_and_after_a_burst_of_hostile_hints(tmp_path
 
         hints = next(e for e in fz.events(url) if e.name == "show_hints")
         # the hint's inputs (ui/panel_controls.py hint_inputs): mode, end image, seconds, window, cfg, rescale,
-        # negative prompt, crf, teacache, steps, prompt (a timeline too), prompt blend, magcache
-        hostile = [[mode, None, seconds, window, 1, 0, "", 16, 0.15, steps, prompt, blend, 0]
+        # negative prompt, crf, teacache, steps, prompt (a timeline too), prompt blend, magcache, resolution, width,
+        # height
+        hostile = [[mode, None, seconds, window, 1, 0, "", 16, 0.15, steps, prompt, blend, 0, "1e400", -1, 10**30]
                    for mode in ("original", "f1")
                    for seconds in (120, 1200, 1e9, 1e308, "1e12", "nan", "9" * 5000)
                    for window in (1, 0.5, 33, -1, "1")

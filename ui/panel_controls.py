@@ -18,15 +18,20 @@ LONG_JOB_SECTIONS = 20          # more sections than this: Start asks for a conf
 HIDDEN = dict(queue=False, show_progress="hidden")
 
 
-def expected_time(ctx: AppContext, seconds, window, mode, steps) -> str:
-    """'expected time about 3 min (at the speed of this app's last job)', or '' when nothing can be said."""
+def expected_time(ctx: AppContext, seconds, window, mode, steps, resolution=None, width=0, height=0) -> str:
+    """'expected time about 3 min (at the speed of this app's last job)', or '' when nothing can be said; at the
+    size of the resolution / custom size controls (the learned speed scales with it: pipeline/eta.py)."""
 
     s, w, n = hints.number(seconds), hints.number(window), hints.number(steps)
     if s is None or w is None or n is None or not isinstance(mode, str) or w != int(w) or n != int(n):
         return ""
+    r, cw, ch = hints.number(resolution), hints.number(width), hints.number(height)
+    size = {"resolution": int(r)} if r is not None and 64 <= r <= 4096 else {}
+    if cw is not None and ch is not None and 0 < cw <= 4096 and 0 < ch <= 4096:
+        size.update(width=int(cw), height=int(ch))
     try:
         expected = ctx.runner.expected_seconds(Request(image=None, seconds=s, latent_window=int(w), mode=mode,
-                                                       steps=int(n)))
+                                                       steps=int(n), **size))
     except (TypeError, ValueError, OverflowError):
         return ""
     if expected is None:
@@ -44,9 +49,9 @@ def section_count(seconds, window, mode) -> int | None:
         return None
 
 
-def long_job_note(ctx: AppContext, seconds, window, mode, steps) -> str:
+def long_job_note(ctx: AppContext, seconds, window, mode, steps, resolution=None, width=0, height=0) -> str:
     count = section_count(seconds, window, mode)
-    expected = expected_time(ctx, seconds, window, mode, steps)
+    expected = expected_time(ctx, seconds, window, mode, steps, resolution, width, height)
     if count is None or count <= LONG_JOB_SECTIONS:
         return f"ℹ {expected[0].upper()}{expected[1:]}." if expected else ""
     when = expected or "expected time not known yet (no job has been timed since the app started)"
@@ -73,15 +78,16 @@ def extension_note(mode, has_video: bool, has_job: bool, has_end_image: bool) ->
 def wire(app: gr.Blocks, ctx: AppContext) -> None:
     ui, live, quick = ctx.ui, ctx.live, ctx.quick
     hint_inputs = [ui.mode, ui.end_image, ui.seconds, ui.latent_window, ui.cfg, ui.rescale, ui.negative_prompt,
-                   ui.crf, ui.teacache, ui.steps, ui.prompt, ui.prompt_blend, ui.magcache]
+                   ui.crf, ui.teacache, ui.steps, ui.prompt, ui.prompt_blend, ui.magcache, ui.resolution, ui.width,
+                   ui.height]
 
     def show_hints(mode, end_image, seconds, window, cfg, rescale, negative, crf, teacache, steps, prompt, blend,
-                   magcache):
+                   magcache, resolution=None, width=0, height=0):
         problems = hints.combination_problems(
             mode=mode, has_end_image=st.upload_path(end_image) is not None, cfg=cfg, rescale=rescale,
             negative_prompt=negative, crf=crf, teacache=teacache, magcache=magcache)
         text = hints.hints_markdown(hints.plan_hint(seconds, window, mode, DEFAULTS.fps), problems)
-        note = long_job_note(ctx, seconds, window, mode, steps)
+        note = long_job_note(ctx, seconds, window, mode, steps, resolution, width, height)
         timed = hints.timeline_hint(prompt, seconds, window, mode, blend, DEFAULTS.fps)
         return "\n\n".join(t for t in (text, timed, note) if t)
 

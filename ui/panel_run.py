@@ -64,7 +64,8 @@ class RunPanel:
             if self._confirmed.pop(session, None) == key:
                 return None
             self._confirmed[session] = key
-        expected = expected_time(self.ctx, job.seconds, job.latent_window, job.mode, job.steps) or \
+        expected = expected_time(self.ctx, job.seconds, job.latent_window, job.mode, job.steps, job.resolution,
+                                 job.width, job.height) or \
             "the expected time is not known yet (no job has been timed since the app started)"
         return (f"⚠ This video has **{count} sections**: {expected}. Press **Start** again to start it, or "
                 "shorten it.")
