@@ -61,11 +61,11 @@ MODES = {
     "F1": ("f1", ""),
     "F1 with Endframe": ("f1", "SteadyFrame's F1 mode has no end frame; the job runs without one"),
     "Video F1": ("f1", "choose the video to extend (it is not in the metadata)"),
+    "Video": ("original", "choose the video to extend (it is not in the metadata): the new part goes before it"),
+    "Video with Endframe": ("original", "choose the video to extend and the end image (neither is in the metadata): "
+                                        "the new part goes after the video, toward the end image"),
 }
 NOT_MODES = {
-    "Video": "Studio's backward video extension; SteadyFrame extends videos in F1 mode only (choose F1 and the video)",
-    "Video with Endframe": "Studio's backward video extension with an end frame; SteadyFrame extends videos in F1 "
-                           "mode only",
     "XY Plot": "an XY plot (a grid of jobs); SteadyFrame has none: import one of its jobs instead",
 }
 
@@ -77,9 +77,9 @@ BOOKKEEPING = {"app_version", "timestamp", "job_id", "has_input_image", "input_i
 NO_SETTING = {
     "resolutionH": "Studio buckets a start image by its width target (resolutionW) alone; that is the resolution",
     "end_frame_strength": "Studio scales the end frame's latent by it; SteadyFrame has no such setting",
-    "latent_type": "the latent Studio starts from without a start image; SteadyFrame always starts from an image",
+    "latent_type": "not one of Studio's starting latents (Black, White, Noise, Green Screen)",
     "combine_with_source": "Studio's video extension joins the source video; SteadyFrame's extension always does",
-    "num_cleaned_frames": "a setting of Studio's video extension; SteadyFrame has none",
+    "num_cleaned_frames": "not a whole number of context frames from 1 to 19",
     "x_param": "an XY plot's axis; SteadyFrame has no XY plots",
     "y_param": "an XY plot's axis; SteadyFrame has no XY plots",
     "x_values": "an XY plot's axis; SteadyFrame has no XY plots",
@@ -200,6 +200,9 @@ def from_metadata(meta: Mapping[str, Any], default_resolution: int = 640, kind: 
     def want(name: str, value, key: str) -> None:
         wanted[name], source[name] = value, key
 
+    def source_of(key: str) -> str | None:
+        return next((name for name, k in source.items() if k == key), None)
+
     for key, name in DIRECT.items():
         raw, c = meta.get(key), control(name)
         if c.kind == "text":
@@ -218,6 +221,7 @@ def from_metadata(meta: Mapping[str, Any], default_resolution: int = 640, kind: 
         want(name, value, key)
 
     _mode(meta, out, want)
+    _video_and_start(meta, want)
     _resolution(meta, out, want)
     _caches(meta, out, want, wanted)
     _loras(meta, out, want)
@@ -226,6 +230,8 @@ def from_metadata(meta: Mapping[str, Any], default_resolution: int = 640, kind: 
         if key in DIRECT or key in CACHE_KEYS or key in BOOKKEEPING or key in ("model_type", "resolutionW", "loras"):
             continue
         if key in NO_SETTING:
+            if source_of(key) is not None:
+                continue                               # mapped (_video_and_start)
             if not _none(value) and not (key == "latent_type" and _flag(meta.get("has_input_image", True))) \
                     and not (key in ("combine_with_source", "num_cleaned_frames")
                              and not str(meta.get("model_type", "")).startswith("Video")):
@@ -256,6 +262,23 @@ def _mode(meta, out: StudioImport, want) -> None:
     else:
         out.unmapped.append(("model_type", NOT_MODES.get(model, f"{model[:40]!r} is not a model type SteadyFrame "
                                                                 f"knows (Original, F1 …)")))
+
+
+# Studio's "latent_type" (the latent it starts from without a start image) -> SteadyFrame's "start from"
+LATENT_TYPES = {"black": "black", "white": "white", "noise": "noise", "green screen": "green"}
+
+
+def _video_and_start(meta, want) -> None:
+    """A video model's context frames (Studio's num_cleaned_frames: the input video's latent frames the new sections
+    see, as SteadyFrame's context frames) and, without a start image, the latent it starts from (text-to-video)."""
+    if str(meta.get("model_type", "")).startswith("Video"):
+        frames = _number(meta.get("num_cleaned_frames"), "int")
+        if frames is not None and 1 <= frames <= control("context_frames").limits[1]:
+            want("context_frames", int(frames), "num_cleaned_frames")
+    if not _flag(meta.get("has_input_image", True)):
+        start = LATENT_TYPES.get(str(meta.get("latent_type", "")).strip().lower())
+        if start is not None:
+            want("start_from", start, "latent_type")
 
 
 def _resolution(meta, out: StudioImport, want) -> None:

@@ -89,15 +89,24 @@ def test_teacache_video_models_refused_values_and_unknown_keys(tmp_path):
             "loras": {"big": 3.5}, "my_own_key": 1, "seed": "7.5"}
     got = studio.from_metadata(meta)
     assert got.settings["teacache"] == 0.1 and got.settings["magcache"] == 0.0
-    assert "steps" not in got.settings and "mode" not in got.settings and "loras" not in got.settings
+    assert "steps" not in got.settings and "loras" not in got.settings
+    # Studio's "Video" (the original model's extension backwards): the original mode, its context frames kept
+    assert got.settings["mode"] == "original" and got.settings["context_frames"] == 5
+    assert any("the new part goes before it" in n for n in got.notes)
     unmapped = dict(got.unmapped)
     assert unmapped["steps"].startswith("SteadyFrame refuses '150'")
-    assert "F1 mode only" in unmapped["model_type"]
+    assert "model_type" not in unmapped and "num_cleaned_frames" not in unmapped
     assert "SteadyFrame's TeaCache counts the job's own steps" in unmapped["teacache_num_steps"]
     assert "is not a strength from -2 to 2" in unmapped["loras.big"]
     assert unmapped["my_own_key"] == "not a FramePack-Studio setting SteadyFrame knows"
     assert "is not a whole number" in unmapped["seed"]
-    assert "combine_with_source" in unmapped and "num_cleaned_frames" in unmapped      # a video model's settings
+    assert "combine_with_source" in unmapped                                          # a video model's setting
+    ends = studio.from_metadata({**meta, "model_type": "Video with Endframe", "num_cleaned_frames": 40})
+    assert ends.settings["mode"] == "original" and "context_frames" not in ends.settings
+    assert "from 1 to 19" in dict(ends.unmapped)["num_cleaned_frames"]
+    # no start image: Studio's starting latent is SteadyFrame's "start from" (text-to-video)
+    t2v = studio.from_metadata({**STUDIO, "has_input_image": False, "latent_type": "Green Screen"})
+    assert t2v.settings["start_from"] == "green" and "latent_type" not in dict(t2v.unmapped)
     # Studio's newer "cache_type" wins over the flags, as its own loader reads it
     assert studio.from_metadata({**STUDIO, "cache_type": "None"}).settings["magcache"] == 0.0
 
