@@ -359,7 +359,14 @@ def test_past_jobs_show_a_video_frame_status_length_and_time(server, browser, im
         assert srcs and all("thumbnail.jpg" in s or "preview.png" in s for s in srcs), srcs
         captions = page.locator("#jobs-gallery").inner_text()
         assert re.search(r"✓ done · \d+\.\d s · \d\d \w{3} \d\d:\d\d", captions), captions
+        assert re.search(r"“[^”]+” · seed \d+", captions), captions         # what each job was, at a glance
         _shot(page, "desktop_past_jobs")
+        count = len(srcs)
+        page.locator("#jobs-filter textarea, #jobs-filter input").first.fill("no-such-words-anywhere")
+        page.wait_for_function("() => !document.querySelector('#jobs-gallery button.thumbnail-item')")
+        page.locator("#jobs-filter textarea, #jobs-filter input").first.fill("")
+        page.wait_for_function(f"() => document.querySelectorAll('#jobs-gallery button.thumbnail-item').length "
+                               f"== {count}")
     finally:
         page.close()
 
