@@ -164,8 +164,8 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                 w.place_rest(advanced=True, keep=SIZE_CONTROLS)
                 for name in SIZE_CONTROLS:        # last: the memory plan is right under them
                     w.place(name)
+            preserved_info = gr.Markdown(preserved_text, elem_id="preserved-info")    # the plan, then its slider
             w.place("preserved_gb")
-            preserved_info = gr.Markdown(preserved_text, elem_id="preserved-info")
             with gr.Accordion("Log", open=True, elem_id="log-panel"):
                 log = gr.Textbox(label="Stage messages", lines=10, max_lines=10, autoscroll=True,
                                  interactive=False, elem_id="log")
