@@ -1,9 +1,11 @@
-"""Extending a video from the page (issue 14), in headless Chromium against the app on the tiny preset: a clip is
+"""Extending a video from the page (issues 14, 32), in headless Chromium against the app on the tiny preset: a clip is
 dropped into "Video to extend" (no start image), mode F1, Start; the job finishes with the clip's frames followed
 by the new section, and job.json names the clip and its hash. The note under the extension options says which way
-the job extends (the original mode: before the video; F1: after it)."""
+the job extends (the original mode: before the video; F1: after it); then the same clip in the original mode ends
+the video made before it."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from video.mp4 import read_frames
@@ -53,5 +55,29 @@ def test_extend_a_video_from_the_page(server, browser, tmp_path):
     assert info["status"] == "done" and info["source"]["sha256"] == file_sha256(clip)
     assert info["settings"]["context_frames"] == 5
     assert info["source"]["path"].endswith(".mp4") and info["source"]["frames"] == 45
-    assert read_frames(job / "final.mp4").shape[0] == 45 + 4 * W
+    forward = read_frames(job / "final.mp4")
+    assert forward.shape[0] == 45 + 4 * W
+
+    # the original mode extends backwards (issue 32): the new part goes before the clip, the video ends with it
+    page.locator("#mode label").filter(has_text="Original").click()
+    note.filter(has_text="goes before the video").wait_for()
+    before = {d.name for d in server.outputs.iterdir()}
+    page.locator("#start-btn").click()
+    page.wait_for_function("() => !document.querySelector('#status').innerText.includes('Done')")
+    status = wait_status(page, "Done", "Failed", "⚠", timeout=300_000)
+    assert "Done" in status, status
+    (job,) = [d for d in server.outputs.iterdir() if d.name not in before and not d.name.startswith(".")]
+    assert job_info(job)["settings"]["mode"] == "original"
+    backward = read_frames(job / "final.mp4")
+    assert backward.shape[0] > 45
+    # the clip's last frames (kept as they are; its first ones cross-fade into the new part) close the video: close to
+    # the clip as the job read it (re-encoded: close, not equal); a forward extension's last frames are new ones
+    from pipeline.request import Request, prepare
+
+    clip_in = prepare(Request(input_video=clip, prompt="x", seconds=1.2, steps=2), 64).source.frames.astype(int)
+
+    def off(video):
+        return float(np.abs(video[-8:].astype(int) - clip_in[-8:]).mean())
+
+    assert off(backward) < 6 < off(forward), (off(backward), off(forward))
     page.close()
