@@ -80,4 +80,18 @@ def test_extend_a_video_from_the_page(server, browser, tmp_path):
         return float(np.abs(video[-8:].astype(int) - clip_in[-8:]).mean())
 
     assert off(backward) < 6 < off(forward), (off(backward), off(forward))
+
+    # with an end image the original mode goes the other way: after the clip, toward the end image
+    from tests.conftest import make_image
+
+    make_image(96, 72, seed=9).save(tmp_path / "end.png")
+    page.locator("#end-image input[type=file]").set_input_files(str(tmp_path / "end.png"))
+    note.filter(has_text="ends at the end image").wait_for()
+    before = {d.name for d in server.outputs.iterdir()}
+    page.locator("#start-btn").click()
+    page.wait_for_function("() => !document.querySelector('#status').innerText.includes('Done')")
+    assert "Done" in wait_status(page, "Done", "Failed", "⚠", timeout=300_000)
+    (job,) = [d for d in server.outputs.iterdir() if d.name not in before and not d.name.startswith(".")]
+    assert job_info(job)["source"]["direction"] == "to end frame"
+    assert read_frames(job / "final.mp4").shape[0] == 45 + 4 * W
     page.close()
