@@ -475,3 +475,35 @@ def test_text_to_video_from_the_page_keeps_only_the_final_video(server, browser)
         _shot(page, "desktop_text_to_video", full=False)
     finally:
         page.close()
+
+
+def test_a_new_seed_for_each_job_then_delete_it_from_past_jobs(server, browser, images):
+    """"New seed for each job" on: the job runs with a fresh seed, recorded in job.json (the page's stays); Past
+    jobs → Delete asks first, then the folder is gone (issue 32)."""
+    page = _open(browser, server)
+    try:
+        _fill(page, images / "start.png", seconds=1.2, steps=1)
+        page.locator("#new-seed label").filter(has_text="on").click()
+        before = set(server.jobs())
+        page.locator("#start-btn").click()
+        assert "Done" in _wait_status(page, "Done", "Failed", "⚠")
+        job = _newest_job(server, before)
+        info = wait_for(lambda: (lambda i: i if i["status"] != "running" else None)(job_info(job)), 30,
+                        what="the job's record")
+        shown = int(page.locator("#seed input").input_value())
+        assert info["settings"]["seed"] != shown == 31337       # the job's own seed (Reuse gives that one back)
+        page.locator("#past-jobs").get_by_text("Past jobs").click()
+        page.locator("#jobs-refresh").click()
+        page.locator("#jobs-filter textarea, #jobs-filter input").first.fill(job.name)   # only this job
+        page.wait_for_function("() => document.querySelectorAll('#jobs-gallery button.thumbnail-item').length == 1")
+        page.locator("#jobs-gallery button.thumbnail-item").first.click()
+        page.wait_for_function(f"() => document.querySelector('#job-details')?.innerText.includes('{job.name}')")
+        page.locator("#delete-job-btn").click()
+        expect(page.locator("#delete-job-note")).to_contain_text(f"Delete job {job.name}")
+        assert job.is_dir()                                   # asked, not deleted
+        page.locator("#delete-job-confirm").click()
+        expect(page.locator("#delete-job-note")).to_contain_text(f"Job {job.name} deleted")
+        assert not job.exists()
+        page.locator("#jobs-filter textarea, #jobs-filter input").first.fill("")
+    finally:
+        page.close()
