@@ -259,6 +259,9 @@ class JobRun:
             history, real = sec.append_section(self.plan, section, history, generated.cpu(), start_latent)
             save_checkpoint(self.job, section, history, real, start_latent, end_latent, self.generator)
             yield from drain()
+            # the previous section's video first (the page shows it now, not after this decode: the writer usually
+            # finished it during this section's sampling, so this rarely waits)
+            yield from self._written(wait=True)
             yield self.progress("VAE decode", n, r.steps, f"section {n}/{self.plan.count}: decoding")
             pixels = self._decode(sec.latents_to_decode(self.plan, section, real))
             self._submit(section, pixels, self.job.path(f"section_{n:02d}.mp4"))   # written while the next samples

@@ -42,6 +42,10 @@ def test_two_sections_events_outputs_and_job_json(tiny_original, tmp_path):
 
     videos = [e for e in events if isinstance(e, SectionVideo)]
     assert [v.frames for v in videos] == plan.frame_counts() == [33, 73]
+    # each section's video reaches the page before the next section's decode starts (it lagged 1-2 sections)
+    order = [(type(e).__name__, e.section) for e in events if isinstance(e, SectionVideo)
+             or isinstance(e, Progress) and e.stage == "VAE decode"]
+    assert order.index(("SectionVideo", 1)) < order.index(("Progress", 2)), order
     assert len({v.path for v in videos}) == 2                      # a new file per section
     for v in videos:
         frames = read_frames(v.path)                              # playable: decodes back with PyAV
