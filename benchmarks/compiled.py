@@ -209,7 +209,8 @@ def jobs_main(args) -> None:
             row = {"job": n, "variant": variant, "seconds": request.seconds, "total_s": total, "sampling_s": sampling,
                    "preparing_kernels_s": float(end.timings.get("preparing kernels", 0.0)),
                    "graphs_compiled": compiled.compiled_graphs() - graphs,
-                   "peak_reserved": max(r.peak_reserved for r in memory.records), "frames": end.frames}
+                   "peak_reserved": max(r.peak_reserved for r in memory.records), "frames": end.frames,
+                   "timings": dict(end.timings)}
             earlier = seen.get((variant, request.seconds))
             row["same_as_last_such_job"] = None if earlier is None else all(
                 torch.equal(saved[k], earlier[k]) for k in saved)
