@@ -270,6 +270,9 @@ def test_queue_runs_in_click_order_and_tells_each_waiting_tab_its_place(server, 
             waiting = [_wait_status(p, "in line") for p in tabs[1:]]
             assert "2nd in line (1 job ahead of yours)" in waiting[0], waiting
             assert "3rd in line (2 jobs ahead of yours)" in waiting[1], waiting
+            for page in tabs[1:]:                                       # said once: the progress line is other
+                progress = page.locator("#progress").inner_text()
+                assert "in line" not in progress and "Queued" in progress, progress
             if server.runner.speed.rates is not None:                        # a job has been timed: a wait in seconds
                 assert all("It should start in about" in w for w in waiting), waiting
             _shot(tabs[2], "desktop_third_in_line", full=False)

@@ -21,7 +21,7 @@ from ui.panel_controls import LONG_JOB_SECTIONS, expected_time, section_count
 from ui.panel_jobs import JobsPanel
 from jobs.runner import SessionBusy
 from jobs.text import waiting_text
-from ui.view import JobView, progress_html
+from ui.view import QUEUED_TEXT, JobView, progress_html
 from ui.source_job import resolved
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class RunPanel:
         place = self.runner.waiting(job)
         text = waiting_text(place) if place is not None else "Starting…"
         return (job.id, gr.update(interactive=False), gr.update(interactive=True), text,
-                progress_html(None, idle_text=text))
+                progress_html(None, idle_text=QUEUED_TEXT))     # one line in the status, not the same one twice
 
     def needs_confirmation(self, session: str, job) -> str | None:
         """The question for a long job (more than LONG_JOB_SECTIONS sections) the session has not confirmed yet;

@@ -39,6 +39,8 @@ ORIGINAL_NOTE = ("Original mode makes the end of the video first: section 1 is t
                  "video grows towards the start image.")
 
 
+QUEUED_TEXT = "Queued: the progress shows here once it starts."    # (the status says where it waits)
+
 def progress_html(p: Progress | None, *, idle_text: str = "Idle: upload an image, write a prompt, press Start.",
                   note: str = "") -> str:
     """A progress bar with the stage, section i/n, step j/m, elapsed and ETA (plain HTML, no script); `note` is a
@@ -158,8 +160,8 @@ class JobView:
         self._changed.add("progress")
 
     def _progress_html(self) -> str:
-        if self.waiting is not None and self.progress is None:
-            return progress_html(None, idle_text=waiting_text(self.waiting))
+        if self.waiting is not None and self.progress is None:      # the status says where it stands in line
+            return progress_html(None, idle_text=QUEUED_TEXT)
         note = ORIGINAL_NOTE if self.mode == "original" and self.result is None and self.progress is not None \
             and self.progress.sections > 1 else ""
         return progress_html(self._shown, note=note)
