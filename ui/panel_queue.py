@@ -67,7 +67,8 @@ def build_parts() -> QueueParts:
         status = gr.Markdown("", elem_id="queue-status")
         table = gr.Dataframe(headers=HEADERS, value=[], interactive=False, wrap=True, elem_id="queue-table")
         with gr.Row():
-            pick = gr.Dropdown(label="Queued job", choices=[], value=None, interactive=True, scale=3,
+            pick = gr.Dropdown(label="Picked job (click its row in the list)", choices=[], value=None, interactive=True,
+                               scale=3,
                                elem_id="queue-pick")
             up = gr.Button("Up", size="sm", elem_id="queue-up")
             down = gr.Button("Down", size="sm", elem_id="queue-down")
