@@ -510,3 +510,30 @@ def test_a_new_seed_for_each_job_then_delete_it_from_past_jobs(server, browser, 
         page.locator("#jobs-filter textarea, #jobs-filter input").first.fill("")
     finally:
         page.close()
+
+
+def test_the_page_items_on_a_phone(server, browser):
+    """Issue 33's page items at 390×844 too: a refused Start says "Not started" (not "Idle"), the memory plan sits under
+    Advanced → Resolution, Past jobs' captions and filter, the LoRA box's note and sliders have room."""
+    page = _open(browser, server, PHONE)
+    try:
+        page.locator("#prompt textarea").fill("a cat")
+        page.locator("#start-btn").click()
+        assert "no image given" in _wait_status(page, "Start image:")
+        page.wait_for_function("() => document.querySelector('#progress').innerText.includes('Not started')")
+        page.locator("#advanced").get_by_text("Advanced").first.click()
+        page.wait_for_selector("#resolution input[type=number]")
+        page.evaluate("() => document.querySelector('#resolution').scrollIntoView({block: 'start'})")
+        page.wait_for_timeout(300)
+        assert page.evaluate("() => document.querySelector('#preserved-info').getBoundingClientRect().top "
+                             "< window.innerHeight * 0.6")         # above the bar that holds Start, End, progress
+        page.locator("#past-jobs").get_by_text("Past jobs").click()
+        page.locator("#jobs-refresh").click()
+        page.wait_for_selector("#jobs-gallery button.thumbnail-item img")
+        assert re.search(r"· seed \d+", page.locator("#jobs-gallery").inner_text())
+        page.locator("#jobs-filter textarea, #jobs-filter input").first.fill("no-such-words-anywhere")
+        page.wait_for_function("() => !document.querySelector('#jobs-gallery button.thumbnail-item')")
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= PHONE["width"]
+        _shot(page, "phone_page_items")
+    finally:
+        page.close()
