@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -72,14 +71,11 @@ def _section_latents(tr, inputs, device, steps: int) -> torch.Tensor:
 
 
 def step_main(args) -> None:
-    from benchmarks.transformer_step import build_transformer, run_config, section_inputs
+    from benchmarks.transformer_step import run_config, section_inputs, transformer_on_device
     from memory.hostpack import HostPack
     from pipeline import compiled
 
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    t0 = time.perf_counter()
-    tr, height, width, image_tokens = build_transformer(args.tiny)
-    build_s = time.perf_counter() - t0
+    device, tr, height, width, image_tokens, build_s = transformer_on_device(args.tiny)
     pack = HostPack.of(tr)
     pack.set_pinned(device.type == "cuda")
     inputs = section_inputs(tr, height, width, 9, image_tokens)

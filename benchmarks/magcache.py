@@ -95,15 +95,12 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from benchmarks.transformer_step import build_transformer, section_inputs
+    from benchmarks.transformer_step import section_inputs, transformer_on_device
     from memory.manager import MemoryManager
     from memory.plan import framepack_tokens
     from pipeline import compiled
 
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    t0 = time.perf_counter()
-    tr, height, width, image_tokens = build_transformer(args.tiny)
-    build_s = time.perf_counter() - t0
+    device, tr, height, width, image_tokens, build_s = transformer_on_device(args.tiny)
     inputs = section_inputs(tr, height, width, 9, image_tokens)
     thresholds = [0.0] + [float(t) for t in args.thresholds.split(",") if t]
     total_gb = torch.cuda.get_device_properties(device).total_memory / GIB if device.type == "cuda" else 1e3

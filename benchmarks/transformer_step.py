@@ -141,6 +141,15 @@ def run_sync_swap(tr, inputs, device, cap_gb, preserved_gb, warmup, steps, pinne
             "placement": plan.describe(), "streamed_bytes": plan.streamed_bytes}
 
 
+def transformer_on_device(tiny: bool):
+    """(the device to measure on, the transformer as `build_transformer` gives it, its height, width and image tokens,
+    the seconds building it took)."""
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    t0 = time.perf_counter()
+    tr, height, width, image_tokens = build_transformer(tiny)
+    return device, tr, height, width, image_tokens, time.perf_counter() - t0
+
+
 def build_transformer(tiny: bool):
     if tiny:
         from pipeline.components import load_components
@@ -163,10 +172,7 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from memory.hostpack import HostPack
 
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    t0 = time.perf_counter()
-    tr, height, width, image_tokens = build_transformer(args.tiny)
-    build_s = time.perf_counter() - t0
+    device, tr, height, width, image_tokens, build_s = transformer_on_device(args.tiny)
     pack = HostPack.of(tr)
     pin_s = pack.set_pinned(device.type == "cuda")
     inputs = section_inputs(tr, height, width, 9, image_tokens)

@@ -369,11 +369,18 @@ class QueueStore:
             db.execute("DELETE FROM entries WHERE id = ?", (str(entry_id),))
         shutil.rmtree(self.images_root / str(entry_id), ignore_errors=True)
 
-    def clear_finished(self) -> int:
-        gone = [e for e in self.entries(FINISHED)]
-        for e in gone:
-            self.remove(e.id)
-        return len(gone)
+    def clear_finished(self, sees=None) -> int:
+        """Take the finished, stopped and failed jobs out (`sees(owner)`: only those it accepts); returns how many.
+        One that changed meanwhile (started again) is left as it is."""
+        gone = 0
+        for e in self.entries(FINISHED):
+            if sees is None or sees(e.owner):
+                try:
+                    self.remove(e.id)
+                    gone += 1
+                except InputError:
+                    pass
+        return gone
 
     # ---- the worker's side ------------------------------------------------------------------------------------------
     def next_waiting(self) -> Entry | None:

@@ -52,6 +52,13 @@ class _Entry:
     keep: bool = False          # kept in fp8 on the device (values + scales in its device region)
 
 
+def _keeps(entry: _Entry) -> bool:
+    """Is this entry kept in fp8 on the device? (a weight of a Linear marked by memory.fp8.keep_on_device whose
+    stored form fits its device region)"""
+    return entry.quantizable and fp8.marked(entry.places[0].module) \
+        and fp8.kept_fits(tuple(entry.shape), _align(entry.nbytes), ALIGN)
+
+
 def _placeholder(entry: _Entry) -> torch.Tensor:
     """What a tensor with no host copy in its dtype points at between stages: its shape and dtype in one element
     (NaN for floats, so a model run outside a stage shows it instead of computing quietly)."""
@@ -106,9 +113,8 @@ class Chunk:
                     n = tensor.numel() * tensor.element_size()
                     name_ = f"{prefixes[id(module)]}.{key}".lstrip(".")
                     entry = _Entry([place], offset, n, tensor.shape, tensor.dtype, name_,
-                                   quantizable=fp8.quantizable(module, key, tensor),
-                                   keep=fp8.kept(module, key, tensor)
-                                   and fp8.kept_fits(tuple(tensor.shape), _align(n), ALIGN))
+                                   quantizable=fp8.quantizable(module, key, tensor))
+                    entry.keep = _keeps(entry)
                     seen[id(tensor)] = entry
                     self.entries.append(entry)
                     offset += _align(n)
@@ -303,8 +309,7 @@ class Chunk:
     def keep_marked(self, device: torch.device | None = None) -> bool:
         """Weights whose Linear was marked with memory.fp8.keep_on_device after this chunk was made become kept in
         fp8 (a host buffer is rebuilt; call between stages). Returns whether anything changed."""
-        keep = [e.quantizable and bool(getattr(e.places[0].module, fp8.KEEP_ATTR, False))
-                and fp8.kept_fits(tuple(e.shape), _align(e.nbytes), ALIGN) for e in self.entries]
+        keep = [_keeps(e) for e in self.entries]
         if keep == [e.keep for e in self.entries]:
             return False
         values = [self.value(e) for e in self.entries] if self.home == "ram" else None   # with the old layout

@@ -45,8 +45,9 @@ def keep_on_device(linear: nn.Linear) -> None:
     linear.register_buffer(SCALE, None, persistent=False)
 
 
-def kept(module: nn.Module, name: str, tensor: torch.Tensor) -> bool:
-    return quantizable(module, name, tensor) and getattr(module, KEEP_ATTR, False)
+def marked(module: nn.Module) -> bool:
+    """Was `module` marked with `keep_on_device`?"""
+    return bool(getattr(module, KEEP_ATTR, False))
 
 
 def kept_fits(shape: tuple[int, ...], region: int, align: int) -> bool:

@@ -185,14 +185,7 @@ class QueueActions:
     def clear_finished(self, user: str | None = None) -> int:
         """Take the finished, stopped and failed jobs the user may see out of the list (their job folders stay in
         Past jobs); returns how many."""
-        gone = 0
-        for e in self.visible(user, qs.FINISHED):
-            try:
-                self.store.remove(e.id)
-                gone += 1
-            except InputError:              # it changed meanwhile (started again by a resume?): left as it is
-                pass
-        return gone
+        return self.store.clear_finished(lambda owner: self.access.sees(user, owner))
 
 
 class QueueApi:
