@@ -120,7 +120,6 @@ class Chunk:
                     offset += _align(n)
         self.ids = set(seen)
         self.nbytes = offset
-        self.kept = any(e.keep for e in self.entries)
         if files is None:                                       # in memory: copy into one flat buffer
             self.home = "ram"
             self.host_nbytes = self._layout(False)
@@ -184,7 +183,7 @@ class Chunk:
     @property
     def stores_fp8(self) -> bool:
         """Does the host buffer hold anything in fp8 (fp8 storage, or weights kept in fp8 on the device)?"""
-        return self.fp8 or self.kept
+        return self.fp8 or any(e.keep for e in self.entries)
 
     @staticmethod
     def _current(place: _Place) -> torch.Tensor:
@@ -315,7 +314,6 @@ class Chunk:
         values = [self.value(e) for e in self.entries] if self.home == "ram" else None   # with the old layout
         for e, k in zip(self.entries, keep):
             e.keep = k
-        self.kept = any(keep)
         if values is None:
             self.host_nbytes = self._layout(self.fp8)
             self._refresh_idle()
