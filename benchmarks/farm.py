@@ -86,7 +86,7 @@ def main(argv=None) -> int:
 
     from farm.dispatch import Farm
     from configs.options import parse_gpus
-    from configs.runtime import FarmOptions
+    from configs.runtime import Config, FarmOptions
     from farm.workers import WorkerConfig
     from PIL import Image
 
@@ -96,7 +96,8 @@ def main(argv=None) -> int:
         y, x = np.mgrid[0:480, 0:640]
         Image.fromarray((np.stack([x / 640, y / 480, (x + y) / 1120], -1) * 255).astype(np.uint8)).save(image)
         options = FarmOptions(cpu_workers=2) if args.tiny else FarmOptions(gpus=parse_gpus(args.gpus))
-        config = WorkerConfig("tiny" if args.tiny else "hunyuan", None, outputs, args.vram_cap_gb, args.host_ram_gb,
+        config = WorkerConfig(Config(preset="tiny" if args.tiny else "hunyuan", outputs=outputs,
+                                     vram_cap_gb=args.vram_cap_gb, host_ram_gb=args.host_ram_gb),
                               loader=None if args.tiny else "benchmarks.farm:random_components")
         farm = Farm.start(options, config, num_cpus=2 if args.tiny else None)
         try:

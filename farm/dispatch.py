@@ -2,7 +2,7 @@
 streams its events back; a worker lost mid-job is replaced by another one that continues the job from its last
 section checkpoint.
 
-    farm = Farm.start(FarmOptions(gpus=(0, 1)), WorkerConfig(...))
+    farm = Farm.start(FarmOptions(gpus=(0, 1)), WorkerConfig(config))     # config: the process's Config
     for event in farm.run(key, prepared, cancel):     # pipeline events (Progress, Preview, SectionVideo, Done ...)
         ...
 
@@ -11,6 +11,7 @@ restarts a dead worker (max_restarts); the dispatcher only decides where the int
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -72,8 +73,7 @@ class Farm:
         else:
             count, gpu = options.cpu_workers, False
             ray.init(num_cpus=num_cpus or count, num_gpus=0, runtime_env=env, include_dashboard=False)
-        config = WorkerConfig(**{**config.__dict__, "use_gpu": gpu,
-                                 "share": config.share or (None if options.address else count)})
+        config = dataclasses.replace(config, use_gpu=gpu, share=config.share or (None if options.address else count))
         actor = ray.remote(JobWorker).options(num_gpus=1 if gpu else 0, num_cpus=1, max_concurrency=2,
                                               max_restarts=WORKER_RESTARTS, max_task_retries=0)
         slots = [Slot(f"worker-{i + 1}", actor.remote(f"worker-{i + 1}", config)) for i in range(count)]

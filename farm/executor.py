@@ -39,14 +39,11 @@ class FarmExecutor:
 
 
 def start_farm(config: Config, models=None, *, num_cpus: int | None = None) -> FarmExecutor:
-    """Start the farm of the configuration's --ray/--gpus/--cpu-workers (Ray is imported only now)."""
-
-    options = config.memory_options()
-    switches = tuple((k, options[k]) for k in ("pin_host_memory", "late_load", "park", "direct_io"))
-    worker = WorkerConfig(config.preset, config.model_dir, config.outputs.resolve(), config.vram_cap_gb,
-                          config.host_ram_gb, config.weight_storage, switches=switches, compile=config.compile,
-                          fp8_compute=config.fp8_compute)
-    return FarmExecutor(Farm.start(config.farm, worker, num_cpus=num_cpus), models)
+    """Start the farm of the configuration's --ray/--gpus/--cpu-workers (Ray is imported only now). The workers run
+    with this process's Config, its folders made absolute (a worker's working folder is not this process's)."""
+    absolute = dataclasses.replace(config, outputs=config.outputs.resolve(), lora_dir=config.lora_dir.resolve(),
+                                   model_dir=config.model_dir.resolve() if config.model_dir else None)
+    return FarmExecutor(Farm.start(config.farm, WorkerConfig(absolute), num_cpus=num_cpus), models)
 
 
 def queue_executor(config: Config, models, device):

@@ -1,5 +1,6 @@
-"""A farm worker: one Ray actor per GPU (or per CPU "device"), running whole jobs with the same orchestrator as the
-app (pipeline.orchestrator.JobRun, pipeline.resume.resume).
+"""A farm worker: one Ray actor per GPU (or per CPU "device"), running whole jobs the way the app does: the one
+function that runs a job (jobs/execute.py `run_job`, with the process's `Config`: LoRA folder, outputs, compile,
+cap, host-RAM budget, fp8), so a new job goes through `pipeline.orchestrator.generate()` and its checks.
 
 Each worker is its own process: its own models (jobs.models.ComponentCache), its own MemoryManager per job (the VRAM
 cap is set on the worker's GPU; the host-RAM budget is this worker's), nothing shared with the other workers by
@@ -9,42 +10,38 @@ makes it a Ray actor (this module imports neither Ray nor torch at import time).
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import socket
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
-import importlib
-from common.units import GIB
-from memory.hostbudget import default_host_budget
+
 import rocm
+from common.units import GIB
+from configs.runtime import Config
 from jobs.models import models_for
-import time
+from memory.hostbudget import default_host_budget
 from pipeline.cancel import CancelToken
-from pipeline.jobs import Job, load_job
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    preset: str
-    model_dir: Path | None
-    outputs: Path
-    vram_cap_gb: float
-    host_ram_gb: float | None = None
-    weight_storage: str = "native"
+    """What a worker runs with: the process's one `Config` (every job-scoped setting: preset, models, outputs, LoRA
+    folder, cap, host-RAM budget, weight storage, switches, compile, fp8 compute; its paths absolute, the worker's
+    working folder is not the app's) and what only a farm worker has."""
+    config: Config
     use_gpu: bool = True                   # False: a CPU "device" (tests, --cpu-workers)
     share: int | None = None               # workers on one machine (the default host budget is split between them);
                                            # None: the GPUs of the worker's Ray node (one worker per GPU)
     loader: str | None = None              # "module:function" building the models (preset, mode, model_dir); None:
                                            # the preset's own loading (benchmarks/farm.py: full-size random weights)
-    switches: tuple[tuple[str, bool], ...] = ()    # the MemoryManager's switches (configs/runtime.py memory_options)
-    compile: bool = True                   # --no-compile: False (pipeline/compiled.py)
-    fp8_compute: bool = False              # --fp8-compute (checked on each worker's own GPU)
 
 
 @dataclass(frozen=True)
@@ -77,8 +74,9 @@ def host_share(config: WorkerConfig) -> tuple[float | None, str]:
     """This worker's host-RAM budget (GB) and why. --host-ram-gb applies to each worker as given; without it, the
     machine's default budget (memory.hostbudget) is split between the workers on the machine, so N workers that
     each hold their own models never plan on the same RAM."""
-    if config.host_ram_gb is not None:
-        return config.host_ram_gb, f"host RAM budget {config.host_ram_gb:g} GB (--host-ram-gb, per worker)"
+    given = config.config.host_ram_gb
+    if given is not None:
+        return given, f"host RAM budget {given:g} GB (--host-ram-gb, per worker)"
 
     share = config.share or _gpus_of_this_node() or 1
     budget, text = default_host_budget()
@@ -109,7 +107,7 @@ class JobWorker:
         self.host_ram_gb, budget_text = host_share(config)
         log.info("%s: %s", name, budget_text)
         # with --fp8-compute: this worker's GPU can multiply in fp8, or the worker refuses to start
-        self.models = models_for(config, self._device(), _loader(config.loader))
+        self.models = models_for(config.config, self._device(), _loader(config.loader))
         self._cancels: dict[str, object] = {}
         self._lock = threading.Lock()
         log.info("farm worker %s on %s (pid %d)", name, self.node, os.getpid())
@@ -123,10 +121,6 @@ class JobWorker:
         if self.config.use_gpu and torch.cuda.is_available():
             return torch.device("cuda", 0)           # Ray gives the actor one GPU: the first it can see
         return torch.device("cpu")
-
-    @property
-    def _compile(self) -> str:
-        return "auto" if self.config.compile else "off"
 
     def load(self, mode: str) -> float:
         """Load (or build) the models of `mode` now; the seconds it took (0 when they were loaded)."""
@@ -162,33 +156,20 @@ class JobWorker:
                 self._cancels.pop(key, None)
 
     def _run(self, job, cancel, owner: str | None = None) -> Iterator:
-        from memory.manager import MemoryManager
-        from pipeline.events import Done, Failed, MemoryReport
-        from pipeline.orchestrator import JobRun
-        from pipeline.resume import prepare_resume, resume
+        from jobs.execute import job_memory, run_job
+        from pipeline.resume import prepare_resume
 
-        resuming = isinstance(job, (str, Path))
-        resume_request = prepare_resume(Path(job)) if resuming else None      # job.json checked again, here
-        request = resume_request.request if resuming else job.request
-        components = self.models.get(request.mode)
-        memory = MemoryManager(device=self._device(), cap_gb=self.config.vram_cap_gb,
-                               preserved_gb=request.preserved_gb, host_ram_gb=self.host_ram_gb,
-                               weight_storage=self.config.weight_storage, **dict(self.config.switches))
-        if resuming:
-            record_placement(Job(Path(job), load_job(Path(job))), self.name, self.node)
-            yield Placed(self.name, self.node, Path(job))
-            run, events = None, resume(resume_request, components, memory, cancel=cancel, compile=self._compile)
-        elif request.mode != components.mode:
-            yield Failed(f"mode: the loaded models are for mode '{components.mode}', not '{request.mode}'")
-            return
-        else:
-            run = JobRun(job, components, memory, cancel, self.config.outputs, owner=owner, compile=self._compile)
-            events = run.events()
-        for event in events:
-            if run is not None and run.job is not None:
-                record_placement(run.job, self.name, self.node)
-                yield Placed(self.name, self.node, run.job.dir)
-                run = None
-            if isinstance(event, (Done, Failed)):
-                yield MemoryReport(list(memory.timeline), list(memory.records), str(memory.device))
+        if isinstance(job, (str, Path)):
+            job = prepare_resume(Path(job))            # job.json checked again, here
+        components = self.models.get(job.request.mode)
+        memory = job_memory(self.config.config, job.request, self._device(), host_ram_gb=self.host_ram_gb)
+        opened = []
+
+        def place(folder) -> None:          # the run's own job.json record, so its later writes keep it
+            record_placement(folder, self.name, self.node)
+            opened.append(folder.dir)
+
+        for event in run_job(job, components, memory, self.config.config, cancel, owner=owner, on_open=place):
+            if opened:
+                yield Placed(self.name, self.node, opened.pop())
             yield event

@@ -13,7 +13,7 @@ from typing import Iterator
 
 from common.errors import WeightsNotFound
 from configs.runtime import Config
-from pipeline.events import Done, Failed, LogLine, MemoryReport, Progress
+from pipeline.events import Failed, LogLine, Progress
 from pipeline.logcapture import capture_logs
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class LocalExecutor:
                 f"loading the models (first job; downloads up to {preset.download_gb(request.mode):g} GB once)"
             yield Progress("loading models", 0, 0, 0, request.steps, 0.0, None, what)
             yield LogLine("info", what)
-        from memory.manager import MemoryManager, default_device        # heavy imports: after the first message
+        from memory.manager import default_device        # heavy imports: after the first message
 
         t0 = time.monotonic()
         with capture_logs() as lines:
@@ -73,33 +73,17 @@ class LocalExecutor:
             yield failure
             return
         log.debug("models ready in %.1f s", time.monotonic() - t0)
-        c = self.config
-        memory = MemoryManager(device=self.device or (c.device and _device(c.device)) or default_device(),
-                               preserved_gb=request.preserved_gb, **c.memory_options())
-        if work.resuming is not None:
-            from pipeline.resume import resume
+        from jobs.execute import job_memory, run_job
 
-            events = resume(work.resuming, components, memory, cancel=cancel, lora_dir=c.lora_dir, compile=_compile(c))
-        else:
-            from pipeline.orchestrator import generate
-
-            events = generate(work.prepared, components, memory, cancel=cancel, outputs=c.outputs,
-                              lora_dir=c.lora_dir, owner=work.owner, compile=_compile(c))
-        try:
-            for event in events:
-                if isinstance(event, (Done, Failed)):
-                    yield MemoryReport(list(memory.timeline), list(memory.records), str(memory.device))
-                yield event
-        finally:
-            events.close()
+        job = work.resuming if work.resuming is not None else work.prepared
+        memory = job_memory(self.config, request, self.device or _device(self.config.device) or default_device())
+        yield from run_job(job, components, memory, self.config, cancel, owner=work.owner)
 
 
-def _compile(config: Config) -> str:
-    """The pipeline's compile choice from the process's: "auto" (compiled where the device can), "off"."""
-    return "auto" if config.compile else "off"
-
-
-def _device(name: str):
+def _device(name: str | None):
+    """The Config's --device as a torch device (None: none given)."""
+    if not name:
+        return None
     import torch
 
     return torch.device(name)

@@ -16,7 +16,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -64,8 +64,8 @@ def oom_advice(records, memory: MemoryManager, kept_video: bool) -> str:
 
 def generate(prepared: PreparedRequest, components: Components, memory: MemoryManager | None = None, *,
              cancel: CancelToken | None = None, outputs: str | Path = "outputs",
-             lora_dir: str | Path | None = None, owner: str | None = None, compile: str = "auto"
-             ) -> Iterator[Event]:
+             lora_dir: str | Path | None = None, owner: str | None = None, compile: str = "auto",
+             on_open: Callable[[Job], None] | None = None) -> Iterator[Event]:
     """Run one job. Always ends with exactly one Done or Failed event.
 
     `prepared` comes from `pipeline.request.prepare(request, components.preset.default_resolution)`, which the caller (UI,
@@ -73,7 +73,8 @@ def generate(prepared: PreparedRequest, components: Components, memory: MemoryMa
     there, never again here. `owner`: the app's user who started it (job.json's "owner"; the app shows a job to
     its owner only when it has several users). `compile`: "auto" (compiled transformer blocks where the device
     can and the job's "compile" setting is on; pipeline/compiled.py), "off" (--no-compile), "force" (also on the
-    CPU: tests)."""
+    CPU: tests). `on_open(job)`: called with the job folder as soon as it is open (a farm worker notes itself in
+    job.json there)."""
     if not isinstance(prepared, PreparedRequest):
         raise TypeError(f"generate() takes a PreparedRequest (from pipeline.prepare), not {type(prepared).__name__}")
     if prepared.request.mode != components.mode:
@@ -83,7 +84,7 @@ def generate(prepared: PreparedRequest, components: Components, memory: MemoryMa
         yield Failed(prepared.source.problem(components))
         return
     run = JobRun(prepared, components, memory or MemoryManager(), cancel or CancelToken(), Path(outputs),
-                 lora_dir=lora_dir, owner=owner, compile=compile)
+                 lora_dir=lora_dir, owner=owner, compile=compile, on_open=on_open)
     yield from run.events()
 
 
@@ -111,7 +112,8 @@ class JobRun:
 
     def __init__(self, prepared: PreparedRequest, components: Components, memory: MemoryManager,
                  cancel: CancelToken, outputs: Path, resume: ResumeState | None = None,
-                 lora_dir: str | Path | None = None, owner: str | None = None, compile: str = "auto"):
+                 lora_dir: str | Path | None = None, owner: str | None = None, compile: str = "auto",
+                 on_open: Callable[[Job], None] | None = None):
         self.prepared, self.models, self.memory, self.cancel, self.outputs = (prepared, components, memory, cancel,
                                                                               outputs)
         self.resume = resume
@@ -119,6 +121,7 @@ class JobRun:
         self.lora_dir = lora_dir                # where LoRA names are looked up (pipeline/lora.py)
         self.owner = owner                      # job.json's "owner" (a new job's)
         self.compile = compile                  # "auto", "off" or "force" (generate())
+        self.on_open = on_open                  # called with the job folder once it is open (generate())
         self.loras = lora.LoraSet()
         self.plan = sec.make_plan(self.request.mode, self.request.seconds, self.request.latent_window,
                                   self.request.fps)
@@ -168,6 +171,8 @@ class JobRun:
                 # LoRA files read and checked against the transformer before the job folder and any stage
                 self.loras = lora.load_set(self.request.loras, self.lora_dir, self.models.transformer)
                 self._open_job()
+                if self.on_open is not None:
+                    self.on_open(self.job)
                 yield Started(self.job.dir, resumed=self.resume is not None)
                 for w in self.prepared.warnings:
                     yield LogLine("warning", w)

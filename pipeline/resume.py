@@ -86,10 +86,10 @@ def prepare_resume(job_dir: str | Path) -> ResumeRequest:
     return ResumeRequest(job_dir, prepared, preset)
 
 
-def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir=None, compile: str = "auto"
-           ) -> Iterator:
+def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir=None, compile: str = "auto",
+           on_open=None) -> Iterator:
     """Continue the checked job folder `job` (from prepare_resume); yields the same events as generate().
-    `compile`: as generate()'s."""
+    `compile`, `on_open`: as generate()'s."""
     from memory.manager import MemoryManager
     from pipeline.checkpoint import load_checkpoint
     from pipeline.orchestrator import JobRun, ResumeState, SavedSections
@@ -119,5 +119,5 @@ def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir
                               tensors["rng_state"], int(meta["sections_done"]))
     state = ResumeState(Job(job_dir, info), saved)
     run = JobRun(job.prepared, components, memory or MemoryManager(), cancel or CancelToken(), job_dir.parent, state,
-                 lora_dir=lora_dir, compile=compile)
+                 lora_dir=lora_dir, compile=compile, on_open=on_open)
     yield from run.events()

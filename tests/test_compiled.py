@@ -51,7 +51,7 @@ def test_compile_is_off_on_the_cpu_by_default(tiny_original, caplog):
 
 
 def test_the_switch_reaches_the_denoiser_from_the_cli_the_page_and_the_api(tiny_original, tmp_path):
-    from jobs.local import _compile
+    from jobs.execute import compile_choice as _compile
 
     assert _config("--no-compile").compile is False
     assert _compile(_config("--no-compile")) == "off" and _compile(_config()) == "auto"

@@ -25,13 +25,23 @@ def _request(seed: int) -> Request:
 
 
 @pytest.fixture(scope="module")
-def farm(tmp_path_factory):
-    from configs.runtime import FarmOptions
-    from farm.dispatch import Farm
-    from farm.workers import WorkerConfig
+def farm(tmp_path_factory, tiny_original):
+    """Two CPU workers started as the app starts them (farm.executor.start_farm) from its command line, with a LoRA
+    folder (--lora-dir) holding style.safetensors."""
+    import argparse
+
+    from configs.options import add_process_options, config_from
+    from farm.executor import start_farm
+    from tests.lora_helpers import write_comfy
 
     outputs = tmp_path_factory.mktemp("farm-outputs").resolve()
-    f = Farm.start(FarmOptions(cpu_workers=2), WorkerConfig("tiny", None, outputs, 20.0), num_cpus=2)
+    loras = tmp_path_factory.mktemp("farm-loras")
+    write_comfy(tiny_original.transformer, loras / "style.safetensors")
+    p = argparse.ArgumentParser()
+    add_process_options(p)
+    config = config_from(p, p.parse_args(["--preset", "tiny", "--cpu-workers", "2", "--outputs", str(outputs),
+                                          "--vram-cap-gb", "20", "--lora-dir", str(loras)]))
+    f = start_farm(config, num_cpus=2).farm
     f.outputs = outputs
     yield f
     f.shutdown()
@@ -92,6 +102,24 @@ def test_two_jobs_run_at_once_on_two_workers(runner):
     (a0, a1), (b0, b1) = ends.values()
     assert a0 < b1 and b0 < a1, "the two jobs did not overlap: they ran one after the other"
     assert not runner.busy and runner.placements() == {}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_farm_job_uses_a_lora_from_the_lora_folder(farm):
+    """--lora-dir reaches the workers: the job finds style.safetensors there (a worker's own `loras` folder has
+    none) and job.json records it, with the worker that ran it."""
+    from pipeline.cancel import CancelToken
+
+    request = Request(image=make_image(96, 80, seed=5), seed=5, loras="style.safetensors:1.0",
+                      **{**SETTINGS, "seconds": 1.2, "steps": 2})
+    events = list(farm.run("lora", prepare(request, 640), CancelToken()))
+    done = events[-1]
+    assert isinstance(done, Done) and not done.stopped, done
+    info = _info(done)
+    assert [lora["file"] for lora in info["loras"]] == ["style.safetensors"]
+    assert info["worker"].startswith("worker-") and info["workers"] == [{"worker": info["worker"],
+                                                                          "node": info["node"]}]
 
 
 @pytest.mark.slow
