@@ -2,6 +2,7 @@
 whether the app is running or not (a running app picks new jobs up within a second; a stopped one at its start).
 
     python -m cli queue add jobs.jsonl [--outputs outputs]     one job a line, all checked before any is added
+    python -m cli queue add queue_export.zip                   FramePack-Studio's queue export (zip or queue.json)
     python -m cli queue list [--json]
     python -m cli queue export waiting.jsonl
     python -m cli queue move <id> <position>                   0: first among the waiting jobs
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 from common.errors import InputError
@@ -26,6 +28,8 @@ from jobs import jsonl
 from jobs import store as qs
 from jobs.preflight import Preflight
 from jobs.runner import enqueue, with_new_seed_switch
+from pipeline import studio
+from pipeline.request import Request
 
 EXIT_OK, EXIT_INPUT = 0, 2
 
@@ -65,6 +69,31 @@ def _line(e: qs.Entry) -> str:
     return f"{e.id}  {e.status:<8} {e.progress * 100:3.0f} %  {prompt!r}  {e.job_dir or ''}  {e.message[:60]}"
 
 
+def _add_studio_queue(args, store: qs.QueueStore) -> int:
+    """`queue add` of a FramePack-Studio queue export (its queue.json, or the zip with its images:
+    pipeline/studio.py `read_queue`): each job Studio would run, checked by the one pre-flight; a job that cannot
+    be used is left out with the reason, the others are added, and the report says what was mapped or changed."""
+    preflight = Preflight(Config(preset=args.preset, outputs=args.outputs))
+    with tempfile.TemporaryDirectory(prefix="studio-queue-") as folder:
+        imported = studio.read_queue(args.jobs, folder, preflight.default_resolution)
+        report, prepared = imported.report(), []
+        for job in imported.jobs:
+            try:
+                p = preflight.prepare(Request.from_mapping(job.values()))
+            except InputError as e:
+                report.append(f"{job.id}: left out: {e.field}: {e.message}")
+                continue
+            prepared.append(with_new_seed_switch(p, args.new_seed) if args.new_seed is not None else p)
+        for line in report:
+            print(f"studio: {line}", file=sys.stderr)
+        if not prepared:
+            print(f"error: {studio.FIELD}: no job of {args.jobs.name} can be added (see above)", file=sys.stderr)
+            return EXIT_INPUT
+        for e, _ in enqueue(store, preflight, prepared, origin="queue", checked=True):
+            print(f"added {e.id}: {str(e.settings.get('prompt', ''))[:60]!r}")
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -79,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     if found.warning:
         print(f"warning: {found.warning}", file=sys.stderr)
     try:
+        if args.action == "add" and studio.is_queue_export(args.jobs):
+            return _add_studio_queue(args, store)
         if args.action == "add":
             try:
                 text = args.jobs.read_text("utf-8")

@@ -22,8 +22,9 @@ import argparse
 import json
 import math
 import sys
+import zipfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Mapping
 
 from PIL import Image, UnidentifiedImageError
@@ -32,6 +33,7 @@ from common.errors import InputError
 from configs.controls import MAGCACHE_CHOICES, TEACACHE_CHOICES, control
 from configs.lora import LORA
 from pipeline import timeline
+from pipeline.buckets import nearest_bucket
 from pipeline.request import setting_problems
 
 FIELD = "Studio settings"              # the name messages give the imported file
@@ -72,6 +74,10 @@ NOT_MODES = {
 # Keys that describe the file, not the job: never reported.
 BOOKKEEPING = {"app_version", "timestamp", "job_id", "has_input_image", "input_image_path", "end_frame_image_path",
                "end_frame_used", "generation_type", "video_path", "input_video"}
+# What Studio's queue export adds to each job's metadata (modules/video_queue.py, save_queue_to_json): the queue's
+# bookkeeping and its copies of the images (read by `read_queue`, not settings).
+QUEUE_BOOKKEEPING = {"id", "status", "created_at", "started_at", "completed_at", "error", "result", "queue_position",
+                     "saved_input_image_path", "saved_end_frame_image_path", "thumbnail", "progress_data"}
 
 # Keys with no SteadyFrame setting: the reason, reported when the key holds a value.
 NO_SETTING = {
@@ -99,6 +105,12 @@ class StudioImport:
     unmapped: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     kind: str = "json"                      # "json" or "png"
+
+    @property
+    def text_to_video(self) -> bool:
+        """Studio's job had no start image: it starts from a latent (SteadyFrame's `start_from`), and a PNG Studio
+        saved with it is a placeholder, not a start image."""
+        return self.settings.get("start_from", "image") != "image"
 
     def report(self) -> list[str]:
         """The lines to show: 'key: reason' for each key not mapped, then the notes."""
@@ -227,11 +239,12 @@ def from_metadata(meta: Mapping[str, Any], default_resolution: int = 640, kind: 
     _loras(meta, out, want)
 
     for key, value in meta.items():
-        if key in DIRECT or key in CACHE_KEYS or key in BOOKKEEPING or key in ("model_type", "resolutionW", "loras"):
+        if key in DIRECT or key in CACHE_KEYS or key in BOOKKEEPING or key in QUEUE_BOOKKEEPING \
+                or key in ("model_type", "resolutionW", "loras"):
             continue
         if key in NO_SETTING:
             if source_of(key) is not None:
-                continue                               # mapped (_video_and_start)
+                continue                               # mapped (_video_and_start, _resolution)
             if not _none(value) and not (key == "latent_type" and _flag(meta.get("has_input_image", True))) \
                     and not (key in ("combine_with_source", "num_cleaned_frames")
                              and not str(meta.get("model_type", "")).startswith("Video")):
@@ -276,22 +289,42 @@ def _video_and_start(meta, want) -> None:
         if frames is not None and 1 <= frames <= control("context_frames").limits[1]:
             want("context_frames", int(frames), "num_cleaned_frames")
     if not _flag(meta.get("has_input_image", True)):
-        start = LATENT_TYPES.get(str(meta.get("latent_type", "")).strip().lower())
+        latent = meta.get("latent_type")
+        start = LATENT_TYPES.get("black" if _none(latent) else str(latent).strip().lower())   # Studio's default
         if start is not None:
             want("start_from", start, "latent_type")
+
+
+def _studio_target(value: float) -> int:
+    """The nearest target of Studio's bucket table (the smaller on a tie: its table's order)."""
+    return min(STUDIO_BUCKET_TARGETS, key=lambda t: abs(t - value))
 
 
 def _resolution(meta, out: StudioImport, want) -> None:
     """Studio buckets a start image with `find_nearest_bucket(H, W, resolution=resolutionW)` (its original and F1
     pipelines), which first moves the target to the nearest size its bucket table has (diffusers_helper/
-    bucket_tools.py: STUDIO_BUCKET_TARGETS): that target is SteadyFrame's resolution."""
+    bucket_tools.py: STUDIO_BUCKET_TARGETS): that target is SteadyFrame's resolution. Without a start image Studio
+    buckets resolutionH × resolutionW itself, at the target nearest their mean (`find_nearest_bucket(resolutionH,
+    resolutionW, (resolutionW + resolutionH) / 2)`): the same rule here gives that bucket (SteadyFrame's table of
+    that target, pipeline/buckets.py) as the custom width × height, so the aspect ratio is kept."""
     if _none(meta.get("resolutionW")):
         return
     width = _number(meta["resolutionW"], "float")
     if width is None:
         out.unmapped.append(("resolutionW", f"{str(meta['resolutionW'])[:40]!r} is not a number"))
         return
-    target = min(STUDIO_BUCKET_TARGETS, key=lambda t: abs(t - width))
+    height = _number(meta.get("resolutionH"), "float")
+    if not _flag(meta.get("has_input_image", True)) and height is not None and width > 0 and height > 0:
+        target = _studio_target((width + height) / 2)
+        h, w = nearest_bucket(int(height), int(width), target)
+        out.notes.append(f"resolutionW {width:g} × resolutionH {height:g} (no start image) → {w}×{h}: Studio "
+                         f"buckets a job without a start image by both sides, at the target nearest their mean "
+                         f"({target})")
+        want("resolution", target, "resolutionW")
+        want("width", w, "resolutionH")
+        want("height", h, "resolutionH")
+        return
+    target = _studio_target(width)
     if target != width:
         out.notes.append(f"resolutionW {width:g} → resolution {target} (Studio buckets at the nearest of "
                          f"{', '.join(map(str, STUDIO_BUCKET_TARGETS))})")
@@ -375,13 +408,23 @@ def _loras(meta, out: StudioImport, want) -> None:
 
 
 def _check_prompt(out: StudioImport) -> None:
-    """A note when SteadyFrame will refuse the imported prompt for this video (the prompt is filled in anyway)."""
+    """A timed prompt as Studio reads it: what Studio accepts and SteadyFrame's page refuses is rewritten
+    (`timeline.relax`: sorted, a late first block from 0 s, a block no section uses dropped, each said in a note);
+    a note when SteadyFrame still refuses it for this video (the prompt is filled in anyway)."""
     prompt = out.settings.get("prompt")
     if not isinstance(prompt, str) or not timeline.is_timeline(prompt):
         return
     settings = {"prompt": prompt}
     for name in ("mode", "seconds", "latent_window", "fps", "prompt_blend"):
         settings[name] = out.settings.get(name, control(name).default)
+    try:
+        relaxed = timeline.relax_request(settings)
+    except ValueError:
+        return                                        # the length or window: their own checks say it
+    if relaxed.prompt != prompt:
+        out.settings["prompt"] = settings["prompt"] = relaxed.prompt
+        out.notes.append(f"prompt: rewritten as Studio reads it: {relaxed.prompt[:200]!r}")
+    out.notes.extend(f"prompt: {note}" for note in relaxed.notes)
     try:
         timeline.check_request(settings)
     except InputError as e:
@@ -396,11 +439,195 @@ def import_file(path, default_resolution: int = 640) -> StudioImport:
     return from_metadata(meta, default_resolution, kind)
 
 
+# ---- Studio's queue export ---------------------------------------------------------------------------------------
+
+QUEUE_JSON_MAX_BYTES = 16 << 20        # queue.json: a few kB a job
+QUEUE_MAX_JOBS = 1000
+IMAGE_MAX_BYTES = 64 << 20             # one image of the zip's queue_images/
+VIDEO_MAX_BYTES = 4 << 30              # one video of the zip's input_files/
+SKIPPED_STATUSES = ("completed", "failed", "cancelled")     # Studio's own import skips them (load_queue_from_json)
+ZIP_SIGNATURE = b"PK\x03\x04"
+
+
+@dataclass
+class QueuedJob:
+    """One job of a Studio queue export: its settings imported, the files it names (paths on this machine)."""
+    id: str
+    imported: StudioImport
+    files: dict[str, Path] = field(default_factory=dict)      # "image", "end_image", "input_video"
+
+    def values(self) -> dict:
+        """The job as a batch line's values (settings and files)."""
+        values = dict(self.imported.settings)
+        if self.files.get("image") is not None and self.imported.text_to_video:
+            for name in ("start_from", "width", "height"):
+                values.pop(name, None)
+        return {**values, **{name: str(path) for name, path in self.files.items()}}
+
+
+@dataclass
+class StudioQueue:
+    """A Studio queue export read: its jobs to import, in Studio's queue order, and the ones left out, with why."""
+    jobs: list[QueuedJob] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def report(self) -> list[str]:
+        """One line per job left out, then each imported job's notes, prefixed by its id."""
+        return [f"{job_id}: left out: {why}" for job_id, why in self.skipped] + \
+            [f"{job.id}: {line}" for job in self.jobs for line in job.imported.report()]
+
+
+def is_queue_export(path) -> bool:
+    """Whether `path` is a Studio queue export: a zip, or a JSON object of jobs (id → Studio's metadata)."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(ZIP_SIGNATURE))
+        if head == ZIP_SIGNATURE:
+            return True
+        if path.stat().st_size > QUEUE_JSON_MAX_BYTES:
+            return False
+        data = json.loads(path.read_bytes().decode("utf-8-sig"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return _is_queue(data)
+
+
+def _is_queue(data) -> bool:
+    return isinstance(data, dict) and bool(data) and all(isinstance(v, dict) for v in data.values()) \
+        and any(STUDIO_KEYS & set(v) for v in data.values())
+
+
+def read_queue(path, folder, default_resolution: int = 640) -> StudioQueue:
+    """The jobs of a Studio queue export (modules/video_queue.py: `save_queue_to_json` writes queue.json, {job id:
+    its metadata + the queue's fields}; `export_queue_to_zip` zips it with queue_images/<id>_input.png,
+    <id>_end_frame.png and input_files/<video>). A zip's files are copied into `folder` (only the names a job
+    refers to, each within its size bound; never extracted whole); a JSON's are looked up beside it, as Studio's
+    working folder holds them. Jobs Studio's own import skips (completed, failed, cancelled) are left out and
+    reported, as are jobs that need a file the export does not hold. Raises InputError naming FIELD for a file
+    that is not a Studio queue export."""
+    path, folder = Path(path), Path(folder)
+    out = StudioQueue()
+    try:
+        archive = zipfile.ZipFile(path) if zipfile.is_zipfile(path) else None
+    except (OSError, zipfile.BadZipFile) as e:
+        raise InputError(FIELD, f"{{file}} is not a readable zip ({str(e)[:120]})", path=path) from None
+    try:
+        data = _queue_json(path, archive)
+        for job_id, meta in list(data.items())[:QUEUE_MAX_JOBS]:
+            job_id = str(job_id)[:60]
+            status = str(meta.get("status", "pending"))
+            if status in SKIPPED_STATUSES:
+                out.skipped.append((job_id, f"{status} in Studio (its own import skips such jobs)"))
+                continue
+            imported = from_metadata(meta, default_resolution)
+            job = QueuedJob(job_id, imported)
+            missing = _queue_files(meta, job, path, archive, folder)
+            if missing:
+                out.skipped.append((job_id, missing))
+                continue
+            out.jobs.append(job)
+        if len(data) > QUEUE_MAX_JOBS:
+            out.skipped.append(("…", f"{len(data) - QUEUE_MAX_JOBS} more jobs than {QUEUE_MAX_JOBS}: left out"))
+    finally:
+        if archive is not None:
+            archive.close()
+    return out
+
+
+def _queue_json(path: Path, archive) -> dict:
+    if archive is None:
+        if path.stat().st_size > QUEUE_JSON_MAX_BYTES:
+            raise InputError(FIELD, f"{{file}} is larger than {QUEUE_JSON_MAX_BYTES >> 20} MB: not a Studio queue",
+                             path=path)
+        raw = path.read_bytes()
+    else:
+        try:
+            info = archive.getinfo("queue.json")
+        except KeyError:
+            raise InputError(FIELD, "{file} holds no queue.json: not a FramePack-Studio queue export", path=path) \
+                from None
+        if info.file_size > QUEUE_JSON_MAX_BYTES:
+            raise InputError(FIELD, f"{{file}}'s queue.json is larger than {QUEUE_JSON_MAX_BYTES >> 20} MB",
+                             path=path)
+        with archive.open(info) as f:
+            raw = f.read(QUEUE_JSON_MAX_BYTES + 1)
+    try:
+        data = json.loads(raw.decode("utf-8-sig"))
+    except (ValueError, RecursionError):
+        raise InputError(FIELD, "{file}: its queue.json is not JSON", path=path) from None
+    if not _is_queue(data):
+        raise InputError(FIELD, "{file} is not a FramePack-Studio queue (a JSON object of jobs by id, each with its "
+                                "prompt, seed and model_type)", path=path)
+    return data
+
+
+def _queue_files(meta, job: QueuedJob, path: Path, archive, folder: Path) -> str | None:
+    """The job's start image, end image and video into `job.files`; why the job cannot be imported, or None."""
+    wanted = []
+    if not job.imported.text_to_video:
+        wanted.append(("image", meta.get("saved_input_image_path"), f"queue_images/{job.id}_input.png",
+                       IMAGE_MAX_BYTES))
+    if str(meta.get("model_type", "")).endswith("with Endframe"):
+        wanted.append(("end_image", meta.get("saved_end_frame_image_path"), f"queue_images/{job.id}_end_frame.png",
+                       IMAGE_MAX_BYTES))
+    if str(meta.get("model_type", "")).startswith("Video") and isinstance(meta.get("input_video"), str):
+        name = PurePath(meta["input_video"].replace("\\", "/")).name
+        wanted.append(("input_video", meta["input_video"], f"input_files/{name}", VIDEO_MAX_BYTES))
+    for name, given, member, limit in wanted:
+        found = _zip_member(archive, member, folder, limit) if archive is not None else \
+            _beside(path, given, member)
+        if found is None:
+            if name == "image" or name == "input_video":
+                return (f"its {'start image' if name == 'image' else 'video'} ({member}) is not in the export; "
+                        f"add the job by hand")
+            job.imported.notes.append(f"{member}: not in the export; the job runs without an end image")
+            continue
+        job.files[name] = found
+    return None
+
+
+def _zip_member(archive: zipfile.ZipFile, member: str, folder: Path, limit: int) -> Path | None:
+    """A copy of the zip's `member` in `folder` (under a name of ours), or None when it is absent or too large."""
+    try:
+        info = archive.getinfo(member)
+    except KeyError:
+        return None
+    if info.is_dir() or info.file_size > limit:
+        return None
+    target = folder / f"{len(list(folder.iterdir()))}{PurePath(member).suffix[:8]}"
+    with archive.open(info) as src, target.open("wb") as dst:
+        copied = 0
+        while chunk := src.read(1 << 20):
+            copied += len(chunk)
+            if copied > limit:
+                dst.close()
+                target.unlink()
+                return None
+            dst.write(chunk)
+    return target
+
+
+def _beside(path: Path, given, member: str) -> Path | None:
+    """A queue.json's file as Studio's working folder (the JSON's folder) holds it: its saved path, relative there,
+    or the export's own name for it."""
+    for candidate in (given, member):
+        if isinstance(candidate, str) and candidate.strip():
+            found = path.parent / candidate.replace("\\", "/")
+            if found.is_file():
+                return found.resolve()
+    return None
+
+
 # ---- the command line: one batch line ------------------------------------------------------------------------------
 
 def batch_line(imported: StudioImport, image=None, end_image=None) -> str:
-    """One line for `python -m cli batch` (the settings and the images' absolute paths)."""
+    """One line for `python -m cli batch` (the settings and the images' absolute paths). A start image given to a
+    text-to-video import makes it an image job (its `start_from` and Studio's no-image size are left out)."""
     line = dict(imported.settings)
+    if image and imported.text_to_video:
+        for name in ("start_from", "width", "height"):
+            line.pop(name, None)
     for name, path in (("image", image), ("end_image", end_image)):
         if path:
             line[name] = str(Path(path).resolve())
@@ -422,10 +649,13 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(e.cli_text(), file=sys.stderr)
         return 2
-    image = args.image or (args.file if imported.kind == "png" else None)
+    image = args.image or (args.file if imported.kind == "png" and not imported.text_to_video else None)
     for line in imported.report():
         print(f"not mapped or changed: {line}", file=sys.stderr)
-    if image is None:
+    if image is not None and imported.text_to_video:
+        print("note: Studio's job had no start image; with --image it starts from that image instead",
+              file=sys.stderr)
+    elif image is None and not imported.text_to_video:
         print("note: no start image; add --image start.png (the batch refuses a line without one)", file=sys.stderr)
     print(batch_line(imported, image, args.end_image))
     return 0

@@ -296,3 +296,103 @@ def check_request(settings: dict) -> None:
 
     plan = make_plan(settings["mode"], settings["seconds"], settings["latent_window"], settings["fps"])
     schedule(prompt, plan.mode, plan.window, plan.count, settings["fps"], settings.get("prompt_blend") or 0)
+
+
+# ---- FramePack-Studio's leniency (imports only) -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Relaxed:
+    """A prompt rewritten so the rules above accept it, as FramePack-Studio would have read it, and one note per
+    change (the import report says each). `prompt` is the given one, unchanged, when nothing had to change or when
+    the prompt is malformed beyond what Studio's own parser reads (then the strict check says why)."""
+    prompt: str
+    notes: tuple[str, ...] = ()
+
+
+def _written(start: float, end: float | None, text: str) -> str:
+    return f"[{start:g}s-{end:g}s: {text}]" if end is not None else f"[{start:g}s: {text}]"
+
+
+def relax(prompt: str, mode: str, window: int, count: int, fps: int) -> Relaxed:
+    """What FramePack-Studio accepts and the page refuses, made explicit (for a Studio import; the page's own
+    prompts keep the strict rules). Studio's parser (modules/prompt_handler.py) sorts its blocks by time, its lookup
+    falls back to the first prompt where none is in effect, and a block that no section reaches is simply never
+    used. So: empty blocks are dropped; the blocks are sorted; a repeated time keeps the first block written; a
+    range that runs into the next block ends there; a first block after 0 s starts at 0 s (without base text); a
+    block that holds no section's middle (or starts after the video's end) is dropped. Pure, bounded (at most one
+    pass per block)."""
+    if not is_timeline(prompt):
+        return Relaxed(prompt)
+    try:
+        schedule(prompt, mode, window, count, fps)
+        return Relaxed(prompt)                          # the strict rules accept it: kept exactly as written
+    except InputError:
+        pass
+    notes: list[str] = []
+    blocks, outside, pos = [], [], 0
+    try:
+        for m in _BLOCK.finditer(prompt):
+            outside.append(prompt[pos:m.start()].strip())
+            pos = m.end()
+            shown = f"[{_quote(m.group(1).strip())}: {_quote(m.group(2).strip())}]"
+            start, end = _times(m.group(1), shown)
+            blocks.append(_Block(start, end, m.group(2).strip(), shown))
+    except InputError:
+        return Relaxed(prompt)                          # not a time Studio's parser reads either: the check says why
+    outside.append(prompt[pos:].strip())
+    base = " ".join(part for part in outside if part)
+    for b in [b for b in blocks if not b.text]:
+        notes.append(f"{b.written} has no text: dropped")
+    blocks = [b for b in blocks if b.text]
+    ordered = sorted(blocks, key=lambda b: b.start)
+    if ordered != blocks:
+        notes.append("the blocks were not in time order: sorted by their times (as Studio does)")
+    blocks = []
+    for b in ordered:
+        if blocks and b.start == blocks[-1].start:
+            notes.append(f"{b.written} starts at {b.start:g}s as {blocks[-1].written} does: dropped (the first "
+                         f"written is kept)")
+            continue
+        blocks.append(b)
+    for i in range(len(blocks) - 1):
+        b, after = blocks[i], blocks[i + 1]
+        if b.end is not None and b.end > after.start:
+            notes.append(f"{b.written} lasts past the start of {after.written}: it ends at {after.start:g}s")
+            blocks[i] = _Block(b.start, None if b.end is None else after.start, b.text, b.written)
+    end_s = video_seconds(window, count, fps)
+    for _ in range(len(blocks) + 1):
+        if blocks and blocks[0].start > 0 and not base:
+            first = blocks[0]
+            notes.append(f"{first.written}: the first block starts at {first.start:g}s; Studio uses the first "
+                         f"prompt until then, so it starts at 0s")
+            blocks[0] = _Block(0.0, first.end, first.text, first.written)
+        text = " ".join(filter(None, [base, *(_written(b.start, b.end, b.text) for b in blocks)]))
+        try:
+            timeline = parse(text)
+        except InputError:
+            return Relaxed(prompt, tuple(notes))       # what remains is refused by the check, with its reason
+        starts = [s.start for s in timeline.segments]
+        used = {bisect.bisect_right(starts, section_middle(window, p, fps)) - 1 for p in range(count)}
+        unused = {timeline.segments[i].start for i in range(len(starts))
+                  if i not in used and not timeline.segments[i].filler}
+        drop = [b for b in blocks if b.start in unused]
+        if not drop:
+            return Relaxed(text, tuple(notes))
+        for b in drop:
+            why = (f"starts at or after the video's end ({end_s:.2f} s)" if b.start >= end_s else
+                   f"holds no section's middle (each section lasts {4 * window / fps:.2f} s and takes the prompt in "
+                   f"effect at its middle)")
+            notes.append(f"{b.written} {why}: dropped, as Studio never uses it")
+        blocks = [b for b in blocks if b.start not in unused]
+    return Relaxed(prompt, tuple(notes))
+
+
+def relax_request(settings: dict) -> Relaxed:
+    """`relax` for a request's settings (prompt, mode, seconds, latent_window, fps): the plan from them."""
+    prompt = settings.get("prompt")
+    if not is_timeline(prompt):
+        return Relaxed(prompt)
+    from pipeline.sections import make_plan        # (torch), as check_request
+
+    plan = make_plan(settings["mode"], settings["seconds"], settings["latent_window"], settings["fps"])
+    return relax(prompt, plan.mode, plan.window, plan.count, settings["fps"])

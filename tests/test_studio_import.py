@@ -112,10 +112,16 @@ def test_teacache_video_models_refused_values_and_unknown_keys(tmp_path):
 
 
 def test_a_prompt_steadyframe_would_refuse_is_imported_with_a_note():
-    got = studio.from_metadata({"prompt": "[0s: a] [9s: b]", "total_second_length": 3, "model_type": "Original"})
-    assert got.settings["prompt"] == "[0s: a] [9s: b]"
-    assert any(n.startswith("prompt: imported, but SteadyFrame refuses it") and "after the video's end" in n
+    # base text the blocks leave no time for: Studio's meaning is unclear, so it is kept and the refusal said
+    prompt = "a calm lake [0s: a] [2s: b]"
+    got = studio.from_metadata({"prompt": prompt, "total_second_length": 3, "model_type": "Original"})
+    assert got.settings["prompt"] == prompt
+    assert any(n.startswith("prompt: imported, but SteadyFrame refuses it") and "leave no time for it" in n
                for n in got.notes)
+    # a block after the video's end: Studio never uses it, so the import drops it and says so
+    got = studio.from_metadata({"prompt": "[0s: a] [9s: b]", "total_second_length": 3, "model_type": "Original"})
+    assert got.settings["prompt"] == "[0s: a]"
+    assert any("[9s: b] starts at or after the video's end" in n for n in got.notes)
 
 
 def test_the_png_text_chunks_give_the_same_settings_typed(tmp_path):
@@ -201,3 +207,109 @@ def test_the_page_import_refuses_a_path_on_the_server_and_a_foreign_file(tmp_pat
     foreign.write_text('{"a": 1}')
     with pytest.raises(gr.Error, match="Studio settings: notes.json holds no FramePack-Studio settings"):
         _panel().import_studio(uploaded(foreign))
+
+
+# ---- the four stumbles of issue 43 --------------------------------------------------------------------------------
+# Studio's text-to-video job: no start image, a 512×384 size, a noise latent (its PNG is a placeholder).
+T2V = {**STUDIO, "model_type": "Original", "has_input_image": False, "latent_type": "Noise", "resolutionW": 512,
+       "resolutionH": 384, "input_image_path": None, "loras": {}, "prompt": "a paper boat on a pond",
+       "use_magcache": False}
+
+
+def test_a_text_to_video_import_has_no_image_and_keeps_studios_aspect(tmp_path, capsys):
+    from pipeline.request import prepare
+
+    got = studio.import_file(_json(tmp_path, T2V))
+    assert got.text_to_video and got.settings["start_from"] == "noise"
+    # Studio: find_nearest_bucket(384, 512, (512 + 384) / 2) → its 384 table, the bucket nearest 4:3
+    assert (got.settings["width"], got.settings["height"]) == (416, 320)
+    assert "resolutionH" not in dict(got.unmapped)
+    png = _png(tmp_path, T2V, name="t2v.png")
+    assert studio.main([str(png)]) == 0                  # the placeholder PNG is not taken as the start image
+    line = json.loads(capsys.readouterr().out)
+    assert "image" not in line and line["start_from"] == "noise"
+    prepared = prepare(Request.from_mapping(line), 640)  # the batch's own check: a job it runs
+    assert (prepared.width, prepared.height) == (416, 320)
+    out = _panel().import_studio(uploaded(png))          # the page: no start image either
+    assert dict(zip(st.CONTROLS, out))["image"] is None
+
+
+@pytest.mark.parametrize("prompt, expected, said", [
+    ("[2s: b] [0s: a]", "[0s: a] [2s: b]", "sorted by their times"),
+    ("[1s: b] [3s: c]", "[0s: b] [3s: c]", "the first block starts at 1s"),
+    ("[0s: a] [1s: b] [1.3s: c] [3s: d]", "[0s: a] [1.3s: c] [3s: d]", "[1s: b] holds no section's middle"),
+    ("[0s: a] [2s: ] [3s: c]", "[0s: a] [3s: c]", "[2s: ] has no text: dropped"),
+])
+def test_prompts_studio_accepts_are_imported_as_studio_reads_them(prompt, expected, said):
+    from pipeline import timeline
+
+    got = studio.from_metadata({"prompt": prompt, "total_second_length": 5, "model_type": "Original"})
+    assert got.settings["prompt"] == expected and any(said in n for n in got.notes), got.notes
+    timeline.check_request({"prompt": got.settings["prompt"], "mode": "original", "seconds": 5.0,
+                            "latent_window": 9, "fps": 30})                  # SteadyFrame runs it as it stands
+    with pytest.raises(InputError):
+        timeline.check_request({"prompt": prompt, "mode": "original", "seconds": 5.0, "latent_window": 9,
+                                "fps": 30})                                  # the page's own rules stay strict
+    kept = studio.from_metadata({"prompt": expected, "total_second_length": 5, "model_type": "Original"})
+    assert kept.settings["prompt"] == expected and not any(n.startswith("prompt") for n in kept.notes)
+
+
+def _queue_export(folder: Path) -> dict:
+    """What Studio's save_queue_to_json writes: {job id: metadata + the queue's fields}, and its queue_images/."""
+    (folder / "queue_images").mkdir(parents=True)
+    make = dict(STUDIO, loras={})
+    queue = {
+        "j1": {**make, "id": "j1", "status": "pending", "created_at": 1.0, "started_at": None, "completed_at": None,
+               "error": None, "result": None, "queue_position": 0, "seed": 1,
+               "saved_input_image_path": "queue_images/j1_input.png"},
+        "j2": {**make, "id": "j2", "status": "completed", "seed": 2, "result": "outputs/j2.mp4"},
+        "j3": {**T2V, "id": "j3", "status": "pending", "seed": 3},
+        "j4": {**make, "id": "j4", "status": "pending", "seed": 4},                # its image is not in the export
+    }
+    Image.new("RGB", (80, 64), (200, 40, 40)).save(folder / "queue_images" / "j1_input.png")
+    (folder / "queue.json").write_text(json.dumps(queue, indent=2))
+    return queue
+
+
+@pytest.mark.parametrize("form", ["zip", "json"])
+def test_a_studio_queue_export_imports_as_queue_entries(tmp_path, capsys, form):
+    import zipfile
+
+    from cli import queue as cli_queue
+    from jobs.store import QueueStore
+
+    export = tmp_path / "studio"
+    _queue_export(export)
+    path = export / "queue.json"
+    if form == "zip":
+        path = tmp_path / "queue_export.zip"
+        with zipfile.ZipFile(path, "w") as z:
+            z.write(export / "queue.json", "queue.json")
+            z.write(export / "queue_images" / "j1_input.png", "queue_images/j1_input.png")
+        (export / "queue_images" / "j1_input.png").unlink()           # only the zip holds it
+    assert studio.is_queue_export(path) and not studio.is_queue_export(_json(tmp_path))
+    outputs = tmp_path / "outputs"
+    assert cli_queue.main(["add", str(path), "--outputs", str(outputs), "--preset", "tiny"]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("added ") == 2
+    assert "studio: j2: left out: completed in Studio" in err
+    assert "studio: j4: left out: its start image (queue_images/j4_input.png) is not in the export" in err
+    assert "studio: j1: resolutionH:" in err                             # each job's mapping report
+    store, _ = QueueStore.open(outputs)
+    try:
+        entries = store.entries()
+        assert [e.settings["seed"] for e in entries] == [1, 3]
+        assert entries[0].images.get("image") and Path(entries[0].images["image"]).is_file()   # the queue's copy
+        assert entries[1].settings["start_from"] == "noise" and not entries[1].images.get("image")
+    finally:
+        store.close()
+
+
+def test_a_strength_slider_for_every_lora_in_the_box():
+    from configs.lora import LORA
+    from ui import panel_lora
+
+    box = ", ".join(f"l{i}.safetensors:0.{i}" for i in range(LORA.max_count))
+    shown = [u for u in panel_lora.slots(box) if u.get("visible")]
+    assert len(shown) == LORA.max_count and shown[-1]["label"] == f"l{LORA.max_count - 1}.safetensors strength"
+    assert panel_lora.moved(LORA.max_count - 1, 1.5, box).endswith(f"l{LORA.max_count - 1}.safetensors:1.5")

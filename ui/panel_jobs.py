@@ -127,13 +127,16 @@ class JobsPanel:
         values: dict = st.values_from_settings(imported.settings, self.ctx.default_resolution)
         for name in STUDIO_KEEPS:
             values[name] = gr.update()
-        values["image"] = path if imported.kind == "png" else gr.update()
+        if imported.text_to_video:                    # no start image in Studio's job: its PNG is a placeholder
+            values["image"] = None
+        else:
+            values["image"] = path if imported.kind == "png" else gr.update()
         values["end_image"] = gr.update()
         values["input_video"] = None                  # a video or job to extend is chosen afresh, as with Reuse
         report = imported.report()
         gr.Info(f"FramePack-Studio settings loaded: {len(imported.settings)} controls"
                 + (f"; {len(report)} notes below" if report else "")
-                + ("" if imported.kind == "png" else "; upload the start image"))
+                + ("" if imported.kind == "png" or imported.text_to_video else "; upload the start image"))
         lines = "\n".join(f"- {_markdown_text(messages.plain(line))}" for line in report)
         text = (f"**Imported from FramePack-Studio** ({len(imported.settings)} controls set).\n\n"
                 + (f"Not mapped or changed:\n{lines}" if lines else "Everything in the file was mapped."))

@@ -16,7 +16,7 @@ from common.errors import InputError
 from ui import messages
 
 
-SLOTS = 4                # strength sliders shown (one per LoRA of the box; more LoRAs: edit the box)
+SLOTS = LORA.max_count   # strength sliders: one for every LoRA the box may hold (hidden beyond the box's LoRAs)
 
 
 @dataclass
