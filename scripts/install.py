@@ -6,10 +6,10 @@
     python scripts/install.py --dry-run    # what it found and what it would run; runs nothing
 
 PyTorch comes first: an installed torch (any build) is always kept. With none installed, the build is picked for
-the machine: CUDA for an NVIDIA GPU, ROCm for an AMD GPU on Linux (WSL2 included), AMD's ROCm-on-Windows wheels for
-an RDNA3/RDNA4 card on Windows, else the CPU build. `--torch cpu|cuda|rocm` overrides the pick, `--torch keep`
-installs no torch. Then the project itself (editable); a stamp in the environment makes a second run with nothing
-changed a no-op. `bash scripts/install.sh` runs this script.
+the machine from one table, WHEELS below: (OS, GPU vendor and family, driver) -> (wheel index, torch pin), each row
+naming its source. `--torch cpu|cuda|rocm` overrides the pick, `--torch keep` installs none. Then the project itself
+(editable); a stamp in the environment makes a second run with nothing changed a no-op. `bash scripts/install.sh`
+runs this script.
 
 Standard library only: it runs before anything is installed (it never imports torch or the project).
 """
@@ -32,22 +32,15 @@ from typing import Callable, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# PyTorch's own wheel indexes, one per build (https://pytorch.org/get-started/locally/).
+TORCH = "2.13.0"                      # the PyTorch the project is tested with (pyproject.toml's torch==2.13)
 PYTORCH_WHL = "https://download.pytorch.org/whl/"
 CPU_INDEX = PYTORCH_WHL + "cpu"
 PYPI = "https://pypi.org/simple"
-DEFAULT_CPU_VERSION = "2.13.0"        # the version the project is tested with (the CPU build's pin, as before)
-DEFAULT_CUDA = "cu128"
-DEFAULT_ROCM = "rocm6.4"
-# AMD's ROCm-on-Windows PyTorch wheels are built by TheRock. Its RELEASES.md ("Installing multi-arch PyTorch Python
-# packages", https://github.com/ROCm/TheRock/blob/main/RELEASES.md) installs them from one index for all GPUs, the
-# card picked by an extra: `pip install --index-url https://rocm.nightlies.amd.com/whl-multi-arch/
-# "torch[device-gfx1100]"`. The older per-family indexes (https://rocm.nightlies.amd.com/v2/gfx110X-all/, ...)
-# are "legacy" there (docs/packaging/legacy_per_family_releases.md: no new releases, may be deleted).
-ROCM_WINDOWS_INDEX = "https://rocm.nightlies.amd.com/whl-multi-arch/"
+# AMD's PyTorch wheels built by TheRock: one index for every GPU, the card picked by an extra
+# (`torch[device-gfx1100]`). The release channel is repo.amd.com; rocm.nightlies.amd.com carries nightlies only.
+THEROCK_RELEASE_INDEX = "https://repo.amd.com/rocm/whl-multi-arch/"
+THEROCK_NIGHTLY_INDEX = "https://rocm.nightlies.amd.com/whl-multi-arch/"
 THEROCK_RELEASES = "https://github.com/ROCm/TheRock/blob/main/RELEASES.md"
-# The families picked on Windows without being asked: RDNA3 (gfx110x), RDNA3.5 (gfx115x), RDNA4 (gfx120x).
-WINDOWS_ROCM_FAMILIES = ("gfx110", "gfx115", "gfx120")
 # ROCm inside WSL2 needs AMD's WSL support (Adrenalin driver on Windows, ROCm + librocdxg inside WSL).
 WSL_ROCM_GUIDE = "https://rocm.docs.amd.com/projects/radeon-ryzen/en/latest/docs/install/installrad/wsl/howto_wsl.html"
 KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
@@ -56,6 +49,72 @@ WSL_NVIDIA_SMI = "/usr/lib/wsl/lib/nvidia-smi"       # where WSL2 puts the Windo
 GUARD = ('import torch; print("install: torch", torch.__version__, "| CUDA/HIP:", '
          'torch.version.cuda or torch.version.hip or "none")')
 BUILDS = ("auto", "keep", "cpu", "cuda", "rocm")
+
+# The NVIDIA driver a CUDA runtime needs, (Linux, Windows): NVIDIA's CUDA Toolkit release notes, table "CUDA
+# Toolkit and Minimum Required Driver Version for CUDA Minor Version Compatibility" (12.x: >= 525.60.13 / 528.33;
+# 13.x: >= 580.65.06 / 580.88, https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/index.html).
+CUDA_DRIVERS = {(12, 0): ("525.60.13", "528.33"), (13, 0): ("580.65.06", "580.88")}
+ANY_CC = ((0, 0), (99, 9))
+NO_CUDA = ((0, 0), (99, 9))
+
+
+@dataclass(frozen=True)
+class Wheel:
+    """One row of the table: which machines it is for, and what pip installs there."""
+
+    name: str                         # the row's name (messages, tests)
+    oses: tuple                       # of "linux", "wsl", "windows", "darwin"
+    vendor: str                       # "nvidia" | "amd" | "none" (no GPU used) | "any"
+    build: str                        # cpu | pypi | cuda | rocm | rocm-windows | refuse
+    index: Optional[str]              # pip's --index-url (None: pip's own, PyPI)
+    requirement: str                  # "torch=={version}", "torch[device-{gfx}]=={version}", ...
+    python: tuple = ((3, 10), (3, 15))  # the Pythons the index has wheels for, inclusive
+    cc: tuple = ANY_CC                # NVIDIA compute capability range, inclusive
+    cuda: Optional[tuple] = None      # the driver's CUDA version it needs (nvidia-smi's header), at least
+    gfx: tuple = ()                   # AMD gfx prefixes it is for; () for any
+    arch: tuple = ()                  # the CPU architectures it is for; () for any
+    source: str = ""
+
+
+# (OS, GPU vendor/family, driver) -> (index, torch pin), for torch 2.13. First match wins; --torch X keeps the rows
+# of build X only. The Python range of PyTorch's own wheels is the 2.13 wheel's classifiers (3.10 ... 3.15).
+_LWW = ("linux", "wsl", "windows")
+WHEELS = (
+    # PyTorch 2.13's release matrix (pytorch/pytorch RELEASE.md, 2.13 row; PR 187075): CUDA 13.0 is the default
+    # build, for Turing (sm_75) and newer, Blackwell included; CUDA 13 has no Maxwell/Pascal/Volta code.
+    Wheel("nvidia-cu130", _LWW, "nvidia", "cuda", PYTORCH_WHL + "cu130", "torch=={version}", cc=((7, 5), (12, 9)),
+          cuda=(13, 0), source="pytorch/pytorch RELEASE.md 2.13 row (CUDA 13.0); CUDA 13.0 release notes (sm_75+)"),
+    # ... CUDA 12.6 stays for older architectures and older drivers (any 12.x driver: minor-version
+    # compatibility); it has no Blackwell (sm_100/sm_120) kernels. cu128 left the matrix in 2.12.
+    Wheel("nvidia-cu126", _LWW, "nvidia", "cuda", PYTORCH_WHL + "cu126", "torch=={version}", cc=((5, 0), (9, 0)),
+          cuda=(12, 0), source="pytorch/pytorch RELEASE.md 2.13 row (CUDA 12.6, 'for older architectures')"),
+    # An NVIDIA driver too old for both: the CPU build, and the message names the driver needed (CUDA_DRIVERS).
+    Wheel("nvidia-old-driver", _LWW, "nvidia", "cpu", CPU_INDEX, "torch=={version}+cpu",
+          source="NVIDIA CUDA Toolkit release notes, minimum driver per CUDA major version"),
+    # PyTorch 2.13's ROCm build is ROCm 7.2 (RELEASE.md 2.13 row); rocm6.4's last torch is 2.9.1.
+    Wheel("amd-rocm7.2", ("linux", "wsl"), "amd", "rocm", PYTORCH_WHL + "rocm7.2", "torch=={version}",
+          source="pytorch/pytorch RELEASE.md 2.13 row (ROCm 7.2)"),
+    # Windows: TheRock's release multi-arch index (RELEASES.md, "Installing multi-arch PyTorch Python packages":
+    # torch 2.13 listed; its device table and SUPPORTED_GPUS.md "AMD Radeon - Windows": RDNA1 gfx101x, RDNA2
+    # gfx103x, RDNA3 gfx110x, RDNA3.5 gfx115x, RDNA4 gfx120x). Python 3.10-3.14: TheRock's
+    # build_tools/github_actions/configure_pytorch_release_matrix.py (RELEASE_PYTHON_VERSIONS).
+    Wheel("amd-windows-therock", ("windows",), "amd", "rocm-windows", THEROCK_RELEASE_INDEX,
+          "torch[device-{gfx}]=={version}", python=((3, 10), (3, 14)),
+          gfx=("gfx101", "gfx103", "gfx110", "gfx115", "gfx120"),
+          source="ROCm/TheRock RELEASES.md (multi-arch release index, device extras); SUPPORTED_GPUS.md (Windows)"),
+    # Any other AMD GPU on Windows (Vega, CDNA, one it could not identify): no Windows wheel; the CPU build.
+    Wheel("amd-windows-other", ("windows",), "amd", "cpu", CPU_INDEX, "torch=={version}+cpu",
+          source="ROCm/TheRock SUPPORTED_GPUS.md: only Radeon RDNA1-4 on Windows"),
+    # No GPU: PyTorch's CPU index (never the multi-GB CUDA wheels PyPI's Linux torch is).
+    Wheel("cpu", _LWW, "none", "cpu", CPU_INDEX, "torch=={version}+cpu",
+          source="pytorch.org/get-started (CPU index https://download.pytorch.org/whl/cpu)"),
+    # Apple Silicon: PyPI's macOS wheel, CPU with Apple's MPS.
+    Wheel("mac-arm64", ("darwin",), "any", "pypi", None, "torch=={version}", arch=("arm64", "aarch64"),
+          source="PyPI torch 2.13.0 files (macosx_*_arm64 only)"),
+    # Intel Macs: PyTorch's last x86_64 macOS wheel is 2.2.2 (x86 macOS deprecated from 2.3); nothing for 2.13.
+    Wheel("mac-intel", ("darwin",), "any", "refuse", None, "",
+          source="PyTorch 2.3 release notes (macOS x86 deprecated; 2.2.2 the last); PyTorch 2.13.0 on PyPI"),
+)
 
 # Windows adapter names -> gfx target, for when no HIP tool says it: the device table of TheRock's RELEASES.md and
 # AMD's GPU specs (https://rocm.docs.amd.com/en/latest/reference/gpu-arch-specs.html). First match wins.
@@ -79,17 +138,32 @@ AMD_NAMES = (
     (r"RX\s*5500|W5500", "gfx1012"),
 )
 
+# NVIDIA names -> compute capability, for when nvidia-smi can't say it (old nvidia-smi, /proc only). First match
+# wins; unknown names count as Turing to Hopper (both CUDA builds have them).
+NVIDIA_NAMES = (
+    (r"RTX\s*50\d\d|RTX PRO \d+ Blackwell|\bB[23]00\b|\bGB[12]\d\d\b", (12, 0)),
+    (r"GTX\s*1[06]\d\d|TITAN X|Tesla P|Quadro P|\bP[14]0{2}\b", (6, 1)),
+    (r"TITAN V|V100|Quadro GV", (7, 0)),
+    (r"GTX\s*9\d\d|Quadro M|Tesla M", (5, 2)),
+)
+
 
 @dataclass(frozen=True)
 class Gpu:
     vendor: str                       # "nvidia" | "amd"
     name: str = ""
     gfx: Optional[str] = None         # AMD only, when known: "gfx1100"
+    cc: Optional[tuple] = None        # NVIDIA only, when known: (8, 9)
 
     def label(self) -> str:
         if self.name and self.gfx:
             return f"{self.name} ({self.gfx})"
         return self.name or self.gfx or f"an {self.vendor.upper()} GPU"
+
+    def capability(self) -> tuple:
+        if self.cc:
+            return self.cc
+        return next((cc for pattern, cc in NVIDIA_NAMES if re.search(pattern, self.name, re.IGNORECASE)), (8, 0))
 
 
 @dataclass
@@ -101,20 +175,28 @@ class Machine:
     gpus: tuple = ()                  # Gpu, ...
     torch: Optional[str] = None       # the installed torch's version ("2.13.0+cpu"), None when there is none
     online: bool = True               # download.pytorch.org resolves
+    arch: str = "x86_64"              # the CPU: "x86_64" | "arm64" | "aarch64"
+    python: tuple = (3, 12)           # the target interpreter's (major, minor)
+    cuda_driver: Optional[tuple] = None   # the NVIDIA driver's CUDA version (nvidia-smi's header), None: unknown
+    driver: Optional[str] = None      # the NVIDIA driver's version, when known
 
     def of(self, vendor: str) -> list:
         return [g for g in self.gpus if g.vendor == vendor]
+
+    @property
+    def place(self) -> str:
+        return "wsl" if self.wsl else self.os
 
 
 @dataclass
 class Options:
     torch: str = "auto"               # auto | keep | cpu | cuda | rocm
-    cuda: str = DEFAULT_CUDA
-    rocm: str = DEFAULT_ROCM
-    rocm_windows_index: str = ROCM_WINDOWS_INDEX
+    cuda: Optional[str] = None        # PyTorch's CUDA index (cu126, cu130); None: picked from the table
+    rocm: Optional[str] = None        # PyTorch's ROCm index (rocm7.2); None: the table's
+    rocm_windows_index: Optional[str] = None   # TheRock's index for Windows; None: the release index
+    nightly: bool = False             # Windows AMD: TheRock's nightly index (unpinned, --pre) instead of the release
     gfx: Optional[str] = None         # the AMD card for the Windows wheels, when detection can't tell
-    torch_version: Optional[str] = None   # pin torch (every build); the CPU build is pinned anyway
-    cpu_version: str = DEFAULT_CPU_VERSION
+    torch_version: Optional[str] = None   # pin torch to this version instead of TORCH
     dev: bool = False
 
 
@@ -125,6 +207,7 @@ class Plan:
     project_install: list
     messages: list = field(default_factory=list)
     error: Optional[str] = None
+    row: Optional[str] = None         # the WHEELS row it came from
 
     @property
     def index_url(self) -> Optional[str]:
@@ -135,7 +218,7 @@ class Plan:
 # ---------------------------------------------------------------------------------------------------- decisions
 
 def torch_build(version: str) -> str:
-    """The build an installed torch version names: '2.13.0+cpu' -> cpu, '+cu128' -> cuda, '+rocm6.4' -> rocm."""
+    """The build an installed torch version names: '2.13.0+cpu' -> cpu, '+cu130' -> cuda, '+rocm7.2' -> rocm."""
     local = version.partition("+")[2].lower()
     if "rocm" in local:
         return "rocm"
@@ -148,10 +231,12 @@ def torch_build(version: str) -> str:
 
 _BUILD_WORDS = {"cpu": "the CPU build", "cuda": "a CUDA build", "rocm": "a ROCm build",
                 "unknown": "no build tag: PyPI's default for this OS"}
+_PLACES = {"linux": "Linux", "wsl": "WSL2", "windows": "Windows", "darwin": "macOS"}
 
 
 def windows_rocm_ok(gfx: Optional[str]) -> bool:
-    return bool(gfx) and gfx.lower().startswith(WINDOWS_ROCM_FAMILIES)
+    row = next(r for r in WHEELS if r.name == "amd-windows-therock")
+    return bool(gfx) and gfx.lower().startswith(row.gfx)
 
 
 def gfx_from_name(name: str) -> Optional[str]:
@@ -165,8 +250,61 @@ def _labels(gpus) -> str:
     return ", ".join(g.label() for g in gpus)
 
 
-def _spec(name: str, version: Optional[str]) -> str:
-    return f"{name}=={version}" if version else name
+def _py(v: tuple) -> str:
+    return ".".join(str(x) for x in v)
+
+
+def _driver_cuda(m: Machine, gpu: Optional[Gpu]) -> Optional[tuple]:
+    """The driver's CUDA version; unknown on a found GPU: assumed new enough for its family's build (Blackwell:
+    13.0, others 12.0); None (no check) when no NVIDIA GPU was found (--torch cuda on another machine)."""
+    if m.cuda_driver:
+        return m.cuda_driver
+    if gpu is None or gpu.vendor != "nvidia" or not m.of("nvidia"):
+        return None
+    return (13, 0) if gpu.capability() >= (10, 0) else (12, 0)
+
+
+def _fits(row: Wheel, m: Machine, gpu: Optional[Gpu], driver_check: bool = True) -> bool:
+    if m.place not in row.oses or (row.arch and m.arch not in row.arch):
+        return False
+    if row.vendor == "none":
+        return gpu is None
+    if row.vendor == "any":
+        return True
+    if gpu is None or gpu.vendor != row.vendor:
+        return False
+    if row.vendor == "nvidia":
+        if not row.cc[0] <= gpu.capability() <= row.cc[1]:
+            return False
+        cuda = _driver_cuda(m, gpu)
+        if driver_check and row.cuda and cuda is not None and cuda < row.cuda:
+            return False
+    return not row.gfx or bool(gpu.gfx and gpu.gfx.lower().startswith(row.gfx))
+
+
+def wheel_for(m: Machine, gpu: Optional[Gpu], build: Optional[str] = None) -> Optional[Wheel]:
+    """The first row of WHEELS for this machine and GPU (of that build, when given)."""
+    return next((r for r in WHEELS if (build is None or r.build in (build, "refuse")) and _fits(r, m, gpu)), None)
+
+
+def _gpu_for(m: Machine, o: Options) -> Optional[Gpu]:
+    """The GPU the pick is for: NVIDIA first; else AMD (on Windows one that TheRock ships, --gfx naming it)."""
+    nvidia, amd = m.of("nvidia"), m.of("amd")
+    if nvidia:
+        return nvidia[0]
+    if m.os == "windows" and (amd or o.gfx):
+        if o.gfx:
+            return Gpu("amd", next((g.name for g in amd if g.gfx == o.gfx), ""), o.gfx)
+        return next((g for g in amd if windows_rocm_ok(g.gfx)), None) or next((g for g in amd if g.gfx), amd[0])
+    return amd[0] if amd else None
+
+
+def _needed_driver(m: Machine, gpu: Gpu) -> str:
+    """'driver 580.65.06 or newer (CUDA 13.0)': what the newest-needing CUDA row for this GPU family asks for."""
+    rows = [r for r in WHEELS if r.build == "cuda" and _fits(r, m, gpu, driver_check=False)]
+    need = min((r.cuda for r in rows), default=(12, 0))
+    linux, windows = CUDA_DRIVERS[need]
+    return f"NVIDIA driver {windows if m.os == 'windows' else linux} or newer (CUDA {_py(need)})"
 
 
 def plan(m: Machine, o: Options) -> Plan:
@@ -175,6 +313,10 @@ def plan(m: Machine, o: Options) -> Plan:
     nvidia, amd = m.of("nvidia"), m.of("amd")
     uninstall = "python -m pip uninstall -y torch, then run the installer again"
 
+    if m.python < (3, 10):
+        return Plan("keep", None, project, error=f"SteadyFrame needs Python 3.10 or newer, this is Python "
+                    f"{_py(m.python)}: make the environment with a newer one (e.g. `python3.12 -m venv .venv`, on "
+                    "Windows `py -3.12 -m venv .venv`). Nothing was installed")
     if m.torch is not None:
         build = torch_build(m.torch)
         p = Plan("keep", None, project, [f"keeping the installed PyTorch {m.torch} ({_BUILD_WORDS[build]})"])
@@ -190,87 +332,130 @@ def plan(m: Machine, o: Options) -> Plan:
         return Plan("keep", None, project, error="no PyTorch is installed and --torch keep installs none: install "
                     "the build for your machine first (README, 'Install PyTorch'), or run without --torch keep")
 
+    version = o.torch_version or TORCH
     messages: list = []
-    build, gfx = o.torch, None
-    if build == "auto":
-        build, gfx, messages = _pick(m, o)
-    elif build in ("cuda", "rocm") and m.os == "darwin":
-        return Plan(build, None, project, error=f"--torch {build}: there are no {build.upper()} builds for macOS; "
-                    "run without --torch (PyTorch from PyPI, with Apple's MPS)")
-    elif build == "rocm" and m.os == "windows":
-        gfx = o.gfx or next((g.gfx for g in amd if windows_rocm_ok(g.gfx)), None) or next(
-            (g.gfx for g in amd if g.gfx), None)
-        if not gfx:
-            return Plan(build, None, project, error="--torch rocm on Windows: which AMD card is it? Pass its gfx "
-                        f"target, e.g. --gfx gfx1100 for an RX 7900 XTX (the list: {THEROCK_RELEASES})")
-        build = "rocm-windows"
-        messages.append(f"--torch rocm: PyTorch for ROCm on Windows for {gfx}")
-        if not windows_rocm_ok(gfx):
-            messages.append(f"warning: {gfx} is not RDNA3/RDNA4; TheRock's wheels may not run on it "
-                            "(https://github.com/ROCm/TheRock/blob/main/SUPPORTED_GPUS.md)")
-    elif build == "cpu" and m.os == "darwin":
-        build = "pypi"
-        messages.append("--torch cpu: PyTorch from PyPI (on macOS that is the CPU build, with Apple's MPS)")
-    else:
-        messages.append(f"--torch {build}: installing the {build.upper()} build")
+    gpu = _gpu_for(m, o)
+    if o.torch == "auto":
+        row = wheel_for(m, gpu)
+    elif m.os == "darwin":
+        if o.torch != "cpu":
+            return Plan(o.torch, None, project, error=f"--torch {o.torch}: there are no {o.torch.upper()} builds "
+                        "for macOS; run without --torch (PyTorch from PyPI, with Apple's MPS)")
+        row = wheel_for(m, None)
+    elif o.torch == "cpu":
+        row, gpu = wheel_for(m, None, "cpu"), None
+        messages.append("--torch cpu: installing the CPU build")
+    elif o.torch == "cuda":
+        gpu = nvidia[0] if nvidia else None
+        row = wheel_for(m, gpu or Gpu("nvidia"), "cuda")
+        if row is None or row.build != "cuda":          # the driver is too old for both: asked for anyway
+            row = next(r for r in WHEELS if r.build == "cuda" and _fits(r, m, gpu or Gpu("nvidia"), False))
+            messages.append(f"warning: this driver is too old for {row.index}; it needs "
+                            f"{_needed_driver(m, gpu or Gpu('nvidia'))}")
+        messages.append(f"--torch cuda: installing the CUDA build ({(o.cuda or row.index.rsplit('/', 1)[1])})")
+    else:                                                   # --torch rocm
+        amd_gpu = gpu if gpu is not None and gpu.vendor == "amd" else (
+            Gpu("amd", "", o.gfx) if o.gfx else (amd[0] if amd else None))
+        if m.os == "windows" and not (amd_gpu and amd_gpu.gfx):
+            return Plan("rocm-windows", None, project, error="--torch rocm on Windows: which AMD card is it? Pass "
+                        f"its gfx target, e.g. --gfx gfx1100 for an RX 7900 XTX (the list: {THEROCK_RELEASES})")
+        gpu = amd_gpu or Gpu("amd")
+        row = wheel_for(m, gpu, "rocm-windows" if m.os == "windows" else "rocm")
+        if row is None and m.os == "windows":               # a card TheRock's Windows wheels do not list
+            row = next(r for r in WHEELS if r.name == "amd-windows-therock")
+            messages.append(f"warning: {gpu.gfx} is not on TheRock's Windows list (RDNA1-RDNA4); its wheels may "
+                            "not run on it (https://github.com/ROCm/TheRock/blob/main/SUPPORTED_GPUS.md)")
+        messages.insert(0, f"--torch rocm: installing {'PyTorch for ROCm on Windows' if m.os == 'windows' else 'the ROCm build'}"
+                        + (f" for {gpu.gfx}" if gpu.gfx else ""))
+    if row is None:                                         # an OS the table does not know
+        return Plan("cpu", None, project, error=f"no PyTorch build is known for {m.os} ({m.arch}); install "
+                    "PyTorch yourself (https://pytorch.org/get-started/locally/), then run this again")
+    if row.build == "refuse":
+        return Plan("refuse", None, project, row=row.name, error=(
+            f"PyTorch {TORCH} has no wheels for Intel Macs (x86_64 macOS wheels ended with PyTorch 2.2.2), so "
+            "SteadyFrame cannot run here. What works: a Mac with Apple Silicon (M1 or newer), or Linux or Windows "
+            "(with an NVIDIA or AMD GPU, or the CPU)"))
+    if version == TORCH and not row.python[0] <= m.python <= row.python[1]:
+        lo, hi = _py(row.python[0]), _py(row.python[1])
+        where = " on Windows from AMD (TheRock)" if row.build == "rocm-windows" else ""
+        return Plan(row.build, None, project, row=row.name, error=(
+            f"this is Python {_py(m.python)}, but PyTorch {TORCH}{where} has wheels for Python {lo} to {hi} only; "
+            f"make the environment with one of those and run this again (e.g. `python{hi} -m venv .venv`, on "
+            f"Windows `py -{hi} -m venv .venv`). Nothing was installed"))
+
+    messages = _explain(m, o, row, gpu) + messages if o.torch == "auto" else messages
+    build = row.build
+    index = row.index
+    requirement = row.requirement.format(version=version, gfx=gpu.gfx if gpu else "")
+    extra: list = []
+    if build == "cuda" and o.cuda:
+        index = PYTORCH_WHL + o.cuda
+    elif build == "rocm" and o.rocm:
+        index = PYTORCH_WHL + o.rocm
+    elif build == "rocm-windows":
+        if o.nightly:
+            index = THEROCK_NIGHTLY_INDEX
+            extra = ["--pre"]
+            requirement = f"torch[device-{gpu.gfx}]" + (f"=={o.torch_version}" if o.torch_version else "")
+            messages.append(f"--nightly: TheRock's nightly builds ({THEROCK_NIGHTLY_INDEX}), not the release "
+                            f"SteadyFrame is tested with (PyTorch {TORCH})")
+        index = o.rocm_windows_index or index
+        messages.append(f"AMD's PyTorch for ROCm on Windows (TheRock) needs a current Adrenalin driver "
+                        f"({THEROCK_RELEASES})")
     if build == "rocm" and m.wsl:
         messages.append(f"WSL2: the ROCm build runs only with AMD's WSL support installed (a current Adrenalin "
                         f"driver on Windows, ROCm and librocdxg inside WSL): {WSL_ROCM_GUIDE}")
-
-    version = o.torch_version
+    if build == "cpu" and not m.online:
+        # Offline mirrors or a pip find-links folder that carries the CPU wheel.
+        messages.append("download.pytorch.org does not resolve: asking pip's configured indexes for " + requirement)
+        return Plan(build, ["install", requirement], project, messages, row=row.name)
+    if build in ("cuda", "rocm") and not m.online:
+        messages.append("warning: download.pytorch.org does not resolve; this works only through a proxy or "
+                        "mirror pip knows about")
+    args = ["install", requirement] + extra
+    if index:
+        args += ["--index-url", index]
     if build == "cpu":
-        cpu = f"torch=={version or o.cpu_version}+cpu"
-        if m.online:
-            args = ["install", cpu, "--index-url", CPU_INDEX, "--extra-index-url", PYPI]
-        else:
-            # Offline mirrors or a pip find-links folder that carries the CPU wheel.
-            messages.append("download.pytorch.org does not resolve: asking pip's configured indexes for " + cpu)
-            args = ["install", cpu]
-    elif build == "pypi":
-        args = ["install", _spec("torch", version or o.cpu_version)]
-    elif build in ("cuda", "rocm"):
-        args = ["install", _spec("torch", version), "--index-url", PYTORCH_WHL + (o.cuda if build == "cuda"
-                                                                                  else o.rocm)]
-        if not m.online:
-            messages.append("warning: download.pytorch.org does not resolve; this works only through a proxy or "
-                            "mirror pip knows about")
-    else:                                                   # rocm-windows
-        args = ["install", _spec(f"torch[device-{gfx}]", version), "--index-url", o.rocm_windows_index]
-        messages.append(f"AMD's ROCm-on-Windows wheels (TheRock, {o.rocm_windows_index}) are nightly builds and "
-                        f"need a current Adrenalin driver ({THEROCK_RELEASES})")
-    return Plan(build, args, project, messages)
+        args += ["--extra-index-url", PYPI]            # the CPU index lacks some of torch's dependencies
+    return Plan(build, args, project, messages, row=row.name)
 
 
-def _pick(m: Machine, o: Options):
-    """--torch auto: (build, gfx for the Windows ROCm wheels, messages)."""
+def _explain(m: Machine, o: Options, row: Wheel, gpu: Optional[Gpu]) -> list:
+    """What was found and why this row (auto only)."""
     nvidia, amd = m.of("nvidia"), m.of("amd")
-    if m.os == "darwin":
-        return "pypi", None, ["macOS: PyTorch from PyPI (the CPU build, with Apple's MPS)"]
-    if nvidia:
-        also = "; an AMD GPU is here too: --torch rocm picks it instead" if amd else ""
-        return "cuda", None, [f"found {_labels(nvidia)}: installing the CUDA build ({o.cuda}){also}"]
-    if amd and m.os == "linux":
-        where = "WSL2" if m.wsl else "Linux"
-        return "rocm", None, [f"found {_labels(amd)} on {where}: installing the ROCm build ({o.rocm}); check it "
-                              "afterwards with `python -m rocm doctor`"]
-    if amd or o.gfx:                                        # Windows
-        gfx = o.gfx or next((g.gfx for g in amd if windows_rocm_ok(g.gfx)), None)
-        if windows_rocm_ok(gfx):
-            return "rocm-windows", gfx, [f"found {_labels(amd) or gfx}: installing PyTorch for ROCm on Windows "
-                                         f"({gfx})"]
-        known = [Gpu("amd", "", o.gfx)] if o.gfx else [g for g in amd if g.gfx]
-        if known:
-            why = (f"found {_labels(known)}, but PyTorch for ROCm on Windows (AMD's TheRock wheels) is picked "
-                   "only for RDNA3/RDNA4 cards (gfx110x, gfx115x, gfx120x)")
+    where = _PLACES.get(m.place, m.place)
+    if row.name == "mac-arm64":
+        return ["macOS on Apple Silicon: PyTorch from PyPI (the CPU build, with Apple's MPS GPU)"]
+    if row.build == "cuda":
+        found = f"found {_labels(nvidia)}"
+        if m.cuda_driver:
+            found += f" (driver {m.driver + ', ' if m.driver else ''}CUDA {_py(m.cuda_driver)})"
         else:
-            why = (f"found {_labels(amd)}, but could not tell which architecture it is; PyTorch for ROCm on "
-                   "Windows is picked only for RDNA3/RDNA4 cards (if it is one: --gfx gfx1100 for an RX 7900 "
-                   "XTX, gfx1201 for an RX 9070, ...)")
-        return "cpu", None, [why + "; installing the CPU build instead. To use this GPU: run SteadyFrame on "
-                             "Linux with ROCm (PyTorch's ROCm wheels, which support RDNA2 too), or in WSL2 with "
-                             f"AMD's ROCm-on-WSL if your card is on its list ({WSL_ROCM_GUIDE}); or try TheRock's "
-                             "Windows wheels anyway with --torch rocm --gfx gfxNNNN (not tested with SteadyFrame)"]
-    return "cpu", None, ["no NVIDIA or AMD GPU found: installing the CPU build"]
+            found += " (could not read the driver's CUDA version from nvidia-smi; assuming a current driver)"
+        also = "; an AMD GPU is here too: --torch rocm picks it instead" if amd else ""
+        return [f"{found}: installing the CUDA build ({row.index.rsplit('/', 1)[1]}){also}"]
+    if row.name == "nvidia-old-driver":
+        return [f"found {_labels(nvidia)}, but its driver (CUDA {_py(m.cuda_driver or (0, 0))}) is too old for "
+                f"PyTorch {TORCH}'s CUDA builds: installing the CPU build. To use the GPU: install the "
+                f"{_needed_driver(m, gpu)}, `python -m pip uninstall -y torch`, and run this again"]
+    if row.build == "rocm":
+        return [f"found {_labels(amd)} on {where}: installing the ROCm build ({row.index.rsplit('/', 1)[1]}); "
+                "check it afterwards with `python -m rocm doctor`"]
+    if row.build == "rocm-windows":
+        return [f"found {_labels(amd) or gpu.gfx}: installing PyTorch for ROCm on Windows ({gpu.gfx}) from "
+                "TheRock's release index"]
+    if row.name == "amd-windows-other":
+        known = [gpu] if gpu and gpu.gfx else []
+        if known:
+            why = (f"found {_labels(known)}, but AMD's PyTorch for Windows (TheRock) ships only Radeon RDNA1-RDNA4 "
+                   "cards (gfx101x, gfx103x, gfx110x, gfx115x, gfx120x)")
+        else:
+            why = (f"found {_labels(amd)}, but could not tell which architecture it is (if it is an RDNA card: "
+                   "--gfx gfx1100 for an RX 7900 XTX, gfx1201 for an RX 9070, ...)")
+        return [why + "; installing the CPU build instead. To use this GPU: run SteadyFrame on Linux with ROCm, or "
+                f"in WSL2 with AMD's ROCm-on-WSL if your card is on its list ({WSL_ROCM_GUIDE}); or try TheRock's "
+                "Windows wheels anyway with --torch rocm --gfx gfxNNNN (not tested with SteadyFrame)"]
+    return [f"no NVIDIA or AMD GPU found ({where}): installing the CPU build"]
 
 
 # ---------------------------------------------------------------------------------------------------- detection
@@ -286,9 +471,14 @@ def capture(cmd: Sequence[str], timeout: float = 20) -> Optional[str]:
 
 
 def nvidia_gpus(run: Callable = capture, extra: Sequence[str] = (), proc: Optional[Path] = PROC_NVIDIA) -> list:
-    """NVIDIA GPUs from `nvidia-smi -L` ("GPU 0: NVIDIA GeForce RTX 4090 (UUID: ...)"), else the Linux driver's
-    /proc/driver/nvidia/gpus (proc None: not looked at)."""
+    """NVIDIA GPUs from `nvidia-smi --query-gpu=name,compute_cap` ("NVIDIA GeForce RTX 4090, 8.9"), else `nvidia-smi
+    -L` ("GPU 0: NVIDIA GeForce RTX 4090 (UUID: ...)", older tools), else the Linux driver's /proc/driver/nvidia/gpus
+    (proc None: not looked at)."""
     for exe in ("nvidia-smi", *extra):
+        out = run([exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"])
+        rows = re.findall(r"^\s*(.+?),\s*(\d+)\.(\d+)\s*$", out or "", re.MULTILINE)
+        if rows:
+            return [Gpu("nvidia", n.strip(), cc=(int(a), int(b))) for n, a, b in rows]
         out = run([exe, "-L"])
         if out:
             names = re.findall(r"^GPU \d+:\s*(.+?)(?:\s+\(UUID:.*)?$", out, re.MULTILINE)
@@ -304,6 +494,18 @@ def nvidia_gpus(run: Callable = capture, extra: Sequence[str] = (), proc: Option
     except OSError:
         return []
     return gpus
+
+
+def nvidia_driver(run: Callable = capture, extra: Sequence[str] = ()) -> tuple:
+    """(the driver's CUDA version, the driver's version) from nvidia-smi's header ("Driver Version: 580.65.06
+    CUDA Version: 13.0"); (None, None) when there is no nvidia-smi."""
+    for exe in ("nvidia-smi", *extra):
+        out = run([exe]) or ""
+        cuda = re.search(r"CUDA Version:\s*(\d+)\.(\d+)", out)
+        if cuda:
+            driver = re.search(r"Driver Version:\s*([\d.]+)", out)
+            return (int(cuda.group(1)), int(cuda.group(2))), driver.group(1) if driver else None
+    return None, None
 
 
 def gfx_from_target_version(value: int) -> Optional[str]:
@@ -411,10 +613,19 @@ def is_wsl(release: Optional[str] = None, dxg: Path = Path("/dev/dxg")) -> bool:
         return "microsoft" in release.lower()
 
 
-def detect(torch_version: Optional[str], run: Callable = capture) -> Machine:
+def cpu_arch() -> str:
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "x64": "x86_64"}.get(machine, machine)
+
+
+def detect(torch_version: Optional[str], python: tuple, run: Callable = capture) -> Machine:
     name = os_name()
     wsl = name == "linux" and is_wsl()
-    return Machine(os=name, wsl=wsl, gpus=detect_gpus(name, wsl, run), torch=torch_version,
+    gpus = detect_gpus(name, wsl, run)
+    cuda, driver = (nvidia_driver(run, (WSL_NVIDIA_SMI,) if wsl else ()) if any(g.vendor == "nvidia" for g in gpus)
+                    else (None, None))
+    return Machine(os=name, wsl=wsl, gpus=gpus, torch=torch_version, arch=cpu_arch(), python=python,
+                   cuda_driver=cuda, driver=driver,
                    online=resolves("download.pytorch.org") if torch_version is None else True)
 
 
@@ -460,6 +671,15 @@ def _torch_version(python: Optional[str], run: Callable) -> Optional[str]:
     return out.strip() if out and out.strip() else None
 
 
+def _python_version(python: Optional[str], run: Callable) -> Optional[tuple]:
+    """The target interpreter's (major, minor)."""
+    if python is None:
+        return tuple(sys.version_info[:2])
+    out = run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]) or ""
+    found = re.fullmatch(r"(\d+)\.(\d+)", out.strip())
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
 def _prefix(python: Optional[str], run: Callable) -> Optional[str]:
     if python is None:
         return sys.prefix
@@ -470,7 +690,9 @@ def _prefix(python: Optional[str], run: Callable) -> Optional[str]:
 def _describe(m: Machine) -> str:
     where = {"linux": "Linux", "windows": "Windows", "darwin": "macOS"}.get(m.os, m.os) + (" (WSL2)" if m.wsl
                                                                                          else "")
-    return f"{where}; GPUs: {_labels(m.gpus) or 'none found'}; PyTorch: {m.torch or 'not installed'}"
+    driver = f" (driver CUDA {_py(m.cuda_driver)})" if m.cuda_driver else ""
+    return (f"{where} {m.arch}, Python {_py(m.python)}; GPUs: {_labels(m.gpus) or 'none found'}{driver}; "
+            f"PyTorch: {m.torch or 'not installed'}")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -480,17 +702,19 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--torch", choices=BUILDS, default="auto",
                     help="which PyTorch to install when none is installed (default auto: picked for the GPU "
                          "found); keep: install none. An installed PyTorch is always kept")
-    ap.add_argument("--cuda", default=DEFAULT_CUDA, type=_tag(r"cu\d+"),
-                    help=f"PyTorch's CUDA index for NVIDIA GPUs (default {DEFAULT_CUDA}: {PYTORCH_WHL}{DEFAULT_CUDA})")
-    ap.add_argument("--rocm", default=DEFAULT_ROCM, type=_tag(r"rocm\d+(\.\d+)*"),
-                    help=f"PyTorch's ROCm index for AMD GPUs on Linux and WSL2 (default {DEFAULT_ROCM})")
-    ap.add_argument("--rocm-windows-index", default=ROCM_WINDOWS_INDEX, metavar="URL",
-                    help=f"AMD's ROCm-on-Windows wheel index (default {ROCM_WINDOWS_INDEX}, TheRock's nightlies)")
+    ap.add_argument("--cuda", type=_tag(r"cu\d+"),
+                    help="PyTorch's CUDA index for NVIDIA GPUs (default: cu130 or cu126, picked by the GPU and the "
+                         "driver's CUDA version)")
+    ap.add_argument("--rocm", type=_tag(r"rocm\d+(\.\d+)*"),
+                    help="PyTorch's ROCm index for AMD GPUs on Linux and WSL2 (default rocm7.2)")
+    ap.add_argument("--rocm-windows-index", metavar="URL",
+                    help=f"AMD's ROCm-on-Windows wheel index (default {THEROCK_RELEASE_INDEX}, TheRock's releases)")
+    ap.add_argument("--nightly", action="store_true",
+                    help=f"AMD on Windows: TheRock's nightly builds ({THEROCK_NIGHTLY_INDEX}) instead of the release")
     ap.add_argument("--gfx", type=_tag(r"gfx[0-9a-f]{3,4}"),
                     help="the AMD card's gfx target for the Windows wheels when it is not detected (e.g. gfx1100)")
     ap.add_argument("--torch-version", metavar="V",
-                    help="pin torch to this version (the CPU build's default: $TORCH_CPU_VERSION or "
-                         f"{DEFAULT_CPU_VERSION})")
+                    help=f"pin torch to this version (default {TORCH}, the one SteadyFrame is tested with)")
     ap.add_argument("--dry-run", action="store_true", help="print what was found and the commands; run nothing")
     ap.add_argument("--python", metavar="PATH",
                     help="install into this interpreter's environment (default: the one running this script; "
@@ -515,9 +739,14 @@ def main(argv: Optional[Sequence[str]] = None, *, machine: Optional[Machine] = N
         return 2
     python = args.python or sys.executable
     options = Options(torch=args.torch, cuda=args.cuda, rocm=args.rocm, rocm_windows_index=args.rocm_windows_index,
-                      gfx=args.gfx, torch_version=args.torch_version, dev=args.dev,
-                      cpu_version=os.environ.get("TORCH_CPU_VERSION") or DEFAULT_CPU_VERSION)
-    m = machine or detect(_torch_version(args.python, run), run)
+                      nightly=args.nightly, gfx=args.gfx, torch_version=args.torch_version, dev=args.dev)
+    if machine is None:
+        version = _python_version(args.python, run)
+        if version is None:
+            say(f"could not run {python}: is it a Python interpreter?")
+            return 1
+        machine = detect(_torch_version(args.python, run), version, run)
+    m = machine
     p = plan(m, options)
     say(_describe(m))
     for message in p.messages:
