@@ -6,6 +6,7 @@ the event -> component conversion in ui/view.py; every job goes through the one 
 """
 from __future__ import annotations
 
+import signal
 import sys
 
 import rocm  # first: the ROCm environment profile must be applied before anything imports torch
@@ -21,7 +22,7 @@ from common.portable import STOP_SIGNALS, handle_signal, wait_for_stop  # noqa: 
 from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
 from configs.runtime import Config  # noqa: E402
 from jobs.models import models_for  # noqa: E402
-from jobs.runner import Runner, open_runner  # noqa: E402
+from jobs.runner import Runner, exit_code_after, open_runner  # noqa: E402
 from ui.access import Access  # noqa: E402
 from ui.examples import write_examples  # noqa: E402
 from ui.guard import HeapKeeper, limit_queue_per_client  # noqa: E402
@@ -38,6 +39,7 @@ QUEUED_PER_LOGIN = 16
 QUEUED_PER_ADDRESS = 16
 QUEUE_POLL_S = 0.1     # how often Gradio's queue looks for new events when it has none (its own default: 1 ms)
 PROGRESS_POLL_S = 0.25  # how often it sends pending progress (its own default: 10 ms)
+STOP_WAIT_S = 120.0     # Ctrl-C or SIGTERM: how long the running job's step is waited for
 
 
 def _device_text(device) -> str:
@@ -154,14 +156,19 @@ def main(argv=None) -> int:
              config.outputs.resolve())
     if app.share_url:
         log.info("public link: %s", app.share_url)
-    serve_until_stopped(app)
-    return 0
+    signum = serve_until_stopped(app)
+    return stop_runner(app.runner, signum)
 
 
-def serve_until_stopped(app) -> None:
+class _StopNow(Exception):
+    """A second stop signal while the running job finishes its step."""
+
+
+def serve_until_stopped(app) -> int:
     """Sleep in the main thread until Ctrl-C or SIGTERM (Windows: also Ctrl-Break), then close the server (its
-    shutdown deletes the temporary files). The wait costs no CPU where signal.pause exists (Linux, macOS); Windows
-    has none, and there it looks twice a second (common/portable.py). Gradio's own wait wakes ten times a second."""
+    shutdown deletes the temporary files); returns the signal's number. The wait costs no CPU where signal.pause
+    exists (Linux, macOS); Windows has none, and there it looks twice a second (common/portable.py). Gradio's own
+    wait wakes ten times a second."""
     stopping = []
 
     def on_stop(signum, frame):
@@ -171,13 +178,37 @@ def serve_until_stopped(app) -> None:
     try:
         wait_for_stop(lambda: bool(stopping))
     except KeyboardInterrupt:
-        pass
+        stopping.append(signal.SIGINT)
     finally:
         for undo in restore:
             undo()
         log.info("stopping the server")
         app.close()
-        app.runner.close(timeout=5)
+    return int(stopping[0])
+
+
+def stop_runner(runner, signum: int) -> int:
+    """After the server: the running job stops at its next step (it ends "stopped" in its job.json and in the queue,
+    and resumes from there), its threads are joined, the lease given back. A second Ctrl-C or SIGTERM (or a step
+    longer than STOP_WAIT_S) does not wait: the job is marked stopped and the process ends at once. Returns the exit
+    code: 128 + the signal's number when a job was stopped (130 Ctrl-C, 143 SIGTERM), 0 when the app was idle."""
+    def again(signum, frame):
+        raise _StopNow()
+
+    restore = [handle_signal(name, again) for name in ("SIGINT", *STOP_SIGNALS)]
+    stopped = False
+    try:
+        if runner.busy:
+            log.info("the running job stops after its current step (Ctrl-C again to quit at once; it resumes from "
+                     "its last section)")
+        stopped = bool(runner.close(timeout=STOP_WAIT_S))
+    except _StopNow:
+        stopped = True
+    finally:
+        for undo in restore:
+            undo()
+    code = 128 + signum if stopped else 0
+    return exit_code_after(runner, code, "the app was stopped during a step")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from configs.controls import CONTROLS, Control, control
 from configs.options import add_process_options, config_from
 from configs.runtime import Config
 from common.errors import InputError
-from common.files import atomic_write_json
 from common.portable import handle_signal
 from pipeline.jobs import finished_video, load_job
 from configs.presets import get_preset
@@ -35,6 +34,7 @@ from jobs.line import Waiting
 log = logging.getLogger("cli.commands")
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_STOPPED = 0, 1, 2, 130
+STOP_SIGNALS = ("SIGINT", "SIGTERM")      # Ctrl-C, and what a service manager or `kill` sends: a job stops at its step
 FOLLOW_S = 1.0              # how often a job run by another process is looked at in the queue
 
 # The option (and the batch file's key) that sets each field a request check can name (configs/controls.py).
@@ -134,6 +134,7 @@ class Command:
         self.preset_given = preset_given            # resume: else the job's own preset
         self.runner = None
         self.aborted = False          # a second Ctrl-C: the job was not waited for
+        self.signal: int | None = None            # the stop signal that came (SIGINT, SIGTERM), once one did
         self._preflight = None
 
     @property
@@ -171,12 +172,36 @@ class Command:
             print(f"warning: {warning}", file=sys.stderr)
         return self.runner
 
+    @property
+    def stopped_code(self) -> int:
+        """The exit code of a command a signal stopped: 128 + the signal's number (130 Ctrl-C, 143 SIGTERM)."""
+        return 128 + self.signal if self.signal else EXIT_STOPPED
+
     def close(self) -> None:
         if self.runner is not None:
             self.runner.close(timeout=1 if self.aborted else 30)     # aborted: the step is not waited for
             close = getattr(self.runner.executor, "close", None)
             if close is not None:
                 close()
+
+    def exit_code(self, code: int) -> int:
+        """`code`, once the runner is closed (a job thread an abort left inside a step: the process ends at once)."""
+        from jobs.runner import exit_code_after
+
+        self.close()
+        return code if self.runner is None else exit_code_after(self.runner, code, "aborted (a second stop signal)")
+
+    def _on_stop_signals(self, entry_id: str | None):
+        """Ctrl-C and SIGTERM stop the job `entry_id` after its step (None: every job this process runs); a second
+        one aborts. Returns what puts the previous handlers back."""
+        restores = [handle_signal(name, lambda signum, _frame: self._interrupt(entry_id, signum))
+                    for name in STOP_SIGNALS]                # main thread only
+
+        def restore() -> None:
+            for undo in restores:
+                undo()
+
+        return restore
 
     # ---- running ------------------------------------------------------------------------------------------------
     def run(self, jobs: list) -> list[tuple[int, object]]:
@@ -188,7 +213,12 @@ class Command:
             print("the queue of this outputs folder is run by another process (the app?): following the job(s) "
                   "there", file=sys.stderr)
         runner.start()
-        return [self._watch(job) for job in jobs]
+        results = []
+        for job in jobs:
+            if self.signal is not None:            # a stop signal stopped the command: the jobs after it do not run
+                self.runner.stop(job.entry)
+            results.append(self._watch(job))
+        return results
 
     def drain(self) -> int:
         """`queue run`: run (or follow) the queue until no job waits or runs; say how each ended."""
@@ -196,25 +226,37 @@ class Command:
 
         runner = self.open().start()
         store, said, seen = runner.store, {}, []
-        while True:
-            entries = store.entries([qs.WAITING, qs.RUNNING])
-            if not entries and not runner.busy:
-                break
-            for e in entries:
-                if e.id not in said:
-                    seen.append(e.id)
-                    said[e.id] = ""
-                if e.message and e.message != said[e.id] and not self.quiet:
-                    print(f"{e.id}: {e.message}", file=sys.stderr)
-                    said[e.id] = e.message
-            time.sleep(FOLLOW_S)
+        restore = self._on_stop_signals(None)
+        try:
+            while True:
+                entries = store.entries([qs.WAITING, qs.RUNNING])
+                if not runner.busy and (not entries or self.signal is not None):
+                    break
+                self._say_messages(entries, said, seen)
+                time.sleep(FOLLOW_S)
+        except _Aborted:
+            return self._aborted(None)[0]
+        finally:
+            restore()
         ended = [store.get(i) for i in seen]
         for e in ended:
             where = f"  {self.config.outputs / e.job_dir}" if e is not None and e.job_dir else ""
             print(f"{e.id}: {e.status:<8}{where}" if e is not None else "a job left the queue")
         done = sum(1 for e in ended if e is not None and e.status == qs.DONE)
         print(f"{done}/{len(ended)} jobs done")
+        if self.signal is not None:
+            return self.stopped_code
         return EXIT_OK if done == len(ended) else EXIT_FAILED
+
+    def _say_messages(self, entries, said: dict, seen: list) -> None:
+        """`queue run`: each entry's new message, once."""
+        for e in entries:
+            if e.id not in said:
+                seen.append(e.id)
+                said[e.id] = ""
+            if e.message and e.message != said[e.id] and not self.quiet:
+                print(f"{e.id}: {e.message}", file=sys.stderr)
+                said[e.id] = e.message
 
     def _watch(self, job) -> tuple[int, object]:
         """A queued job to its end: its events on a progress bar when it runs here, its entry's messages when
@@ -223,7 +265,7 @@ class Command:
         from jobs.text import waiting_text
         from pipeline.events import LogLine, Progress, SectionVideo
 
-        restore = handle_signal("SIGINT", lambda *_: self._interrupt(job.entry))     # main thread only
+        restore = self._on_stop_signals(job.entry)
         bar = None if self.quiet else _progress_bar()
         last, said = None, ""
         try:
@@ -277,12 +319,16 @@ class Command:
         if isinstance(last, qs.Entry):
             last = _as_event(last, self.config.outputs)
         if isinstance(last, Done):
-            what = "stopped; kept" if last.stopped else "done:"
-            print(f"{what} {last.video} ({last.frames} frames) in {last.job_dir}")
-            return (EXIT_STOPPED if last.stopped else EXIT_OK), last
+            if last.stopped and last.video is None:
+                print(f"stopped before its first section; `python -m cli resume {last.job_dir}` continues it",
+                      file=sys.stderr)
+            else:
+                what = "stopped; kept" if last.stopped else "done:"
+                print(f"{what} {last.video} ({last.frames} frames) in {last.job_dir}")
+            return (self.stopped_code if last.stopped else EXIT_OK), last
         if isinstance(last, Cancelled):
             print("stopped before it started", file=sys.stderr)
-            return EXIT_STOPPED, last
+            return self.stopped_code, last
         message = getattr(last, "message", "the job left the queue before it ended")
         if isinstance(last, Failed) and last.detail:
             # always in the log file (the record keeps the cause); on the terminal only with -v
@@ -292,34 +338,30 @@ class Command:
         print(f"error: {message}{where}", file=sys.stderr)
         return EXIT_FAILED, last
 
-    def _interrupt(self, entry_id: str) -> None:
-        job = self.runner.get(entry_id)
-        if job is not None and job.cancel.cancelled:
+    def _interrupt(self, entry_id: str | None, signum: int) -> None:
+        """(The signal handler.) The first stop signal stops the job (`entry_id`; None: all of this process's)
+        after its current step; a second aborts."""
+        if self.signal is not None:
             raise _Aborted(entry_id)
+        self.signal = signum
         print("\nstopping after this step (Ctrl-C again to abort)...", file=sys.stderr)
-        self.runner.stop(entry_id)
+        self.runner.stop_all()                     # no other job starts here; the running ones stop
+        if entry_id is not None:
+            self.runner.stop(entry_id)             # (a waiting one leaves the queue)
 
-    def _aborted(self, entry_id: str) -> tuple[int, object]:
-        """A second Ctrl-C: no waiting for the step; the job folder says "stopped" (what is written is kept, and
-        `resume` continues it), the queue entry too, and one line says so (no traceback)."""
-        from jobs import store as qs
+    def _aborted(self, entry_id: str | None) -> tuple[int, object]:
+        """A second stop signal: no waiting for the step; the job folders say "stopped" (what is written is kept,
+        and `resume` continues them), the queue entries too, and one line says so (no traceback)."""
         from pipeline.events import Cancelled
 
         self.aborted = True
-        entry = self.runner.store.get(entry_id)
-        folder = self.config.outputs / entry.job_dir if entry is not None and entry.job_dir else None
-        if entry is not None and entry.status not in qs.FINISHED:
-            self.runner.store.update(entry_id, status=qs.STOPPED, message="aborted (Ctrl-C twice)")
-        if folder is not None and (folder / "job.json").is_file():
-            info = load_job(folder)
-            if info.get("status") == "running":
-                info.update(status="stopped", error="aborted with a second Ctrl-C")
-                atomic_write_json(folder / "job.json", info)
+        folders = self.runner.abandon("aborted (a second stop signal)")
+        for folder in folders:
             print(f"aborted; the sections made so far are in {folder}: `python -m cli resume {folder}` continues "
                   f"the job", file=sys.stderr)
-        else:
+        if not folders:
             print("aborted before the job started", file=sys.stderr)
-        return EXIT_STOPPED, Cancelled()
+        return self.stopped_code, Cancelled()
 
 
 class _Aborted(KeyboardInterrupt):
@@ -515,9 +557,12 @@ def main(argv: list[str] | None = None) -> int:
                 request = request_from_args(args)
             except InputError as e:                 # a start image or a video is required (configs/controls.py)
                 parser.error(cli_message(e, OPTION_OF_FIELD))
-            return run_generate(command, request)
-        if args.command == "resume":
-            return run_resume(command, args.job_dir)
-        return run_batch(command, args.jobs, args.new_seed)
-    finally:
+            code = run_generate(command, request)
+        elif args.command == "resume":
+            code = run_resume(command, args.job_dir)
+        else:
+            code = run_batch(command, args.jobs, args.new_seed)
+    except BaseException:
         command.close()
+        raise
+    return command.exit_code(code)

@@ -101,9 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         cli_log.setup_logging(args.quiet, args.verbose)
         command = Command(config_from(parser, args), quiet=args.quiet, verbose=args.verbose)
         try:
-            return command.drain()
-        finally:
+            code = command.drain()
+        except BaseException:
             command.close()
+            raise
+        return command.exit_code(code)
     store, found = qs.QueueStore.open(args.outputs)
     if found.warning:
         print(f"warning: {found.warning}", file=sys.stderr)

@@ -24,8 +24,10 @@ run from there, in line order, by the one process that holds the queue's lease.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import secrets
+import sys
 import threading
 import time
 import traceback
@@ -43,6 +45,7 @@ from jobs.local import Work
 from jobs.text import progress_line
 from pipeline.cancel import CancelToken
 from pipeline.events import Cancelled, Done, Failed, Progress, SectionVideo, Started
+from pipeline.jobs import mark_stopped
 import dataclasses
 from jobs.preflight import Preflight
 
@@ -143,10 +146,11 @@ class Runner:
         self._sessions: dict[str, Job] = {}          # session -> its newest job
         self._running: dict[str, Job] = {}
         self._errors: dict[str, str] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()     # re-entrant: a signal handler of the main thread may ask it
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
+        self._job_threads: dict[str, threading.Thread] = {}     # entry id -> the thread running it here
         self._leased, self._renewed = False, 0.0
 
     @property
@@ -370,14 +374,59 @@ class Runner:
     def wake(self) -> None:
         self._wake.set()
 
-    def close(self, timeout: float | None = None) -> None:
-        self._closing.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        if self._leased:
+    def close(self, timeout: float | None = None) -> list[str]:
+        """End the runner: no job starts any more, the jobs running here are asked to stop at their next step (what
+        they made is kept; each ends "stopped" in its job.json and in the queue) and are waited for, up to `timeout`
+        seconds in all; then the lease is given back. Returns the entries it stopped (`still_running()`: those that
+        had not ended when the time was up)."""
+        stopping = self.stop_all()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in [self._thread, *self._threads_of(stopping)]:
+            if thread is not None:
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if self._leased and not self.still_running():
             self.store.release_lease(self.token)
             self._leased = False
+        if stopping:
+            log.info("runner closed: %d running job(s) stopped", len(stopping))
+        return [job.entry for job in stopping]
+
+    def stop_all(self) -> list[Job]:
+        """The process is stopping (a signal; safe to call from its handler: nothing waits): no job starts any more
+        and the jobs running here stop at their next step. Returns those jobs."""
+        self._closing.set()
+        self._wake.set()
+        with self._lock:
+            stopping = list(self._running.values())
+        for job in stopping:
+            job.cancel.cancel()
+        return stopping
+
+    def _threads_of(self, jobs: list[Job]) -> list[threading.Thread]:
+        with self._lock:
+            return [t for t in (self._job_threads.get(j.entry) for j in jobs) if t is not None]
+
+    def still_running(self) -> list[str]:
+        """The entries whose job threads still run in this process."""
+        with self._lock:
+            return [entry for entry, thread in self._job_threads.items() if thread.is_alive()]
+
+    def abandon(self, reason: str) -> list[Path]:
+        """The process ends before its running jobs could stop at a step (a second Ctrl-C, a stop that outlived its
+        wait): each is marked stopped now, in the queue and in its job.json, with `reason` (what it wrote is kept,
+        and a resume continues it). Returns their job folders."""
+        folders = []
+        for entry_id in self.still_running():
+            entry = self.store.get(entry_id)
+            if entry is None:
+                continue
+            if entry.status not in qs.FINISHED:
+                self.store.update(entry_id, status=qs.STOPPED, message=reason)
+            if entry.job_dir:
+                folder = self.outputs / entry.job_dir
+                mark_stopped(folder, reason)
+                folders.append(folder)
+        return folders
 
     @property
     def runs_the_queue(self) -> bool:
@@ -403,7 +452,7 @@ class Runner:
         return self._leased
 
     def _dispatch(self) -> None:
-        while True:
+        while not self._closing.is_set():
             with self._lock:
                 if len(self._running) >= self.executor.slots:
                     return
@@ -417,7 +466,9 @@ class Runner:
                     self._jobs[entry.id] = job
                 job.started = True
                 self._running[entry.id] = job
-            threading.Thread(target=self._run, args=(job, entry), name=f"job-{entry.id}", daemon=True).start()
+                thread = self._job_threads[entry.id] = threading.Thread(target=self._run, args=(job, entry),
+                                                                        name=f"job-{entry.id}", daemon=True)
+            thread.start()
 
     def _run(self, job: Job, entry: qs.Entry) -> None:
         try:
@@ -445,6 +496,7 @@ class Runner:
         finally:
             with self._lock:
                 self._running.pop(job.entry, None)
+                self._job_threads.pop(job.entry, None)
             self.wake()
 
     def _work_from(self, entry: qs.Entry) -> Work | None:
@@ -522,6 +574,22 @@ def _settings_request(settings: dict):
                            fps=settings.get("fps", DEFAULTS.fps), steps=settings.get("steps", DEFAULTS.steps),
                            resolution=settings.get("resolution"), width=settings.get("width", 0),
                            height=settings.get("height", 0))
+
+
+def exit_code_after(runner: Runner, code: int, reason: str) -> int:
+    """`code`, for a process whose runner is closed. A job thread still inside a step (the stop was not waited
+    for: a second signal, or a step longer than the wait) cannot outlive the interpreter's exit: its native threads
+    would end the process with "terminate called without an active exception" (exit 134). Its job is marked stopped
+    (`Runner.abandon`, with `reason`) and the process ends here at once, its output flushed."""
+    if not runner.still_running():
+        return code
+    for folder in runner.abandon(reason):
+        log.warning("the job in %s was stopped during a step; it resumes from its last section", folder)
+    log.info("ending the process now (a job thread is still inside a step)")
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def open_runner(config, executor, *, device_type: str, preflight=None) -> tuple[Runner, str | None]:

@@ -182,6 +182,20 @@ def load_job(job_dir: Path) -> dict:
     return info
 
 
+def mark_stopped(job_dir: Path, reason: str) -> bool:
+    """A job whose process ends while it runs (no step could end it): its job.json says "stopped" with `reason`, so
+    that it reads as resumable, not as running. False when job.json is missing, unreadable or not "running"."""
+    try:
+        info = load_job(job_dir)
+    except (OSError, ValueError):
+        return False
+    if info.get("status") != "running":
+        return False
+    info.update(status="stopped", error=reason)
+    atomic_write_json(Path(job_dir) / "job.json", info)
+    return True
+
+
 def finished_video(job_dir: Path) -> Path | None:
     """The final video of a job that is complete (job.json says "done" and the file is there), else None. Light:
     reads job.json only, so a command can say "already complete" before importing or loading anything."""

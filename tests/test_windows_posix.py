@@ -74,8 +74,8 @@ def test_the_app_waits_for_ctrl_c_without_signal_pause(monkeypatch):
     monkeypatch.setattr(portable, "time", SimpleNamespace(sleep=sleep))
     before = signal.getsignal(signal.SIGTERM)
     app, closed = _app()
-    _serve_until_stopped()(app)
-    assert sleeps == [portable.WAIT_S] * 3 and closed == ["app", "runner"]
+    assert _serve_until_stopped()(app) == signal.SIGINT
+    assert sleeps == [portable.WAIT_S] * 3 and closed == ["app"]          # the runner: app.stop_runner
     assert signal.getsignal(signal.SIGTERM) is before                  # its handler is taken away again
 
 
@@ -84,8 +84,8 @@ def test_sigterm_stops_the_app_and_pause_is_used_where_it_exists(monkeypatch):
     pauses = []
     monkeypatch.setattr(signal, "pause", lambda: (pauses.append(1), signal.raise_signal(signal.SIGTERM)))
     app, closed = _app()
-    _serve_until_stopped()(app)
-    assert pauses == [1] and closed == ["app", "runner"]
+    assert _serve_until_stopped()(app) == signal.SIGTERM
+    assert pauses == [1] and closed == ["app"]
 
 
 # ---- common/portable.py: signal handlers and CPUs -------------------------------------------------------------------
