@@ -528,7 +528,7 @@ def run_resume(command: Command, job_dir: Path) -> int:
         return EXIT_INPUT
     command.config = _replace(command.config, preset=command.config.preset if command.preset_given else job.preset,
                               outputs=Path(job_dir).resolve().parent)
-    problem = command.preflight.host_problem(job.request.mode, job.request.preserved_gb)
+    problem = command.preflight.host_problem(job.prepared)
     if problem:
         print(f"error: --host-ram-gb: {problem}", file=sys.stderr)
         return EXIT_INPUT

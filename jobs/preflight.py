@@ -15,6 +15,7 @@ from configs.runtime import Config
 from pipeline.resolution import check_fits
 from memory.estimate import nominal_plan
 from memory.hostplan import HostBudgetError
+from memory.plan import Workload
 
 
 class Preflight:
@@ -45,16 +46,19 @@ class Preflight:
                                                  f"GB) can preserve: choose at most {cap:g} GB")
         if prepared.source is None:             # an extension's size is its input's
             check_fits(prepared, self.preset, self.config.vram_cap_gb, self.config.weight_storage)
-        problem = self.host_problem(request.mode, request.preserved_gb)
+        problem = self.host_problem(prepared)
         if problem:
             raise InputError("host RAM", problem)
         self.check_loras(request.mode, request.loras)
 
-    def host_problem(self, mode: str, preserved_gb: float) -> str | None:
-        """Why the host-RAM budget cannot hold a job (checked before any model loads), or None."""
+    def host_problem(self, prepared) -> str | None:
+        """Why the host-RAM budget cannot hold the prepared job (its mode, preserved memory, bucket and window;
+        checked before any model loads), or None."""
+        request = prepared.request
+        workload = Workload(prepared.height, prepared.width, request.latent_window)
         try:
-            nominal_plan(self.preset, mode, self.config.vram_cap_gb, preserved_gb, self.device_type,
-                         self.config.host_ram_gb, self.config.weight_storage)
+            nominal_plan(self.preset, request.mode, self.config.vram_cap_gb, request.preserved_gb, self.device_type,
+                         self.config.host_ram_gb, self.config.weight_storage, workload)
         except HostBudgetError as e:
             return str(e)
         return None

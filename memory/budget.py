@@ -3,7 +3,8 @@
 `MemoryBudget.place(packs)` decides per model: fully resident, or resident part + streamed blocks. The
 transformer always follows the residency plan of the preserved memory (FramePack's slider); another model with
 blocks (the Llama text encoder) is streamed only when the stage does not fit under the cap with a reserve for its
-activations; models without blocks are loaded whole.
+activations; models without blocks are loaded whole. The rule itself is memory/plan.py's
+(`transformer_residency`, `text_residency`), which the estimate before a job (memory/estimate.py) uses too.
 """
 from __future__ import annotations
 
@@ -15,26 +16,12 @@ import torch
 from configs.memory import MEMORY
 from memory.hostpack import Chunk, HostPack
 from common.units import GIB
-from memory.plan import ResidencyPlan, activation_bytes, framepack_tokens, plan_residency
+from memory.plan import (TEXT_RESERVE_BYTES, ResidencyPlan, Workload, text_residency,
+                         transformer_residency)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFETCH_DEPTH = MEMORY.prefetch_depth     # configs/memory.py
-TEXT_RESERVE_BYTES = 2 * GIB       # activations of the text encoders (≤ ~350 tokens) + headroom
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What the transformer will see: the bucket and the latent window (for the activation estimate)."""
-    height: int = 608
-    width: int = 640
-    window: int = 9
-
-    @property
-    def tokens(self) -> int:
-        return framepack_tokens(self.height, self.width, self.window)
-
-
 @dataclass
 class Placement:
     name: str
@@ -82,11 +69,11 @@ class MemoryBudget:
     def transformer_plan(self, model, pack: HostPack) -> ResidencyPlan:
         cfg = model.config
         hidden = cfg.num_attention_heads * cfg.attention_head_dim
-        act = activation_bytes(self.workload.tokens, hidden, _dtype_bytes(model))
-        return plan_residency([c.nbytes for c in pack.blocks], pack.rest.nbytes, self.cap_bytes,
-                              self.preserved_bytes, min_resident=1, activation_bytes=act,
-                              slot_count=self.slot_count,
-                              stage_bytes=max((c.host_nbytes for c in pack.blocks if c.stores_fp8), default=0))
+        return transformer_residency([c.nbytes for c in pack.blocks], pack.rest.nbytes, self.cap_bytes,
+                                     self.preserved_bytes, self.workload, hidden, _dtype_bytes(model),
+                                     slot_count=self.slot_count,
+                                     stage_bytes=max((c.host_nbytes for c in pack.blocks if c.stores_fp8),
+                                                     default=0))
 
     def place(self, models: dict[str, torch.nn.Module], packs: dict[str, HostPack]) -> dict[str, Placement]:
         out = {name: Placement(name, pack) for name, pack in packs.items()}
@@ -99,12 +86,12 @@ class MemoryBudget:
                 continue
             if is_transformer(model):
                 plan = self.transformer_plan(model, pack)
-            elif total + self.text_reserve_bytes > self.cap_bytes:
-                others = total - pack.nbytes
-                plan = plan_residency([c.nbytes for c in pack.blocks], pack.rest.nbytes + others, self.cap_bytes,
-                                      self.text_reserve_bytes, slot_count=self.slot_count)
             else:
-                continue
+                plan = text_residency([c.nbytes for c in pack.blocks], pack.rest.nbytes, total - pack.nbytes,
+                                      self.cap_bytes, slot_count=self.slot_count,
+                                      reserve_bytes=self.text_reserve_bytes)
+                if plan is None:
+                    continue
             for w in plan.warnings():
                 log.warning("%s: %s", name, w)
             out[name].plan = plan if plan.streamed else None

@@ -18,12 +18,11 @@ from configs.memory import MEMORY
 from common.units import GB, GIB
 from memory.hostbudget import default_host_budget, job_working_bytes, rss_breakdown
 from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError, HostPlan, ModelHost, plan_host
-from memory.plan import (REAL_TRANSFORMER_CONFIG, activation_bytes, framepack_tokens, plan_residency,
-                         transformer_sizes)
+from memory.plan import (REAL_TRANSFORMER_CONFIG, ResidencyPlan, Workload, text_residency,
+                         transformer_residency)
 
 REAL_LLAMA_CONFIG = (("vocab_size", 128320), ("hidden_size", 4096), ("intermediate_size", 14336),
                      ("num_hidden_layers", 32), ("num_attention_heads", 32), ("num_key_value_heads", 8))
-TEXT_RESERVE = 2 * GIB            # as memory/budget.py: the text stage streams the Llama only past cap − this
 NOMINAL_SECTIONS, NOMINAL_FRAMES = 4, 145     # a 5 s video at 30 fps (the default length)
 
 
@@ -76,17 +75,43 @@ def _chunk_sizes(kind: str, config_items: tuple, dtype_bytes: int, files: bool =
     return tuple(plain), tuple(stored)
 
 
+def _transformer_config(preset) -> tuple[tuple, int]:
+    """(config items, bytes per weight) of the preset's transformer: the tiny one's config in fp32, the real one's
+    in bf16."""
+    if preset.tiny:
+        return _items(preset.tiny_configs["transformer"]), 4
+    return REAL_TRANSFORMER_CONFIG, 2
+
+
+def _hidden(config_items: tuple) -> int:
+    """The transformer's hidden size (diffusers' defaults for what the config leaves out: 24 heads of 128)."""
+    cfg = dict(config_items)
+    return int(cfg.get("num_attention_heads", 24)) * int(cfg.get("attention_head_dim", 128))
+
+
+def nominal_transformer_plan(preset, cap_gb: float, preserved_gb: float, workload: Workload = Workload(),
+                             weight_storage: str = "native") -> ResidencyPlan:
+    """What of the transformer stays on the GPU for a job of `workload` (its bucket and window): the same rule
+    (memory/plan.py `transformer_residency`) on the same sizes as the planner when the job runs
+    (memory/budget.py), from the config alone."""
+    items, dtype_bytes = _transformer_config(preset)
+    plain, stored = _chunk_sizes("transformer", items, dtype_bytes)
+    stage = max((s for s, p in zip(stored[1:], plain[1:]) if s != p), default=0) if weight_storage == "fp8" else 0
+    return transformer_residency(plain[1:], plain[0], int(cap_gb * GIB), int(preserved_gb * GIB), workload,
+                                 _hidden(items), dtype_bytes, slot_count=MEMORY.prefetch_depth + 1,
+                                 stage_bytes=stage)
+
+
 def nominal_models(preset, mode: str, cap_gb: float, preserved_gb: float, device_type: str,
-                   weight_storage: str = "native") -> list[ModelHost]:
+                   weight_storage: str = "native", workload: Workload = Workload()) -> list[ModelHost]:
     gpu = device_type == "cuda"
     quant = weight_storage == "fp8"
+    items, dtype_bytes = _transformer_config(preset)
+    tr = _chunk_sizes("transformer", items, dtype_bytes)
     if preset.tiny:
-        cfg = preset.tiny_configs
-        tr = _chunk_sizes("transformer", _items(cfg["transformer"]), 4)
-        llama = _chunk_sizes("llama", _items(cfg["llama"]), 4)
+        llama = _chunk_sizes("llama", _items(preset.tiny_configs["llama"]), 4)
         small = {"text_encoder_2": 0.001, "vae": 0.001, "image_encoder": 0.001}
     else:
-        tr = _chunk_sizes("transformer", REAL_TRANSFORMER_CONFIG, 2)
         llama = _chunk_sizes("llama", REAL_LLAMA_CONFIG, 2, files=True)
         small = {r: getattr(preset, r).size_gb for r in ("text_encoder_2", "vae", "image_encoder")}
     files = not preset.tiny
@@ -95,12 +120,11 @@ def nominal_models(preset, mode: str, cap_gb: float, preserved_gb: float, device
         chunk_bytes = stored if quant else plain
         streamed: tuple[int, ...] = ()
         if gpu and name == "transformer":
-            act = 0 if preset.tiny else activation_bytes(framepack_tokens(608, 640, 9))
-            streamed = plan_residency(plain[1:], plain[0], int(cap_gb * GIB), int(preserved_gb * GIB),
-                                      min_resident=1, activation_bytes=act).streamed
-        elif gpu and sum(plain) + small["text_encoder_2"] * GB + TEXT_RESERVE > cap_gb * GIB:
-            streamed = plan_residency(plain[1:], plain[0] + int(small["text_encoder_2"] * GB), int(cap_gb * GIB),
-                                      TEXT_RESERVE).streamed
+            streamed = nominal_transformer_plan(preset, cap_gb, preserved_gb, workload, weight_storage).streamed
+        elif gpu:
+            text = text_residency(plain[1:], plain[0], int(small["text_encoder_2"] * GB), int(cap_gb * GIB),
+                                  slot_count=MEMORY.prefetch_depth + 1)
+            streamed = text.streamed if text is not None else ()
         chunks = frozenset(i + 1 for i in streamed)
         transient = tuple((chunk_bytes[i] if i in chunks else 0) if gpu else plain[i] for i in range(len(plain)))
         out.append(ModelHost(name, chunk_bytes, tuple(plain) if files else None, transient, chunks))
@@ -110,20 +134,23 @@ def nominal_models(preset, mode: str, cap_gb: float, preserved_gb: float, device
     return out
 
 
-def nominal_overhead(device_type: str) -> int:
+def nominal_overhead(device_type: str, workload: Workload = Workload()) -> int:
     rss = rss_breakdown()
     now = rss["anon"] + rss["file"] + rss["shmem"]
     estimate = MEMORY.host_overhead_gb * GIB if device_type == "cuda" else 0
-    return int(max(now, estimate) + job_working_bytes(NOMINAL_FRAMES, 608, 640, 9)
+    return int(max(now, estimate) + job_working_bytes(NOMINAL_FRAMES, workload.height, workload.width,
+                                                      workload.window)
                + (2 * MEMORY.staging_mb << 20 if device_type == "cuda" else 0))
 
 
 def nominal_plan(preset, mode: str, cap_gb: float, preserved_gb: float, device_type: str,
-                 host_ram_gb: float | None = None, weight_storage: str = "native") -> HostPlan:
-    """The host plan of a default-length job; raises HostBudgetError (with the minimum) if none fits."""
+                 host_ram_gb: float | None = None, weight_storage: str = "native",
+                 workload: Workload = Workload()) -> HostPlan:
+    """The host plan of a default-length job of `workload` (a request's bucket and window; the default: the nominal
+    608×640); raises HostBudgetError (with the minimum) if none fits."""
     budget = int(host_ram_gb * GIB) if host_ram_gb is not None else default_host_budget()[0]
-    models = nominal_models(preset, mode, cap_gb, preserved_gb, device_type, weight_storage)
-    return plan_host(models, FRAMEPACK_STAGES, NOMINAL_SECTIONS, budget, nominal_overhead(device_type),
+    models = nominal_models(preset, mode, cap_gb, preserved_gb, device_type, weight_storage, workload)
+    return plan_host(models, FRAMEPACK_STAGES, NOMINAL_SECTIONS, budget, nominal_overhead(device_type, workload),
                      int(MEMORY.host_reserve_gb * GIB), pinned=device_type == "cuda" and MEMORY.pin_host_memory,
                      gpu=device_type == "cuda")
 
@@ -138,16 +165,8 @@ def describe_preserved(preset, cap_gb: float, preserved_gb: float, device_type: 
     if device_type != "cuda":
         return (f"CPU run: no GPU, so nothing is capped or streamed (the slider only matters on a GPU; "
                 f"a {cap_gb:g} GB cap with {preserved_gb:g} GB preserved would apply there). {host}")
-    if preset.tiny:
-        cfg = preset.tiny_configs["transformer"]
-        items = tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in cfg.items()))
-        sizes, other = transformer_sizes(items, 4)
-        act = 0
-    else:
-        sizes, other = transformer_sizes(REAL_TRANSFORMER_CONFIG, 2)
-        act = activation_bytes(framepack_tokens(size[0], size[1], window))
-    plan = plan_residency(sizes, other, int(cap_gb * GIB), int(preserved_gb * GIB), min_resident=1,
-                          activation_bytes=act)
+    plan = nominal_transformer_plan(preset, cap_gb, preserved_gb, Workload(size[0], size[1], window),
+                                    weight_storage)
     warn = plan.warnings()
     return plan.describe() + (f". Warning: {'; '.join(warn)}" if warn else "") + f". {host}"
 

@@ -149,5 +149,43 @@ def transformer_sizes(config_items: tuple, bytes_per_param: int) -> tuple[tuple[
     return sizes, total - sum(sizes)
 
 
+TEXT_RESERVE_BYTES = 2 * GIB       # activations of the text encoders (≤ ~350 tokens) + headroom
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the transformer will see: the bucket and the latent window (for the activation estimate). The default
+    is the nominal job the estimate plans for before a request is known (608×640, window 9)."""
+    height: int = 608
+    width: int = 640
+    window: int = 9
+
+    @property
+    def tokens(self) -> int:
+        return framepack_tokens(self.height, self.width, self.window)
+
+
+# ---- the one fit rule: the planner (memory/budget.py, as a job runs) and the estimate (memory/estimate.py, before
+# anything loads) both decide "what stays on the GPU" with these two functions, from the same sizes ---------------
+def transformer_residency(block_bytes, other_bytes: int, cap_bytes: int, preserved_bytes: int, workload: Workload,
+                          hidden: int, dtype_bytes: int, *, slot_count: int = 2, stage_bytes: int = 0
+                          ) -> ResidencyPlan:
+    """The transformer's plan: the first block and as many of the last as cap − preserved holds stay resident, the
+    rest is streamed; the activation estimate is the workload's (tokens × hidden × dtype bytes)."""
+    return plan_residency(block_bytes, other_bytes, cap_bytes, preserved_bytes, min_resident=1,
+                          activation_bytes=activation_bytes(workload.tokens, hidden, dtype_bytes),
+                          slot_count=slot_count, stage_bytes=stage_bytes)
+
+
+def text_residency(block_bytes, rest_bytes: int, others_bytes: int, cap_bytes: int, *, slot_count: int = 2,
+                   reserve_bytes: int = TEXT_RESERVE_BYTES) -> ResidencyPlan | None:
+    """The text encoder's plan (the Llama: `block_bytes`, `rest_bytes`; `others_bytes`: the stage's other models,
+    CLIP): None when the whole stage fits under the cap with `reserve_bytes` left for its activations, else the
+    blocks that must be streamed."""
+    if sum(block_bytes) + rest_bytes + others_bytes + reserve_bytes <= cap_bytes:
+        return None
+    return plan_residency(block_bytes, rest_bytes + others_bytes, cap_bytes, reserve_bytes, slot_count=slot_count)
+
+
 REAL_TRANSFORMER_CONFIG = (("has_image_proj", True), ("has_clean_x_embedder", True), ("image_proj_dim", 1152),
                            ("pooled_projection_dim", 768), ("text_embed_dim", 4096))

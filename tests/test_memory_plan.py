@@ -89,3 +89,28 @@ def test_describe_preserved_for_the_ui():
     assert "44/60 blocks" in text and "streamed" in text and "Warning" not in text
     assert "CPU run" in describe_preserved(HUNYUAN, 20, 6, "cpu")
     assert "blocks" in describe_preserved(TINY, 20, 6, "cuda")
+
+
+def test_the_estimate_before_a_job_and_the_planner_as_it_runs_give_the_same_plan():
+    """One fit rule (memory/plan.py): for the same request (cap, preserved memory, bucket and window) the estimate the
+    pre-flight and the page use (memory/estimate.py, from the config alone) and the planner of the running job
+    (memory/budget.py, from the packed model) keep the same blocks resident and expect the same working set."""
+    from memory.budget import MemoryBudget
+    from memory.estimate import nominal_models, nominal_transformer_plan
+    from memory.hostpack import HostPack
+    from memory.plan import Workload
+    from pipeline.components import load_components
+
+    transformer = load_components("tiny", "original").transformer
+    pack = HostPack(transformer)
+    blocks = [c.nbytes for c in pack.blocks]
+    preserved = 1 << 20
+    cap = (pack.rest.nbytes + blocks[0] + blocks[-1] // 2 + preserved) // 1024 * 1024   # the last block streamed
+    for workload in (Workload(), Workload(320, 512, 5)):
+        planner = MemoryBudget(cap, preserved, workload=workload).transformer_plan(transformer, pack)
+        estimate = nominal_transformer_plan(TINY, cap / GIB, preserved / GIB, workload)
+        assert planner == estimate
+        assert planner.streamed == (len(blocks) - 1,) and planner.activation_bytes > 0
+        host = next(m for m in nominal_models(TINY, "original", cap / GIB, preserved / GIB, "cuda",
+                                              workload=workload) if m.name == "transformer")
+        assert host.streamed == frozenset(i + 1 for i in planner.streamed)     # what the host plan streams
