@@ -21,7 +21,7 @@ import logging  # noqa: E402
 from common.portable import STOP_SIGNALS, handle_signal, wait_for_stop  # noqa: E402
 from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
 from configs.runtime import Config  # noqa: E402
-from jobs.models import models_for  # noqa: E402
+from jobs.preflight import preflight_for  # noqa: E402
 from jobs.runner import Runner, exit_code_after, open_runner  # noqa: E402
 from ui.access import Access  # noqa: E402
 from ui.examples import write_examples  # noqa: E402
@@ -55,8 +55,9 @@ def _device_text(device) -> str:
 def app_runner(config: Config, device) -> tuple[Runner, str | None]:
     """The one runner of the outputs folder's queue (and the store's warning): its jobs run on the farm of
     --ray/--gpus/--cpu-workers (Ray is imported only then) or in this process."""
-    executor = queue_executor(config, models_for(config, device), device)
-    return open_runner(config, executor, device_type=device.type)
+    preflight = preflight_for(config, device)
+    executor = queue_executor(config, preflight.models, device)
+    return open_runner(config, executor, device_type=device.type, preflight=preflight)
 
 
 def build_app(config: Config, runner: Runner | None = None):

@@ -27,8 +27,7 @@ from pipeline.jobs import finished_video, load_job
 from configs.presets import get_preset
 from common.environment import read_environment
 import dataclasses
-from jobs.models import models_for
-from jobs.preflight import Preflight
+from jobs.preflight import preflight_for
 from jobs.line import Waiting
 
 log = logging.getLogger("cli.commands")
@@ -143,11 +142,10 @@ class Command:
         if self._preflight is None or self._preflight.config is not self.config:
 
             try:
-                models = models_for(self.config, self.device)
+                self._preflight = preflight_for(self.config, self.device)
             except RuntimeError as e:           # --fp8-compute on a device that cannot (the message says why)
                 print(f"error: {e}", file=sys.stderr)
                 raise SystemExit(EXIT_INPUT) from None
-            self._preflight = Preflight(self.config, models, self.device.type)
         return self._preflight
 
     @property

@@ -20,13 +20,11 @@ from pathlib import Path
 
 from common.errors import InputError
 from configs import PRESETS
-from configs.runtime import Config
 from cli.commands import Command, add_common, add_new_seed
 from cli import log as cli_log
 from configs.options import config_from
 from jobs import jsonl
 from jobs import store as qs
-from jobs.preflight import Preflight
 from jobs.runner import enqueue, with_new_seed_switch
 from pipeline import studio
 from pipeline.request import Request
@@ -44,8 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="The app's job queue (outputs/.queue/queue.db): add, list, export, move, "
                                             "remove. The app runs the waiting jobs one after another.")
     sub = p.add_subparsers(dest="action", required=True)
-    a = sub.add_parser("add", parents=[common], help="add the jobs of a JSON-lines file (as `python -m cli "
-                                                     "batch` reads)")
+    a = sub.add_parser("add", help="add the jobs of a JSON-lines file (as `python -m cli batch` reads), checked by "
+                                   "the app's pre-flight: give the options the app runs with (--preset, "
+                                   "--vram-cap-gb, --lora-dir, ...)")
+    add_common(a)
     a.add_argument("jobs", type=Path)
     add_new_seed(a)
     ls = sub.add_parser("list", parents=[common], help="the queue in its order, with each job's status")
@@ -69,11 +69,10 @@ def _line(e: qs.Entry) -> str:
     return f"{e.id}  {e.status:<8} {e.progress * 100:3.0f} %  {prompt!r}  {e.job_dir or ''}  {e.message[:60]}"
 
 
-def _add_studio_queue(args, store: qs.QueueStore) -> int:
+def _add_studio_queue(args, store: qs.QueueStore, preflight) -> int:
     """`queue add` of a FramePack-Studio queue export (its queue.json, or the zip with its images:
     pipeline/studio.py `read_queue`): each job Studio would run, checked by the one pre-flight; a job that cannot
     be used is left out with the reason, the others are added, and the report says what was mapped or changed."""
-    preflight = Preflight(Config(preset=args.preset, outputs=args.outputs))
     with tempfile.TemporaryDirectory(prefix="studio-queue-") as folder:
         imported = studio.read_queue(args.jobs, folder, preflight.default_resolution)
         report, prepared = imported.report(), []
@@ -110,15 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     if found.warning:
         print(f"warning: {found.warning}", file=sys.stderr)
     try:
+        # the one pre-flight, built as the app and the command line build it (jobs/preflight.py preflight_for)
+        preflight = Command(config_from(parser, args), quiet=True, verbose=False).preflight \
+            if args.action == "add" else None
         if args.action == "add" and studio.is_queue_export(args.jobs):
-            return _add_studio_queue(args, store)
+            return _add_studio_queue(args, store, preflight)
         if args.action == "add":
             try:
                 text = args.jobs.read_text("utf-8")
             except (OSError, UnicodeDecodeError) as e:
                 print(f"error: jobs: cannot read {args.jobs}: {e}", file=sys.stderr)
                 return EXIT_INPUT
-            preflight = Preflight(Config(preset=args.preset, outputs=args.outputs))     # the app's one pre-flight
             prepared = jsonl.prepare_lines(jsonl.read_lines(text), preflight, args.jobs.resolve().parent)
             if args.new_seed is not None:
                 prepared = [with_new_seed_switch(p, args.new_seed) for p in prepared]

@@ -6,16 +6,28 @@ when its turn comes.
 - its size fits under the VRAM cap (pipeline/resolution.py);
 - the host-RAM budget can hold it (memory/estimate.py: the nominal plan, nothing loaded);
 - its LoRAs: each file read and checked against the transformer's layers (its config: nothing loaded).
+
+`preflight_for(config, device)` builds it, the same way for the app (its runner: Start, the API, the queue panel),
+the command line (generate, batch, resume) and `python -m cli queue add`: from the process's Config (cap, host RAM,
+weight storage, LoRA folder) and the device its jobs run on (the preserved-vs-cap check is a GPU's).
 """
 from __future__ import annotations
 
 from common.errors import InputError
 from configs.presets import get_preset
 from configs.runtime import Config
+from jobs.models import models_for
 from pipeline.resolution import check_fits
 from memory.estimate import nominal_plan
 from memory.hostplan import HostBudgetError
 from memory.plan import Workload
+
+
+def preflight_for(config: Config, device) -> "Preflight":
+    """The one pre-flight of a process whose jobs run on `device` (a torch.device), with its models (not loaded:
+    jobs/models.py; their transformer's config is what LoRAs are checked against). Raises RuntimeError
+    (pipeline.compiled.Fp8ComputeUnavailable) when --fp8-compute cannot run on `device`."""
+    return Preflight(config, models_for(config, device), device.type)
 
 
 class Preflight:

@@ -3,6 +3,7 @@ the runner's lease (a new holder puts an interrupted job first again), a damaged
 threads and processes."""
 from __future__ import annotations
 
+import argparse
 import json
 import sqlite3
 import subprocess
@@ -288,3 +289,39 @@ def test_a_queue_of_the_version_before_owners_is_brought_up_to_date(tmp_path, im
         assert kept.owner is None and store.add({"image": str(image)}, owner="bob").owner == "bob"
     finally:
         store.close()
+
+
+def test_queue_add_and_start_are_checked_by_the_same_pre_flight(tmp_path, image, capsys, monkeypatch, tiny_original):
+    """`queue add` builds the app's pre-flight (jobs/preflight.py preflight_for) from the same options: on a GPU
+    it refuses the preserved memory Start refuses, with the same words, and it checks LoRAs in --lora-dir."""
+    import torch
+
+    import app
+    import memory.manager
+    from cli import queue as cli
+    from configs.options import add_process_options, config_from
+    from pipeline.request import Request
+    from tests.lora_helpers import write_comfy
+
+    loras = tmp_path / "loras"
+    loras.mkdir()
+    write_comfy(tiny_original.transformer, loras / "style.safetensors")
+    monkeypatch.setattr(memory.manager, "default_device", lambda: torch.device("cuda"))    # as on a GPU machine
+    options = ["--preset", "tiny", "--outputs", str(tmp_path / "out"), "--vram-cap-gb", "8", "--lora-dir", str(loras)]
+    parser = argparse.ArgumentParser()
+    add_process_options(parser)
+    runner, _ = app.app_runner(config_from(parser, parser.parse_args(options)), torch.device("cuda"))
+    too_much = dict(prompt="x", seconds=1.2, preserved_gb=10)
+    with pytest.raises(InputError) as start:
+        runner.submit(Request(image=str(image), **too_much), session="s")          # Start
+    jobs = image.parent / "jobs.jsonl"
+    jobs.write_text(json.dumps({"image": image.name, **too_much}) + "\n")
+    assert cli.main(["add", str(jobs), *options]) == 2
+    said = capsys.readouterr().err
+    assert start.value.field == "preserved memory" and start.value.message in said, said
+    for name, code in (("style.safetensors", 0), ("missing.safetensors", 2)):
+        jobs.write_text(json.dumps({"image": image.name, "prompt": "x", "seconds": 1.2, "loras": f"{name}:1"}) + "\n")
+        assert cli.main(["add", str(jobs), *options]) == code
+        assert (code == 0) == ("no such file" not in capsys.readouterr().err)
+    assert [e.settings["loras"] for e in runner.store.entries()] == ["style.safetensors:1"]
+    runner.store.close()
