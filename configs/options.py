@@ -32,6 +32,12 @@ def add_process_options(p: argparse.ArgumentParser, *, preset_default: str | Non
                         "needed (default: this machine's RAM minus a margin for the OS and a browser; logged)")
     p.add_argument("--lora-dir", type=Path, default=Path(LORA.folder),
                    help=f"folder of LoRA files (.safetensors), named by their file name (default {LORA.folder}/)")
+    p.add_argument("--upscaler-dir", type=Path, default=Path("upscalers"),
+                   help="folder of upscaler files (ESRGAN family: .pth, .safetensors) for post-processing, named by "
+                        "their file name; the default Real-ESRGAN is downloaded there on first use (default upscalers/)")
+    p.add_argument("--interpolator-dir", type=Path, default=Path("interpolators"),
+                   help="folder of RIFE 4.25 files for frame interpolation; the default is downloaded there on first "
+                        "use (default interpolators/)")
     p.add_argument("--fp8", action="store_true",
                    help="keep the transformer and the Llama text encoder in fp8 in host RAM (half the RAM and half "
                         "the bytes streamed per step; weights rounded to 3 mantissa bits, see README)")
@@ -149,7 +155,7 @@ def config_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Co
     env = read_environment()
     return Config(preset=args.preset or "hunyuan", model_dir=args.model_dir, outputs=Path(args.outputs),
                   vram_cap_gb=float(args.vram_cap_gb), host_ram_gb=args.host_ram_gb, lora_dir=Path(args.lora_dir),
-                  fp8=bool(args.fp8), pin=not args.no_pin,
+                  upscaler_dir=Path(args.upscaler_dir), interpolator_dir=Path(args.interpolator_dir), fp8=bool(args.fp8), pin=not args.no_pin,
                   compile=not args.no_compile, fp8_compute=bool(args.fp8_compute), device=args.device, farm=farm,
                   web=web,
                   late_load=_either(env.late_load, MEMORY.late_load), park=_either(env.park, MEMORY.park_file_blocks),

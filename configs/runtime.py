@@ -44,6 +44,8 @@ class Config:
     vram_cap_gb: float = MEMORY.vram_cap_gb
     host_ram_gb: float | None = MEMORY.host_ram_gb  # None: what the machine can spare (memory/hostbudget.py)
     lora_dir: Path = Path(LORA.folder)
+    upscaler_dir: Path = Path("upscalers")           # post-processing's model files (post/modelfiles.py)
+    interpolator_dir: Path = Path("interpolators")
     fp8: bool = False                                # the transformer and the Llama kept in fp8 in host RAM
     pin: bool = True                                 # page-locked host copies
     compile: bool = True                             # compiled transformer blocks on GPUs (--no-compile: eager)

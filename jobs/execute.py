@@ -19,6 +19,7 @@ from pipeline.events import Done, Failed, MemoryReport
 from pipeline.jobs import Job
 from pipeline.orchestrator import generate
 from pipeline.resume import ResumeRequest, resume
+from post.job import CheckedPost, folders_of, run_post
 
 
 def compile_choice(config: Config) -> str:
@@ -38,10 +39,12 @@ def job_memory(config: Config, request, device, host_ram_gb: float | None = None
 def run_job(job, components, memory: MemoryManager, config: Config, cancel: CancelToken, *,
             owner: str | None = None, on_open: Callable[[Job], None] | None = None) -> Iterator:
     """The events of `job` (pipeline.request.PreparedRequest: a new job; pipeline.resume.ResumeRequest: continue its
-    folder), a MemoryReport (the memory timeline) just before the end; always ends with one Done or Failed.
+    folder; post.job.CheckedPost: a post-processing job, new or continued, `components` unused), a MemoryReport (the memory timeline) just before the end; always ends with one Done or Failed.
     `owner`: the user who started a new job. `on_open(job)`: called with the run's own job folder (pipeline/jobs.py)
     as soon as it is open, so what it records is kept by the run's later writes (a farm worker notes itself)."""
-    if isinstance(job, ResumeRequest):
+    if isinstance(job, CheckedPost):
+        events = run_post(job, memory, cancel=cancel, outputs=config.outputs, folders=folders_of(config), owner=owner)
+    elif isinstance(job, ResumeRequest):
         events = resume(job, components, memory, cancel=cancel, lora_dir=config.lora_dir,
                         compile=compile_choice(config), on_open=on_open)
     else:

@@ -15,6 +15,7 @@ from common.errors import WeightsNotFound
 from configs.runtime import Config
 from pipeline.events import Failed, LogLine, Progress
 from pipeline.logcapture import capture_logs
+from post.job import CheckedPost
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,11 @@ class Work:
     prepared: object = None              # pipeline.request.PreparedRequest
     resuming: object = None              # pipeline.resume.ResumeRequest
     owner: str | None = None
+
+    @property
+    def post(self) -> CheckedPost | None:
+        """A post-processing job (post/job.py), new or continued, or None."""
+        return self.prepared if isinstance(self.prepared, CheckedPost) else None
 
     @property
     def request(self):
@@ -52,6 +58,13 @@ class LocalExecutor:
     def run(self, work: Work, cancel) -> Iterator:
         """The job's events (pipeline/events.py), a MemoryReport before its end; always ends with Done or Failed."""
         request = work.request
+        if work.post is not None:               # post-processing: its own small models, loaded by the job
+            from jobs.execute import job_memory, run_job
+            from memory.manager import default_device
+
+            memory = job_memory(self.config, request, self.device or _device(self.config.device) or default_device())
+            yield from run_job(work.post, None, memory, self.config, cancel, owner=work.owner)
+            return
         if not self.models.is_loaded(request.mode):
             preset = self.models.preset
             what = "loading the tiny models (built in code)" if preset.tiny else \

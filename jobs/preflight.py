@@ -5,7 +5,9 @@ when its turn comes.
 - its request (pipeline/request.py `prepare`: every field, the images decoded once, an input video read);
 - its size fits under the VRAM cap (pipeline/resolution.py);
 - the host-RAM budget can hold it (memory/estimate.py: the nominal plan, nothing loaded);
-- its LoRAs: each file read and checked against the transformer's layers (its config: nothing loaded).
+- its LoRAs: each file read and checked against the transformer's layers (its config: nothing loaded);
+- a post-processing job (post/): its videos read, its steps planned, each model file read and its architecture
+  recognised (post/job.py `check`).
 
 `preflight_for(config, device)` builds it, the same way for the app (its runner: Start, the API, the queue panel),
 the command line (generate, batch, resume) and `python -m cli queue add`: from the process's Config (cap, host RAM,
@@ -20,6 +22,7 @@ from jobs.models import models_for
 from pipeline.resolution import check_fits
 from memory.estimate import nominal_plan
 from memory.hostplan import HostBudgetError
+from post.steps import PostRequest
 from memory.plan import Workload
 
 
@@ -42,8 +45,15 @@ class Preflight:
         return self.preset.default_resolution
 
     def prepare(self, request):
-        """The checked, prepared request (a PreparedRequest stays as it is). Raises InputError naming the field."""
+        """The checked, prepared request (a PreparedRequest stays as it is; a post job's PostRequest becomes a
+        CheckedPost: its videos read, its model files read and recognised). Raises InputError naming the field."""
         from pipeline.request import PreparedRequest, prepare
+        from post.job import CheckedPost, check as post_check, folders_of
+
+        if isinstance(request, CheckedPost):
+            return request
+        if isinstance(request, PostRequest):
+            return post_check(request, folders_of(self.config))
 
         prepared = request if isinstance(request, PreparedRequest) else prepare(request, self.default_resolution)
         self.check(prepared)

@@ -48,6 +48,8 @@ from pipeline.events import Cancelled, Done, Failed, Progress, SectionVideo, Sta
 from pipeline.jobs import mark_stopped
 import dataclasses
 from jobs.preflight import Preflight
+from post.job import folders_of, is_done as post_done, is_post_folder, prepare_resume as post_resume
+from post.steps import is_post, request_from
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +199,12 @@ class Runner:
         job_dir = Path(job_dir).resolve()
         if job_dir.parent != self.outputs.resolve() or not job_dir.is_dir() or job_dir.name.startswith("."):
             raise InputError("job folder", f"{job_dir.name} is not a job folder of this app's outputs")
+        if is_post_folder(job_dir):                # a post job continues at its next chunk
+            checked = post_resume(job_dir, folders_of(self.preflight.config))
+            with self._lock:
+                self._busy_check(session, job_dir)
+            entry = self.store.add(checked.request.settings(), owner=owner, origin=origin, job_dir=job_dir.name)
+            return self._follow(entry, Work(entry.id, checked, owner=owner), session)
         return self.submit(prepare_resume(job_dir), session=session, owner=owner, origin=origin)
 
     def edit(self, entry_id: str, request) -> qs.Entry:
@@ -504,6 +512,13 @@ class Runner:
         from pipeline.request import Request
         from pipeline.resume import prepare_resume
 
+        if entry.job_dir and is_post_folder(self.outputs / entry.job_dir):
+            if post_done(self.outputs / entry.job_dir):
+                return None
+            return Work(entry.id, post_resume(self.outputs / entry.job_dir, folders_of(self.preflight.config)),
+                        owner=entry.owner)
+        if is_post(entry.settings):
+            return Work(entry.id, self.preflight.prepare(request_from(entry.values())), owner=entry.owner)
         if entry.job_dir:
             folder = self.outputs / entry.job_dir
             if (folder / "job.json").is_file():
@@ -534,7 +549,7 @@ class Runner:
             job.result = event
             job.job_dir = event.job_dir or job.job_dir
             if isinstance(event, Done) and not event.stopped and job.work is not None \
-                    and job.work.resuming is None:
+                    and job.work.resuming is None and job.work.post is None:
                 self.speed.learn(job.work.request, event.timings)
         return last
 

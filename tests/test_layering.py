@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-PACKAGES = ("app", "cli", "common", "configs", "farm", "jobs", "memory", "pipeline", "rocm", "ui", "video")
+PACKAGES = ("app", "cli", "common", "configs", "farm", "jobs", "memory", "pipeline", "post", "rocm", "ui", "video")
 HEAVY = {"torch", "diffusers", "transformers", "accelerate", "gradio", "gradio_client", "ray", "av", "safetensors",
          "huggingface_hub", "playwright", "psutil", "tqdm", "PIL", "numpy", "einops", "httpx"}
 ONE_PLATFORM = {"resource", "fcntl", "msvcrt", "winreg", "termios", "ctypes"}

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from pipeline.jobs import load_job
+from post.steps import CHUNKS_DIR, is_post
 import io
 from pipeline.jobs import atomic_write_bytes
 
@@ -101,6 +102,8 @@ class JobEntry:
         """Not finished and has a checkpoint to continue from (a stopped, failed or interrupted job)."""
         from pipeline.checkpoint import CHECKPOINT
 
+        if is_post(self.settings):                      # a post job continues at its next chunk
+            return self.status != "done" and (self.dir / CHUNKS_DIR).is_dir()
         return self.status != "done" and (self.dir / CHECKPOINT).is_file()
 
     def length_s(self) -> float | None:
@@ -128,6 +131,9 @@ class JobEntry:
         made = f"{length:.1f} s" if length is not None else "no video"
         head = f"{STATUS_MARK.get(self.status, '?')} {self.status} · {made} · {self.when()}"
         prompt = " ".join(str(self.settings.get("prompt") or "").split())
+        if is_post(self.settings):                      # a post-processing job: its steps and export instead
+            prompt = "after the video: " + " ".join([*map(str, self.settings.get("steps") or []),
+                                                     f"→ {self.settings.get('export', 'mp4')}"])
         seed = self.settings.get("seed")
         tail = [f"“{prompt[:CAPTION_PROMPT]}{'…' if len(prompt) > CAPTION_PROMPT else ''}”" if prompt else "",
                 f"seed {seed}" if isinstance(seed, int) else ""]

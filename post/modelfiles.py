@@ -1,0 +1,152 @@
+"""The post steps' model files: where they are, which are downloaded by default, how they are read (safely) and
+checked, and the hash job.json records for each.
+
+- Upscalers: any ESRGAN-family file (.pth, .pt, .safetensors) the user drops in the upscalers folder (`--upscaler-dir`,
+  default `upscalers/`), named by its file name; the default for ×2 and ×4 is Real-ESRGAN's own release, downloaded
+  into that folder on first use.
+- Interpolation: RIFE 4.25 (`flownet.pkl`, a state dict), in the interpolators folder (`--interpolator-dir`,
+  default `interpolators/`); downloaded there on first use as `rife-4.25.pth` unless a file is given.
+- The tiny preset's models are built in code (random, same classes): nothing is read or downloaded.
+
+Files are read with `torch.load(..., weights_only=True)` (tensors only, never code) or safetensors. The one
+pre-flight (`check_models`) reads every named file and recognises its architecture before a job is queued; a
+default not downloaded yet is checked when the job downloads it. Light at import (no torch): the pre-flight and
+the command line import it before any model loads.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.errors import InputError, WeightsNotFound
+from common.files import file_sha256
+
+log = logging.getLogger(__name__)
+
+SUFFIXES = (".pth", ".pt", ".pkl", ".safetensors")
+FILE_BYTES_MAX = 2 << 30            # an upscaler or flow network is well under this; larger is not one of them
+DEFAULT_RIFE = "rife-4.25.pth"
+
+
+@dataclass(frozen=True)
+class Download:
+    name: str                       # the file's name in its folder
+    url: str
+
+
+DOWNLOADS = {
+    # Real-ESRGAN's releases (xinntao/Real-ESRGAN, BSD-3): RRDBNet, 64 features, 23 blocks
+    "RealESRGAN_x2plus.pth": Download("RealESRGAN_x2plus.pth",
+                                      "https://github.com/xinntao/Real-ESRGAN/releases/download/v0.2.1/"
+                                      "RealESRGAN_x2plus.pth"),
+    "RealESRGAN_x4plus.pth": Download("RealESRGAN_x4plus.pth",
+                                      "https://github.com/xinntao/Real-ESRGAN/releases/download/v0.1.0/"
+                                      "RealESRGAN_x4plus.pth"),
+    # Practical-RIFE 4.25 (hzwer, MIT; published on Google Drive as flownet.pkl), from the model mirror that RIFE
+    # tools download it from
+    DEFAULT_RIFE: Download(DEFAULT_RIFE, "https://github.com/styler00dollar/VSGAN-tensorrt-docker/releases/download/"
+                                         "models/rife425.pth"),
+}
+DEFAULT_UPSCALER = {2: "RealESRGAN_x2plus.pth", 4: "RealESRGAN_x4plus.pth"}
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A step's model: its kind ("upscaler" | "interpolator"), its file name ("" for the tiny preset's twin)."""
+    kind: str
+    name: str
+
+    def folder(self, upscaler_dir: Path, interpolator_dir: Path) -> Path:
+        return Path(upscaler_dir if self.kind == "upscaler" else interpolator_dir)
+
+
+def model_field(kind: str) -> str:
+    return "upscaler" if kind == "upscaler" else "interpolation model"
+
+
+def resolve(ref: ModelRef, folder: Path) -> Path:
+    """The file of a named model in its folder (InputError naming the field: a bad name, a missing file that is no
+    default). A default not downloaded yet resolves to where it will be."""
+    field = model_field(ref.kind)
+    name = ref.name
+    if not name or "/" in name or "\\" in name or name.startswith(".") or Path(name).suffix.lower() not in SUFFIXES:
+        raise InputError(field, f"{name!r} is not a model file name; give the name of a {', '.join(SUFFIXES)} file "
+                                f"in {Path(folder).name}/")
+    path = Path(folder) / name
+    if not path.is_file() and name not in DOWNLOADS:
+        there = sorted(p.name for p in Path(folder).glob("*") if p.suffix.lower() in SUFFIXES) \
+            if Path(folder).is_dir() else []
+        raise InputError(field, f"there is no {name} in {Path(folder).name}/ (found: "
+                                f"{', '.join(there[:8]) or 'nothing'}); put the file there or leave the default")
+    return path
+
+
+def read_state(path: Path, field: str) -> dict:
+    """A model file's tensors by name, read safely; InputError naming the field when it cannot be."""
+    import torch
+
+    path = Path(path)
+    size = path.stat().st_size
+    if size > FILE_BYTES_MAX:
+        raise InputError(field, f"{{file}} is {size / 1e9:.1f} GB, larger than any model of this kind", path=path)
+    try:
+        if path.suffix.lower() == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path), device="cpu")
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 — any unreadable file is the same answer for the user
+        log.info("model file %s unreadable: %s", path, e)
+        raise InputError(field, "{file} could not be read as a model file (tensors only: a .safetensors file or a "
+                                "PyTorch state dict)", path=path) from None
+    if not isinstance(state, dict):
+        raise InputError(field, "{file} holds no state dict", path=path)
+    return state
+
+
+def load_upscaler(path: Path):
+    """(model, spec) of an upscaler file; InputError naming "upscaler" for an unknown architecture (never run)."""
+    from post.esrgan import UnknownArchitecture, upscaler_from_state
+
+    try:
+        return upscaler_from_state(read_state(path, "upscaler"))
+    except UnknownArchitecture as e:
+        raise InputError("upscaler", f"{{file}}: {e}", path=path) from None
+
+
+def load_interpolator(path: Path):
+    from post.rife import ifnet_from_state
+
+    try:
+        return ifnet_from_state(read_state(path, "interpolation model"))
+    except ValueError as e:
+        raise InputError("interpolation model", f"{{file}}: {e}", path=path) from None
+
+
+def fetch(ref: ModelRef, folder: Path) -> Path:
+    """The model's file, downloaded into its folder first if it is a default that is not there yet."""
+    path = resolve(ref, folder)
+    if path.is_file():
+        return path
+    download = DOWNLOADS[ref.name]
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    log.info("downloading %s from %s (first use)", download.name, download.url)
+    try:
+        from torch.hub import download_url_to_file
+
+        download_url_to_file(download.url, str(path), progress=False)     # to a temporary name, then renamed
+    except Exception as e:  # noqa: BLE001 — no network, a moved file: one message says what to do
+        raise WeightsNotFound(f"{model_field(ref.kind)}: {download.name} is not in {Path(folder)} and could not be "
+                              f"downloaded ({type(e).__name__}); download it from {download.url} into that folder")
+    return path
+
+
+def check_file(ref: ModelRef, folder: Path) -> str | None:
+    """The pre-flight's check of one model: the file read and its architecture recognised (InputError otherwise).
+    Returns the file's sha256, or None for a default not downloaded yet."""
+    path = resolve(ref, folder)
+    if not path.is_file():
+        return None
+    (load_upscaler if ref.kind == "upscaler" else load_interpolator)(path)
+    return file_sha256(path)

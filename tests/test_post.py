@@ -1,0 +1,289 @@
+"""Post-processing (post/): each step's frames, size and fps; RIFE ×2 keeps the original frames bit for bit; model
+files refused by architecture before anything runs; a post job through the one queue, stopped and resumed to the
+same bytes; a missing model file refused by the one pre-flight."""
+from __future__ import annotations
+
+import io
+import pickle
+import zipfile
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from common.errors import InputError
+from configs.runtime import Config
+from post import esrgan, rife
+from post.job import CheckedPost, PostFolders, check, prepare, prepare_resume, run_post
+from post.modelfiles import ModelRef, check_file
+from post.process import interpolate, upscale
+from post.steps import chunks, make_plan, parse_step, request_from
+from video.mp4 import read_frames, write_mp4
+
+TINY = dict(tiny=True)
+
+
+def _video(path: Path, frames: int = 12, size=(48, 64), fps: int = 30) -> Path:
+    rng = np.random.default_rng(1)
+    base = rng.integers(0, 255, (size[0], size[1], 3)).astype(np.uint8)
+    clip = np.stack([np.roll(base, 2 * k, axis=1) for k in range(frames)])     # a moving picture
+    return write_mp4(clip, path, fps=fps, metadata={"comment": "prompt: a moving test pattern | seed: 7",
+                                                   "title": "a moving test pattern"})
+
+
+def _count(path: Path) -> tuple[int, int, int, Fraction]:
+    with av.open(str(path)) as c:
+        s = c.streams.video[0]
+        n = sum(1 for _ in c.decode(s))
+        return n, s.codec_context.width, s.codec_context.height, s.average_rate
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    return _video(tmp_path_factory.mktemp("post") / "src.mp4")
+
+
+def _folders(tmp_path: Path, tiny=True) -> PostFolders:
+    return PostFolders(tmp_path / "upscalers", tmp_path / "interpolators", tiny=tiny)
+
+
+@pytest.mark.parametrize("steps, frames, fps, size", [
+    ("trim=0.1:0.3", 6, 30, (64, 48)),                      # 3..8
+    ("speed=2", 6, 30, (64, 48)),
+    ("speed=0.5", 24, 30, (64, 48)),
+    ("reverse", 12, 30, (64, 48)),
+    ("pingpong", 22, 30, (64, 48)),
+    ("loop=3", 36, 30, (64, 48)),
+    ("interpolate=2", 23, 60, (64, 48)),
+    ("interpolate=4", 45, 120, (64, 48)),
+    ("interpolate=fps:45", 17, 45, (64, 48)),
+    ("upscale=2", 12, 30, (128, 96)),
+    ("upscale=4", 12, 30, (256, 192)),
+    ("loop=2 interpolate=2 upscale=2", 47, 60, (128, 96)),
+])
+def test_each_step_makes_its_frame_count_size_and_fps(steps, frames, fps, size):
+    plan = make_plan(request_from({"source": "x.mp4", "steps": steps}), [12], Fraction(30), 64, 48)
+    assert (plan.out_frames, plan.out_fps, (plan.out_width, plan.out_height)) == (frames, fps, size)
+    spans = chunks(plan)
+    assert spans[0][0] == 0 and spans[-1][1] == frames and all(a < b for a, b in spans)
+
+
+def test_edits_are_index_maps_in_the_order_given():
+    order = make_plan(request_from({"source": "x", "steps": "reverse pingpong"}), [4], Fraction(30), 8, 8).order
+    assert [k for _, k in order] == [3, 2, 1, 0, 1, 2]
+    joined = make_plan(request_from({"sources": ["a", "b"], "steps": "trim=0:0.1"}), [2, 3], Fraction(30), 8, 8)
+    assert joined.order == ((0, 0), (0, 1), (1, 0))
+
+
+@pytest.mark.parametrize("text, field_words", [("blur=2", "not a step"), ("interpolate=3", "choose 2, 4"),
+                                               ("speed=0", "choose from"), ("trim=3:1", "START:END"),
+                                               ("loop=x", "not a number"), ("upscale=8", "choose 2 or 4")])
+def test_a_bad_step_is_refused_naming_the_field(text, field_words):
+    with pytest.raises(InputError) as e:
+        parse_step(text)
+    assert e.value.field == "steps" and field_words in str(e.value)
+
+
+def test_x2_interpolation_keeps_every_original_frame_bit_for_bit():
+    net = rife.tiny_ifnet()
+    rng = np.random.default_rng(3)
+    frames = [rng.integers(0, 256, (40, 56, 3), dtype=np.uint8) for _ in range(5)]
+    times = [Fraction(k, 2) for k in range(9)]
+    out = interpolate(net, frames, times, 0, torch.device("cpu"), torch.float32)
+    assert len(out) == 9 and all(f.shape == (40, 56, 3) and f.dtype == np.uint8 for f in out)
+    for k in range(5):
+        assert np.array_equal(out[2 * k], frames[k])
+    assert not any(np.array_equal(out[2 * k + 1], frames[k]) for k in range(4))     # the network made the others
+
+
+def test_the_full_size_rife_loads_from_its_published_layout(tmp_path):
+    """A file with RIFE 4.25's parameter names and shapes (random values) builds the full network; one that is
+    not an IFNet is refused."""
+    full = rife.IFNet()
+    assert [b.conv0[1][0].out_channels for b in full.blocks] == [192, 128, 96, 64, 32]
+    path = tmp_path / "flownet.pkl"
+    torch.save({"module." + k: v for k, v in full.state_dict().items()}, path)
+    ref = ModelRef("interpolator", "flownet.pkl")
+    assert len(check_file(ref, tmp_path)) == 64
+    save_file({"conv.weight": torch.zeros(3, 3, 3, 3)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(InputError) as e:
+        check_file(ModelRef("interpolator", "other.safetensors"), tmp_path)
+    assert e.value.field == "interpolation model" and "RIFE" in str(e.value)
+
+
+def test_upscaling_doubles_the_frames_and_tiles_agree_with_the_whole_frame():
+    model, spec = esrgan.tiny_upscaler(2)
+    rng = np.random.default_rng(4)
+    frames = [rng.integers(0, 256, (40, 48, 3), dtype=np.uint8) for _ in range(3)]
+    whole = upscale(model, 2, frames, torch.device("cpu"), torch.float32)
+    tiled = upscale(model, 2, frames, torch.device("cpu"), torch.float32, tile=16)
+    assert [f.shape for f in whole] == [(80, 96, 3)] * 3
+    assert max(int(np.abs(a.astype(int) - b.astype(int)).max()) for a, b in zip(whole, tiled)) <= 1
+
+
+def test_upscaler_architectures_are_recognised_from_the_file(tmp_path):
+    for spec in (esrgan.UpscalerSpec("RRDBNet", 2, 16, 2, 8), esrgan.UpscalerSpec("RRDBNet", 4, 16, 1, 8),
+                 esrgan.UpscalerSpec("SRVGGNetCompact", 4, 16, 3)):
+        state = esrgan.build(spec).state_dict()
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "m.safetensors"))
+        model, found = esrgan.upscaler_from_state({"params_ema": state})
+        assert found == spec
+        y = model(torch.rand(1, 3, 8, 8))
+        assert y.shape == (1, 3, 8 * spec.scale, 8 * spec.scale)
+        assert check_file(ModelRef("upscaler", "m.safetensors"), tmp_path)
+
+
+def test_an_upscaler_of_unknown_architecture_is_refused_and_never_run(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(torch.nn.Module, "__call__", lambda *a, **k: ran.append(a) or None)
+    save_file({"encoder.layers.0.attn.qkv.weight": torch.zeros(8, 8)}, str(tmp_path / "swin.safetensors"))
+    with pytest.raises(InputError) as e:
+        check_file(ModelRef("upscaler", "swin.safetensors"), tmp_path)
+    assert e.value.field == "upscaler" and "not an ESRGAN-family file" in str(e.value)
+
+    class Payload:                      # a pickle that would run code when unpickled unsafely
+        def __reduce__(self):
+            return (ran.append, ("executed",))
+
+    (tmp_path / "evil.pth").write_bytes(pickle.dumps({"conv_first.weight": Payload()}))
+    with pytest.raises(InputError) as e:
+        check_file(ModelRef("upscaler", "evil.pth"), tmp_path)
+    assert e.value.field == "upscaler" and not ran
+
+
+def test_a_missing_model_file_is_refused_before_queueing(tmp_path, source):
+    folders = _folders(tmp_path, tiny=False)
+    with pytest.raises(InputError) as e:
+        prepare({"source": str(source), "steps": "upscale=2:mine.pth"}, folders)
+    assert e.value.field == "upscaler" and "there is no mine.pth" in str(e.value)
+    (tmp_path / "upscalers").mkdir()
+    (tmp_path / "upscalers" / "broken.pth").write_bytes(b"not a model")
+    with pytest.raises(InputError) as e:
+        prepare({"source": str(source), "steps": "upscale=2:broken.pth"}, folders)
+    assert "could not be read as a model file" in str(e.value)
+
+
+def _run(checked, outputs, folders, cancel=None):
+    from memory.manager import MemoryManager
+
+    return list(run_post(checked, MemoryManager(device=torch.device("cpu")), cancel=cancel, outputs=outputs,
+                         folders=folders))
+
+
+def test_a_post_job_writes_its_video_and_exports(tmp_path, source):
+    from pipeline.events import Done, Preview, Progress, Started
+
+    folders = _folders(tmp_path)
+    checked = prepare({"source": str(source), "steps": "interpolate=2 upscale=2", "export": "gif"}, folders)
+    events = _run(checked, tmp_path / "out", folders)
+    assert isinstance(events[0], Started) and isinstance(events[-1], Done) and not events[-1].stopped
+    assert any(isinstance(e, Preview) for e in events) and any(isinstance(e, Progress) for e in events)
+    job = events[-1].job_dir
+    assert _count(job / "final.mp4") == (23, 128, 96, 60)
+    gif = _count(job / "final.gif")
+    assert gif[1:3] == (128, 96) and 18 <= gif[0] <= 23           # GIF runs at most 50 frames/s
+    from video.mp4 import read_metadata
+    meta = read_metadata(job / "final.mp4")
+    assert meta["title"] == "a moving test pattern"
+    assert meta["comment"] == "prompt: a moving test pattern | seed: 7 | SteadyFrame post: interpolate=2 upscale=2"
+    import json
+    info = json.loads((job / "job.json").read_text())
+    assert info["status"] == "done" and info["settings"]["steps"] == ["interpolate=2", "upscale=2"]
+    assert set(info["models"]) == {"interpolator", "upscaler"}
+
+
+@pytest.mark.parametrize("export, check_out", [
+    ("webm", lambda p: _count(p)[:3] == (12, 64, 48)),
+    ("h265", lambda p: _count(p)[:3] == (12, 64, 48)),
+    ("zip", lambda p: len(zipfile.ZipFile(p).namelist()) == 12),
+    ("frame", lambda p: av.open(str(p)).streams.video[0].codec_context.width == 64),
+])
+def test_exports(tmp_path, source, export, check_out):
+    folders = _folders(tmp_path)
+    checked = prepare({"source": str(source), "steps": "reverse", "export": export}, folders)
+    job = _run(checked, tmp_path / "out", folders)[-1].job_dir
+    out = [p for p in job.iterdir() if p.name.startswith(("final-", "final.w", "frames", "frame."))]
+    assert len(out) == 1 and check_out(out[0])
+
+
+def test_a_stopped_post_job_resumes_to_the_same_bytes(tmp_path, source):
+    from pipeline.cancel import CancelToken
+    from pipeline.events import Done, Progress
+
+    folders = _folders(tmp_path)
+    values = {"source": str(source), "steps": "loop=3 interpolate=2"}
+    whole = _run(prepare(values, folders), tmp_path / "a", folders)[-1]
+    assert len(chunks(prepare(values, folders).plan)) >= 3
+
+    class StopAfterOne(CancelToken):
+        seen = 0
+
+        def check(self):
+            StopAfterOne.seen += 1
+            if StopAfterOne.seen > 1:
+                self.cancel()
+            super().check()
+
+    stopped = _run(prepare(values, folders), tmp_path / "b", folders, cancel=StopAfterOne())
+    assert isinstance(stopped[-1], Done) and stopped[-1].stopped
+    job = stopped[-1].job_dir
+    assert sum(isinstance(e, Progress) and e.stage == "post-processing" for e in stopped) == 1
+    assert not (job / "final.mp4").exists()
+    resumed = _run(prepare_resume(job, folders), tmp_path / "b", folders)
+    assert sum(isinstance(e, Progress) and e.stage == "post-processing" for e in resumed) == \
+        len(chunks(prepare(values, folders).plan)) - 1
+    assert (resumed[-1].job_dir / "final.mp4").read_bytes() == (whole.job_dir / "final.mp4").read_bytes()
+
+
+def _runner(outputs: Path, preset: str, **config):
+    from jobs.local import LocalExecutor
+    from jobs.models import ComponentCache
+    from jobs.runner import open_runner
+
+    cfg = Config(preset=preset, outputs=outputs, **config)
+    return open_runner(cfg, LocalExecutor(cfg, ComponentCache(preset), torch.device("cpu")), device_type="cpu")[0]
+
+
+def test_the_one_preflight_refuses_a_missing_or_wrong_model_file_at_queue_time(tmp_path, source):
+    runner = _runner(tmp_path / "out", "hunyuan", upscaler_dir=tmp_path / "ups", interpolator_dir=tmp_path / "ips")
+    try:
+        for steps, words in (("upscale=2:none.pth", "there is no none.pth in ups/"),
+                             ("interpolate=2:none.pth", "there is no none.pth in ips/")):
+            with pytest.raises(InputError) as e:
+                runner.submit_many([request_from({"source": str(source), "steps": steps})], origin="cli")
+            assert words in str(e.value)
+        (tmp_path / "ups").mkdir()
+        save_file({"layers.0.weight": torch.zeros(4, 4)}, str(tmp_path / "ups" / "odd.safetensors"))
+        with pytest.raises(InputError) as e:
+            runner.submit_many([request_from({"source": str(source), "steps": "upscale=2:odd.safetensors"})])
+        assert e.value.field == "upscaler" and "not an ESRGAN-family file" in str(e.value)
+        assert runner.store.entries() == []                 # nothing was queued
+    finally:
+        runner.close()
+
+
+def test_a_post_job_runs_in_the_one_queue_and_is_a_past_job(tmp_path, source):
+    import time
+
+    from jobs import store as qs
+    from ui.jobs_gallery import read_job
+
+    runner = _runner(tmp_path / "out", "tiny").start()
+    try:
+        (job,) = runner.submit_many([request_from({"source": str(source), "steps": "interpolate=2",
+                                                   "export": "frame"})], origin="cli")
+        deadline = time.monotonic() + 120
+        while runner.store.get(job.entry).status not in qs.FINISHED and time.monotonic() < deadline:
+            time.sleep(0.2)
+        entry = runner.store.get(job.entry)
+        assert entry.status == qs.DONE, entry.message
+        folder = tmp_path / "out" / entry.job_dir
+        assert _count(folder / "final.mp4")[:1] == (23,) and (folder / "frame.png").is_file()
+        record = read_job(folder)
+        assert "after the video: interpolate=2 → frame" in record.caption() and not record.resumable
+    finally:
+        runner.close()
