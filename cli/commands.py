@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from configs.options import add_process_options, config_from
 from configs.runtime import Config
 from common.errors import InputError
 from common.portable import handle_signal
-from pipeline.jobs import finished_video, load_job
+from pipeline.jobs import finished_video, load_job, result_of
 from configs.presets import get_preset
 from common.environment import read_environment
 import dataclasses
@@ -261,7 +260,7 @@ class Command:
         another process runs it."""
         from jobs import store as qs
         from jobs.text import waiting_text
-        from pipeline.events import LogLine, Progress, SectionVideo
+        from pipeline.events import LogLine, Progress, SectionVideo, WorkerLine
 
         restore = self._on_stop_signals(job.entry)
         bar = None if self.quiet else _progress_bar()
@@ -295,7 +294,7 @@ class Command:
                         bar.write(f"section {ev.section}/{ev.sections}: {ev.frames} frames -> {ev.path}")
                     elif isinstance(ev, LogLine) and ev.level != "info":
                         bar.write(f"{ev.level}: {ev.message}")
-                    elif isinstance(ev, LogLine) and ev.message.endswith("runs this job"):    # farm/dispatch.py
+                    elif isinstance(ev, WorkerLine):          # which farm worker runs it (farm/dispatch.py)
                         bar.write(ev.message, file=sys.stderr)
         except _Aborted:
             restore()                                    # a third Ctrl-C ends the process as Python does
@@ -374,9 +373,8 @@ def _as_event(entry, outputs: Path):
     if entry.status == qs.FAILED:
         return Failed(entry.message)
     folder = outputs / entry.job_dir if entry.job_dir else None
-    said = re.search(r"(\d+) frames(?:, (\S+))?", entry.message)     # jobs/runner.py: "done: 73 frames, final.mp4"
-    video = folder / said.group(2) if said and said.group(2) and folder is not None else None
-    return Done(folder, video, int(said.group(1)) if said else 0, entry.status == qs.STOPPED)
+    video, frames = result_of(folder) if folder is not None else (None, 0)       # what its job.json says it made
+    return Done(folder, video, frames, entry.status == qs.STOPPED)
 
 
 def _device(name: str):

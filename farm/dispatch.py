@@ -128,7 +128,7 @@ class Farm:
         as they come, ending with Done or Failed. LogLines say which worker and node run it, and what happened when
         a worker was lost: the job then goes on from its last finished section on another worker."""
         import ray
-        from pipeline.events import Done, Failed, LogLine, Started
+        from pipeline.events import Done, Failed, LogLine, Started, WorkerLine
 
         avoid, job_dir, lost = None, None, 0
         while True:
@@ -145,7 +145,7 @@ class Farm:
                     event = ray.get(ref)
                     if isinstance(event, Placed):
                         job_dir = event.job_dir or job_dir
-                        yield LogLine("info", f"{slot.name} on {event.node} runs this job")
+                        yield WorkerLine("info", f"{slot.name} on {event.node} runs this job", slot.name, event.node)
                         continue
                     if isinstance(event, Started):
                         job_dir = event.job_dir

@@ -510,7 +510,7 @@ class Runner:
     def _work_from(self, entry: qs.Entry) -> Work | None:
         """What a stored entry runs: its job folder continued, or its request prepared (checked) again."""
         from pipeline.request import Request
-        from pipeline.resume import prepare_resume
+        from pipeline.resume import AlreadyComplete, prepare_resume
 
         if entry.job_dir and is_post_folder(self.outputs / entry.job_dir):
             if post_done(self.outputs / entry.job_dir):
@@ -524,10 +524,8 @@ class Runner:
             if (folder / "job.json").is_file():
                 try:
                     return Work(entry.id, resuming=prepare_resume(folder), owner=entry.owner)
-                except InputError as e:
-                    if "already complete" in str(e):
-                        return None
-                    raise
+                except AlreadyComplete:
+                    return None
         problem = jsonl.copy_problem(entry.images)
         if problem is not None:
             raise InputError("video", problem)

@@ -44,6 +44,7 @@ DB_NAME = "queue.db"                    # in QUEUE_DIR
 IMAGES_DIR = "images"                   # in QUEUE_DIR: <entry id>/start.png, end.png
 WAITING, RUNNING, DONE, STOPPED, FAILED = "waiting", "running", "done", "stopped", "failed"
 FINISHED = (DONE, STOPPED, FAILED)
+INTERRUPTED = "interrupted: continues in its job folder"     # the message of an entry a dead runner left running
 ORIGINS = ("page", "api", "queue", "cli", "batch")      # where an entry came from (the page's Start: "page")
 LEASE_STALE_S = 30.0        # a runner's lease not renewed this long is free (another computer's process died)
 BUSY_TIMEOUT_S = 10.0
@@ -82,6 +83,11 @@ class Entry:
     updated: float = 0.0
     owner: str | None = None            # the app's user who added it (ui/access.py); None without logins
     origin: str = "queue"               # page, api, queue, cli, batch
+
+    @property
+    def interrupted(self) -> bool:
+        """It was running when its runner went away: it waits again, to continue in its job folder."""
+        return self.status == WAITING and self.message == INTERRUPTED
 
     def values(self) -> dict:
         """Settings and image paths by control name (a Request's fields)."""
@@ -451,7 +457,7 @@ class QueueStore:
         top = db.execute("SELECT COALESCE(MIN(position), 0) FROM entries").fetchone()[0]
         for n, (entry_id,) in enumerate(rows):
             db.execute("UPDATE entries SET position = ?, status = ?, message = ? WHERE id = ?",
-                       (top - len(rows) + n, WAITING, "interrupted: continues in its job folder", entry_id))
+                       (top - len(rows) + n, WAITING, INTERRUPTED, entry_id))
         if rows:
             log.info("queue: %d interrupted job(s) continue: %s", len(rows), ", ".join(r[0] for r in rows))
 

@@ -54,6 +54,14 @@ class LogLine:
 
 
 @dataclass(frozen=True)
+class WorkerLine(LogLine):
+    """A LogLine saying which farm worker, on which machine, runs the job (farm/dispatch.py): shown like any info
+    line, and the command line prints it even when quiet about info lines."""
+    worker: str = ""
+    node: str = ""
+
+
+@dataclass(frozen=True)
 class SectionVideo:
     path: Path                  # a new file per section (browsers reload it)
     frames: int

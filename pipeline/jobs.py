@@ -139,10 +139,11 @@ class Job:
         return path
 
     def finish(self, status: str, final: Path | None, *, error: str | None = None, timings: dict | None = None,
-               memory: dict | None = None) -> None:
+               memory: dict | None = None, frames: int = 0) -> None:
+        """The job's end in job.json: its status, its final video and how many frames it has (`frames`)."""
         if final is not None and final.name != "final.mp4":
             final = atomic_copy(final, self.path("final.mp4"))
-        self.update(status=status, final=final.name if final else None, error=error,
+        self.update(status=status, final=final.name if final else None, frames=frames, error=error,
                     finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), timings=timings or self.info["timings"],
                     memory=memory or self.info["memory"])
         if status == "done" and final is not None and self.info.get("settings", {}).get("keep_final_only") == "on":
@@ -194,6 +195,20 @@ def mark_stopped(job_dir: Path, reason: str) -> bool:
     info.update(status="stopped", error=reason)
     atomic_write_json(Path(job_dir) / "job.json", info)
     return True
+
+
+def result_of(job_dir: Path) -> tuple[Path | None, int]:
+    """What a job's record says it made: (its final video, when job.json names one that is there; its frames). (None,
+    0) when it made none or the record cannot be read. Light: reads job.json only."""
+    try:
+        info = load_job(job_dir)
+    except (OSError, ValueError):
+        return None, 0
+    final, frames = info.get("final"), info.get("frames")
+    frames = frames if isinstance(frames, int) and not isinstance(frames, bool) and frames >= 0 else 0
+    if not isinstance(final, str) or "/" in final or "\\" in final or not (Path(job_dir) / final).is_file():
+        return None, frames
+    return Path(job_dir) / final, frames
 
 
 def finished_video(job_dir: Path) -> Path | None:

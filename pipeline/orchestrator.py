@@ -499,9 +499,10 @@ class JobRun:
 
     def _finish(self, status: str) -> Done:
         log.info("convolution fallback this job: %s", self.fallback.report())
-        self.job.finish(status, self.last_video, timings=self._timings(), memory=self.memory.summary())
-        final = self.job.path("final.mp4") if self.last_video else None
         frames = len(self.writer) if self.last_video else 0
+        self.job.finish(status, self.last_video, timings=self._timings(), memory=self.memory.summary(),
+                        frames=frames)
+        final = self.job.path("final.mp4") if self.last_video else None
         log.info("job %s %s: %d frames in %.1f s", self.job.id, status, frames, time.monotonic() - self.t0)
         return Done(self.job.dir, final, frames, status == "stopped", self._timings())
 

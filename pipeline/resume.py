@@ -37,6 +37,15 @@ class ResumeRequest:
         return self.prepared.request
 
 
+class AlreadyComplete(InputError):
+    """The job folder's job is done (job.json says so): there is nothing to resume. A queue entry that names it is
+    over (jobs/runner.py); a page or command line says so."""
+
+    def __init__(self, job_dir: Path, final):
+        super().__init__("job folder", f"{Path(job_dir).name} is already complete ({final})")
+        self.job_dir = Path(job_dir)
+
+
 def _damaged(job_dir: Path, why: str) -> InputError:
     return InputError("job folder", f"{job_dir.name}/job.json is damaged or incomplete; it cannot be resumed "
                                     f"({why}): start the job again")
@@ -58,7 +67,7 @@ def resume_request(job_dir: Path) -> tuple[Request, dict]:
     if not isinstance(models, dict) or not isinstance(models.get("preset"), str):
         raise _damaged(job_dir, "no model preset")
     if info.get("status") == "done":
-        raise InputError("job folder", f"{job_dir.name} is already complete ({info.get('final')})")
+        raise AlreadyComplete(job_dir, info.get("final"))
     end = job_dir / "end.png"
     request = Request.from_mapping(settings, unknown="ignore", image=job_dir / "input.png",
                                    end_image=end if end.exists() else None)
@@ -107,7 +116,7 @@ def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir
         yield Failed(str(_damaged(job_dir, str(e).splitlines()[0][:200])))
         return
     if info.get("status") == "done":
-        yield Failed(f"job folder: {job_dir.name} is already complete ({info.get('final')})")
+        yield Failed(str(AlreadyComplete(job_dir, info.get("final"))))
         return
     for stale in job_dir.glob(".*"):          # temp files of writes the crash cut short
         if stale.is_file() and (stale.name.endswith(".tmp") or ".partial." in stale.name):

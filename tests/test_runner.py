@@ -186,3 +186,28 @@ def test_a_queued_job_of_another_process_runs_here_and_stays_listed(runner, tmp_
         time.sleep(0.2)
     done = runner.store.get(entry.id)
     assert done.status == qs.DONE and done.job_dir and (tmp_path / done.job_dir / "final.mp4").is_file()
+
+
+def test_an_entry_of_a_complete_job_folder_ends_done_and_says_what_it_made(runner, tmp_path):
+    """A queue entry continuing a folder whose job is done (its runner died after the end) is over: the runner knows
+    it by the refusal's type (pipeline.resume.AlreadyComplete), and the command line following it reads the video
+    and its frames from job.json, not from the entry's message."""
+    from cli.commands import _as_event
+    from pipeline.jobs import Job
+    from pipeline.resume import AlreadyComplete, prepare_resume
+
+    settings = _request().settings()
+    job = Job.create(tmp_path, settings, {"preset": "tiny"})
+    job.path("final.mp4").write_bytes(b"a video")
+    job.finish("done", job.path("final.mp4"), frames=37)
+    with pytest.raises(AlreadyComplete):
+        prepare_resume(job.dir)
+    entry = runner.store.add(settings, origin="cli", job_dir=job.dir.name)
+    runner.store.update(entry.id, message="done: 99 frames, other.mp4")        # whatever the message says
+    runner.wake()
+    deadline = time.monotonic() + 60
+    while runner.store.get(entry.id).status not in qs.FINISHED and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ended = runner.store.get(entry.id)
+    assert ended.status == qs.DONE
+    assert _as_event(ended, tmp_path) == Done(job.dir, job.dir / "final.mp4", 37, False)

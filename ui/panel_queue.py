@@ -237,7 +237,7 @@ def wire_queue(ctx: AppContext, app: gr.Blocks, warning: str | None = None) -> Q
         log.info("queue: %d job(s) waiting in %s", len(left), ctx.runner.store.path)
     actions = QueueActions(ctx.runner, ctx.access)
     panel = QueuePanel(ctx, actions, build_parts(), warning)
-    panel.recovered = {e.id: e.status == qs.RUNNING or e.message.startswith("interrupted") for e in left}
+    panel.recovered = {e.id: e.status == qs.RUNNING or e.interrupted for e in left}
     panel.wire(app)
     QueueApi(actions).register(ctx.ui.controls())
     return panel
