@@ -67,8 +67,9 @@ class SessionBusy(RuntimeError):
 
 
 @dataclass
-class Job:
-    """A queue entry this process follows: started here, or run here."""
+class QueuedJob:
+    """A queue entry this process follows: started here, or run here (its job folder is a pipeline.jobs.Job once
+    it has one: `job_dir`)."""
     entry: str
     origin: str = "queue"
     session: str | None = None              # the page or API client that started it (None: none is waiting on it)
@@ -144,9 +145,9 @@ class Runner:
         self.poll_s = poll_s
         self.speed = Speed(getattr(preflight, "default_resolution", None))   # a job's expected time
         self.token = secrets.token_hex(8)            # this process's name in the queue's lease
-        self._jobs: dict[str, Job] = {}              # entry id -> the job followed here
-        self._sessions: dict[str, Job] = {}          # session -> its newest job
-        self._running: dict[str, Job] = {}
+        self._jobs: dict[str, QueuedJob] = {}        # entry id -> the job followed here
+        self._sessions: dict[str, QueuedJob] = {}    # session -> its newest job
+        self._running: dict[str, QueuedJob] = {}
         self._errors: dict[str, str] = {}
         self._lock = threading.RLock()     # re-entrant: a signal handler of the main thread may ask it
         self._wake = threading.Event()
@@ -165,7 +166,7 @@ class Runner:
 
     # ---- adding -----------------------------------------------------------------------------------------------------
     def submit(self, job, *, session: str | None = None, owner: str | None = None, origin: str = "page",
-               checked: bool = False) -> Job:
+               checked: bool = False) -> QueuedJob:
         """Check and queue one job: `job` is a Request, a PreparedRequest or a ResumeRequest (a folder to continue;
         `checked`: a PreparedRequest the pre-flight passed already). A session has at most one unfinished job
         (SessionBusy). Raises InputError naming the field."""
@@ -184,14 +185,14 @@ class Runner:
         return self._follow(entry, work, session)
 
     def submit_many(self, requests: list, *, owner: str | None = None, origin: str = "queue",
-                    checked: bool = False) -> list[Job]:
+                    checked: bool = False) -> list[QueuedJob]:
         """Check every job, then queue them all in this order (InputError: none is queued). `checked`: they are
         PreparedRequests the pre-flight passed already (jobs/jsonl.py prepare_lines)."""
         return [self._follow(entry, work, None) for entry, work in
                 enqueue(self.store, self.preflight, requests, owner=owner, origin=origin, checked=checked)]
 
     def submit_resume(self, job_dir: Path, *, session: str | None = None, owner: str | None = None,
-                      origin: str = "page") -> Job:
+                      origin: str = "page") -> QueuedJob:
         """Queue the continuation of a job folder of this runner's outputs. Raises InputError when it cannot be
         resumed (the message says why), SessionBusy as `submit` does."""
         from pipeline.resume import prepare_resume
@@ -230,8 +231,8 @@ class Runner:
             return busy[0] if busy else None
         return None
 
-    def _follow(self, entry: qs.Entry, work: Work, session: str | None) -> Job:
-        job = Job(entry.id, entry.origin, session, work.owner, work)
+    def _follow(self, entry: qs.Entry, work: Work, session: str | None) -> QueuedJob:
+        job = QueuedJob(entry.id, entry.origin, session, work.owner, work)
         with self._lock:
             self._jobs[entry.id] = job
             if session:
@@ -241,11 +242,11 @@ class Runner:
         return job
 
     # ---- asking ------------------------------------------------------------------------------------------------------
-    def get(self, entry_id) -> Job | None:
+    def get(self, entry_id) -> QueuedJob | None:
         with self._lock:
             return self._jobs.get(entry_id) if isinstance(entry_id, str) else None
 
-    def current(self, session: str) -> Job | None:
+    def current(self, session: str) -> QueuedJob | None:
         """The session's newest job (finished or not)."""
         with self._lock:
             return self._sessions.get(session)
@@ -276,7 +277,7 @@ class Runner:
     def expected_seconds(self, request) -> float | None:
         return self.speed.expected_seconds(request)
 
-    def waiting(self, job: Job) -> Waiting | None:
+    def waiting(self, job: QueuedJob) -> Waiting | None:
         """Where a waiting job stands in line (None once it runs, or when it is not in the queue any more)."""
         if job.started or job.finished:
             return None
@@ -340,7 +341,7 @@ class Runner:
             self._errors.pop(session, None)
 
     # ---- streams ----------------------------------------------------------------------------------------------------
-    def stream(self, job: Job, tick_s: float | None = None) -> Iterator[list]:
+    def stream(self, job: QueuedJob, tick_s: float | None = None) -> Iterator[list]:
         """The job's events as they come, in lists (whatever piled up since the last list; at most one SectionVideo,
         as the last item, so every section's video reaches a page): Waiting while it waits (when its place or the
         expected wait changes), then the job's events, ending with Done, Failed or Cancelled. With `tick_s`, an
@@ -399,7 +400,7 @@ class Runner:
             log.info("runner closed: %d running job(s) stopped", len(stopping))
         return [job.entry for job in stopping]
 
-    def stop_all(self) -> list[Job]:
+    def stop_all(self) -> list[QueuedJob]:
         """The process is stopping (a signal; safe to call from its handler: nothing waits): no job starts any more
         and the jobs running here stop at their next step. Returns those jobs."""
         self._closing.set()
@@ -410,7 +411,7 @@ class Runner:
             job.cancel.cancel()
         return stopping
 
-    def _threads_of(self, jobs: list[Job]) -> list[threading.Thread]:
+    def _threads_of(self, jobs: list[QueuedJob]) -> list[threading.Thread]:
         with self._lock:
             return [t for t in (self._job_threads.get(j.entry) for j in jobs) if t is not None]
 
@@ -470,7 +471,7 @@ class Runner:
             with self._lock:
                 job = self._jobs.get(entry.id)
                 if job is None:                      # added by another process, or left by a process that died
-                    job = Job(entry.id, entry.origin, owner=entry.owner)
+                    job = QueuedJob(entry.id, entry.origin, owner=entry.owner)
                     self._jobs[entry.id] = job
                 job.started = True
                 self._running[entry.id] = job
@@ -478,7 +479,7 @@ class Runner:
                                                                         name=f"job-{entry.id}", daemon=True)
             thread.start()
 
-    def _run(self, job: Job, entry: qs.Entry) -> None:
+    def _run(self, job: QueuedJob, entry: qs.Entry) -> None:
         try:
             # an entry with a folder continues it (a runner that died left it running); else what was prepared here
             fresh = job.work is not None and (job.work.resuming is not None or not entry.job_dir)
@@ -532,7 +533,7 @@ class Runner:
         prepared = self.preflight.prepare(Request.from_mapping(entry.values(), unknown="ignore"))
         return Work(entry.id, prepared, owner=entry.owner)
 
-    def _note(self, job: Job, event, last: float) -> float:
+    def _note(self, job: QueuedJob, event, last: float) -> float:
         """Follow a job's event in the store (its folder, its progress, its end) and in the runner."""
         if isinstance(event, Started):
             job.job_dir = event.job_dir
@@ -551,7 +552,7 @@ class Runner:
                 self.speed.learn(job.work.request, event.timings)
         return last
 
-    def _end(self, job: Job, result, *, announce: bool = False) -> None:
+    def _end(self, job: QueuedJob, result, *, announce: bool = False) -> None:
         """The job is over: its entry's status in the store (or the entry out of the queue: a page's or API call's,
         or one that never ran), and its stream ended (`announce`: with `result`, which the job itself did not
         send)."""

@@ -49,7 +49,7 @@ import gradio as gr
 from configs.controls import CONTROLS as TABLE, Control
 from common.errors import InputError
 from jobs.line import Waiting
-from jobs.runner import Job, Runner, SessionBusy
+from jobs.runner import QueuedJob, Runner, SessionBusy
 from jobs.text import progress_line, waiting_text
 from pipeline.events import Cancelled, Done, Failed, LogLine, Progress
 from ui import settings as st
@@ -110,7 +110,7 @@ class JobApi:
             origin="api")), progress)
 
     # ---- helpers --------------------------------------------------------------------------------------------------
-    def _submit(self, request: gr.Request, submit) -> Job:
+    def _submit(self, request: gr.Request, submit) -> QueuedJob:
         try:
             return submit(getattr(request, "session_hash", None))     # no request: a direct call (tests, scripts)
         except InputError as e:
@@ -119,7 +119,7 @@ class JobApi:
         except SessionBusy as e:
             raise gr.Error(str(e), print_exception=False) from None
 
-    def _run(self, job: Job, progress) -> tuple[str | None, dict]:
+    def _run(self, job: QueuedJob, progress) -> tuple[str | None, dict]:
         result, warnings = None, []
         for batch in self.runner.stream(job):
             for event in batch:
