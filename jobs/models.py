@@ -26,12 +26,16 @@ def _default_loader(preset, mode, model_dir):
 def models_for(config, device, loader: Callable | None = None) -> "ComponentCache":
     """The models of a process or farm worker (`config`: its Config or WorkerConfig), loaded when a job needs them.
     With --fp8-compute, `device` is checked first: raises pipeline.compiled.Fp8ComputeUnavailable (its message says
-    why and what to do)."""
+    why and what to do) where the GPU has no fp8 cores; where it has them but PyTorch's fp8 product fails (now or
+    remembered), one warning and bf16 products."""
     recipe = None
     if config.fp8_compute:
-        from pipeline.compiled import fp8_recipe
+        from pipeline.compiled import Fp8ProductFailed, fp8_recipe
 
-        recipe = fp8_recipe(device)
+        try:
+            recipe = fp8_recipe(device)
+        except Fp8ProductFailed as e:     # fp8 cores, but this PyTorch cannot use them: bf16 products, said so
+            log.warning("%s. The block products run in bf16 instead (as without --fp8-compute)", e)
     return ComponentCache(config.preset, config.model_dir, loader, fp8_compute=recipe)
 
 

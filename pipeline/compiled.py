@@ -22,6 +22,14 @@ unless set already), so a restarted app only traces the blocks again (seconds) i
 Eager: on the CPU (compiling the tiny preset costs more than it saves), where PyTorch has no Triton (e.g. some
 Windows builds), with `--no-compile`, or when a job's "Compiled transformer" is off. One log line says which.
 
+**Falling back.** A block class whose compiled forward fails to compile or fails on its first call (a Triton or
+Inductor error: RDNA1/RDNA2, where Triton is not supported; a Windows PyTorch with a broken triton-windows; an old
+driver) makes every block eager for the rest of the process, and the call that failed runs eagerly: the job goes on
+(the same seed, the same steps), with one warning naming the error and `--no-compile`. The failure is remembered for
+this GPU and PyTorch (rocm/fallbacks.py, beside the conv verdicts; `python -m rocm doctor` shows it, `--reset`
+forgets it), so the next start does not try. An out-of-memory error is not a compiler failure and is raised as
+it is (the memory layer streams more and runs the step again).
+
 **fp8 compute** (row-wise scaling; one scale per tensor where the GPU's PyTorch has no row-wise fp8 product): each
 Linear inside the blocks multiplies in float8 e4m3 with PyTorch's own fp8 product (`torch._scaled_mm`, cuBLASLt /
 hipBLASLt, the kernel torchao's float8 inference calls too; no hand-written kernels). Its weight is kept in fp8:
@@ -43,12 +51,15 @@ import torch
 import torch._dynamo.config as dynamo_config
 import torch._inductor.config as inductor_config
 from torch import nn
+from torch._dynamo.exc import TorchDynamoException
 from torch._dynamo.utils import counters
 from torch.utils._triton import has_triton
 
 from common.environment import read_environment
 from memory import fp8
 from memory.hostpack import HostPack
+from rocm import fallbacks
+from rocm.arch import device_facts
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +103,21 @@ def blocks_of(transformer: nn.Module) -> list[nn.Module]:
     return list(transformer.transformer_blocks) + list(transformer.single_transformer_blocks)
 
 
+def machine(device: torch.device) -> tuple[str, str]:
+    """(this GPU as rocm/fallbacks.py names it, the torch version): what a remembered fallback is kept for."""
+    facts = device_facts(device)
+    return fallbacks.gpu_label(facts.name, facts.reported_arch), facts.torch_version
+
+
 class CompiledBlocks:
-    """The dispatchers of one transformer's blocks; `enabled` chooses compiled or eager for the next calls."""
+    """The dispatchers of one transformer's blocks; `enabled` chooses compiled or eager for the next calls. A
+    compiled block class failing to compile or on its first call turns them all eager (`failed` says why)."""
 
     def __init__(self, transformer: nn.Module):
         self.enabled = False
+        self.failed: str | None = None              # the compiler error that made this process eager
+        self.device: torch.device | None = None     # the job's device (whose failure is remembered)
+        self.worked: set[type] = set()              # block classes whose compiled forward has run here
         self.prepared: set[tuple] = set()          # shapes whose kernels were prepared in this process
         for block in blocks_of(transformer):
             registry = getattr(block, "_diffusers_hook", None)
@@ -110,14 +131,34 @@ class CompiledBlocks:
         eager = cls.forward.__get__(block)          # the class's own forward (a removed hook leaves a bound copy)
         if cls not in _COMPILED:
             _COMPILED[cls] = torch.compile(cls.forward, dynamic=False)
-        compiled = _COMPILED[cls]
 
         def forward(*args, **kwargs):
-            if self.enabled:
-                return compiled(block, *_canonical(args), **kwargs)
+            if self.enabled and self.failed is None:
+                try:
+                    out = _COMPILED[cls](block, *_canonical(args), **kwargs)
+                except torch.OutOfMemoryError:
+                    raise
+                except Exception as e:      # any compiler or first-call failure: eager from here on (the docstring)
+                    if cls in self.worked and not isinstance(e, TorchDynamoException):
+                        raise               # a class that ran compiled before: not the compiler's failure
+                    self._fall_back(cls, e)
+                    return eager(*args, **kwargs)
+                self.worked.add(cls)
+                return out
             return eager(*args, **kwargs)
 
         return forward
+
+    def _fall_back(self, cls: type, error: Exception) -> None:
+        text = " ".join(str(error).split())[:300] or type(error).__name__
+        self.failed = f"{cls.__name__}: {type(error).__name__}: {text}"
+        log.warning("compiled transformer blocks failed (%s); running them eagerly from here on (the same job, the "
+                    "same seed). Remembered for this GPU and PyTorch, so later starts run eagerly at once; "
+                    "--no-compile skips compiling altogether, `python -m rocm doctor --reset` tries again",
+                    self.failed)
+        if self.device is not None:
+            gpu, version = machine(self.device)
+            fallbacks.remember(fallbacks.COMPILE, gpu, version, self.failed)
 
     def is_new(self, key: tuple) -> bool:
         """Will the next call with these shapes compile (first use in this process, compiled mode)?"""
@@ -175,6 +216,13 @@ def for_job(transformer: nn.Module, device: torch.device, *, process: bool = Tru
     blocks = install(transformer)
     why = ("--no-compile" if not process else "off for this job" if job == "off"
            else None if force else unavailable(device))
+    if why is None:
+        blocks.device = torch.device(device)
+        gpu, version = machine(device)
+        before = blocks.failed or fallbacks.failed(fallbacks.COMPILE, gpu, version)
+        if before:
+            why = (f"compiling failed on {gpu} with PyTorch {version} before ({before[:200]}); remembered, not "
+                   "tried again: `python -m rocm doctor --reset` forgets it")
     blocks.enabled = why is None
     if why is None:
         folder = use_cache_folder()
@@ -210,6 +258,11 @@ RECIPES = ("rowwise", "tensorwise")
 
 class Fp8ComputeUnavailable(RuntimeError):
     """--fp8-compute cannot run here (the message says why and what to do)."""
+
+
+class Fp8ProductFailed(Fp8ComputeUnavailable):
+    """The GPU has fp8 matrix cores but this PyTorch could not multiply in fp8 on it (now, or remembered from an
+    earlier start): the products run in bf16 instead, said in one warning (jobs/models.py)."""
 
 
 def _fp8_target(name: str, module: nn.Module) -> bool:
@@ -268,9 +321,8 @@ def _probe(device: torch.device, recipe: str) -> None:
         raise RuntimeError(f"the fp8 product is off by {err:.3f} (relative) on this GPU")
 
 
-def fp8_recipe(device: torch.device) -> str:
-    """The fp8 product this GPU runs ("rowwise", else "tensorwise"); raises Fp8ComputeUnavailable."""
-    device = torch.device(device)
+def _fp8_hardware(device: torch.device) -> str:
+    """The GPU's name when it has fp8 matrix cores; raises Fp8ComputeUnavailable (what to do) when it has none."""
     if device.type != "cuda":
         raise Fp8ComputeUnavailable(f"--fp8-compute needs a GPU with fp8 tensor cores (NVIDIA RTX 40xx / Ada, H100 "
                                     f"or newer; AMD MI300, MI350 or RDNA4); this job runs on the {device.type.upper()}."
@@ -285,6 +337,19 @@ def fp8_recipe(device: torch.device) -> str:
         major, minor = torch.cuda.get_device_capability(device)
         raise Fp8ComputeUnavailable(f"--fp8-compute needs fp8 tensor cores (compute capability 8.9 or newer: RTX 40xx,"
                                     f" L4, H100 …); {name} has {major}.{minor}. Leave --fp8-compute off.")
+    return name
+
+
+def fp8_recipe(device: torch.device) -> str:
+    """The fp8 product this GPU runs ("rowwise", else "tensorwise"). Raises Fp8ComputeUnavailable where the GPU has
+    no fp8 cores, Fp8ProductFailed where PyTorch's fp8 product fails on it (remembered: rocm/fallbacks.py)."""
+    device = torch.device(device)
+    name = _fp8_hardware(device)
+    gpu, version = machine(device)
+    before = fallbacks.failed(fallbacks.FP8, gpu, version)
+    if before:
+        raise Fp8ProductFailed(f"--fp8-compute failed on {gpu} with PyTorch {version} before ({before[:200]}); "
+                               "remembered, not tried again (`python -m rocm doctor --reset` forgets it)")
     failures = []
     for recipe in RECIPES:
         try:
@@ -292,8 +357,9 @@ def fp8_recipe(device: torch.device) -> str:
             return recipe
         except Exception as e:      # this PyTorch has no such fp8 product on this GPU: try the next recipe
             failures.append(f"{recipe}: {str(e).strip().splitlines()[-1][:160] if str(e).strip() else type(e).__name__}")
-    raise Fp8ComputeUnavailable(f"--fp8-compute: this PyTorch cannot multiply in fp8 on {name} ({'; '.join(failures)})."
-                                f" Leave --fp8-compute off.")
+    fallbacks.remember(fallbacks.FP8, gpu, version, "; ".join(failures))
+    raise Fp8ProductFailed(f"--fp8-compute: this PyTorch cannot multiply in fp8 on {name} ({'; '.join(failures)}); "
+                           "remembered for this GPU and PyTorch")
 
 
 def use_fp8_compute(transformer: nn.Module, recipe: str = "rowwise", device: torch.device | None = None) -> int:

@@ -35,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="time the attention backends even on CPU (small shape)")
     att.add_argument("--no-attention", dest="attention", action="store_false", help="skip the attention timing")
     doc.add_argument("--reset", action="store_true",
-                     help="delete the stored conv verdicts first (they are re-learnt on the next runs)")
+                     help="delete the stored conv verdicts and remembered fallbacks (compiled blocks, fp8 "
+                          "compute) first (they are re-learnt on the next runs)")
     doc.add_argument("-v", "--verbose", action="store_true", help="log what is being done")
     return parser
 

@@ -24,6 +24,7 @@ from rocm.sdpa import aotriton_note
 from rocm.env import apply_env_profile, apply_late_profile, check_environment
 from rocm.paths import cache_dir
 from rocm.tiers import TIER_NAMES
+from rocm import fallbacks
 from rocm.verdicts import list_files, reset as reset_verdicts, verdict_path
 from common.units import GIB
 from rocm.signature import ConvSignature
@@ -184,9 +185,15 @@ def _recommendations(rep: dict) -> list[str]:
 def _verdicts(rt, env, reset: bool) -> dict:
     folder = cache_dir(env)
     removed = [str(p) for p in reset_verdicts(folder)] if reset else None
+    if reset and fallbacks.path(folder).exists() and fallbacks.forget(folder):
+        removed.append(str(fallbacks.path(folder)))
     current = verdict_path(folder, rt)
+    here = fallbacks.machine_key(fallbacks.gpu_label(rt.device_name, rt.reported_arch), rt.torch_version)
     return {"cache_dir": str(folder), "current_file": str(current), "reset": removed,
-            "files": list_files(folder, current)}
+            "files": list_files(folder, current),
+            "fallbacks": [{"machine": key, "current": key == here, "feature": feature, "error": entry.get("error")}
+                          for key, features in fallbacks.entries(folder).items() if isinstance(features, dict)
+                          for feature, entry in features.items() if isinstance(entry, dict)]}
 
 
 def _attention(rt, env, run: bool, small: bool, progress) -> dict:
@@ -211,7 +218,7 @@ def collect(*, probe: bool | None = None, probe_timeout_s: float = 30.0, probe_t
             small: bool | None = None, topology_nodes=None, environ=None, device_facts=None,
             attention: bool | None = None, reset: bool = False, progress=None) -> dict:
     """Gather the doctor report as plain data. ``probe`` / ``attention`` = None: run on a GPU, skip on CPU.
-    ``reset``: delete the stored conv verdicts first. ``topology_nodes`` / ``device_facts``: a simulated KFD
+    ``reset``: delete the stored conv verdicts and remembered fallbacks (compiled blocks, fp8 compute) first. ``topology_nodes`` / ``device_facts``: a simulated KFD
     topology / torch device (tests). ``progress``: called with one line per step while probing and timing."""
     env = dict(os.environ if environ is None else environ)
     facts = device_facts or torch_device_facts()

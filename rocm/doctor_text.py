@@ -25,6 +25,14 @@ def _verdict_lines(ver: dict) -> list[str]:
                     lines.append(f"      {key.split('|')[0]} {key.split('|')[1]} -> tier {v['ok_tier']}  "
                                  f"({failed}){again}")
     lines.append("  clear them with: python -m rocm doctor --reset")
+    lines.append("fallbacks    features that failed here and are not tried again (rocm/fallbacks.py)")
+    for f in ver.get("fallbacks", []):
+        lines.append(f"  {'*' if f['current'] else ' '} {f['feature']}: off on {f['machine']}"
+                     + ("   <- this machine now" if f["current"] else "") + f"\n      failed with: {f['error']}")
+    if not ver.get("fallbacks"):
+        lines.append("  none (compiled blocks and fp8 compute are tried where they apply)")
+    else:
+        lines.append("  forget them with: python -m rocm doctor --reset (the next start tries again)")
     return lines
 
 

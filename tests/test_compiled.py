@@ -232,3 +232,81 @@ def test_fp8_compute_keeps_weights_in_fp8_on_the_device_resident_streamed_and_wi
             assert torch.equal(q.weight_scale, scales)
     finally:
         clear_deltas(pack)
+
+
+def test_a_compiler_failure_on_the_first_call_goes_on_eagerly_once_and_is_remembered(tiny_original, tmp_path,
+                                                                                       monkeypatch, kernel_cache):
+    """A fault injected into the compiled forward's first call (as a Triton/Inductor error would come): the job
+    finishes eagerly with the frames of --no-compile, one warning naming the error and --no-compile, the failure is
+    kept for this GPU and PyTorch, and the next start (a new process) does not try to compile again."""
+    from pipeline.orchestrator import generate
+    from pipeline.request import prepare
+    from rocm import fallbacks
+
+    monkeypatch.setenv("STEADYFRAME_CACHE_DIR", str(tmp_path / "cache"))
+    blocks = compiled.install(tiny_original.transformer)
+    monkeypatch.setattr(blocks, "failed", None)              # the shared tiny model: restored after the test
+    monkeypatch.setattr(blocks, "worked", set())
+    cls = type(tiny_original.transformer.transformer_blocks[0])
+    calls = []
+
+    def broken(block, *args, **kwargs):
+        calls.append(type(block).__name__)
+        raise RuntimeError("injected: triton could not build the kernel for this GPU")
+
+    monkeypatch.setitem(compiled._COMPILED, cls, broken)
+    request = Request(image=make_image(), prompt="a cat walks", seconds=1.0, steps=2, seed=5)
+
+    def job(name, mode):
+        events = list(generate(prepare(request, 64), tiny_original, outputs=tmp_path / name, compile=mode))
+        assert isinstance(events[-1], Done), events[-1]
+        return events[-1], [e for e in events if isinstance(e, LogLine)]
+
+    eager, _ = job("eager", "off")
+    done, lines = job("fault", "force")
+    warnings = [e.message for e in lines if "compiled transformer blocks failed" in e.message]
+    assert len(warnings) == 1 and calls == [cls.__name__], (warnings, calls)
+    assert "injected: triton could not build" in warnings[0] and "--no-compile" in warnings[0]
+    assert done.frames == eager.frames
+    ours = load_file(str(done.job_dir / "latents.safetensors"))
+    theirs = load_file(str(eager.job_dir / "latents.safetensors"))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert done.video.read_bytes() == eager.video.read_bytes()               # the same frames, the same file
+    gpu, version = compiled.machine(torch.device("cpu"))
+    assert "injected" in fallbacks.failed(fallbacks.COMPILE, gpu, version)
+
+    monkeypatch.setattr(blocks, "failed", None)              # the next start: a new process, the file remembers
+    _, lines = job("next", "force")
+    text = "\n".join(e.message for e in lines)
+    assert calls == [cls.__name__] and "compiled transformer blocks failed" not in text
+    assert "transformer blocks: eager (compiling failed on" in text and "doctor --reset" in text
+    assert fallbacks.forget() and fallbacks.failed(fallbacks.COMPILE, gpu, version) is None
+
+
+def test_an_fp8_product_that_fails_on_the_gpu_falls_back_to_bf16_said_once_and_remembered(tmp_path, monkeypatch,
+                                                                                           caplog):
+    """fp8 cores, but PyTorch's fp8 product fails there (simulated: the probe raises): bf16 products with one
+    warning, remembered for this GPU and PyTorch, so the next start does not probe again."""
+    from jobs.models import models_for
+    from rocm import fallbacks
+
+    monkeypatch.setenv("STEADYFRAME_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(compiled, "_fp8_hardware", lambda device: "a GPU with fp8 cores")
+    probes = []
+
+    def probe(device, recipe):
+        probes.append(recipe)
+        raise RuntimeError(f"injected: no {recipe} fp8 product in this build")
+
+    monkeypatch.setattr(compiled, "_probe", probe)
+    config = _config("--preset", "tiny", "--fp8-compute")
+    with caplog.at_level(logging.WARNING, logger="jobs.models"):
+        assert models_for(config, torch.device("cpu")).fp8_compute is None
+    warned = [r.getMessage() for r in caplog.records if "bf16" in r.getMessage()]
+    assert len(warned) == 1 and "injected: no rowwise" in warned[0] and probes == ["rowwise", "tensorwise"]
+    gpu, version = compiled.machine(torch.device("cpu"))
+    assert "injected" in fallbacks.failed(fallbacks.FP8, gpu, version)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="jobs.models"):
+        assert models_for(config, torch.device("cpu")).fp8_compute is None        # the next start
+    assert probes == ["rowwise", "tensorwise"] and "remembered, not tried again" in caplog.text

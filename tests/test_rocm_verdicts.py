@@ -170,3 +170,25 @@ def test_a_probe_crash_is_confirmed_only_by_a_second_run(tmp_path):
     store.record_failure(key, 1, "probe crash: the child died", timeout=True)
     assert store.retry_tiers(key) == set() and "confirmed" in store.get(key).failed[1]
 
+
+
+def test_doctor_shows_and_resets_remembered_fallbacks(tmp_path):
+    """A compile failure remembered for this machine (the CPU here, as the doctor reports it) and one of another
+    GPU: both listed, this machine's marked; --reset forgets them."""
+    from rocm import fallbacks
+
+    folder = tmp_path / "rocm"
+    here = fallbacks.gpu_label("CPU", "cpu")
+    fallbacks.remember(fallbacks.COMPILE, here, torch.__version__, "DoubleStreamBlock: RuntimeError: triton", folder)
+    fallbacks.remember(fallbacks.FP8, "AMD Instinct MI300X (gfx942)", "2.13.0+rocm7.2", "rowwise: no kernel", folder)
+    rep, _ = _doctor(tmp_path, "doctor", "--json", "--no-probe", "--no-attention")
+    listed = {(f["feature"], f["current"]) for f in rep["verdicts"]["fallbacks"]}
+    assert listed == {("compiled blocks", True), ("fp8 compute", False)}
+    assert "triton" in next(f["error"] for f in rep["verdicts"]["fallbacks"] if f["current"])
+    code = "import sys; sys.argv = ['rocm', 'doctor', '--no-probe', '--no-attention']; " + DOCTOR
+    text = run_python(code, env={"STEADYFRAME_CACHE_DIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""},
+                      timeout=120).stdout
+    assert "compiled blocks: off on CPU (cpu)" in text and "<- this machine now" in text
+    rep, _ = _doctor(tmp_path, "doctor", "--json", "--no-probe", "--no-attention", "--reset")
+    assert any(p.endswith("fallbacks.json") for p in rep["verdicts"]["reset"])
+    assert rep["verdicts"]["fallbacks"] == [] and fallbacks.entries(folder) == {}
