@@ -425,7 +425,8 @@ def _explain(m: Machine, o: Options, row: Wheel, gpu: Optional[Gpu]) -> list:
     nvidia, amd = m.of("nvidia"), m.of("amd")
     where = _PLACES.get(m.place, m.place)
     if row.name == "mac-arm64":
-        return ["macOS on Apple Silicon: PyTorch from PyPI (the CPU build, with Apple's MPS GPU)"]
+        return ["macOS on Apple Silicon: PyTorch from PyPI (its default wheel); SteadyFrame runs on the CPU there "
+                "(its pipeline does not use Apple's MPS GPU)"]
     if row.build == "cuda":
         found = f"found {_labels(nvidia)}"
         if m.cuda_driver:
