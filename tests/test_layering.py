@@ -2,11 +2,14 @@
 - the packages form the layers docs/ARCHITECTURE.md draws: a package imports only packages below its own line;
 - no two files import each other, directly or through others (no file circle);
 - an import inside a function defers something heavy (torch, diffusers, transformers, gradio, ray, av, ...) for a
-  module that does not load it already, or a module of one platform only; never a light module, and never a loop.
+  module that does not load it already, or a module of one platform only; never a light module, and never a loop;
+- only the modules docs/ARCHITECTURE.md lists under "The environment" touch the process's environment, each naming
+  only the variables listed for it.
 """
 from __future__ import annotations
 
 import ast
+import fnmatch
 import re
 import sys
 from functools import lru_cache
@@ -173,6 +176,84 @@ def test_an_import_inside_a_function_defers_something_heavy():
     assert not wrong, f"{len(wrong)} imports inside functions defer nothing heavy: {sorted(set(wrong))}"
 
 
+def _environment_rules() -> dict[str, set[str]]:
+    """docs/ARCHITECTURE.md's block under "The environment": module or package (a dotted prefix) -> the variables
+    it may name (patterns; "*": any, also the environment as a whole)."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text("utf-8")
+    block = text.split("## The environment", 1)[1].split("```")[1]
+    rules = {}
+    for line in block.strip().splitlines():
+        where, *names = line.split()
+        rules[where.removesuffix(".py").rstrip("/").replace("/", ".")] = set(names)
+    return rules
+
+
+ENV_NAMES = {"environ", "getenv", "putenv", "unsetenv"}
+
+
+def _environment_use(module: str) -> tuple[bool, set[str], bool]:
+    """(does the module touch os.environ?, the variables it names there, does it use it as a whole or by a name that
+    is not a constant?)."""
+    tree = ast.parse(FILES[module].read_text("utf-8"))
+    constants = {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                 and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+                 for t in node.targets if isinstance(t, ast.Name)}
+    touches, names, opaque = False, set(), False
+
+    def is_env(node) -> bool:
+        return "environ" in ast.unparse(node) or "getenv" in ast.unparse(node)
+
+    def key(node) -> None:
+        nonlocal opaque
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.add(node.value)
+        elif isinstance(node, ast.Name) and node.id in constants:
+            names.add(constants[node.id])
+        else:
+            opaque = True
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ENV_NAMES and ast.unparse(node.value) == "os":
+            touches = True
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and {a.name for a in node.names} & ENV_NAMES:
+            touches = True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            if node.func.attr in ("get", "setdefault", "pop") and is_env(node.func.value):
+                key(node.args[0])
+            elif node.func.attr in ("getenv", "putenv", "unsetenv"):
+                key(node.args[0])
+        elif isinstance(node, ast.Subscript) and is_env(node.value):
+            key(node.slice)
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("dict", "list") and node.args \
+                and is_env(node.args[0]):
+            opaque = True
+    return touches, names, opaque
+
+
+def test_only_the_listed_modules_touch_the_environment_and_only_their_variables():
+    rules = _environment_rules()
+    wrong, listed = [], set()
+    for module in FILES:
+        touches, names, opaque = _environment_use(module)
+        if not touches:
+            continue
+        rule = next((r for r in sorted(rules, key=len, reverse=True) if module == r or module.startswith(r + ".")),
+                    None)
+        if rule is None:
+            wrong.append(f"{module} touches the environment (not listed)")
+            continue
+        listed.add(rule)
+        allowed = rules[rule]
+        if "*" in allowed:
+            continue
+        if opaque:
+            wrong.append(f"{module} uses the environment whole or by a computed name")
+        wrong += [f"{module} names {n}" for n in sorted(names)
+                  if not any(fnmatch.fnmatchcase(n, pattern) for pattern in allowed)]
+    assert not wrong, wrong
+    assert listed == set(rules), f"listed but touching nothing: {sorted(set(rules) - listed)}"
+
+
 def test_the_rules_catch_what_they_are_for(tmp_path, monkeypatch):
     """The checks above fail on a circle, an upward import and a needless import inside a function."""
     fake = {"app": tmp_path / "app.py", "common.a": tmp_path / "a.py", "common.b": tmp_path / "b.py",
@@ -210,3 +291,19 @@ def test_the_rules_catch_what_they_are_for(tmp_path, monkeypatch):
     finally:
         _edges.cache_clear()
         _loads_at_import.cache_clear()
+
+
+def test_the_environment_rule_catches_an_unlisted_read_and_an_unlisted_variable(tmp_path, monkeypatch):
+    fake = {"configs.c": tmp_path / "c.py", "farm.dispatch": tmp_path / "d.py", "pipeline.compiled": tmp_path / "p.py",
+            "ui.settings": tmp_path / "u.py", "common.environment": tmp_path / "e.py", "rocm.env": tmp_path / "r.py"}
+    for path in fake.values():
+        path.write_text("import os\nos.environ\n")
+    fake["configs.c"].write_text("import os\nHOME = os.environ.get('HOME')\n")
+    fake["farm.dispatch"].write_text("import os\nVAR = 'RAY_ADDRESS'\nos.environ[VAR] = 'x'\n")
+    monkeypatch.setitem(globals(), "FILES", fake)
+    try:
+        test_only_the_listed_modules_touch_the_environment_and_only_their_variables()
+    except AssertionError as e:
+        assert "configs.c touches the environment" in str(e) and "farm.dispatch names RAY_ADDRESS" in str(e)
+    else:
+        raise AssertionError("an unlisted environment read went unseen")
