@@ -12,12 +12,18 @@ from pipeline.jobs import CHECKPOINT
 from safetensors import safe_open
 
 
+KEYFRAME_LATENT = "keyframe_latent_{}"       # the keyframes' VAE latents (pipeline/keyframes.py), in time order
+
+
 def save_checkpoint(job, section, history: torch.Tensor, real: torch.Tensor, start_latent: torch.Tensor,
-                    end_latent: torch.Tensor | None, generator: torch.Generator) -> Path:
+                    end_latent: torch.Tensor | None, generator: torch.Generator,
+                    keyframe_latents: tuple = ()) -> Path:
     tensors = {"history": history.contiguous(), "real": real.contiguous(),
                "start_latent": start_latent.contiguous(), "rng_state": generator.get_state()}
     if end_latent is not None:
         tensors["end_latent"] = end_latent.contiguous()
+    for i, latent in enumerate(keyframe_latents):
+        tensors[KEYFRAME_LATENT.format(i)] = latent.contiguous()
     meta = {"sections_done": str(section.index + 1), "sections": str(section.count)}
     path = job.path(CHECKPOINT)
     atomic_write_bytes(path, save(tensors, metadata=meta))
@@ -30,3 +36,12 @@ def load_checkpoint(job_dir: Path) -> tuple[dict[str, torch.Tensor], dict]:
     with safe_open(str(path), "pt") as f:
         meta = dict(f.metadata() or {})
     return load_file(str(path)), {k: json.loads(v) if v.isdigit() else v for k, v in meta.items()}
+
+
+def keyframe_latents(tensors: dict) -> tuple:
+    """The keyframes' latents a checkpoint holds, in time order."""
+    out, i = [], 0
+    while KEYFRAME_LATENT.format(i) in tensors:
+        out.append(tensors[KEYFRAME_LATENT.format(i)])
+        i += 1
+    return tuple(out)

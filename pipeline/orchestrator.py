@@ -41,7 +41,7 @@ from pipeline.images import to_model_tensor
 from pipeline.jobs import Job
 from pipeline.logcapture import capture_logs
 from pipeline.preview import preview_image
-from pipeline import text_to_video, timeline
+from pipeline import keyframes, text_to_video, timeline
 from pipeline.prompt_cache import cache_key, default_cache
 from pipeline.request import PreparedRequest
 from pipeline.sampling import sample_section
@@ -97,6 +97,7 @@ class SavedSections:
     end_latent: torch.Tensor | None
     rng_state: torch.Tensor
     sections_done: int
+    keyframe_latents: tuple = ()             # the keyframes' latents (pipeline/keyframes.py), in time order
 
 
 @dataclass
@@ -134,6 +135,9 @@ class JobRun:
         self.t0 = time.monotonic()
         self.remaining = Remaining.for_plan(self.plan, self.request.steps)    # the ETA (pipeline/eta.py)
         self.job: Job | None = None
+        self.keyframe_latents: tuple = ()           # VAE-encoded (or from the checkpoint) with the start latent
+        self.governing = keyframes.governing_keyframes([k.time for k, _ in prepared.keyframes], self.plan.mode,
+                                                       self.plan.window, self.plan.count, self.request.fps)
         self.writer: SectionWriter | None = None    # started with the job (events())
         self.last_video: Path | None = None
         rocm.apply_torch_settings()                     # cudnn.benchmark off on ROCm (no-op elsewhere)
@@ -238,7 +242,8 @@ class JobRun:
                 ctx, indices = extend.section_inputs(self.plan, section, history, start_latent, end_latent,
                                                      self.prepared.source, r.context_frames)
             else:
-                ctx = sec.section_context(self.plan, section, history, start_latent, end_latent)
+                ctx = sec.section_context(self.plan, section, history, self._start_slot(section, start_latent),
+                                          end_latent)
                 indices = self.plan.indices(section)
             yield self.progress("sampling", n, 0, f"section {n}/{self.plan.count}: loading the transformer")
             t_stage = time.monotonic()
@@ -262,7 +267,8 @@ class JobRun:
             if denoiser.magcache:
                 log.info("MagCache skipped %d of %d steps", denoiser.magcache["cond"].skipped, r.steps)
             history, real = sec.append_section(self.plan, section, history, generated.cpu(), start_latent)
-            save_checkpoint(self.job, section, history, real, start_latent, end_latent, self.generator)
+            save_checkpoint(self.job, section, history, real, start_latent, end_latent, self.generator,
+                            self.keyframe_latents)
             yield from drain()
             # the previous section's video first (the page shows it now, not after this decode: the writer usually
             # finished it during this section's sampling, so this rarely waits)
@@ -321,6 +327,12 @@ class JobRun:
             if self.prepared.end_image is not None:
                 job.save_image("end.png", self.prepared.end_image)
                 job.keep_upload("upload_end", self.request.end_image)
+            if self.prepared.keyframes:                 # kept prepared (resume reads these copies)
+                job.info["keyframes"] = []
+                for i, (k, image) in enumerate(self.prepared.keyframes, 1):
+                    job.save_image(f"keyframe_{i}.png", image)
+                    job.info["keyframes"].append({"time": k.time, "file": f"keyframe_{i}.png",
+                                                  "strength": k.strength})
             if self.prepared.source is not None:        # an input video is kept in the folder (resume needs it)
                 job.info["source"] = extend_resume.kept_record(job, self.prepared.source)
 
@@ -332,13 +344,42 @@ class JobRun:
         saved = self.resume.saved if self.resume else None
         if saved is not None:
             self.generator.set_state(saved.rng_state)
+            self.keyframe_latents = saved.keyframe_latents
             return saved.start_latent, saved.end_latent, saved.history, saved.sections_done
         if self.prepared.source is not None:
             return (yield from extend.starting_point(self, drain))
         yield self.progress("VAE encode")
         start_latent, end_latent = self._encode_latents()
+        self.keyframe_latents = self._encode_keyframes()
         yield from drain()
         return start_latent, end_latent, sec.empty_history(self.plan, start_latent), 0
+
+    def _start_slot(self, section: sec.Section, start_latent: torch.Tensor) -> torch.Tensor:
+        """The latent at the section's RoPE index 0 (FramePack's clean_latents_pre): the start latent, or the
+        keyframe that governs the section blended in by its strength (pipeline/keyframes.py)."""
+        if not self.keyframe_latents:
+            return start_latent
+        which = self.governing[section.index]
+        if which is None:
+            return start_latent
+        strength = self.prepared.keyframes[which][0].strength
+        return sec.blend_latents(start_latent, self.keyframe_latents[which], strength)
+
+    @torch.no_grad()
+    def _encode_keyframes(self) -> tuple:
+        """The keyframes' VAE latents, drawn after the start (and end) image's from the job's generator."""
+        if not self.prepared.keyframes:
+            return ()
+        vae = self.models.vae
+        t = time.monotonic()
+        with self.memory.stage("VAE encode", vae=vae), self.fallback.active():
+            out = []
+            for _, image in self.prepared.keyframes:
+                x = to_model_tensor(image).unsqueeze(2).to(self.device, vae.dtype)
+                dist = vae.encode(x).latent_dist
+                out.append((dist.sample(generator=self.generator) * vae.config.scaling_factor).float().cpu())
+        self._timed("VAE encode", time.monotonic() - t)
+        return tuple(out)
 
     def _rebuild_video(self, done: int, drain) -> Iterator[Event]:
         """Decode the finished sections again (resume, extending a job), so the blends match an uninterrupted run

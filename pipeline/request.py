@@ -12,7 +12,7 @@ from PIL import Image
 
 from configs.controls import CONTROLS, Control, control
 from configs.generation import LIMITS
-from pipeline import magcache, text_to_video, timeline
+from pipeline import keyframes, magcache, text_to_video, timeline
 from common.errors import InputError
 from pipeline.images import load_image, resize_center_crop
 from pipeline.resolution import job_size
@@ -65,6 +65,8 @@ class RequestBase:
             if c.is_file and base is not None and isinstance(fields.get(c.name), (str, Path)):
                 path = Path(fields[c.name]).expanduser()
                 fields[c.name] = path if path.is_absolute() else Path(base) / path
+        if base is not None and isinstance(fields.get("keyframes"), str) and "keyframes" not in given:
+            fields["keyframes"] = keyframes.relative_to(fields["keyframes"], base)     # their images alike
         return cls(**fields)
 
 
@@ -93,6 +95,7 @@ class PreparedRequest:
     prompt: str
     warnings: tuple[str, ...] = field(default_factory=tuple)
     source: Any = None                           # extending: the checked input (pipeline.extend.ExtendSource)
+    keyframes: tuple = ()                        # ((Keyframe, its image bucketed like the start image), ...)
 
 
 def shown(value, limit: int = 60) -> str:
@@ -185,6 +188,7 @@ def check_settings(values: Mapping[str, Any], preset: Mapping[str, Any] | None =
             warnings += more
     if {"prompt", "mode", "seconds", "latent_window", "fps"} <= checked.keys():
         timeline.check_request(checked)         # a timed prompt must fit this video (pipeline/timeline.py)
+        keyframes.check_request(checked)        # so must the keyframes (pipeline/keyframes.py)
     magcache.check_settings(checked)            # one cache at a time: MagCache or TeaCache
     return checked, warnings
 
@@ -238,6 +242,9 @@ def prepare(request: Request, default_resolution: int = 640, *, images_prepared:
         raise InputError("start from", f"{shown(settings['start_from'])} is text-to-video, which starts without an "
                                        f"image; extending a video starts from its last frame: choose start from "
                                        f"'image'")
+    if r.input_video is not None and settings.get("keyframes"):
+        raise InputError("keyframes", "keyframes place images in a new video; extending a video has none: remove "
+                                      "the keyframes, or the video to extend")
     if r.input_video is not None:                      # extending a video: its own checks and start image
         return _prepare_extension(dataclasses.replace(r, **settings), warnings)
     if t2v and r.image is not None and not images_prepared:
@@ -253,7 +260,8 @@ def prepare(request: Request, default_resolution: int = 640, *, images_prepared:
         for w in warnings:
             log.warning(w)
         image = text_to_video.stand_in_image(r.start_from, size.height, size.width)
-        return PreparedRequest(r, image, None, size.height, size.width, r.prompt, tuple(warnings))
+        return PreparedRequest(r, image, None, size.height, size.width, r.prompt, tuple(warnings),
+                               keyframes=_keyframe_images(r, size.height, size.width, images_prepared))
     if r.image is None:                      # Request(...) built directly, without from_mapping's check
         raise InputError("image", "no image given", advice="Upload a start image; for text-to-video without one "
                                                            "choose start from noise, black, white or green.")
@@ -274,4 +282,19 @@ def prepare(request: Request, default_resolution: int = 640, *, images_prepared:
     r = dataclasses.replace(r, **settings)
     for w in warnings:
         log.warning(w)
-    return PreparedRequest(r, image, end, height, width, r.prompt, tuple(warnings))
+    return PreparedRequest(r, image, end, height, width, r.prompt, tuple(warnings),
+                           keyframes=_keyframe_images(r, height, width, images_prepared))
+
+
+def _keyframe_images(r, height: int, width: int, images_prepared: bool) -> tuple:
+    """The request's keyframes (checked with its settings), each image loaded and cropped to the job's size as the
+    end image is. Raises InputError naming "keyframes"."""
+    out = []
+    for k in keyframes.parse(r.keyframes):
+        try:
+            image = load_image(Path(k.image).expanduser(), keyframes.FIELD, check_size=not images_prepared)
+        except InputError as e:
+            raise InputError(keyframes.FIELD, f"the keyframe at {k.time:g}s: {e.template}", path=e.path,
+                             advice=e.advice) from None
+        out.append((k, resize_center_crop(image, height, width)))
+    return tuple(out)

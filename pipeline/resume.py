@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 from common.errors import InputError
+from pipeline import keyframes
 from pipeline.jobs import CHECKPOINT, load_job
 from pipeline.request import PreparedRequest, Request, prepare, setting_problems
 from configs import PRESETS
@@ -69,8 +70,15 @@ def resume_request(job_dir: Path) -> tuple[Request, dict]:
     if info.get("status") == "done":
         raise AlreadyComplete(job_dir, info.get("final"))
     end = job_dir / "end.png"
+    given = {}
+    if isinstance(info.get("keyframes"), list) and settings.get("keyframes"):     # the folder's copies
+        try:
+            given["keyframes"] = keyframes.with_images(keyframes.parse(settings["keyframes"]),
+                                                       [job_dir / str(k.get("file")) for k in info["keyframes"]])
+        except (InputError, AttributeError):
+            raise _damaged(job_dir, "its keyframes") from None
     request = Request.from_mapping(settings, unknown="ignore", image=job_dir / "input.png",
-                                   end_image=end if end.exists() else None)
+                                   end_image=end if end.exists() else None, **given)
     problems = setting_problems(request.settings())
     if problems:       # a hand-edited job.json: refused here, before any model loads
         raise InputError("job folder", f"{job_dir.name}/job.json: {next(iter(problems.values()))}; fix that value "
@@ -100,7 +108,7 @@ def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir
     """Continue the checked job folder `job` (from prepare_resume); yields the same events as generate().
     `compile`, `on_open`: as generate()'s."""
     from memory.manager import MemoryManager
-    from pipeline.checkpoint import load_checkpoint
+    from pipeline.checkpoint import keyframe_latents, load_checkpoint
     from pipeline.orchestrator import JobRun, ResumeState, SavedSections
 
     if not isinstance(job, ResumeRequest):
@@ -125,7 +133,7 @@ def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir
     if (job_dir / CHECKPOINT).is_file():
         tensors, meta = load_checkpoint(job_dir)
         saved = SavedSections(tensors["history"], tensors["real"], tensors["start_latent"], tensors.get("end_latent"),
-                              tensors["rng_state"], int(meta["sections_done"]))
+                              tensors["rng_state"], int(meta["sections_done"]), keyframe_latents(tensors))
     state = ResumeState(Job(job_dir, info), saved)
     run = JobRun(job.prepared, components, memory or MemoryManager(), cancel or CancelToken(), job_dir.parent, state,
                  lora_dir=lora_dir, compile=compile, on_open=on_open)

@@ -243,3 +243,11 @@ def join_video(plan: SectionPlan, video: torch.Tensor | None, decoded: torch.Ten
         return decoded
     overlap = overlap_frames(plan.window)
     return soft_append(decoded, video, overlap) if plan.mode == "original" else soft_append(video, decoded, overlap)
+
+
+def blend_latents(start: torch.Tensor, other: torch.Tensor, strength: float) -> torch.Tensor:
+    """(1 − strength)·start + strength·other, in float32 (a keyframe's share of a section's start slot); strength 1
+    is `other` itself, bit for bit."""
+    if strength == 1.0:
+        return other.float()
+    return torch.lerp(start.float(), other.float(), float(strength))

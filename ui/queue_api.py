@@ -49,6 +49,8 @@ class QueueActions:
         from pipeline.lora import names_only
 
         names_only(values.get("loras"))                     # LoRAs by their names in the LoRA folder only
+        if values.get("keyframes"):                         # keyframe images: uploads only
+            values = {**values, "keyframes": st.client_keyframes(values["keyframes"])}
         return Request.from_mapping(resolved_values(values, self.store.outputs, self.access, user))
 
     def _own(self, entry_id, user: str | None, *, waiting: bool = False) -> qs.Entry:
@@ -111,6 +113,8 @@ class QueueActions:
         for number, values in jobs:
             try:
                 names_only(values.get("loras"))             # LoRAs by their names in the LoRA folder only
+                if values.get("keyframes"):
+                    values["keyframes"] = st.client_keyframes(values["keyframes"])     # uploads only
             except InputError as e:
                 raise InputError(f"line {number}", f"{e.field}: {e.message}") from None
         prepared = jsonl.prepare_lines(jobs, self.runner.preflight)

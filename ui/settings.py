@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from configs.controls import CONTROLS as TABLE, Control
 from common.errors import InputError
+from pipeline import keyframes
 
 # Request field names of the page's controls, in the order the handlers receive their values.
 CONTROLS = tuple(c.name for c in TABLE if c.widget)
@@ -104,6 +105,19 @@ def client_file(value: Any, field: str) -> str | None:
         raise InputError(field, "only a file uploaded to this app can be used here, not a path on the server; "
                                 "upload the file (scripts: gradio_client.handle_file)")
     return str(real)
+
+
+def client_keyframes(text: Any) -> Any:
+    """The keyframes setting (pipeline/keyframes.py) from a client, each keyframe's image checked as an upload
+    (`client_file`: a path on the server is refused naming "keyframes"); a setting that does not parse is left for
+    the request's check to explain (it reads no file then)."""
+    if not isinstance(text, str) or not text.strip():
+        return text
+    try:
+        items = keyframes.parse(text)
+    except InputError:
+        return text
+    return keyframes.with_images(items, [client_file(k.image, keyframes.FIELD) for k in items])
 
 
 def _whole(value):
