@@ -73,6 +73,7 @@ def build_app(config: Config, runner: Runner | None = None):
     from ui.context import AppContext, preserved_max_gb, preserved_text
     from ui.layout import build_layout
     from ui.panel_jobs import JobsPanel
+    from ui.panel_post import PostPanel, register_post_api
     from ui.panel_queue import wire_queue
     from ui.panel_run import JOBS_MAX, RunPanel
     from ui.queue_api import QUEUE_ENDPOINTS
@@ -106,6 +107,8 @@ def build_app(config: Config, runner: Runner | None = None):
         jobs.wire(app)
         JobApi(runner, access).register(ui.controls(), concurrency_id="gpu", concurrency_limit=JOBS_MAX)
         wire_queue(ctx, app, warning)                  # the queue panel and the /queue_* API (ui/panel_queue.py)
+        PostPanel(ctx).build(app)                      # "After the video" and the /post API (ui/panel_post.py)
+        register_post_api(runner, access, concurrency_id="gpu", concurrency_limit=JOBS_MAX)
 
     hide_ui_endpoints(app, PUBLIC_ENDPOINTS + QUEUE_ENDPOINTS)
     # api_open=False: queued events (jobs, gallery) cannot be called around the queue and its limits

@@ -28,6 +28,7 @@ from common.environment import read_environment
 import dataclasses
 from jobs.preflight import preflight_for
 from jobs.line import Waiting
+from post.steps import EXPORTS, PostRequest, is_post, request_from as post_request_from
 
 log = logging.getLogger("cli.commands")
 
@@ -98,6 +99,19 @@ def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentP
     r = sub.add_parser("resume", help="continue an interrupted job from its folder")
     r.add_argument("job_dir", type=Path, help="the job's folder under outputs/")
     add_common(r)
+    s = sub.add_parser("post", help="after the video: interpolate, upscale, trim, speed, loop, reverse, join and "
+                                     "export a video (a post-processing job of the queue)")
+    s.add_argument("source", nargs="+", help="the video: a file, a finished job's folder or its job id in --outputs "
+                                             "(several: joined in this order)")
+    s.add_argument("--steps", nargs="*", default=[], metavar="STEP",
+                   help="in order: trim=A:B (seconds), speed=S, reverse, pingpong, loop=N, interpolate=2|4|fps:F[:FILE] "
+                        "(RIFE), upscale=2|4[:FILE] (ESRGAN-family file in --upscaler-dir; default Real-ESRGAN)")
+    s.add_argument("--export", choices=sorted(EXPORTS), default="mp4",
+                   help="what to write besides the H.264 final.mp4: h265, webm (VP9), gif (with its own palette), "
+                        "zip (PNG frames), frame (one frame as PNG, see --frame)")
+    s.add_argument("--frame", type=int, default=-1, help="with --export frame: which frame (0 = first; -1 = the last)")
+    s.add_argument("--crf", type=int, default=16, help="H.264 quality of final.mp4 (0-51, lower is better)")
+    add_common(s)
     sub.add_parser("queue", add_help=False, help="the app's job queue on disk: add, list, export, move, remove, "
                                                  "run (python -m cli queue -h)")     # cli/queue.py
     return parser
@@ -403,6 +417,11 @@ def read_batch(path: Path, prepare) -> tuple[list[tuple[int, object]], list[tupl
             obj = json.loads(line)
             if not isinstance(obj, dict):
                 raise InputError("job", "each line must be a JSON object")
+            if is_post(obj):            # a post job: {"kind": "post", "source": "a.mp4", "steps": [...], ...}
+                sources = obj.get("sources") or [obj.get("source")]
+                sources = [str(path.parent / s) if isinstance(s, str) else s for s in sources]
+                jobs.append((number, post_request_from({**obj, "sources": sources, "source": None})))
+                continue
             jobs.append((number, prepare(Request.from_mapping(obj, base=path.parent))))
         except InputError as e:
             invalid.append((number, "invalid", cli_message(e, KEY_OF_FIELD)))
@@ -427,11 +446,12 @@ def run_batch(command: Command, path: Path, new_seed: str | None = None) -> int:
         print(f"error: jobs: cannot read {path}: {e}", file=sys.stderr)
         return EXIT_INPUT
     jobs = []
-    if checked:
+    if any(not isinstance(p, PostRequest) for _, p in checked):         # generation jobs need the main models
         problem = _weights_problem(command.config, "original") or _weights_problem(command.config, "f1")
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return EXIT_INPUT
+    if checked:
         for number, prepared in checked:             # then what the models and the memory limits decide
             try:
                 jobs.append((number, command.preflight.prepare(prepared)))
@@ -445,10 +465,12 @@ def run_batch(command: Command, path: Path, new_seed: str | None = None) -> int:
     if new_seed is not None:
         from jobs.runner import with_new_seed_switch
 
-        jobs = [(number, with_new_seed_switch(p, new_seed)) for number, p in jobs]
+        jobs = [(number, p if is_post(p.request.settings()) else with_new_seed_switch(p, new_seed))
+                for number, p in jobs]
     queued = command.open().submit_many([p for _, p in jobs], origin="batch", checked=True) if jobs else []
     for (number, prepared), job in zip(jobs, queued):
-        print(f"line {number}: {prepared.request.prompt[:60]!r} (queued as {job.entry})")
+        what = getattr(prepared.request, "prompt", None) or " ".join(s.text() for s in prepared.request.steps)
+        print(f"line {number}: {what[:60]!r} (queued as {job.entry})")
     results = list(invalid)
     for (number, _), (code, last) in zip(jobs, command.run(queued) if queued else []):
         status = {EXIT_OK: "done", EXIT_STOPPED: "stopped"}.get(code, "failed")
@@ -510,6 +532,14 @@ def run_generate(command: Command, request) -> int:
     return command.run([job])[0][0]
 
 
+def _settings_of(job_dir: Path) -> dict:
+    try:
+        settings = load_job(job_dir).get("settings")
+    except (OSError, ValueError):
+        return {}
+    return settings if isinstance(settings, dict) else {}
+
+
 def run_resume(command: Command, job_dir: Path) -> int:
     done = finished_video(job_dir)       # a finished job: said at once, nothing loaded
     if done is not None:
@@ -517,6 +547,14 @@ def run_resume(command: Command, job_dir: Path) -> int:
         return EXIT_OK
     from pipeline.resume import prepare_resume
 
+    if is_post(_settings_of(job_dir)):           # a post job continues at its next chunk
+        command.config = _replace(command.config, outputs=Path(job_dir).resolve().parent)
+        try:
+            queued = command.open().submit_resume(job_dir, origin="cli")
+        except InputError as e:
+            print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
+            return EXIT_INPUT
+        return command.run([queued])[0][0]
     try:
         job = prepare_resume(job_dir)             # job.json and settings checked, images decoded: once
     except InputError as e:
@@ -534,6 +572,41 @@ def run_resume(command: Command, job_dir: Path) -> int:
         print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
         return EXIT_INPUT
     return command.run([queued])[0][0]
+
+
+def post_source(text: str, outputs: Path) -> Path:
+    """A post job's source on the command line: a video file, a finished job's folder, or a job id in `outputs`
+    (their final.mp4). InputError naming "video"."""
+    path = Path(text)
+    if not path.exists() and re.fullmatch(r"[\w.-]+", text) and (Path(outputs) / text).is_dir():
+        path = Path(outputs) / text
+    if path.is_dir():
+        video = finished_video(path)
+        if video is None:
+            raise InputError("video", f"{text} is not a finished job's folder (no done final.mp4); give a video file "
+                                      f"or a finished job")
+        return video
+    return path
+
+
+def run_post(command: Command, args) -> int:
+    """`post`: checked whole by the one pre-flight (the videos read, the steps planned, every model file read and
+    recognised) before anything is queued; then run (or followed) like any job."""
+    try:
+        sources = [post_source(s, command.config.outputs) for s in args.source]
+        request = post_request_from({"sources": [str(s) for s in sources], "steps": args.steps,
+                                     "export": args.export, "frame": args.frame, "crf": args.crf})
+        checked = command.preflight.prepare(request)
+    except InputError as e:
+        print(f"error: {cli_message(e, {'video': 'source', 'steps': '--steps', 'export': '--export', 'crf': '--crf'})}",
+              file=sys.stderr)
+        return EXIT_INPUT
+    plan = checked.plan
+    if not command.quiet:
+        print(f"{plan.out_frames} frames at {float(plan.out_fps):g} fps, {plan.out_width}x{plan.out_height}",
+              file=sys.stderr)
+    job = command.open().submit(checked, origin="cli", checked=True)
+    return command.run([job])[0][0]
 
 
 def _replace(config: Config, **changes) -> Config:
@@ -554,6 +627,8 @@ def main(argv: list[str] | None = None) -> int:
             except InputError as e:                 # a start image or a video is required (configs/controls.py)
                 parser.error(cli_message(e, OPTION_OF_FIELD))
             code = run_generate(command, request)
+        elif args.command == "post":
+            code = run_post(command, args)
         elif args.command == "resume":
             code = run_resume(command, args.job_dir)
         else:

@@ -42,6 +42,8 @@ def start_farm(config: Config, models=None, *, num_cpus: int | None = None) -> F
     """Start the farm of the configuration's --ray/--gpus/--cpu-workers (Ray is imported only now). The workers run
     with this process's Config, its folders made absolute (a worker's working folder is not this process's)."""
     absolute = dataclasses.replace(config, outputs=config.outputs.resolve(), lora_dir=config.lora_dir.resolve(),
+                                   upscaler_dir=config.upscaler_dir.resolve(),
+                                   interpolator_dir=config.interpolator_dir.resolve(),
                                    model_dir=config.model_dir.resolve() if config.model_dir else None)
     return FarmExecutor(Farm.start(config.farm, WorkerConfig(absolute), num_cpus=num_cpus), models)
 

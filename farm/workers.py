@@ -158,10 +158,12 @@ class JobWorker:
     def _run(self, job, cancel, owner: str | None = None) -> Iterator:
         from jobs.execute import job_memory, run_job
         from pipeline.resume import prepare_resume
+        from post.job import CheckedPost
 
         if isinstance(job, (str, Path)):
             job = prepare_resume(Path(job))            # job.json checked again, here
-        components = self.models.get(job.request.mode)
+        post = isinstance(job, CheckedPost)              # a post job: its own small models, loaded by the job
+        components = None if post else self.models.get(job.request.mode)
         memory = job_memory(self.config.config, job.request, self._device(), host_ram_gb=self.host_ram_gb)
         opened = []
 

@@ -287,3 +287,23 @@ def test_a_post_job_runs_in_the_one_queue_and_is_a_past_job(tmp_path, source):
         assert "after the video: interpolate=2 → frame" in record.caption() and not record.resumable
     finally:
         runner.close()
+
+
+def test_the_command_line_refuses_bad_steps_with_exit_2_and_runs_post_batch_lines(tmp_path, source, capsys):
+    import json
+    import shutil
+
+    from cli.commands import main
+
+    out = tmp_path / "out"
+    assert main(["post", str(source), "--steps", "upscale=3", "--outputs", str(out), "--preset", "tiny"]) == 2
+    assert "--steps: upscale=3: choose 2 or 4" in capsys.readouterr().err
+    assert main(["post", str(tmp_path / "nothing.mp4"), "--outputs", str(out), "--export", "gif"]) == 2
+    assert "source: there is no file" in capsys.readouterr().err
+    shutil.copy(source, tmp_path / "clip.mp4")
+    lines = tmp_path / "jobs.jsonl"
+    lines.write_text(json.dumps({"kind": "post", "source": "clip.mp4", "steps": ["reverse", "loop=2"],
+                                 "export": "zip"}) + "\n")
+    assert main(["batch", str(lines), "--outputs", str(out), "--preset", "tiny", "-q"]) == 0
+    (job,) = [d for d in out.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    assert len(zipfile.ZipFile(job / "frames.zip").namelist()) == 24

@@ -60,7 +60,7 @@ from ui.source_job import resolved
 
 log = logging.getLogger(__name__)
 
-PUBLIC_ENDPOINTS = ("video", "resume", "stop")
+PUBLIC_ENDPOINTS = ("video", "resume", "stop", "post")      # post: ui/panel_post.py
 
 
 class JobApi:

@@ -1,0 +1,73 @@
+"""The "After the video" panel (issue 42) in headless Chromium against the app on the tiny preset: a tiny video is
+uploaded, interpolated ×2 and exported as a GIF; the download is that GIF, with the interpolated frame count; the
+job is in Past jobs' folder with its steps in job.json."""
+from __future__ import annotations
+
+import json
+
+import av
+import numpy as np
+import pytest
+
+from tests.browser_helpers import require_browser
+from tests.server_helpers import launched
+from video.mp4 import write_mp4
+
+pytestmark = pytest.mark.slow
+expect = require_browser()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_f1):
+    with launched(tmp_path_factory.mktemp("outputs"), tiny_f1) as s:
+        yield s
+
+
+def test_interpolate_a_video_x2_export_a_gif_and_download_it(server, browser, tmp_path):
+    rng = np.random.default_rng(2)
+    base = rng.integers(0, 255, (48, 64, 3)).astype(np.uint8)
+    clip = write_mp4(np.stack([np.roll(base, 3 * k, axis=1) for k in range(10)]), tmp_path / "clip.mp4", fps=20)
+    page = browser.new_page(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+    page.set_default_timeout(120_000)
+    page.goto(server.url)
+    page.wait_for_selector("#start-btn")
+    page.locator("#post-panel").get_by_text("After the video").first.click()
+    page.locator("#post-video input[type=file]").set_input_files(str(clip))
+    page.locator("#post-video").get_by_text("clip.mp4").first.wait_for()
+    page.locator("#post-interp label").filter(has_text="×2").click()
+    page.locator("#post-export input").click()
+    page.get_by_role("option", name="GIF (palette)").click()
+    page.locator("#post-run").click()
+    expect(page.locator("#post-status")).to_contain_text("Done", timeout=180_000)
+    with page.expect_download() as download:
+        page.locator("#post-download a").first.click()
+    saved = tmp_path / "out.gif"
+    download.value.save_as(saved)
+    assert saved.read_bytes()[:6] == b"GIF89a"
+    with av.open(str(saved)) as gif:
+        frames = [f for f in gif.decode(video=0)]
+    assert len(frames) == 19 and (frames[0].width, frames[0].height) == (64, 48)       # 10 frames -> 19 at 40 fps
+    (job,) = [d for d in server.outputs.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    info = json.loads((job / "job.json").read_text())
+    assert info["status"] == "done" and info["settings"]["steps"] == ["interpolate=2"]
+    assert info["settings"]["export"] == "gif" and (job / "final.gif").is_file()
+    page.close()
+
+
+def test_the_post_api_runs_on_a_finished_job_and_names_a_bad_field(server, tmp_path):
+    from gradio_client.exceptions import AppError
+
+    (job,) = [d for d in server.outputs.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    client = server.client(tmp_path)
+    with pytest.raises(AppError) as e:
+        client.predict(job_id=job.name, video=None, steps="upscale=3", export="mp4", frame=-1, api_name="/post")
+    assert "steps: upscale=3: choose 2 or 4" in str(e.value)
+    with pytest.raises(AppError) as e:
+        client.predict(job_id="../x", video=None, steps="reverse", export="mp4", frame=-1, api_name="/post")
+    assert "there is no job" in str(e.value)
+    result, summary = client.predict(job_id=job.name, video=None, steps="reverse upscale=2", export="frame",
+                                     frame=0, api_name="/post")
+    assert summary["status"] == "done" and summary["frames"] == 19 and summary["file"].endswith("/frame.png")
+    from PIL import Image
+
+    assert Image.open(result).size == (128, 96)
