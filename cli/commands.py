@@ -578,7 +578,7 @@ def post_source(text: str, outputs: Path) -> Path:
     """A post job's source on the command line: a video file, a finished job's folder, or a job id in `outputs`
     (their final.mp4). InputError naming "video"."""
     path = Path(text)
-    if not path.exists() and re.fullmatch(r"[\w.-]+", text) and (Path(outputs) / text).is_dir():
+    if not path.exists() and Path(text).name == text and not text.startswith(".") and (Path(outputs) / text).is_dir():
         path = Path(outputs) / text
     if path.is_dir():
         video = finished_video(path)
