@@ -68,7 +68,7 @@ def build_app(config: Config, runner: Runner | None = None):
 
     from memory.manager import default_device
     from pipeline.availability import missing_weights_message
-    from ui import panel_controls, panel_lora
+    from ui import panel_controls, panel_keyframes, panel_lora
     from ui.api import PUBLIC_ENDPOINTS, JobApi, hide_ui_endpoints
     from ui.context import AppContext, preserved_max_gb, preserved_text
     from ui.layout import build_layout
@@ -102,6 +102,8 @@ def build_app(config: Config, runner: Runner | None = None):
         if ui.lora is not None:
             panel_lora.wire(ui.lora, ui.loras, ctx.quick, check=lambda spec, mode: runner.preflight.check_loras(
                 mode, spec), mode=ui.mode)
+        if ui.keyframe_rows is not None:
+            panel_keyframes.wire(ui.keyframe_rows, ui.keyframes, ctx.quick)
         jobs = JobsPanel(ctx)
         RunPanel(ctx, jobs).wire(app, gr.State(None))
         jobs.wire(app)

