@@ -15,6 +15,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from cli import log as cli_log
 from configs.controls import CONTROLS, Control, control
@@ -80,7 +81,7 @@ def add_settings(p: argparse.ArgumentParser, controls: tuple[Control, ...] = CON
 def add_new_seed(p: argparse.ArgumentParser) -> None:
     """`batch` and `queue add`: the `new_seed` control for every line of the file (a line's own key otherwise)."""
     c = control("new_seed")
-    p.add_argument(c.option, dest="new_seed", choices=c.choices, default=None,
+    p.add_argument(str(c.option), dest="new_seed", choices=c.choices, default=None,
                    help=c.help + " (for every line; else each line's own \"new_seed\")")
 
 
@@ -144,7 +145,7 @@ class Command:
     def __init__(self, config: Config, *, quiet: bool, verbose: bool, preset_given: bool = True):
         self.config, self.quiet, self.verbose = config, quiet, verbose
         self.preset_given = preset_given            # resume: else the job's own preset
-        self.runner = None
+        self.runner: Any = None                   # jobs.runner.Runner, once opened
         self.aborted = False          # a second Ctrl-C: the job was not waited for
         self.signal: int | None = None            # the stop signal that came (SIGINT, SIGTERM), once one did
         self._preflight = None
@@ -236,7 +237,9 @@ class Command:
         from jobs import store as qs
 
         runner = self.open().start()
-        store, said, seen = runner.store, {}, []
+        store = runner.store
+        said: dict = {}
+        seen: list = []
         restore = self._on_stop_signals(None)
         try:
             while True:
@@ -388,7 +391,7 @@ def _as_event(entry, outputs: Path):
         return Failed(entry.message)
     folder = outputs / entry.job_dir if entry.job_dir else None
     video, frames = result_of(folder) if folder is not None else (None, 0)       # what its job.json says it made
-    return Done(folder, video, frames, entry.status == qs.STOPPED)
+    return Done(folder, video, frames, entry.status == qs.STOPPED)  # type: ignore[arg-type]  # no folder: None
 
 
 def _device(name: str):

@@ -88,8 +88,8 @@ def _add_studio_queue(args, store: qs.QueueStore, preflight) -> int:
         if not prepared:
             print(f"error: {studio.FIELD}: no job of {args.jobs.name} can be added (see above)", file=sys.stderr)
             return EXIT_INPUT
-        for e, _ in enqueue(store, preflight, prepared, origin="queue", checked=True):
-            print(f"added {e.id}: {str(e.settings.get('prompt', ''))[:60]!r}")
+        for entry, _ in enqueue(store, preflight, prepared, origin="queue", checked=True):
+            print(f"added {entry.id}: {str(entry.settings.get('prompt', ''))[:60]!r}")
     return EXIT_OK
 
 
@@ -123,17 +123,17 @@ def main(argv: list[str] | None = None) -> int:
             prepared = jsonl.prepare_lines(jsonl.read_lines(text), preflight, args.jobs.resolve().parent)
             if args.new_seed is not None:
                 prepared = [with_new_seed_switch(p, args.new_seed) for p in prepared]
-            for e, _ in enqueue(store, preflight, prepared, origin="queue", checked=True):
-                print(f"added {e.id}: {str(e.settings.get('prompt', ''))[:60]!r}")
+            for entry, _ in enqueue(store, preflight, prepared, origin="queue", checked=True):
+                print(f"added {entry.id}: {str(entry.settings.get('prompt', ''))[:60]!r}")
         elif args.action == "list":
-            for e in store.entries():
-                print(json.dumps(e.summary(), ensure_ascii=False) if args.json else _line(e))
+            for entry in store.entries():
+                print(json.dumps(entry.summary(), ensure_ascii=False) if args.json else _line(entry))
         elif args.action == "export":
             args.file.write_text(store.export_jsonl(), "utf-8")
             print(f"wrote {len(store.entries([qs.WAITING, qs.RUNNING]))} job(s) to {args.file}")
         elif args.action == "move":
-            for e in store.move(args.id, args.position):
-                print(_line(e))
+            for entry in store.move(args.id, args.position):
+                print(_line(entry))
         else:
             print(f"removed {store.remove(args.id).id}")
     except InputError as e:

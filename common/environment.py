@@ -73,6 +73,7 @@ def read_environment(environ: Mapping[str, str] | None = None) -> Environment:
         cache = Path(env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")) / "steadyframe"
     chosen = env.get(PROMPT_CACHE, "")
     prompts = None if switch(chosen) is False else Path(chosen).expanduser() if chosen else cache / "prompts"
+    hub: Path | None
     if env.get("HF_HUB_CACHE"):
         hub = Path(env["HF_HUB_CACHE"]).expanduser()
     else:

@@ -112,7 +112,8 @@ def parse_auth(value: str | None) -> tuple[str, str] | None:
 
 def parse_auths(values) -> list[tuple[str, str]]:
     """Every --auth USER:PASS (a user given twice is refused: which password would count?)."""
-    pairs = [parse_auth(v) for v in ([values] if isinstance(values, str) else values or [])]
+    pairs = [pair for pair in (parse_auth(v) for v in ([values] if isinstance(values, str) else values or []))
+             if pair is not None]
     names = [user for user, _ in pairs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:

@@ -17,7 +17,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from configs.runtime import FarmOptions
 from farm.workers import JobWorker, Placed, WorkerConfig
@@ -34,7 +34,7 @@ RETRIES = 3                     # a job survives this many lost workers
 @dataclass
 class Slot:
     name: str
-    actor: object
+    actor: Any                     # the worker's Ray actor handle
     busy: bool = False
     reviving: bool = False         # it died; busy until Ray has restarted it
     lost: int = 0                  # times this worker died under a job

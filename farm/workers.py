@@ -108,7 +108,7 @@ class JobWorker:
         log.info("%s: %s", name, budget_text)
         # with --fp8-compute: this worker's GPU can multiply in fp8, or the worker refuses to start
         self.models = models_for(config.config, self._device(), _loader(config.loader))
-        self._cancels: dict[str, object] = {}
+        self._cancels: dict[str, CancelToken] = {}
         self._lock = threading.Lock()
         log.info("farm worker %s on %s (pid %d)", name, self.node, os.getpid())
 

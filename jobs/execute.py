@@ -3,13 +3,15 @@
 
 `run_job(job, components, memory, config, cancel)` takes a checked job (a PreparedRequest: a new job; a ResumeRequest:
 continue its folder), the loaded models, the job's memory manager (`job_memory`) and the process's one `Config`, and
-yields the job's events. Heavy (torch): the executors import it when a job runs. Every job-scoped setting comes from that Config: where the LoRAs are (--lora-dir), the
-outputs folder, the compile choice (--no-compile), the memory manager's cap, host-RAM budget, weight storage and
-switches; fp8 compute is the models' (jobs/models.py, from the same Config). A new job goes through
+yields the job's events. Heavy (torch): the executors import it when a job runs. Every job-scoped setting comes
+from that Config: where the LoRAs are (--lora-dir), the outputs folder, the compile choice (--no-compile), the
+memory manager's cap, host-RAM budget, weight storage and switches; fp8 compute is the models' (jobs/models.py,
+from the same Config). A new job goes through
 `pipeline.orchestrator.generate()` (its mode and extension checks) and a folder through `pipeline.resume.resume()`.
 """
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Callable, Iterator
 
 from configs.runtime import Config
@@ -39,9 +41,11 @@ def job_memory(config: Config, request, device, host_ram_gb: float | None = None
 def run_job(job, components, memory: MemoryManager, config: Config, cancel: CancelToken, *,
             owner: str | None = None, on_open: Callable[[Job], None] | None = None) -> Iterator:
     """The events of `job` (pipeline.request.PreparedRequest: a new job; pipeline.resume.ResumeRequest: continue its
-    folder; post.job.CheckedPost: a post-processing job, new or continued, `components` unused), a MemoryReport (the memory timeline) just before the end; always ends with one Done or Failed.
+    folder; post.job.CheckedPost: a post-processing job, new or continued, `components` unused), a MemoryReport
+    (the memory timeline) just before the end; always ends with one Done or Failed.
     `owner`: the user who started a new job. `on_open(job)`: called with the run's own job folder (pipeline/jobs.py)
     as soon as it is open, so what it records is kept by the run's later writes (a farm worker notes itself)."""
+    events: Iterator
     if isinstance(job, CheckedPost):
         events = run_post(job, memory, cancel=cancel, outputs=config.outputs, folders=folders_of(config), owner=owner)
     elif isinstance(job, ResumeRequest):
@@ -56,4 +60,5 @@ def run_job(job, components, memory: MemoryManager, config: Config, cancel: Canc
                 yield MemoryReport(list(memory.timeline), list(memory.records), str(memory.device))
             yield event
     finally:
-        events.close()
+        if isinstance(events, Generator):       # a run stopped early still ends its stages (their `finally`)
+            events.close()

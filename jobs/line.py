@@ -28,7 +28,7 @@ class Speed:
     `default_resolution`: the preset's, for a request whose resolution is the preset's (None)."""
 
     def __init__(self, default_resolution: int | None = None):
-        self.rates = None                       # pipeline.eta.JobRates, once a job has finished
+        self.rates: JobRates | None = None      # once a job has finished
         self.default_resolution = default_resolution
 
     def learn(self, request, timings: dict) -> None:
@@ -51,4 +51,4 @@ class Speed:
         """A job with these jobs ahead of it (each one's time left, None when unknown)."""
         if any(t is None for t in ahead):
             return Waiting(len(ahead), None)
-        return Waiting(len(ahead), float(sum(ahead)))
+        return Waiting(len(ahead), float(sum(t for t in ahead if t is not None)))

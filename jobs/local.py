@@ -9,7 +9,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from common.errors import WeightsNotFound
 from configs.runtime import Config
@@ -25,8 +25,8 @@ class Work:
     """What a queue entry runs: a new job (a checked PreparedRequest) or a job folder to continue (a checked
     ResumeRequest), and whose it is."""
     entry: str
-    prepared: object = None              # pipeline.request.PreparedRequest
-    resuming: object = None              # pipeline.resume.ResumeRequest
+    prepared: Any = None                 # pipeline.request.PreparedRequest
+    resuming: Any = None                 # pipeline.resume.ResumeRequest
     owner: str | None = None
 
     @property

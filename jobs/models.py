@@ -10,7 +10,7 @@ import gc
 import logging
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from configs import get_preset
 
@@ -47,7 +47,7 @@ class ComponentCache:
         self.fp8_compute = fp8_compute
         self.model_dir = model_dir
         self._loader = loader or _default_loader
-        self._cache: dict[str, object] = {}
+        self._cache: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     @property

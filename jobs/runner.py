@@ -485,7 +485,7 @@ class Runner:
             fresh = job.work is not None and (job.work.resuming is not None or not entry.job_dir)
             work = job.work if fresh else self._work_from(entry)
             if work is None:                          # its folder is complete already
-                self._end(job, Done(self.outputs / entry.job_dir, None, 0, False), announce=True)
+                self._end(job, Done(self.outputs / str(entry.job_dir), None, 0, False), announce=True)
                 return
             job.work = work
             last = 0.0

@@ -279,7 +279,7 @@ class QueueStore:
             for entry_id, _, _ in staged:
                 shutil.rmtree(self.images_root / entry_id, ignore_errors=True)
             raise
-        return [self.get(i) for i in ids]
+        return [self.require(i) for i in ids]
 
     @staticmethod
     def _split(values: Mapping[str, Any]) -> tuple[dict, dict]:
@@ -294,7 +294,7 @@ class QueueStore:
     def _stage(self, entry_id: str, images: dict) -> dict:
         """The entry's own copies of its files (an image given as data is saved as a PNG)."""
         folder = self.images_root / entry_id
-        out = {}
+        out: dict[str, Any] = {}
         for name, stem in IMAGE_FIELDS:
             source = images.get(name)
             if source is None:
@@ -333,7 +333,7 @@ class QueueStore:
         if not changed:
             raise InputError("queued job", f"job {entry.id} started meanwhile; only a waiting job can be changed")
         self._drop_unused_images(entry.id, images)
-        return self.get(entry.id)
+        return self.require(entry.id)
 
     def _drop_unused_images(self, entry_id: str, images: dict) -> None:
         folder = self.images_root / entry_id

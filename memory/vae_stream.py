@@ -240,7 +240,10 @@ def attention(attn, x: torch.Tensor, score_bytes: int = 512 << 20) -> torch.Tens
     del normed
     q, k, v = attn.to_q(tokens), attn.to_k(tokens), attn.to_v(tokens)
     heads = attn.heads
-    split = lambda t: t.unflatten(-1, (heads, -1)).transpose(1, 2)      # (n, heads, tokens, dim)
+
+    def split(t):                                                       # (n, heads, tokens, dim)
+        return t.unflatten(-1, (heads, -1)).transpose(1, 2)
+
     q, k, v = split(q), split(k), split(v)
     q = q * q.shape[-1] ** -0.5
     per = h * w

@@ -16,7 +16,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Generator, Iterator
 
 import torch
 
@@ -65,7 +65,7 @@ def oom_advice(records, memory: MemoryManager, kept_video: bool) -> str:
 def generate(prepared: PreparedRequest, components: Components, memory: MemoryManager | None = None, *,
              cancel: CancelToken | None = None, outputs: str | Path = "outputs",
              lora_dir: str | Path | None = None, owner: str | None = None, compile: str = "auto",
-             on_open: Callable[[Job], None] | None = None) -> Iterator[Event]:
+             on_open: Callable[[Job], None] | None = None) -> Generator[Event, None, None]:
     """Run one job. Always ends with exactly one Done or Failed event.
 
     `prepared` comes from `pipeline.request.prepare(request, components.preset.default_resolution)`, which the caller (UI,

@@ -6,7 +6,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from PIL import Image
 
@@ -28,6 +28,11 @@ class RequestBase:
     """What every Request does; its fields come from configs/controls.py (one per control, see `request_class`)."""
 
     CONTROLS: tuple[Control, ...] = CONTROLS
+
+    if TYPE_CHECKING:           # for the type checker: the fields are made at run time, one per control
+        def __init__(self, *args: Any, **fields: Any) -> None: ...
+
+        def __getattr__(self, name: str) -> Any: ...
 
     def settings(self) -> dict:
         """Everything but the images, for job.json and reuse."""
@@ -70,7 +75,7 @@ class RequestBase:
         return cls(**fields)
 
 
-def request_class(controls: tuple[Control, ...] = CONTROLS, name: str = "Request") -> type:
+def request_class(controls: tuple[Control, ...] = CONTROLS, name: str = "Request") -> type[RequestBase]:
     """A frozen dataclass with one field per control (the required ones first), defaults from the table."""
     required = [(c.name, Any) for c in controls if c.required and not c.required_unless]
     optional = [(c.name, Any, dataclasses.field(default=c.default)) for c in controls
@@ -82,7 +87,10 @@ def request_class(controls: tuple[Control, ...] = CONTROLS, name: str = "Request
 
 
 # A generation request: the images (a path, bytes, a PIL image or an H×W×C array) and every setting.
-Request = request_class()
+if TYPE_CHECKING:
+    Request = RequestBase
+else:
+    Request = request_class()
 
 
 @dataclass(frozen=True)

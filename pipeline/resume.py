@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Generator
 
 from common.errors import InputError
 from pipeline import keyframes
@@ -104,7 +104,7 @@ def prepare_resume(job_dir: str | Path) -> ResumeRequest:
 
 
 def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir=None, compile: str = "auto",
-           on_open=None) -> Iterator:
+           on_open=None) -> Generator:
     """Continue the checked job folder `job` (from prepare_resume); yields the same events as generate().
     `compile`, `on_open`: as generate()'s."""
     from memory.manager import MemoryManager

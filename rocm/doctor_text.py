@@ -83,7 +83,7 @@ def _gpu_lines(rep: dict) -> list[str]:
             f"KFD arch     {rep['kfd_arch'] or '-'} (read before torch, from /sys/class/kfd"
             + ("" if rep["kfd_arch"] else ": none there on Windows, WSL2 or in a container") + f")   driver "
             f"{gpu['driver'] or '-'}",
-            *([f"AMD GPUs     " + ", ".join(f"{g['arch']}{' (integrated)' if g['integrated'] else ''}"
+            *(["AMD GPUs     " + ", ".join(f"{g['arch']}{' (integrated)' if g['integrated'] else ''}"
                                          f"{' <- the jobs run here' if g['used'] else ''}"
                                          for g in gpu.get("kfd_gpus", []))
                + (f"   selected by {gpu['visible_devices']}" if gpu.get("visible_devices") else "")]

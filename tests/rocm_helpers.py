@@ -33,7 +33,6 @@ def make_topology(root: Path, *gfx_names: str) -> Path:
 
 def assert_close_scaled(actual, expected, rel: float = 1e-5):
     """|actual - expected| <= rel * max(1, max|expected|) elementwise, in fp32; dtype must match."""
-    import torch
 
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)

@@ -17,7 +17,7 @@ from configs.options import add_process_options, config_from
 from pipeline import compiled
 from pipeline.events import Done, LogLine, Progress
 from pipeline.request import Request
-from tests.conftest import make_image, run_job
+from tests.conftest import make_image
 
 CAN_COMPILE = shutil.which("g++") or shutil.which("c++") or shutil.which("cl")
 NEEDS_COMPILER = pytest.mark.skipif(not CAN_COMPILE, reason="no C++ compiler: torch.compile cannot build CPU kernels "

@@ -102,9 +102,9 @@ def test_from_mapping(tmp_path):
     assert Request.from_mapping({"image": "/abs/a.png"}, base=tmp_path).image == Path("/abs/a.png")
     with pytest.raises(InputError, match="^colour: unknown setting; known: image, end_image, prompt"):
         Request.from_mapping({"image": "a.png", "colour": 1})
-    with pytest.raises(InputError, match="^image: missing; give the start image's path \(or the video to extend's\); "
+    with pytest.raises(InputError, match=r"^image: missing; give the start image's path \(or the video to extend's\); "
                        "for text-to-video without one choose start from noise, black, white or green "
-                       "\(--start-from noise\)$"):
+                       r"\(--start-from noise\)$"):
         Request.from_mapping({"seconds": 3})
     r = Request.from_mapping({"colour": 1, "steps": 4}, unknown="ignore", image=tmp_path / "input.png")
     assert r.steps == 4 and r.image == tmp_path / "input.png"

@@ -3,7 +3,6 @@ files refused by architecture before anything runs; a post job through the one q
 same bytes; a missing model file refused by the one pre-flight."""
 from __future__ import annotations
 
-import io
 import pickle
 import zipfile
 from fractions import Fraction
@@ -18,11 +17,11 @@ from safetensors.torch import save_file
 from common.errors import InputError
 from configs.runtime import Config
 from post import esrgan, rife
-from post.job import CheckedPost, PostFolders, check, prepare, prepare_resume, run_post
+from post.job import PostFolders, prepare, prepare_resume, run_post
 from post.modelfiles import ModelRef, check_file
 from post.process import interpolate, upscale
 from post.steps import chunks, make_plan, parse_step, request_from
-from video.mp4 import read_frames, write_mp4
+from video.mp4 import write_mp4
 
 TINY = dict(tiny=True)
 

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from common.errors import WeightsNotFound
 from jobs import store as qs

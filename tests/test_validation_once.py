@@ -3,7 +3,6 @@ orchestrator a PreparedRequest, which never checks or decodes again; a resume li
 from __future__ import annotations
 
 import pytest
-import torch
 
 import pipeline.request
 from cli.commands import Command, build_parser, request_from_args, run_batch, run_generate, run_resume
