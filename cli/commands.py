@@ -412,7 +412,8 @@ def read_batch(path: Path, prepare) -> tuple[list[tuple[int, object]], list[tupl
     Request -> PreparedRequest that raises InputError (`check_request`, or a Preflight's prepare)."""
     from pipeline.request import Request
 
-    jobs, invalid = [], []
+    jobs: list[tuple[int, object]] = []
+    invalid: list[tuple[int, str, str]] = []
     for number, line in enumerate(path.read_text("utf-8").splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
