@@ -31,6 +31,8 @@ def progress_parts(p: Progress) -> list[str]:
     parts.append(f"elapsed {format_seconds(p.elapsed_s)}")
     if p.eta_s is not None:
         parts.append(f"ETA {format_seconds(p.eta_s)}" if p.eta_s >= 0.5 else "ETA: any moment now")
+        if p.eta_note:
+            parts[-1] += f" ({p.eta_note})"
     return parts
 
 

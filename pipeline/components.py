@@ -42,6 +42,8 @@ class Components:
     transformer: torch.nn.Module
     crop_start: int
     revisions: dict = field(default_factory=dict)     # role -> commit hash, "local:<path>" or "tiny:seed=N"
+    warm: dict = field(default_factory=dict)          # speeds these models showed in this process once warm (the
+                                                      # next job's ETA starts from them: pipeline/eta.py)
 
     def models(self) -> dict[str, torch.nn.Module]:
         return {role: getattr(self, role) for role in MODEL_ROLES}

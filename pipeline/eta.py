@@ -55,6 +55,9 @@ def decode_frames(plan) -> list[int]:
     return [plan.decode_frames(s) for s in plan.sections]
 
 
+FINISHING = "finishing"      # the stage after the last decode: the last file written, the job's memory given back
+
+
 @dataclass
 class Remaining:
     sections: int
@@ -62,19 +65,51 @@ class Remaining:
     frames: list[int]                      # latent frames decoded after each section (decode_frames(plan))
     step_times: list[float] = field(default_factory=list)
     start_times: list[tuple[int, float]] = field(default_factory=list)   # (section, its start to its first step)
-    decode_s: float = 0.0                  # decode time measured so far, and the latent frames it decoded
+    decode_s: float = 0.0                  # decode time measured so far (after the job's first), and its frames
     decoded_frames: int = 0
     first_decode: tuple[float, int] | None = None     # the job's first decode (seconds, frames): one-time work too
-    decode_prior: float | None = None      # seconds per decoded latent frame measured on an earlier job
+    decode_prior: float | None = None      # seconds per decoded latent frame known before this job's (`for_plan`)
+    first_extra: float = 0.0               # what the job's first decode costs more than the others (earlier jobs)
+    finish_prior: float = 0.0              # the finishing stage of an earlier job of this process
     encode_s: float = 0.0                  # this job's VAE encode stage
+    gap_times: list[float] = field(default_factory=list)   # a section's last step to its decode (checkpoint, files)
+    write_s: float = 0.0                   # the writer's time on the latest section file
+    note: str = ""                         # why the estimate went up (while it holds), else ""
+    finishing_at: float | None = None      # when the finishing stage began (elapsed)
     _last: tuple | None = None             # (stage, section, step, elapsed) of the previous update
+    _shown: tuple | None = None            # (estimate, elapsed, rates) of the last one that counted down
+    _note_section: int = 0                 # the section in which `note` was set
 
     @classmethod
-    def for_plan(cls, plan, steps: int, decode_prior: float | None = None) -> "Remaining":
-        return cls(plan.count, steps, decode_frames(plan), decode_prior=decode_prior)
+    def for_plan(cls, plan, steps: int, decode_prior: float | None = None, *, warm: dict | None = None,
+                 pixels: int = 0) -> "Remaining":
+        """`warm`: what earlier jobs of this process measured (`keep`), for frames of `pixels` (height × width);
+        `decode_prior`: seconds per decoded latent frame from elsewhere (used when `warm` has none)."""
+        warm = warm or {}
+        per_pixel = warm.get("decode per frame and pixel")
+        if per_pixel and pixels > 0:
+            decode_prior = per_pixel * pixels
+        return cls(plan.count, steps, decode_frames(plan), decode_prior=decode_prior,
+                   first_extra=float(warm.get("first decode extra per pixel", 0.0)) * max(pixels, 0),
+                   finish_prior=float(warm.get("finishing", 0.0)))
+
+    def keep(self, warm: dict, pixels: int, elapsed_s: float) -> None:
+        """The job ended at `elapsed_s`: keep its steady decode speed (per latent frame and pixel, on the decodes
+        after its first), what its first decode cost more, and its finishing stage in `warm`, for the next job of
+        this process (its ETA then knows them from its start)."""
+        if self.decoded_frames and pixels > 0:
+            per_frame = self.decode_s / self.decoded_frames
+            warm["decode per frame and pixel"] = per_frame / pixels
+            if self.first_decode is not None:
+                extra = self.first_decode[0] - self.first_decode[1] * per_frame
+                warm["first decode extra per pixel"] = max(extra, 0.0) / pixels
+        if self.finishing_at is not None:
+            warm["finishing"] = max(elapsed_s - self.finishing_at, 0.0)
 
     def update(self, stage: str, section: int, step: int, elapsed_s: float) -> float | None:
-        """Record a progress point and return the estimated seconds left (None before sampling has timed a step)."""
+        """Record a progress point and return the estimated seconds left (None before sampling has timed a step).
+        When the estimate is higher than the last one that counted down, less the time since, by more than RAISE_S
+        or RAISE_PART of it, `note` says why (until the next section)."""
         last = self._last
         if last is not None:
             l_stage, l_section, l_step, l_elapsed = last
@@ -91,10 +126,35 @@ class Remaining:
                 else:
                     self.decode_s += spent
                     self.decoded_frames += frames
+            elif l_stage == "sampling" and stage == "VAE decode" and section == l_section and l_step >= self.steps:
+                self.gap_times.append(spent)
             elif l_stage == "VAE encode" and stage != l_stage:
                 self.encode_s += spent
+        if stage == FINISHING and self.finishing_at is None:
+            self.finishing_at = elapsed_s
         self._last = (stage, section, step, elapsed_s)
-        return self.estimate(stage, section, step)
+        rates = self.rates()
+        if rates is None:
+            return None
+        left = sum(self.parts(stage, section, step, rates).values())
+        if self.note and section > self._note_section:
+            self.note = ""
+        if self._shown is None:
+            self._shown = (left, elapsed_s, rates)
+        else:                   # small rises add up against the last estimate that counted down (or was explained)
+            before, at, before_rates = self._shown
+            expected = max(before - (elapsed_s - at), 0.0)
+            if left > expected + max(RAISE_S, RAISE_PART * expected):
+                self.note, self._note_section = self._why(before_rates, stage, section, step), section
+                self._shown = (left, elapsed_s, rates)
+            elif left <= expected:
+                self._shown = (left, elapsed_s, rates)
+        return left
+
+    def written(self, seconds: float) -> None:
+        """A section's file was written in `seconds` (video/section_writer.py): at its end the job waits about
+        that long for its last file (when no earlier job of this process timed its finishing stage)."""
+        self.write_s = max(float(seconds), 0.0)
 
     @property
     def per_step(self) -> float | None:
@@ -112,15 +172,22 @@ class Remaining:
         per_step = self.per_step or 0.0
         return max(later[-1] - per_step, 0.0) if later else 0.0
 
+    def gap(self) -> float:
+        """From a section's last step to its decode (its checkpoint saved, the previous section's file waited
+        for): the mean of the latest three sections, 0 before the first."""
+        recent = self.gap_times[-3:]
+        return sum(recent) / len(recent) if recent else 0.0
+
     def decode_per_frame(self) -> float | None:
-        """Seconds per decoded latent frame: measured (on the decodes after the first, once there are some: the
-        first also starts the VAE and the video's writer), else the prior."""
+        """Seconds per decoded latent frame: measured on this job's decodes after its first (the first also
+        allocates the decode's memory and starts the video's writer), else an earlier job's steady speed, else the
+        first decode's, else a prior."""
         if self.decoded_frames:
             return self.decode_s / self.decoded_frames
-        if self.first_decode is not None and self.first_decode[1]:
-            return self.first_decode[0] / self.first_decode[1]
         if self.decode_prior is not None:
             return self.decode_prior
+        if self.first_decode is not None and self.first_decode[1]:
+            return self.first_decode[0] / self.first_decode[1]
         per_step = self.per_step
         if per_step is None:
             return None
@@ -132,21 +199,64 @@ class Remaining:
     def decode_measured(self) -> bool:
         return self.first_decode is not None
 
-    def estimate(self, stage: str, section: int, step: int) -> float | None:
+    def rates(self) -> dict[str, float] | None:
+        """What the estimate is made of: seconds per step, per decoded latent frame, a later section's start, a
+        section's saving, the finishing stage, the first decode's extra (None before sampling has timed a step)."""
         per_step, per_frame = self.per_step, self.decode_per_frame()
         if per_step is None or per_frame is None:
             return None
+        return {"steps": per_step, "decodes": per_frame, "starts": self.start_extra(), "saving": self.gap(),
+                "finishing": self.finish_prior or self.write_s,
+                "first decode": self.first_extra if self.first_decode is None else 0.0}
+
+    def parts(self, stage: str, section: int, step: int, rates: dict | None = None) -> dict[str, float] | None:
+        """The time left in its parts: "steps", "starts" (of the later sections), "decodes", "saving" (a section's
+        last step to its decode) and "finishing" (after the last decode), at `rates` (default: `rates()`); None
+        before sampling has timed a step."""
+        rates = rates or self.rates()
+        if rates is None:
+            return None
+        if stage == FINISHING:
+            return {"steps": 0.0, "starts": 0.0, "decodes": 0.0, "saving": 0.0, "finishing": rates["finishing"]}
         n = min(max(section, 1), self.sections)
         if stage == "sampling":
             steps_left = (self.steps - step) + (self.sections - n) * self.steps
             starts_left = self.sections - n + (step == 0)    # at step 0 this section's start is still running
             first_undecoded = n                        # this section's decode is still to come
+            gaps_left = self.sections - n + 1
         else:                                          # "VAE decode" of section n (or a stage after sampling)
             steps_left = (self.sections - n) * self.steps
             starts_left = self.sections - n
             first_undecoded = n if stage == "VAE decode" else n + 1
+            gaps_left = self.sections - n
         frames_left = sum(self.frames[first_undecoded - 1:])
-        return steps_left * per_step + starts_left * self.start_extra() + frames_left * per_frame
+        return {"steps": steps_left * rates["steps"], "starts": starts_left * rates["starts"],
+                "decodes": frames_left * rates["decodes"] + (rates["first decode"] if frames_left else 0.0),
+                "saving": gaps_left * rates["saving"], "finishing": rates["finishing"]}
+
+    def estimate(self, stage: str, section: int, step: int) -> float | None:
+        parts = self.parts(stage, section, step)
+        return None if parts is None else sum(parts.values())
+
+    def _why(self, before: dict, stage: str, section: int, step: int) -> str:
+        """Which measured rate raised the estimate most since `before` (the rates then), in words: the one whose
+        earlier value would take most off the estimate now."""
+        now = self.rates()
+        left = sum(self.parts(stage, section, step, now).values())
+        cut = {k: left - sum(self.parts(stage, section, step, {**now, k: before[k]}).values()) for k in now}
+        grew = max(cut, key=cut.get)
+        done = max(section - 1, 1)
+        return {"steps": "up: the steps got slower",
+                "starts": "up: a section's start (loading the transformer) was timed",
+                "decodes": f"up: section {done}'s decode was timed" if grew != "decodes" or not self.decoded_frames
+                else "up: the decodes got slower",
+                "saving": "up: a section's saving and video file were timed",
+                "finishing": "up: the last video file was timed",
+                "first decode": "up: the first decode was timed"}[grew]
+
+
+RAISE_S = 1.0          # an estimate this much (or RAISE_PART of it) above the previous one, less the time since: a
+RAISE_PART = 0.15      # raise, whose reason the note says
 
 
 @dataclass(frozen=True)

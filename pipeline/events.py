@@ -30,6 +30,7 @@ class Progress:
     elapsed_s: float
     eta_s: float | None         # None until an estimate exists
     message: str = ""
+    eta_note: str = ""          # why the estimate went up, while that holds (pipeline/eta.py), else ""
 
     @property
     def fraction(self) -> float:

@@ -35,7 +35,7 @@ from pipeline.denoiser import FramepackDenoiser
 from pipeline.cancel import CancelToken
 from pipeline import compiled, lora
 from common.errors import InputError, JobStopped
-from pipeline.eta import Remaining
+from pipeline.eta import FINISHING, Remaining
 from pipeline.events import Done, Event, Failed, LogLine, Preview, Progress, SectionVideo, Started
 from pipeline.images import to_model_tensor
 from pipeline.jobs import Job
@@ -133,7 +133,8 @@ class JobRun:
         self.generator = torch.Generator("cpu").manual_seed(self.request.seed)
         self.timings: dict[str, float] = {}
         self.t0 = time.monotonic()
-        self.remaining = Remaining.for_plan(self.plan, self.request.steps)    # the ETA (pipeline/eta.py)
+        self.remaining = Remaining.for_plan(self.plan, self.request.steps, warm=components.warm,
+                                            pixels=prepared.height * prepared.width)   # the ETA (pipeline/eta.py)
         self.job: Job | None = None
         self.keyframe_latents: tuple = ()           # VAE-encoded (or from the checkpoint) with the start latent
         self.governing = keyframes.governing_keyframes([k.time for k, _ in prepared.keyframes], self.plan.mode,
@@ -148,8 +149,9 @@ class JobRun:
     # ---- events -------------------------------------------------------------------------------------------------
     def progress(self, stage: str, section: int = 0, step: int = 0, message: str = "") -> Progress:
         elapsed = time.monotonic() - self.t0
-        return Progress(stage, section, self.plan.count, step, self.request.steps, elapsed,
-                        self.remaining.update(stage, section, step, elapsed), message or stage)
+        eta = self.remaining.update(stage, section, step, elapsed)
+        return Progress(stage, section, self.plan.count, step, self.request.steps, elapsed, eta, message or stage,
+                        self.remaining.note)
 
     def _timed(self, name: str, seconds: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + seconds
@@ -195,6 +197,8 @@ class JobRun:
             except Exception as e:  # the job fails; the process (and the server around it) keeps going
                 log.error("job failed: %s", e, exc_info=True)
                 status, error, detail = "failed", e, traceback.format_exc()
+            if status == "done":
+                yield self.progress(FINISHING, self.plan.count, self.request.steps, "writing the last video file")
             try:
                 yield from self._written(wait=True)   # the section files still being written
             except Exception as e:
@@ -207,6 +211,9 @@ class JobRun:
             rocm.trim("after the job", host=True)      # now that a failure's traceback (and what it held) is gone
             log.info("host RSS after the job: %.1f MiB (freed memory given back)", host_rss_bytes() / MIB)
             yield from drain()
+            if status == "done":      # what this job measured, for the next one's ETA (pipeline/eta.py)
+                self.remaining.keep(self.models.warm, self.prepared.height * self.prepared.width,
+                                    time.monotonic() - self.t0)
             yield ending
 
     def _run(self, drain) -> Iterator[Event]:
@@ -514,6 +521,7 @@ class JobRun:
 
     def _record(self, written: WrittenSection) -> SectionVideo:
         self.last_video = written.path
+        self.remaining.written(written.seconds)          # the ETA's wait for the last file (pipeline/eta.py)
         self.job.info["videos"].append(written.path.name)
         # The hash of the raw frames (before encoding) lets a resumed job be compared with an uninterrupted one.
         self.job.info["sections"].append({"section": written.section, "frames": written.frames,

@@ -206,30 +206,65 @@ def test_phone_shows_every_part_without_sideways_scrolling(server, browser):
 
 
 # ---- 3. the ETA ------------------------------------------------------------------------------------------------------
-def test_eta_counts_every_remaining_section_and_decode(server, browser, images):
-    """In section 1 the ETA already holds the later sections and every VAE decode (the issue saw 'ETA 8 s' with 22 s
-    left: only the running section was counted). Of 4 sections, 3 are still to come in section 1: the ETA shown
-    then is at least as long as section 1 really took (counting only section 1 it would be shorter), a margin of
-    about 3x for a machine whose speed changes while the job runs."""
+def _eta_samples(page, image, **job):
+    """Start a job on `page` and return [(seconds before the status said Done, the progress text)] for every change
+    of the progress bar (a MutationObserver: the page's own clock, not this process's)."""
+    _fill(page, image, **job)
+    page.evaluate("""() => { window.__eta = []; const seen = () => { const t = document.querySelector('#progress')
+          .innerText; window.__eta.push([performance.now(), t]); };
+          new MutationObserver(seen).observe(document.querySelector('#progress'),
+                                             {subtree: true, childList: true, characterData: true});
+          new MutationObserver(() => { if (/Done/.test(document.querySelector('#status').innerText)
+                                           && !window.__done) window.__done = performance.now(); })
+              .observe(document.querySelector('#status'), {subtree: true, childList: true, characterData: true}); }""")
+    page.locator("#start-btn").click()
+    assert "Done" in _wait_status(page, "Done", "Failed")
+    done = page.wait_for_function("() => window.__done").json_value()
+    return [((done - t) / 1000, text) for t, text in page.evaluate("() => window.__eta")]
+
+
+def _eta_shown(text: str) -> float | None:
+    return 0.0 if "ETA: any moment" in text else _eta_seconds(text)
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["quiet", "one-core-busy"])
+def test_eta_holds_from_the_end_of_section_one(server, browser, images, busy):
+    """Issue 44 item 3: from the end of section 1 on (section 2's first progress) every ETA the page shows is within
+    1.5x of the time really left until Done (within 1.5 s where less than 3 s are left: the page shows whole
+    seconds), on this machine and with one core kept busy by another process. Before, it undercounted the time
+    between a section's last step and its decode, the last file and the job's end (the suite's ETA test failed on
+    a slower machine), and counted a job's first decode, which allocates the decode's memory, as the speed of every
+    later one (3x too high at section 2). The job runs after one other job of this app (its decode speed known, as
+    for every job but the app's first). PyTorch runs on one thread here, as in each of the suite's two workers
+    (tests/conftest.py): two threads on a machine with a busy core made section 1's steps 30-200x slower than the
+    later sections' (an OpenMP effect, not the ETA's; no estimate from section 1's speed can hold then)."""
+    import subprocess
+    import sys
+
+    import torch
+
     page = _open(browser, server)
+    hog, threads = None, torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
-        _fill(page, images / "start.png", seconds=4.8, steps=30)     # steps long enough for the page to show
-        page.evaluate("""() => { window.__eta = []; const seen = () => { const t = document.querySelector('#progress')
-              .innerText; window.__eta.push([performance.now(), t]); };
-              new MutationObserver(seen).observe(document.querySelector('#progress'),
-                                                 {subtree: true, childList: true, characterData: true}); }""")
-        page.locator("#start-btn").click()
-        assert "Done" in _wait_status(page, "Done", "Failed")
-        samples = page.evaluate("() => window.__eta")
-        first = [(t, _eta_seconds(text)) for t, text in samples
-                 if "section 1/4" in text and re.search(r"step ([2-9]|[12]\d|30)/30", text) and _eta_seconds(text) is not None]
-        assert first, [text for _, text in samples if "section 1/4" in text] or samples[:20]
-        started = min(t for t, text in samples if "section 1/4" in text)
-        second = min(t for t, text in samples if "section 2/4" in text)
-        section_s = (second - started) / 1000
-        assert all(eta >= section_s for _, eta in first), (section_s, first)
+        if not server.runner.models.get("original").warm:           # the app's first job: one before this one
+            _fill(page, images / "start.png", seconds=2.4, steps=3)
+            _start_and_wait(page, "Done", "Failed")
+        if busy:
+            hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        samples = _eta_samples(page, images / "start.png", seconds=4.8, steps=30)
     finally:
+        torch.set_num_threads(threads)
+        if hog is not None:
+            hog.kill()
+            hog.wait()
         page.close()
+    later = [(left, text) for left, text in samples
+             if re.search(r"section [234]/4", text) and _eta_shown(text) is not None]
+    assert len(later) >= 6, samples
+    off = [(round(left, 2), _eta_shown(text), text.splitlines()[0]) for left, text in later
+           if not (left / 1.5 <= _eta_shown(text) <= left * 1.5 if left >= 3 else abs(_eta_shown(text) - left) <= 1.5)]
+    assert not off, off
 
 
 def test_eta_keeps_moving_during_a_long_decode(server, browser, images):

@@ -42,7 +42,8 @@ def test_measured_decode_time_per_frame_replaces_the_prior():
     t += 5.0
     left = eta.update("sampling", 2, 0, t)
     assert eta.decode_measured and eta.decode_per_frame() == pytest.approx(5.0 / frames[0])
-    assert left == pytest.approx(2 * 2 * 1.0 + (frames[1] + frames[2]) * 5.0 / frames[0])
+    # two more sections of 2 steps, their decodes, and each one's 1 s from its last step to its decode (saving)
+    assert left == pytest.approx(2 * 2 * 1.0 + (frames[1] + frames[2]) * 5.0 / frames[0] + 2 * 1.0)
     during_last_decode = eta.update("VAE decode", 3, 2, t + 10)
     assert during_last_decode == pytest.approx(frames[2] * eta.decode_per_frame())
 
@@ -192,3 +193,92 @@ def test_the_last_progress_line_says_the_jobs_time_as_the_status_does():
     view.apply(Done(None, None, 73, False, {"total": 61.0}))
     progress = view._progress_html()
     assert "1 min 01 s" in view.status and "elapsed 1 min 01 s" in progress and "50 s" not in progress
+
+
+# ---- issue 44: a job whose time is mostly not its steps, on a machine at half speed ---------------------------------
+TINY_LIKE = {"step": 0.01, "first start": 0.5, "start": 0.02, "saving": 0.1, "frame": 0.02, "first extra": 0.8,
+             "write": 0.3, "finishing": 0.6}       # seconds, as the tiny preset on this CPU: the steps are the least
+
+
+def _simulate(eta, plan, steps, t, slow=lambda n: 1.0):
+    """Drive `eta` through a job as the orchestrator reports it (pipeline/orchestrator.py: each section's start,
+    steps, its last step to its decode, the decode, the finishing stage), each duration TINY_LIKE × slow(section).
+    Returns [(stage, section, step, elapsed, estimate, note)] and the job's end."""
+    points = []
+
+    def at(stage, n, step):
+        points.append((stage, n, step, at.t, eta.update(stage, n, step, at.t), eta.note))
+    at.t = 0.0
+    for section in plan.sections:
+        n, k = section.index + 1, slow(section.index + 1) * t
+        at("sampling", n, 0)
+        at.t += (TINY_LIKE["first start"] if n == 1 else TINY_LIKE["start"]) * k
+        for step in range(1, steps + 1):
+            at.t += TINY_LIKE["step"] * k
+            at("sampling", n, step)
+        at.t += TINY_LIKE["saving"] * k
+        if n > 1:
+            eta.written(TINY_LIKE["write"] * k)          # the previous section's file, recorded before the decode
+        at("VAE decode", n, steps)
+        at.t += (plan.decode_frames(section) * TINY_LIKE["frame"] + (TINY_LIKE["first extra"] if n == 1 else 0)) * k
+    at("finishing", plan.count, steps)
+    at.t += TINY_LIKE["finishing"] * slow(plan.count) * t
+    return points, at.t
+
+
+def _ratios_from_section_two(points, end):
+    return [left / (end - elapsed) for stage, n, step, elapsed, left, _ in points
+            if (n, stage) >= (2, "sampling") and left is not None and end > elapsed]
+
+
+def test_on_a_machine_at_half_speed_the_estimate_holds_from_the_end_of_section_one():
+    """Issue 44 item 3 (the suite's ETA test failed on a slower machine): a job whose time is mostly between its
+    steps (a section's saving, its decode, the last file, the job's end), every duration twice as long as on this
+    machine. From section 2 on the estimate is within 1.5x of the time left (within 10 % here); the app's first
+    job teaches the second its steady decode speed, its first decode's extra and its finishing stage. Before, the
+    time from a section's last step to its decode and the finishing stage were not counted, and the first decode
+    (which allocates the decode's memory) was taken as every decode's speed."""
+    plan, steps = sections.make_plan("original", 4.8, 9, 30), 30
+    warm: dict = {}
+    for job in range(2):
+        eta = Remaining.for_plan(plan, steps, warm=warm, pixels=64 * 48)
+        points, end = _simulate(eta, plan, steps, t=2.0)
+        eta.keep(warm, 64 * 48, end)
+        ratios = _ratios_from_section_two(points, end)
+        if job == 1:
+            assert len(ratios) > 3 * steps
+            assert all(0.9 < r < 1.1 for r in ratios), [round(r, 2) for r in ratios]
+            section_one = [left / (end - el) for stage, n, step, el, left, _ in points if n == 1 and step >= 2]
+            assert all(2 / 3 < r < 1.5 for r in section_one), [round(r, 2) for r in section_one]
+    assert set(warm) == {"decode per frame and pixel", "first decode extra per pixel", "finishing"}
+
+
+def test_an_estimate_that_goes_up_says_why():
+    """Issue 44 item 3 ("jumped up at section 2 instead of counting down"): the machine slows to half speed from
+    section 3 on (another process takes a core). The estimate goes up, and while it is up the progress says why;
+    it never rises by more than RAISE_S / RAISE_PART without a note. By section 3's last step it is within 1.5x."""
+    from jobs.text import progress_line
+    from pipeline.eta import RAISE_PART, RAISE_S
+
+    plan, steps = sections.make_plan("original", 4.8, 9, 30), 30
+    warm: dict = {}
+    for _ in range(2):
+        eta = Remaining.for_plan(plan, steps, warm=warm, pixels=64 * 48)
+        points, end = _simulate(eta, plan, steps, t=1.0, slow=lambda n: 2.0 if n >= 3 else 1.0)
+        eta.keep(warm, 64 * 48, end)
+    floor, raised = None, []          # the lowest countdown of the estimates since the last stated raise
+    for stage, n, step, elapsed, left, note in points:
+        if left is None:
+            continue
+        if floor is not None:
+            expected = min(e - (elapsed - at) for at, e in floor)
+            if left > max(expected, 0.0) + max(RAISE_S, RAISE_PART * max(expected, 0.0)):
+                assert note.startswith("up: "), (stage, n, step, left, expected)
+                raised.append(note)
+                floor = None
+        floor = (floor or []) + [(elapsed, left)]
+    assert raised and "up: the steps got slower" in raised, raised
+    last_of_three = next(left / (end - el) for stage, n, step, el, left, _ in points if (n, step) == (3, steps))
+    assert 2 / 3 < last_of_three < 1.5
+    line = progress_line(Progress("sampling", 3, 4, 5, 30, 10.0, 12.0, "", "up: the steps got slower"))
+    assert line.endswith("ETA 12 s (up: the steps got slower)")
