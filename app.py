@@ -18,6 +18,7 @@ ROCM_ENV = rocm.apply_env_profile(device_index=requested_device_index(sys.argv[1
 # before torch, diffusers and Gradio load (seconds on a busy machine); build_app and main import those.
 import logging  # noqa: E402
 
+from common.errors import InputError  # noqa: E402
 from common.portable import STOP_SIGNALS, handle_signal, wait_for_stop  # noqa: E402
 from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
 from configs.runtime import Config  # noqa: E402
@@ -60,13 +61,13 @@ def app_runner(config: Config, device) -> tuple[Runner, str | None]:
     return open_runner(config, executor, device_type=device.type, preflight=preflight)
 
 
-def build_app(config: Config, runner: Runner | None = None):
+def build_app(config: Config, runner: Runner | None = None, device=None):
     """The whole app as a gr.Blocks (queue configured, runner started, not launched). The panels in ui/ wire their
     own events: panel_controls (live hints, memory plan, token count, upload checks), panel_run (Start, Resume,
     End, the running job), panel_jobs (past jobs), panel_queue (the queue), api (the API for scripts)."""
     import gradio as gr
 
-    from memory.manager import default_device
+    from memory.device import chosen_device
     from pipeline.availability import missing_weights_message
     from ui import panel_controls, panel_keyframes, panel_lora
     from ui.api import PUBLIC_ENDPOINTS, JobApi, hide_ui_endpoints
@@ -79,7 +80,7 @@ def build_app(config: Config, runner: Runner | None = None):
     from ui.queue_api import QUEUE_ENDPOINTS
 
     preset = get_preset(config.preset)
-    device = default_device()
+    device = device if device is not None else chosen_device(config.device)      # --device: the jobs' GPU too
     outputs = config.outputs.expanduser().resolve()
     warning = None
     if runner is None:
@@ -140,20 +141,26 @@ def main(argv=None) -> int:
     for warning in security_warnings(config):
         log.warning(warning)
 
-    from memory.manager import default_device                    # torch (the options are checked by now)
+    from memory.device import chosen_device                      # torch only (the options are checked by now)
+
+    try:
+        device = chosen_device(config.device)                    # before any model: an unknown GPU stops here
+    except InputError as e:
+        log.error("%s", e)
+        return 2
     from pipeline.availability import missing_weights_message
 
     missing = missing_weights_message(get_preset(config.preset), DEFAULTS.mode, config.model_dir)
     if missing:
         log.warning(missing)
 
-    problem = host_budget_problem(config, default_device().type) or port_problem(config.web.host, config.web.port)
+    problem = host_budget_problem(config, device.type) or port_problem(config.web.host, config.web.port)
     if problem:
         log.error("%s", problem)
         return 2
     use_own_upload_folder()
     try:
-        app = build_app(config)
+        app = build_app(config, device=device)
     except (RuntimeError, ConnectionError, ValueError) as e:      # the farm: no cluster there, no GPUs in it
         log.error("the app could not start: %s", e)
         return 2

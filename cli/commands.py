@@ -164,9 +164,11 @@ class Command:
 
     @property
     def device(self):
+        """--device, checked (memory/device.py): raises InputError naming what is there; else the default."""
+        from memory.device import chosen_device
         from memory.manager import default_device
 
-        return _device(self.config.device) if self.config.device else default_device()
+        return chosen_device(self.config.device) if self.config.device else default_device()
 
     def open(self):
         """The queue's runner (not started): its jobs run on the farm of --ray/--gpus/--cpu-workers, or here."""
@@ -394,12 +396,6 @@ def _as_event(entry, outputs: Path):
     return Done(folder, video, frames, entry.status == qs.STOPPED)  # type: ignore[arg-type]  # no folder: None
 
 
-def _device(name: str):
-    import torch
-
-    return torch.device(name)
-
-
 def _progress_bar():
     from tqdm import tqdm
 
@@ -623,6 +619,12 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from(parser, args)
     cli_log.setup_logging(args.quiet, args.verbose)
     command = Command(config, quiet=args.quiet, verbose=args.verbose, preset_given=args.preset is not None)
+    if config.device and args.command in ("generate", "resume", "batch"):
+        try:
+            command.device          # --device checked before anything else loads: exit 2, one line
+        except InputError as e:
+            print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
+            return EXIT_INPUT
     try:
         if args.command == "generate":
 

@@ -118,8 +118,10 @@ class JobWorker:
     def _device(self):
         import torch
 
+        from memory.device import chosen_device
+
         if self.config.use_gpu and torch.cuda.is_available():
-            return torch.device("cuda", 0)           # Ray gives the actor one GPU: the first it can see
+            return chosen_device("cuda:0")           # Ray gives the actor one GPU: the first it can see (current)
         return torch.device("cpu")
 
     def load(self, mode: str) -> float:

@@ -71,7 +71,7 @@ class LocalExecutor:
                 f"loading the models (first job; downloads up to {preset.download_gb(request.mode):g} GB once)"
             yield Progress("loading models", 0, 0, 0, request.steps, 0.0, None, what)
             yield LogLine("info", what)
-        from memory.manager import default_device        # heavy imports: after the first message
+        from memory.device import chosen_device          # heavy imports: after the first message
 
         t0 = time.monotonic()
         with capture_logs() as lines:
@@ -89,14 +89,6 @@ class LocalExecutor:
         from jobs.execute import job_memory, run_job
 
         job = work.resuming if work.resuming is not None else work.prepared
-        memory = job_memory(self.config, request, self.device or _device(self.config.device) or default_device())
+        memory = job_memory(self.config, request, self.device or chosen_device(self.config.device))
         yield from run_job(job, components, memory, self.config, cancel, owner=work.owner)
 
-
-def _device(name: str | None):
-    """The Config's --device as a torch device (None: none given)."""
-    if not name:
-        return None
-    import torch
-
-    return torch.device(name)

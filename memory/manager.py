@@ -31,6 +31,7 @@ from configs.memory import MEMORY
 from rocm.sdpa import AttentionGuard
 from memory.budget import DEFAULT_PREFETCH_DEPTH, MemoryBudget, Placement, Workload, is_transformer
 from memory.chunkload import Staging, load_chunks, unload_chunks
+from memory.device import default_device  # noqa: F401  (one place: memory/device.py; callers import it from here)
 from memory.hostpack import HostPack
 from memory.hostplan import HostPlan, StageUse
 from memory.hostram import HostSettings, arrange, host_budget, pack_for
@@ -45,11 +46,6 @@ from rocm.conv_fallback import ConvFallback, new_conv_fallback
 import rocm
 
 log = logging.getLogger(__name__)
-
-
-def default_device() -> torch.device:
-    """The GPU when there is one (ROCm shows up as "cuda"), else the CPU."""
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
 @dataclass

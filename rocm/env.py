@@ -8,6 +8,7 @@ On CUDA and CPU (no AMD GPU in the KFD topology) nothing is changed.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import re
@@ -229,17 +230,43 @@ def miopen_dirs(environ: Mapping[str, str]) -> dict[str, Path]:
     return {MIOPEN_KERNEL_CACHE_VAR: base / "kernel-cache"}
 
 
-def build_backend(torch_version: str | None) -> str | None:
-    """The GPU stack a PyTorch build was made for, from its version's local label: 'rocm' (2.11.0+rocm7.0), 'cuda'
-    (+cu128), 'cpu' (+cpu); None without a label (PyPI's default wheel: CUDA on Linux, CPU elsewhere). This, not
-    the KFD topology, says whether jobs run on ROCm: WSL2, Windows and containers have no /sys/class/kfd, and a
-    Ryzen iGPU is in the topology beside an NVIDIA card that a CUDA build uses."""
+def installed_torch_build() -> dict[str, str | None] | None:
+    """{"cuda": "13.0" or None, "hip": "7.2..." or None}: what the installed torch was built for, as its own
+    torch/version.py says (torch.version.cuda / torch.version.hip), read as text: torch is not imported (the profile
+    is applied before it starts). None when torch or the file is not there."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        try:
+            text = (Path(folder) / "version.py").read_text("utf-8", errors="replace")
+        except OSError:
+            continue
+        found = {}
+        for name in ("cuda", "hip"):
+            m = re.search(rf"^{name}\s*(?::[^=\n]*)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", text, re.MULTILINE)
+            found[name] = (m.group(1) or m.group(2)) if m and (m.group(1) or m.group(2)) else None
+        return found
+    return None
+
+
+def build_backend(torch_version: str | None, build: Mapping[str, str | None] | None = None) -> str | None:
+    """The GPU stack a PyTorch build was made for: from its version's local label, 'rocm' (2.11.0+rocm7.0), 'cuda'
+    (+cu130), 'cpu' (+cpu); without a label (PyPI's wheels: a CUDA build on Linux, CPU on macOS and Windows) from
+    what the build says of itself (`build`: torch.version.cuda / .hip, `installed_torch_build`); None when neither
+    tells. This, not the KFD topology, says whether jobs run on ROCm: WSL2, Windows and containers have no
+    /sys/class/kfd, and a Ryzen iGPU is in the topology beside an NVIDIA card that a CUDA build uses."""
     label = (torch_version or "").partition("+")[2]
     if label.startswith("rocm"):
         return "rocm"
     if label.startswith("cu"):
         return "cuda"
-    return "cpu" if label == "cpu" else None
+    if label == "cpu":
+        return "cpu"
+    if build is not None:
+        return "rocm" if build.get("hip") else "cuda" if build.get("cuda") else "cpu"
+    return None
 
 
 def _desired(profile: RocmProfile, environ: Mapping[str, str], report: EnvReport, gfx: str,
@@ -295,7 +322,8 @@ def _forget_inherited(env: MutableMapping[str, str]) -> None:
 
 def apply_env_profile(environ: MutableMapping[str, str] | None = None, *,
                       topology_nodes: Path | str | None = None, torch_version: str | None = None,
-                      device_index: int | None = None) -> EnvReport:
+                      device_index: int | None = None, torch_build: Mapping[str, str | None] | None = None
+                      ) -> EnvReport:
     """Apply the profile of the AMD architecture family the job's GPU has to ``environ`` (default ``os.environ``).
 
     Call before ``import torch``. Sets only variables listed in docs/FACTS.md, never one the user already set.
@@ -303,8 +331,8 @@ def apply_env_profile(environ: MutableMapping[str, str] | None = None, *,
     cuda:N`` says) under the device-selection variables (``rocm.arch.job_gpu``): not simply the first in the KFD
     topology, which may be a Ryzen iGPU. What it sets is listed in STEADYFRAME_ROCM_PROFILE_SET, so that a child
     process on another GPU (a farm worker) replaces it with its own GPU's profile. ``topology_nodes`` points at a
-    fake KFD topology (tests); ``torch_version`` stands for the installed torch's (tests): its build decides ROCm
-    or CUDA (`build_backend`).
+    fake KFD topology (tests); ``torch_version`` and ``torch_build`` stand for the installed torch's version and
+    torch.version's cuda/hip (tests): the build decides ROCm or CUDA (`build_backend`).
     """
     env = os.environ if environ is None else environ
     _forget_inherited(env)
@@ -314,7 +342,8 @@ def apply_env_profile(environ: MutableMapping[str, str] | None = None, *,
         report.warnings = check_environment(env)
         return report
     version = torch_version or installed_torch_version()
-    build = build_backend(version)
+    build = build_backend(version, torch_build if torch_build is not None
+                          else installed_torch_build() if torch_version is None else None)
     arch = detect_arch(topology_nodes, env, device_index)
     if arch is not None and build == "cuda":
         report.skipped_reason = (f"the installed PyTorch is a CUDA build ({version}): the AMD GPU in the KFD "

@@ -29,7 +29,10 @@ CASES = [
 
 
 def _facts(reported: str) -> DeviceFacts:
-    return DeviceFacts("rocm", reported, 0, f"simulated {reported}", 24 * 2**30, WHEEL, torch.__version__,
+    """A simulated ROCm device, with a ROCm torch whatever build runs the tests (a CUDA one made the doctor's
+    profile 'not ROCm')."""
+    rocm_torch = torch.__version__.partition("+")[0] + "+rocm7.2"
+    return DeviceFacts("rocm", reported, 0, f"simulated {reported}", 24 * 2**30, WHEEL, rocm_torch,
                        "6.4.43482", None, "amdgpu-6.12.12")
 
 

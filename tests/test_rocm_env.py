@@ -93,10 +93,16 @@ def test_profile_data_only_verified_variables():
         "rdna1": 3, "rdna2": 3, "rdna3": 3, "rdna4": 3, "cdna": 1, "unknown": 1}
 
 
-def rocm_apply(env, nodes):
+ROCM_TORCH = "2.13.0+rocm7.2"     # the simulated machines run a ROCm build, whatever build runs the tests
+
+
+CUDA_TORCH = "2.13.0+cu130"       # ... or, on the NVIDIA/CPU machines they simulate, a CUDA build
+
+
+def rocm_apply(env, nodes, torch_version=ROCM_TORCH):
     from rocm.env import apply_env_profile
 
-    return apply_env_profile(env, topology_nodes=nodes)
+    return apply_env_profile(env, topology_nodes=nodes, torch_version=torch_version)
 
 
 def test_user_settings_win(tmp_path):
@@ -123,7 +129,7 @@ def test_no_amd_gpu_sets_only_the_cuda_allocator(tmp_path, topology):
     nodes = tmp_path / "nowhere" if topology == "missing" else make_topology(tmp_path / "kfd")
     env = {"PATH": "/bin", "STEADYFRAME_CACHE_DIR": str(tmp_path / "c")}
     before = dict(env)
-    report = rocm_apply(env, nodes)
+    report = rocm_apply(env, nodes, CUDA_TORCH)
     assert not report.applied and "CUDA or CPU" in report.skipped_reason
     assert report.set == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     assert env == {**before, **report.set}
@@ -137,12 +143,12 @@ def test_the_users_allocator_setting_wins_on_nvidia_and_the_config_can_turn_ours
 
     nodes = tmp_path / "nowhere"
     env = {"PYTORCH_ALLOC_CONF": "max_split_size_mb:128"}
-    report = rocm_apply(env, nodes)
+    report = rocm_apply(env, nodes, CUDA_TORCH)
     assert env == {"PYTORCH_ALLOC_CONF": "max_split_size_mb:128"} and report.set == {}
     assert report.kept["PYTORCH_ALLOC_CONF"] == ("max_split_size_mb:128", "expandable_segments:True")
     monkeypatch.setattr("rocm.env.MEMORY", dataclasses.replace(MEMORY, cuda_expandable_segments=False))
     env = {}
-    assert rocm_apply(env, nodes).set == {} and env == {}
+    assert rocm_apply(env, nodes, CUDA_TORCH).set == {} and env == {}
 
 
 def test_switch_off(tmp_path):
@@ -314,6 +320,43 @@ def test_the_build_says_rocm_or_cuda(version, backend):
     from rocm.env import build_backend
 
     assert build_backend(version) == backend
+
+
+@pytest.mark.parametrize("build, backend", [({"cuda": "13.0", "hip": None}, "cuda"),      # PyPI's Linux wheel
+                                            ({"cuda": None, "hip": "7.2.26015"}, "rocm"),
+                                            ({"cuda": None, "hip": None}, "cpu")])     # PyPI's macOS/Windows wheel
+def test_a_build_without_a_label_is_told_by_torch_version(build, backend, tmp_path, monkeypatch):
+    """PyPI's torch has no +cu tag: its torch/version.py (torch.version.cuda / .hip, read as text, torch not
+    imported) decides. A CUDA build beside a Ryzen iGPU's KFD node: no ROCm profile, expandable segments."""
+    import importlib.util
+
+    from rocm.env import apply_env_profile, build_backend, installed_torch_build
+
+    assert build_backend("2.13.0", build) == backend
+    site = tmp_path / "site" / "torch"
+    site.mkdir(parents=True)
+    quoted = {k: repr(v) for k, v in build.items()}
+    (site / "version.py").write_text(f"from typing import Optional\n__version__ = '2.13.0'\n"
+                                     f"cuda: Optional[str] = {quoted['cuda']}\nhip: Optional[str] = {quoted['hip']}\n")
+    (site / "__init__.py").write_text("raise ImportError('torch must not be imported here')\n")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: _spec_at(site))
+    assert installed_torch_build() == build
+    env = {"STEADYFRAME_CACHE_DIR": str(tmp_path / "c")}
+    report = apply_env_profile(env, topology_nodes=make_topology(tmp_path / "kfd", "gfx1036"),
+                               torch_version="2.13.0", torch_build=build)
+    if backend == "cuda":
+        assert not report.applied and "CUDA build" in report.skipped_reason
+        assert report.set == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    else:
+        assert report.applied and report.gfx == "gfx1036"
+
+
+def _spec_at(folder):
+    import importlib.machinery
+
+    spec = importlib.machinery.ModuleSpec("torch", None, is_package=True)
+    spec.submodule_search_locations = [str(folder)]
+    return spec
 
 
 IGPU_FIRST = ("gfx1036", "gfx1100")      # a Ryzen 7000 iGPU listed before a 7900 XTX
