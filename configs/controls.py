@@ -243,6 +243,12 @@ CONTROLS: tuple[Control, ...] = (
             help="extending: how many of the input video's latent frames (4 video frames each) condition the new "
                  "sections, 1 to 19; 0 = automatic (19; 5 toward an end frame, where each costs like a generated "
                  "frame)"),
+    # The loop switch (video/loop.py): the original mode ends at the start image; the seam is blended in both modes.
+    Control("loop", "choice", "off", choices=ON_OFF, label="Loop", field="loop", widget="radio",
+            info="on: the video returns to its first frame (original mode: the start image is also the end frame; "
+                 "the last frames are blended into the first) so it plays seamlessly on repeat.",
+            help="on: a seamless loop: the last frame returns to the first (the original mode uses the start image "
+                 "as the end frame; the seam is blended over a few frames)"),
     # Keyframes (pipeline/keyframes.py): images at chosen times, original mode; the page builds it from its rows.
     Control("keyframes", "text", "", label="Keyframes", field="keyframes", cli_aliases=("--keyframe",),
             repeat=True, default_text="none", widget="textbox",

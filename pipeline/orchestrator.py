@@ -42,6 +42,8 @@ from pipeline.jobs import Job
 from pipeline.logcapture import capture_logs
 from pipeline.preview import preview_image
 from pipeline import keyframes, text_to_video, timeline
+from video.loop import SEAM_FRAMES, seam_blend
+from video.mp4 import encode_segment, write_segments
 from pipeline.prompt_cache import cache_key, default_cache
 from pipeline.request import PreparedRequest
 from pipeline.sampling import sample_section
@@ -357,6 +359,8 @@ class JobRun:
             return (yield from extend.starting_point(self, drain))
         yield self.progress("VAE encode")
         start_latent, end_latent = self._encode_latents()
+        if self.request.loop == "on" and self.plan.mode == "original" and end_latent is None:
+            end_latent = start_latent.clone()       # a loop: the start image is also the end frame
         self.keyframe_latents = self._encode_keyframes()
         yield from drain()
         return start_latent, end_latent, sec.empty_history(self.plan, start_latent), 0
@@ -549,11 +553,24 @@ class JobRun:
     def _finish(self, status: str) -> Done:
         log.info("convolution fallback this job: %s", self.fallback.report())
         frames = len(self.writer) if self.last_video else 0
+        if status == "done" and self.last_video and self.request.loop == "on":
+            self.last_video = self._looped()
         self.job.finish(status, self.last_video, timings=self._timings(), memory=self.memory.summary(),
                         frames=frames)
         final = self.job.path("final.mp4") if self.last_video else None
         log.info("job %s %s: %d frames in %.1f s", self.job.id, status, frames, time.monotonic() - self.t0)
         return Done(self.job.dir, final, frames, status == "stopped", self._timings())
+
+    def _looped(self) -> Path:
+        """The loop switch: the whole video with its seam blended (video/loop.py), as the job's final video; the
+        section videos stay as sampled. Recorded in job.json's "loop"."""
+        frames = seam_blend(self.writer.buffer.frames(), SEAM_FRAMES)
+        path = self.job.path("final.mp4")
+        write_segments([encode_segment(frames, fps=self.request.fps, crf=self.request.crf)], path,
+                       fps=self.request.fps, metadata=self.writer.metadata)
+        self.job.info["loop"] = {"seam_frames": SEAM_FRAMES,
+                                 "end_frame": "start image" if self.plan.mode == "original" else None}
+        return path
 
     def _fail(self, error: Exception, detail: str) -> Failed:
         log.info("convolution fallback this job: %s", self.fallback.report())

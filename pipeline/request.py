@@ -250,6 +250,12 @@ def prepare(request: Request, default_resolution: int = 640, *, images_prepared:
         raise InputError("start from", f"{shown(settings['start_from'])} is text-to-video, which starts without an "
                                        f"image; extending a video starts from its last frame: choose start from "
                                        f"'image'")
+    if settings.get("loop") == "on" and r.input_video is not None:
+        raise InputError("loop", "a loop returns to the start image of a new video; extending a video does not "
+                                 "loop: turn loop off, or remove the video to extend")
+    if settings.get("loop") == "on" and r.end_image is not None and not images_prepared:
+        raise InputError("loop", "a loop ends at its start image, which is its end frame; remove the end image, or "
+                                 "turn loop off")
     if r.input_video is not None and settings.get("keyframes"):
         raise InputError("keyframes", "keyframes place images in a new video; extending a video has none: remove "
                                       "the keyframes, or the video to extend")
