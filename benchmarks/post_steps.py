@@ -73,7 +73,7 @@ def main() -> None:
     p.add_argument("--cap-gb", type=float, default=20.0)
     p.add_argument("--tiny", action="store_true", help="the tiny twins on small frames (a CPU check of the script)")
     args = p.parse_args()
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     dtype = dtype_for(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak_flops = next((v for k, v in PEAK_FP16.items() if k in name), None)
