@@ -10,12 +10,13 @@
   the arch came from and notes an override. Torch's arch is used only when the KFD topology cannot say (no sysfs,
   or a device-selection variable that names a GPU the topology cannot match).
 * Which KFD GPU a torch device is (``visible_gpus``, ``job_gpu``): the runtime lists the KFD GPU nodes in order,
-  ROCR_VISIBLE_DEVICES (indices or ``GPU-<uuid>``) keeps and orders a subset, then HIP_VISIBLE_DEVICES (or, when
-  it is unset, CUDA_VISIBLE_DEVICES) indexes into that subset; torch's device N is the N-th left. Sources: ROCm's
-  "GPU isolation techniques" and HIP's environment-variable reference (rocm.docs.amd.com: "HIP_VISIBLE_DEVICES or
-  CUDA_VISIBLE_DEVICES: device indices exposed to HIP applications"; ROCR's applies to the whole user-mode stack,
-  first), and PyTorch's torch/cuda/__init__.py ``_parse_visible_devices`` (PR #142292: ROCR first, HIP's indices
-  into what ROCR left, HIP before CUDA).
+  ROCR_VISIBLE_DEVICES (indices or ``GPU-<uuid>``) keeps and orders a subset, then HIP_VISIBLE_DEVICES indexes
+  into that subset; torch's device N is the N-th left. CUDA_VISIBLE_DEVICES is not read as a HIP selector: HIP's
+  current environment-variable reference lists HIP_VISIBLE_DEVICES and ROCR_VISIBLE_DEVICES only (the alias
+  "or CUDA_VISIBLE_DEVICES" was dropped from it), and Ray gives an AMD worker its GPU through HIP_VISIBLE_DEVICES
+  (ray/_private/accelerators/amd_gpu.py); the profile notes it when it is set alone (``rocm.env``). Sources: ROCm's
+  "GPU isolation techniques", HIP's environment-variable reference (rocm.docs.amd.com), and PyTorch's
+  torch/cuda/__init__.py ``_parse_visible_devices`` (PR #142292: ROCR first, HIP's indices into what ROCR left).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ logger = logging.getLogger(__name__)
 KFD_TOPOLOGY_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
 FAMILIES = ("rdna1", "rdna2", "rdna3", "rdna4", "cdna", "unknown")
 _CDNA = {"gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"}
+# gfx125x is not RDNA4 though its name starts with gfx12: LLVM's AMDGPU processor table (llvm/docs/AMDGPUUsage.rst)
+# lists it under its own "GCN GFX12.5" heading, without RDNA's cumode/wavefront-64 features, and it is the Instinct
+# MI400 class (MI455X: gfx1250), the data-centre line after CDNA4. It takes the CDNA profile.
+_CDNA_NEXT = re.compile(r"gfx125[0-9a-f]")
 
 
 @dataclass(frozen=True)
@@ -48,9 +53,11 @@ class GpuNode:
 
 
 # Ryzen APUs' integrated GPUs (Renoir/Cezanne gfx90c, Rembrandt gfx1035, Raphael/Granite Ridge gfx1036, Phoenix
-# gfx1103, Strix gfx1150/1152; Strix Halo's gfx1151 is left out: there it is the machine's main GPU). HIP lists such
-# an iGPU as a device like any other, so it can become torch's device 0 in front of the discrete card.
-INTEGRATED = frozenset({"gfx902", "gfx909", "gfx90c", "gfx1035", "gfx1036", "gfx1103", "gfx1150", "gfx1152"})
+# gfx1103, Strix gfx1150/1152, the Radeon 820M gfx1153 (RDNA3.5: TheRock's SUPPORTED_GPUS.md and RELEASES.md device
+# table); Strix Halo's gfx1151 is left out: there it is the machine's main GPU). HIP lists such an iGPU as a device
+# like any other, so it can become torch's device 0 in front of the discrete card.
+INTEGRATED = frozenset({"gfx902", "gfx909", "gfx90c", "gfx1035", "gfx1036", "gfx1103", "gfx1150", "gfx1152",
+                        "gfx1153"})
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,8 @@ def arch_family(gfx: str | None) -> str | None:
         return "rdna2"
     if re.fullmatch(r"gfx11[0-9a-f]{2}", base):
         return "rdna3"
+    if _CDNA_NEXT.fullmatch(base):
+        return "cdna"
     if re.fullmatch(r"gfx12[0-9a-f]{2}", base):
         return "rdna4"
     if base in _CDNA:
@@ -128,7 +137,7 @@ def read_kfd_gpus(topology_nodes: Path | str | None = None) -> list[GpuNode]:
     return gpus
 
 
-_SELECTORS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+_SELECTORS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
 def _select(gpus: list[GpuNode], text: str, uuids: bool) -> list[GpuNode] | None:
@@ -159,7 +168,6 @@ def visible_gpus(gpus: list[GpuNode] | tuple[GpuNode, ...], environ: Mapping[str
         if left is None:
             return None
     hip = environ.get("HIP_VISIBLE_DEVICES")
-    hip = hip if hip is not None else environ.get("CUDA_VISIBLE_DEVICES")
     return _select(left, hip, uuids=False) if hip is not None else left
 
 

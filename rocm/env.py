@@ -391,15 +391,23 @@ def apply_env_profile(environ: MutableMapping[str, str] | None = None, *,
 def _gpu_choice_notes(arch, env: Mapping[str, str], device_index: int | None) -> list[EnvWarning]:
     """Which GPU the profile followed, where there are several kinds; advice when that is a Ryzen iGPU while a
     discrete card is there (HIP lists the iGPU as a device like any other, often as device 0)."""
+    notes = []
+    if len(arch.nodes) > 1 and "CUDA_VISIBLE_DEVICES" in env and not any(
+            k in env for k in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")):
+        notes.append(EnvWarning("CUDA_VISIBLE_DEVICES", env["CUDA_VISIBLE_DEVICES"], "is not an AMD device "
+                                "selector (HIP reads HIP_VISIBLE_DEVICES and ROCR_VISIBLE_DEVICES): the profile "
+                                f"follows torch's device {device_index or 0} among all the AMD GPUs; to choose one, "
+                                "set HIP_VISIBLE_DEVICES instead", "info"))
     if len({n.gfx for n in arch.nodes}) < 2:
-        return []
+        return notes
     chosen = arch.chosen or arch.nodes[0]
     selection = visible_devices_note(env)
-    notes = [EnvWarning("GPU", None, f"AMD GPUs {', '.join(n.gfx for n in arch.nodes)}: profile '{arch.family}' "
+    notes += [EnvWarning("GPU", None, f"AMD GPUs {', '.join(n.gfx for n in arch.nodes)}: profile '{arch.family}' "
                         f"follows {chosen.gfx} (KFD node {chosen.node}), torch's device {device_index or 0}"
                         + (f" under {selection}" if selection else "") + ".", "info")]
     discrete = [i for i, n in enumerate(arch.nodes) if not n.integrated]
-    if chosen.integrated and discrete and not selection and not device_index:    # not where the user chose it
+    chosen_by_user = any(k in env for k in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"))
+    if chosen.integrated and discrete and not chosen_by_user and not device_index:    # not where the user chose it
         first = arch.nodes[discrete[0]]
         notes.append(EnvWarning("GPU", None, f"the jobs would run on {chosen.gfx}, an integrated GPU, while "
                                 f"{first.gfx} is a discrete card: start with HIP_VISIBLE_DEVICES={discrete[0]} (its "

@@ -131,3 +131,13 @@ def test_the_driver_version_needs_no_posix_call(monkeypatch):
     monkeypatch.setattr(platform, "release", lambda: "11")
     assert arch.driver_version("rocm") == "windows-11"
     assert arch.driver_version("cpu") is None
+
+
+def test_the_arch_table_knows_gfx1250_is_not_rdna4_and_gfx1153_is_an_igpu():
+    """gfx1250 (Instinct MI455X class; LLVM's 'GCN GFX12.5', not RDNA4) takes the data-centre profile; gfx1153
+    (Radeon 820M) is RDNA3.5 and integrated."""
+    from rocm.arch import GpuNode, arch_family
+
+    assert [arch_family(g) for g in ("gfx1250", "gfx1251", "gfx1200", "gfx1201", "gfx1153", "gfx950")] == [
+        "cdna", "cdna", "rdna4", "rdna4", "rdna3", "cdna"]
+    assert GpuNode(1, "gfx1153", 110503).integrated and not GpuNode(1, "gfx1250", 120500).integrated

@@ -365,7 +365,7 @@ IGPU_FIRST = ("gfx1036", "gfx1100")      # a Ryzen 7000 iGPU listed before a 790
 @pytest.mark.parametrize("selection, device_index, gfx", [
     ({}, None, "gfx1036"),                                             # device 0 is the iGPU: advice below
     ({"HIP_VISIBLE_DEVICES": "1"}, None, "gfx1100"),
-    ({"CUDA_VISIBLE_DEVICES": "1"}, None, "gfx1100"),                  # HIP honours it when HIP_... is unset
+    ({"CUDA_VISIBLE_DEVICES": "1"}, None, "gfx1036"),                  # not a HIP selector: ignored, and said
     ({"HIP_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": "1"}, None, "gfx1036"),    # HIP_... wins
     ({"ROCR_VISIBLE_DEVICES": "1"}, None, "gfx1100"),
     ({"ROCR_VISIBLE_DEVICES": f"GPU-{UNIQUE_ID + 2:016x}"}, None, "gfx1100"),      # by UUID
@@ -384,24 +384,29 @@ def test_the_profile_follows_the_gpu_the_job_runs_on(tmp_path, selection, device
     assert (env.get("TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL") == "1") == (gfx == "gfx1100")
     advice = [w.message for w in report.warnings if "integrated GPU" in w.message and "HIP_VISIBLE_DEVICES=1" in
               w.message]
-    assert bool(advice) == (gfx == "gfx1036" and not selection)        # the iGPU chosen by default: say so
+    chosen = any(k in selection for k in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"))
+    assert bool(advice) == (gfx == "gfx1036" and not chosen)           # the iGPU chosen by default: say so
+    ignored = [w for w in report.warnings if w.variable == "CUDA_VISIBLE_DEVICES"]
+    assert bool(ignored) == (selection == {"CUDA_VISIBLE_DEVICES": "1"})   # CUDA_... alone: said it is not read
+    assert not ignored or "HIP_VISIBLE_DEVICES" in ignored[0].message
 
 
 def test_a_farm_worker_on_another_gpu_gets_its_own_profile(tmp_path):
     """Issue 31, item 3: a farm worker inherits the app's environment, profile included; Ray gives it one GPU through
-    CUDA_VISIBLE_DEVICES. Its own profile replaces what the app's set (never what the user set)."""
+    HIP_VISIBLE_DEVICES (ray/_private/accelerators/amd_gpu.py). Its own profile replaces what the app's set (never
+    what the user set)."""
     from rocm.env import apply_env_profile
 
     nodes = make_topology(tmp_path / "kfd", "gfx1100", "gfx1030")
     app_env = {"STEADYFRAME_CACHE_DIR": str(tmp_path / "c"), "MIOPEN_FIND_ENFORCE": "NONE"}     # the user's own
     app = apply_env_profile(app_env, topology_nodes=nodes, torch_version="2.11.0+rocm7.0")
     assert app.family == "rdna3" and app_env["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"] == "1"
-    worker_env = dict(app_env, CUDA_VISIBLE_DEVICES="1")
+    worker_env = dict(app_env, HIP_VISIBLE_DEVICES="1")          # Ray's AMD workers: HIP_VISIBLE_DEVICES
     worker = apply_env_profile(worker_env, topology_nodes=nodes, torch_version="2.11.0+rocm7.0")
     assert worker.family == "rdna2" and "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL" not in worker_env
     assert worker.kept == {} and worker_env["MIOPEN_FIND_ENFORCE"] == "NONE"      # the app's values were not "yours"
     assert worker_env["MIOPEN_FIND_MODE"] == "2" and worker_env["STEADYFRAME_ROCM_PROFILE_SET"]
-    back = apply_env_profile(dict(worker_env, CUDA_VISIBLE_DEVICES="0"), topology_nodes=nodes,
+    back = apply_env_profile(dict(worker_env, HIP_VISIBLE_DEVICES="0"), topology_nodes=nodes,
                              torch_version="2.11.0+rocm7.0")
     assert back.family == "rdna3" and back.set["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"] == "1"
 
