@@ -38,7 +38,7 @@ STOP_SIGNALS = ("SIGINT", "SIGTERM")      # Ctrl-C, and what a service manager o
 FOLLOW_S = 1.0              # how often a job run by another process is looked at in the queue
 
 # The option (and the batch file's key) that sets each field a request check can name (configs/controls.py).
-OPTION_OF_FIELD = {**{c.field_name: c.option for c in CONTROLS if c.option}, "job folder": "job_dir",
+OPTION_OF_FIELD = {**{c.field_name: c.option for c in CONTROLS if c.option},
                    "host RAM": "--host-ram-gb"}
 KEY_OF_FIELD = {c.field_name: c.name for c in CONTROLS}
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from common.files import atomic_copy, atomic_write_bytes, atomic_write_json, rename_new
+from common.files import atomic_copy, atomic_write_bytes, atomic_write_json, file_sha256, rename_new
 import io
 
 CHECKPOINT = "latents.safetensors"       # the latest section's latents and random state (pipeline/checkpoint.py)
@@ -144,6 +144,7 @@ class Job:
         if final is not None and final.name != "final.mp4":
             final = atomic_copy(final, self.path("final.mp4"))
         self.update(status=status, final=final.name if final else None, frames=frames, error=error,
+                    final_sha256=file_sha256(final) if final else None,     # what "done" is checked against
                     finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), timings=timings or self.info["timings"],
                     memory=memory or self.info["memory"])
         if status == "done" and final is not None and self.info.get("settings", {}).get("keep_final_only") == "on":
@@ -211,15 +212,73 @@ def result_of(job_dir: Path) -> tuple[Path | None, int]:
     return Path(job_dir) / final, frames
 
 
+def video_problem(job_dir: Path, name: str, sha256: str | None, frames: int | None) -> str | None:
+    """Why the video `name` of a job folder is not the one its record says was written (None: it is): missing,
+    other bytes than the SHA-256 recorded when it was written, or (a record without it) not decoding to the frame
+    count recorded."""
+    path = Path(job_dir) / name
+    if not path.is_file():
+        return f"{name} is missing"
+    if sha256:
+        return None if file_sha256(path) == sha256 else f"{name} is damaged (not the bytes that were written)"
+    if not isinstance(frames, int):
+        return None                             # nothing recorded to check it against
+    from video.mp4 import decoded_frames       # (PyAV) an older record only
+
+    try:
+        got = decoded_frames(path)
+    except (OSError, ValueError) as e:          # av's errors are OSErrors or ValueErrors
+        return f"{name} is damaged (it cannot be decoded: {str(e).splitlines()[0][:120] if str(e) else type(e).__name__})"
+    return None if got == frames else f"{name} is damaged ({got} frames decode, {frames} were written)"
+
+
+def _section_records(info: dict) -> dict[int, dict]:
+    return {s["section"]: s for s in info.get("sections") or [] if isinstance(s, dict) and isinstance(s.get("section"), int)}
+
+
+def final_problem(job_dir: Path, info: dict) -> str | None:
+    """Why a job whose record says "done" is not complete (None: it is): its final video missing, or not what was
+    written (its recorded SHA-256, or the frame count of its last section when an older record has no hash)."""
+    final = info.get("final")
+    if not isinstance(final, str) or "/" in final or "\\" in final or not final:
+        return "its record names no final video"
+    sections = _section_records(info)
+    frames = info.get("frames") or (sections[max(sections)] if sections else {}).get("frames")
+    return video_problem(job_dir, final, info.get("final_sha256"), frames)
+
+
+def damaged_sections(job_dir: Path, info: dict) -> dict[str, str]:
+    """The section videos a job's record lists that are missing or not what was written: {name: why}."""
+    sections = _section_records(info)
+    out = {}
+    for name in info.get("videos") or []:
+        if not isinstance(name, str) or "/" in name or "\\" in name or not name.startswith("section_"):
+            continue
+        try:
+            record = sections.get(int(name.removeprefix("section_").removesuffix(".mp4")), {})
+        except ValueError:
+            continue
+        problem = video_problem(job_dir, name, record.get("video_sha256"), record.get("frames"))
+        if problem:
+            out[name] = problem
+    return out
+
+
+def incomplete(job_dir: Path, info: dict) -> list[str]:
+    """What keeps a job folder from being complete, whatever its record says: its final video and each section
+    video it lists that is missing or not what was written ([]: all are as written)."""
+    final = final_problem(job_dir, info)
+    return [*([final] if final else []), *damaged_sections(job_dir, info).values()]
+
+
 def finished_video(job_dir: Path) -> Path | None:
-    """The final video of a job that is complete (job.json says "done" and the file is there), else None. Light:
-    reads job.json only, so a command can say "already complete" before importing or loading anything."""
+    """The final video of a job that is complete: job.json says "done" and its final and section videos are the
+    files that were written (`incomplete`), else None. Light (job.json and a hash of the file; PyAV only for an older record),
+    so a command can say "already complete" before loading anything."""
     try:
         info = load_job(job_dir)
     except (OSError, ValueError):
         return None
-    final = info.get("final")
-    if info.get("status") != "done" or not isinstance(final, str) or "/" in final or "\\" in final:
+    if info.get("status") != "done" or incomplete(job_dir, info):
         return None
-    path = Path(job_dir) / final
-    return path if path.is_file() else None
+    return Path(job_dir) / info["final"]

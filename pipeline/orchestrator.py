@@ -21,6 +21,7 @@ from typing import Callable, Generator, Iterator
 import torch
 
 import rocm
+from common.files import file_sha256
 from common.units import MIB
 from configs.video import DECODE_SPEED
 from memory.manager import MemoryManager
@@ -108,6 +109,7 @@ class ResumeState:
     stopped before its first section was finished: it starts again in its folder."""
     job: Job
     saved: SavedSections | None
+    rewrite: frozenset[str] = frozenset()     # recorded section videos found missing or damaged: written again
 
 
 class JobRun:
@@ -143,6 +145,7 @@ class JobRun:
                                                        self.plan.window, self.plan.count, self.request.fps)
         self.writer: SectionWriter | None = None    # started with the job (events())
         self.last_video: Path | None = None
+        self._last_section = 0                 # the section whose video last_video is (the newest one)
         rocm.apply_torch_settings()                     # cudnn.benchmark off on ROCm (no-op elsewhere)
         self.fallback = memory.conv_fallback            # tiered convolutions for every conv of every stage (rocm/)
         self.fallback.reset_stats()
@@ -413,15 +416,16 @@ class JobRun:
             real = sec.real_latents_after(self.plan, section, real_now, done)
             pixels = self._decode(sec.latents_to_decode(self.plan, section, real))
             name = f"section_{n:02d}.mp4"
-            if recorded is not None and name not in recorded and n > inherited:
+            rewrite = self.resume.rewrite if self.resume is not None else frozenset()
+            if recorded is not None and (name not in recorded or name in rewrite) and n > inherited:
                 self._submit(section, pixels, self.job.path(name))
             else:
                 self._submit(section, pixels)
             del pixels
             yield from drain()
             yield from self._written()
-        if self.last_video is None and self.job.info["videos"]:
-            self.last_video = self.job.path(self.job.info["videos"][-1])
+        if self.job.info["videos"] and self._last_section < done:     # (a rewritten older one is not the last)
+            self.last_video, self._last_section = self.job.path(self.job.info["videos"][-1]), done
 
     # ---- stages -------------------------------------------------------------------------------------------------
     def _encode_text(self) -> SectionTexts:
@@ -524,13 +528,18 @@ class JobRun:
             self._timed("video writing", time.monotonic() - t)       # the part of writing the job waits for
 
     def _record(self, written: WrittenSection) -> SectionVideo:
-        self.last_video = written.path
+        if written.section >= self._last_section:
+            self.last_video, self._last_section = written.path, written.section
         self.remaining.written(written.seconds)          # the ETA's wait for the last file (pipeline/eta.py)
-        self.job.info["videos"].append(written.path.name)
-        # The hash of the raw frames (before encoding) lets a resumed job be compared with an uninterrupted one.
-        self.job.info["sections"].append({"section": written.section, "frames": written.frames,
-                                          "frames_sha256": written.frames_sha256,
-                                          "elapsed_s": round(time.monotonic() - self.t0, 3)})
+        info = self.job.info
+        if written.path.name not in info["videos"]:       # (a resume writes a missing or damaged one again)
+            info["videos"].append(written.path.name)
+        # The hash of the raw frames (before encoding) lets a resumed job be compared with an uninterrupted one;
+        # the file's, that the file is still the one written (pipeline/jobs.py damaged_sections).
+        info["sections"] = [s for s in info["sections"] if s.get("section") != written.section] + [
+            {"section": written.section, "frames": written.frames, "frames_sha256": written.frames_sha256,
+             "video_sha256": file_sha256(written.path), "elapsed_s": round(time.monotonic() - self.t0, 3)}]
+        info["sections"].sort(key=lambda s: s.get("section", 0))
         self.job.update(timings=self._timings(), memory=self.memory.summary())
         return SectionVideo(written.path, written.frames, written.frames / self.request.fps, written.section,
                             self.plan.count)

@@ -13,18 +13,21 @@ checks its settings and decodes the images (a `ResumeRequest`); `resume(...)` ta
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generator
 
 from common.errors import InputError
 from pipeline import keyframes
-from pipeline.jobs import CHECKPOINT, load_job
+from pipeline.jobs import CHECKPOINT, damaged_sections, incomplete, load_job
 from pipeline.request import PreparedRequest, Request, prepare, setting_problems
 from configs import PRESETS
 from pipeline.cancel import CancelToken
 from pipeline.events import Failed
 from pipeline.jobs import Job
+
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ResumeRequest:
@@ -67,8 +70,9 @@ def resume_request(job_dir: Path) -> tuple[Request, dict]:
         raise _damaged(job_dir, "no settings")
     if not isinstance(models, dict) or not isinstance(models.get("preset"), str):
         raise _damaged(job_dir, "no model preset")
-    if info.get("status") == "done":
+    if info.get("status") == "done" and not incomplete(job_dir, info):
         raise AlreadyComplete(job_dir, info.get("final"))
+    checkpoint_problem(job_dir)
     end = job_dir / "end.png"
     given = {}
     if isinstance(info.get("keyframes"), list) and settings.get("keyframes"):     # the folder's copies
@@ -84,6 +88,26 @@ def resume_request(job_dir: Path) -> tuple[Request, dict]:
         raise InputError("job folder", f"{job_dir.name}/job.json: {next(iter(problems.values()))}; fix that value "
                                        f"or start the job again")
     return request, info
+
+
+def checkpoint_problem(job_dir: Path) -> None:
+    """A checkpoint that cannot be read is said before any model loads, with the file to delete (the job then
+    starts again in its folder from its saved settings: the same video, since the seed is kept)."""
+    path = Path(job_dir) / CHECKPOINT
+    if not path.is_file():
+        return
+    from safetensors import SafetensorError, safe_open        # (reads the header only)
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            keys, meta = set(f.keys()), dict(f.metadata() or {})
+        int(meta["sections_done"])
+        if not {"history", "real", "start_latent", "rng_state"} <= keys:
+            raise ValueError(f"it lacks {sorted({'history', 'real', 'start_latent', 'rng_state'} - keys)}")
+    except (SafetensorError, OSError, KeyError, ValueError) as e:
+        raise InputError("job folder", f"{path} is damaged ({str(e).splitlines()[0][:120] or type(e).__name__}); "
+                                       f"delete that file and resume again: the job starts again in its folder "
+                                       f"from its settings and seed (the same video)") from None
 
 
 def prepare_resume(job_dir: str | Path) -> ResumeRequest:
@@ -123,9 +147,13 @@ def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir
     except (OSError, ValueError) as e:
         yield Failed(str(_damaged(job_dir, str(e).splitlines()[0][:200])))
         return
-    if info.get("status") == "done":
+    if info.get("status") == "done" and not incomplete(job_dir, info):
         yield Failed(str(AlreadyComplete(job_dir, info.get("final"))))
         return
+    rewrite = damaged_sections(job_dir, info)
+    broken = incomplete(job_dir, info) if info.get("status") == "done" else list(rewrite.values())
+    if broken:
+        log.warning("job %s: %s: written again from the checkpoint", job_dir.name, "; ".join(broken))
     for stale in job_dir.glob(".*"):          # temp files of writes the crash cut short
         if stale.is_file() and (stale.name.endswith(".tmp") or ".partial." in stale.name):
             stale.unlink()
@@ -134,7 +162,7 @@ def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir
         tensors, meta = load_checkpoint(job_dir)
         saved = SavedSections(tensors["history"], tensors["real"], tensors["start_latent"], tensors.get("end_latent"),
                               tensors["rng_state"], int(meta["sections_done"]), keyframe_latents(tensors))
-    state = ResumeState(Job(job_dir, info), saved)
+    state = ResumeState(Job(job_dir, info), saved, frozenset(rewrite))
     run = JobRun(job.prepared, components, memory or MemoryManager(), cancel or CancelToken(), job_dir.parent, state,
                  lora_dir=lora_dir, compile=compile, on_open=on_open)
     yield from run.events()

@@ -126,6 +126,15 @@ def read_frames(path: Path) -> np.ndarray:
         return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
 
 
+def decoded_frames(path: Path) -> int:
+    """How many frames the file decodes to (a job's record is checked against it: pipeline/jobs.py). Raises
+    OSError (av.FFmpegError is one) when it cannot be opened or decoded."""
+    import av
+
+    with av.open(str(path)) as container:
+        return sum(1 for _ in container.decode(video=0))
+
+
 def read_metadata(path: Path) -> dict:
     import av
 
