@@ -85,6 +85,7 @@ class QueuedJob:
     eta_at: float = 0.0
     events: queue.Queue = field(default_factory=queue.Queue)
     streamed: bool = False
+    lost: bool = False                      # the lease was lost while it ran: the queue entry is the new holder's
 
     @property
     def id(self) -> str:
@@ -456,9 +457,26 @@ class Runner:
         now = time.monotonic()
         if self._leased and now - self._renewed < RENEW_S:
             return True
-        self._leased = self.store.renew_lease(self.token) if self._leased else self.store.take_lease(self.token)
+        if self._leased:
+            self._leased = self.store.renew_lease(self.token)
+            if not self._leased:
+                self._lost_lease()
+        else:
+            self._leased = self.store.take_lease(self.token)
         self._renewed = now
         return self._leased
+
+    def _lost_lease(self) -> None:
+        """Another process took the queue's lease (this one stopped renewing it for longer than a holder on another
+        computer may): it runs the queue's jobs now, so those running here stop at once and write nothing more
+        (never two runners on one job)."""
+        with self._lock:
+            running = list(self._running.values())
+        log.error("this process lost the queue's lease to another; %s",
+                  f"its {len(running)} running job(s) stop here and continue there" if running else "nothing ran")
+        for job in running:
+            job.lost = True
+            job.cancel.lose()
 
     def _dispatch(self) -> None:
         while not self._closing.is_set():
@@ -566,7 +584,9 @@ class Runner:
             status, message = None, ""
         job.result, job.finished = result, True
         try:
-            if status is None or (job.origin in LEAVES_WHEN_DONE and job.session is not None):
+            if job.lost:
+                pass                                  # the entry is run by the process that took the lease
+            elif status is None or (job.origin in LEAVES_WHEN_DONE and job.session is not None):
                 self.store.forget(job.entry)
             else:
                 changes = dict(status=status, message=message, progress=1.0 if status == qs.DONE else 0.0)

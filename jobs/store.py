@@ -46,7 +46,7 @@ WAITING, RUNNING, DONE, STOPPED, FAILED = "waiting", "running", "done", "stopped
 FINISHED = (DONE, STOPPED, FAILED)
 INTERRUPTED = "interrupted: continues in its job folder"     # the message of an entry a dead runner left running
 ORIGINS = ("page", "api", "queue", "cli", "batch")      # where an entry came from (the page's Start: "page")
-LEASE_STALE_S = 30.0        # a runner's lease not renewed this long is free (another computer's process died)
+LEASE_STALE_S = 30.0        # a lease of another computer's runner not renewed this long is free (it died there)
 BUSY_TIMEOUT_S = 10.0
 
 SCHEMA = """
@@ -107,17 +107,32 @@ def _png(image) -> bytes:
     return buf.getvalue()
 
 
+def _started(pid: int) -> float | None:
+    """When the process `pid` of this computer started (None: there is none)."""
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return None
+
+
 def _lease(token: str, now: float) -> dict:
-    return {"token": token, "pid": os.getpid(), "host": socket.gethostname(), "renewed": now}
+    return {"token": token, "pid": os.getpid(), "started": _started(os.getpid()), "host": socket.gethostname(),
+            "renewed": now}
 
 
 def _lease_gone(held: dict, now: float) -> bool:
-    """The holder is gone: its process ended (this computer), or it stopped renewing (any computer)."""
-    if now - float(held.get("renewed", 0)) > LEASE_STALE_S:
-        return True
+    """The holder is gone. On this computer: its process ended (its pid is free, or another process has it now);
+    a live holder keeps its lease however long since it renewed it (a paused or busy process is not gone). On
+    another computer, where its process cannot be seen: it stopped renewing for LEASE_STALE_S (a holder that finds
+    its lease taken stops its jobs: jobs/runner.py)."""
     if held.get("host") == socket.gethostname():
-        return not psutil.pid_exists(int(held.get("pid", -1)))
-    return False
+        try:
+            started = _started(int(held.get("pid", -1)))
+        except (TypeError, ValueError):
+            return True
+        recorded = held.get("started")
+        return started is None or (isinstance(recorded, (int, float)) and abs(started - recorded) > 1.0)
+    return now - float(held.get("renewed", 0)) > LEASE_STALE_S
 
 
 def missing(entry_id) -> InputError:

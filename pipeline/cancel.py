@@ -12,8 +12,14 @@ class CancelToken:
 
     def __init__(self):
         self._event = threading.Event()
+        self.lost = False
 
     def cancel(self) -> None:
+        self._event.set()
+
+    def lose(self) -> None:
+        """Stop, and write nothing more: another process runs this job now (its runner lost the queue's lease)."""
+        self.lost = True
         self._event.set()
 
     @property

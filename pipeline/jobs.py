@@ -68,6 +68,7 @@ def sweep_partial(outputs: Path) -> None:
 class Job:
     dir: Path
     info: dict = field(default_factory=dict)
+    detached: bool = False          # another process runs this job now: this one writes nothing more (`detach`)
 
     @property
     def id(self) -> str:
@@ -113,7 +114,12 @@ class Job:
         return self.dir / name
 
     def save(self) -> None:
-        atomic_write_json(self.dir / "job.json", self.info)
+        if not self.detached:
+            atomic_write_json(self.dir / "job.json", self.info)
+
+    def detach(self) -> None:
+        """This process lost the job to another (the queue's lease was taken): nothing is written from now on."""
+        self.detached = True
 
     def update(self, **fields) -> None:
         self.info.update(fields)
@@ -141,6 +147,8 @@ class Job:
     def finish(self, status: str, final: Path | None, *, error: str | None = None, timings: dict | None = None,
                memory: dict | None = None, frames: int = 0) -> None:
         """The job's end in job.json: its status, its final video and how many frames it has (`frames`)."""
+        if self.detached:
+            return
         if final is not None and final.name != "final.mp4":
             final = atomic_copy(final, self.path("final.mp4"))
         self.update(status=status, final=final.name if final else None, frames=frames, error=error,

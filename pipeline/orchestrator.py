@@ -199,6 +199,8 @@ class JobRun:
                 status = "done"
             except JobStopped:
                 status = "stopped"
+                if self.cancel.lost and self.job is not None:     # another process runs it now: no more writes
+                    self.job.detach()
             except Exception as e:  # the job fails; the process (and the server around it) keeps going
                 log.error("job failed: %s", e, exc_info=True)
                 status, error, detail = "failed", e, traceback.format_exc()
