@@ -30,6 +30,7 @@ import dataclasses
 from jobs.preflight import preflight_for
 from jobs.line import Waiting
 from post.steps import EXPORTS, PostRequest, is_post, request_from as post_request_from
+from jobs.store import QueueLocked
 
 log = logging.getLogger("cli.commands")
 
@@ -639,6 +640,9 @@ def main(argv: list[str] | None = None) -> int:
             code = run_resume(command, args.job_dir)
         else:
             code = run_batch(command, args.jobs, args.new_seed)
+    except QueueLocked as e:                       # another program kept the queue's database locked too long
+        print(f"error: {e}", file=sys.stderr)
+        code = EXIT_FAILED
     except BaseException:
         command.close()
         raise

@@ -29,7 +29,7 @@ from jobs.runner import enqueue, with_new_seed_switch
 from pipeline import studio
 from pipeline.request import Request
 
-EXIT_OK, EXIT_INPUT = 0, 2
+EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,6 +93,21 @@ def _add_studio_queue(args, store: qs.QueueStore, preflight) -> int:
     return EXIT_OK
 
 
+def _read(args) -> int:
+    """`list` and `export`: the queue as it can be read; a damaged database is left as it is (a writer repairs it)."""
+    entries, warning = qs.QueueStore.read(args.outputs)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.action == "list":
+        for e in entries:
+            print(json.dumps(e.summary(), ensure_ascii=False) if args.json else _line(e))
+        return EXIT_OK
+    unfinished = [e for e in entries if e.status in (qs.WAITING, qs.RUNNING)]
+    args.file.write_text(qs.export_lines(unfinished), "utf-8")
+    print(f"wrote {len(unfinished)} job(s) to {args.file}")
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -105,9 +120,14 @@ def main(argv: list[str] | None = None) -> int:
             command.close()
             raise
         return command.exit_code(code)
-    store, found = qs.QueueStore.open(args.outputs)
-    if found.warning:
-        print(f"warning: {found.warning}", file=sys.stderr)
+    cli_log.setup_logging(quiet=True, verbose=False)         # the store's warnings: one line each, on the terminal
+    if args.action in ("list", "export"):                     # readers: they change nothing, not even a damaged file
+        return _read(args)
+    try:
+        store, _ = qs.QueueStore.open(args.outputs)          # (a recovery is said by the store's log)
+    except qs.QueueLocked as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     try:
         # the one pre-flight, built as the app and the command line build it (jobs/preflight.py preflight_for)
         preflight = Command(config_from(parser, args), quiet=True, verbose=False).preflight \
@@ -125,12 +145,6 @@ def main(argv: list[str] | None = None) -> int:
                 prepared = [with_new_seed_switch(p, args.new_seed) for p in prepared]
             for entry, _ in enqueue(store, preflight, prepared, origin="queue", checked=True):
                 print(f"added {entry.id}: {str(entry.settings.get('prompt', ''))[:60]!r}")
-        elif args.action == "list":
-            for entry in store.entries():
-                print(json.dumps(entry.summary(), ensure_ascii=False) if args.json else _line(entry))
-        elif args.action == "export":
-            args.file.write_text(store.export_jsonl(), "utf-8")
-            print(f"wrote {len(store.entries([qs.WAITING, qs.RUNNING]))} job(s) to {args.file}")
         elif args.action == "move":
             for entry in store.move(args.id, args.position):
                 print(_line(entry))
@@ -139,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"error: {e.cli_text()}", file=sys.stderr)
         return EXIT_INPUT
+    except qs.QueueLocked as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     finally:
         store.close()
     return EXIT_OK

@@ -16,6 +16,7 @@ newer schema) is moved aside (`queue.db.damaged-<time>`) with a warning and a ne
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -47,7 +48,12 @@ FINISHED = (DONE, STOPPED, FAILED)
 INTERRUPTED = "interrupted: continues in its job folder"     # the message of an entry a dead runner left running
 ORIGINS = ("page", "api", "queue", "cli", "batch")      # where an entry came from (the page's Start: "page")
 LEASE_STALE_S = 30.0        # a lease of another computer's runner not renewed this long is free (it died there)
-BUSY_TIMEOUT_S = 10.0
+BUSY_TIMEOUT_S = 2.0        # SQLite's own wait for a lock, each try
+LOCK_WAIT_S = 120.0         # how long a change waits for a database another process keeps locked, in all
+JOURNAL_NAME = "entries.json"   # in QUEUE_DIR: the unfinished entries as of the last change (the database's spare)
+COLUMNS = ("id", "position", "status", "settings", "images", "job_dir", "progress", "message", "created", "updated",
+           "owner", "origin")
+JOURNALED = ("id", "position", "status", "settings", "images", "job_dir", "created", "owner", "origin")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -143,8 +149,51 @@ def missing(entry_id) -> InputError:
 
 @dataclass
 class Recovered:
-    """What `QueueStore.open` found: a warning when the database had to be moved aside."""
+    """What `QueueStore.open` found: a warning when the database had to be recovered or moved aside."""
     warning: str | None = None
+
+
+class QueueLocked(RuntimeError):
+    """Another process kept the queue's database locked for LOCK_WAIT_S."""
+
+
+def _locked(error: sqlite3.OperationalError) -> bool:
+    return getattr(error, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _rows_of(path: Path) -> list[tuple]:
+    """The entries' rows SQLite can still read from a damaged database, one row at a time (a damaged page loses its
+    own rows only); [] when nothing can be read. Read-only: the file is not changed."""
+    rows = []
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+    except sqlite3.Error:
+        return rows
+    try:
+        rowids = [r[0] for r in db.execute("SELECT rowid FROM entries")]
+        for rowid in rowids:
+            try:
+                row = db.execute(f"SELECT {', '.join(COLUMNS)} FROM entries WHERE rowid = ?", (rowid,)).fetchone()
+                json.loads(row[3]), json.loads(row[4])
+                rows.append(tuple(row))
+            except (sqlite3.Error, TypeError, ValueError):
+                continue
+    except sqlite3.Error:
+        pass
+    finally:
+        db.close()
+    return rows
+
+
+def _journal_rows(folder: Path) -> list[tuple]:
+    """The unfinished entries the journal copy (JOURNAL_NAME) kept as of the last change; [] when it has none."""
+    try:
+        data = json.loads((folder / JOURNAL_NAME).read_text("utf-8"))
+        defaults = {"progress": 0.0, "message": "recovered from the queue's journal"}
+        return [tuple(json.dumps(e[c]) if c in ("settings", "images") else e[c] if c in e else
+                      defaults.get(c, e["created"]) for c in COLUMNS) for e in data["entries"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 class QueueStore:
@@ -162,17 +211,81 @@ class QueueStore:
     # ---- opening ----------------------------------------------------------------------------------------------------
     @classmethod
     def open(cls, outputs: Path) -> tuple["QueueStore", Recovered]:
-        """The store of `outputs` (created when missing; moved aside and started again when unreadable)."""
+        """The store of `outputs` (created when missing). A database that cannot be read is recovered: the entries
+        SQLite can still read from it, and the unfinished ones of the journal copy that it lost, go into a new
+        database (their ids, order and images kept), and the damaged file is moved aside. A database found empty
+        (a zero-byte file) takes the journal's entries back. Waits for a database another process keeps locked
+        (QueueLocked after LOCK_WAIT_S)."""
         store = cls(outputs)
         store.folder.mkdir(parents=True, exist_ok=True)
         found = Recovered()
         try:
-            store._check()
+            store._waiting(store._check)
         except sqlite3.DatabaseError as e:
-            store.close()
-            found.warning = store._move_aside(e)
-            store._check()
+            found.warning = store._recover(e)
+        else:
+            found.warning = store._refill()
         return store, found
+
+    @classmethod
+    def read(cls, outputs: Path) -> tuple[list[Entry], str | None]:
+        """The entries, for a reader that changes nothing (`queue list`, `export`): a damaged database is read as far
+        as it can be, with the journal's unfinished entries it lost, and left where it is (the next writer recovers
+        it); (entries, a warning or None)."""
+        store = cls(outputs)
+        if not store.path.is_file():
+            return [], None
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{store.path}?mode=ro", uri=True,
+                                                    timeout=BUSY_TIMEOUT_S)) as db:
+                if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+                    raise sqlite3.DatabaseError("integrity check failed")
+                rows = db.execute(f"SELECT {', '.join(COLUMNS)} FROM entries ORDER BY position").fetchall()
+            if rows or store.path.stat().st_size:
+                return [cls._entry(r) for r in rows], None
+        except sqlite3.DatabaseError as e:
+            rows = store._salvaged()
+            return [cls._entry(r) for r in rows], (
+                f"the queue database {store.path} could not be read ({str(e).splitlines()[0][:200]}); shown: the "
+                f"{len(rows)} job(s) recovered from it and its journal (the app or the next queue change repairs it)")
+        rows = _journal_rows(store.folder)
+        return [cls._entry(r) for r in rows], (f"the queue database {store.path} is empty; shown: the {len(rows)} "
+                                               f"job(s) of its journal" if rows else None)
+
+    def _salvaged(self) -> list[tuple]:
+        """The rows readable from the database, and the journal's unfinished entries it does not hold, in order."""
+        rows = _rows_of(self.path)
+        ids = {r[0] for r in rows}
+        rows += [r for r in _journal_rows(self.folder) if r[0] not in ids]
+        return sorted(rows, key=lambda r: r[1])
+
+    def _recover(self, error: Exception) -> str:
+        self.close()
+        rows = self._salvaged()
+        warning = self._move_aside(error, len(rows))
+        self._check()
+        self._insert(rows)
+        return warning
+
+    def _refill(self) -> str | None:
+        """A database found empty while the journal holds unfinished entries (a zero-byte or replaced file): the
+        journal's entries are taken back."""
+        if self._db().execute("SELECT COUNT(*) FROM entries").fetchone()[0]:
+            return None
+        rows = _journal_rows(self.folder)
+        if not rows:
+            return None
+        self._insert(rows)
+        warning = (f"the queue database {self.path} was empty; the {len(rows)} unfinished job(s) of its journal "
+                   f"({JOURNAL_NAME}) are back in the queue")
+        log.warning(warning)
+        return warning
+
+    def _insert(self, rows: list[tuple]) -> None:
+        with self._write() as db:
+            for row in rows:
+                db.execute(f"INSERT OR IGNORE INTO entries ({', '.join(COLUMNS)}) VALUES "
+                           f"({', '.join('?' * len(COLUMNS))})", row)
 
     def _check(self) -> None:
         db = self._db()
@@ -194,7 +307,7 @@ class QueueStore:
         elif row[0] != str(SCHEMA_VERSION):
             raise sqlite3.DatabaseError(f"schema version {row[0]}; this version of the app reads {SCHEMA_VERSION}")
 
-    def _move_aside(self, error: Exception) -> str:
+    def _move_aside(self, error: Exception, kept: int = 0) -> str:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         target = self.path.with_name(f"{DB_NAME}.damaged-{stamp}")
         for suffix in ("", "-wal", "-shm"):
@@ -202,7 +315,8 @@ class QueueStore:
             if source.exists():
                 source.replace(Path(str(target) + suffix))
         warning = (f"the queue database {self.path} could not be read ({str(error).splitlines()[0][:200]}); it was "
-                   f"moved to {target.name} and the queue starts empty")
+                   f"moved to {target.name} and the queue starts again with the {kept} job(s) recovered from it and "
+                   f"its journal")
         log.warning(warning)
         return warning
 
@@ -227,16 +341,57 @@ class QueueStore:
         def __init__(self, db):
             self.db = db
 
+        def __init__(self, db, store):
+            self.db, self.store = db, store
+
         def __enter__(self):
-            self.db.execute("BEGIN IMMEDIATE")
+            self.store._waiting(lambda: self.db.execute("BEGIN IMMEDIATE"))
             return self.db
 
         def __exit__(self, kind, value, tb):
+            if kind is None:
+                self.store._journal(self.db)
             self.db.execute("COMMIT" if kind is None else "ROLLBACK")
             return False
 
     def _write(self):
-        return self._Transaction(self._db())
+        return self._Transaction(self._db(), self)
+
+    def _locked_text(self) -> str:
+        return (f"the queue database {self.path} is locked by another program (a database browser, a backup?); "
+                f"close it and try again")
+
+    def _waiting(self, start):
+        """`start()`, waiting (LOCK_WAIT_S in all, said once in the log) while another process keeps the database
+        locked; QueueLocked then."""
+        deadline, said = time.monotonic() + LOCK_WAIT_S, False
+        while True:
+            try:
+                return start()
+            except sqlite3.OperationalError as e:
+                if not _locked(e):
+                    raise
+                if time.monotonic() > deadline:
+                    raise QueueLocked(self._locked_text()) from None
+                if not said:
+                    log.warning("the queue database %s is locked by another program; waiting for it (up to %.0f s)",
+                                self.path, LOCK_WAIT_S)
+                    said = True
+
+    def _journal(self, db) -> None:
+        """(In a write transaction.) The unfinished entries, copied beside the database: what a damaged or emptied
+        database is recovered from (`open`)."""
+        rows = db.execute(f"SELECT {', '.join(JOURNALED)} FROM entries WHERE status IN (?, ?) ORDER BY position",
+                          (WAITING, RUNNING)).fetchall()
+        text = json.dumps({"entries": [{c: (json.loads(v) if c in ("settings", "images") else v)
+                                        for c, v in zip(JOURNALED, r)} for r in rows]})
+        path = self.folder / JOURNAL_NAME
+        try:
+            if path.read_text("utf-8") == text:          # (a job's progress changes nothing kept here)
+                return
+        except OSError:
+            pass
+        atomic_write_bytes(path, text.encode("utf-8"), fsync=False)
 
     # ---- reading ----------------------------------------------------------------------------------------------------
     @staticmethod
@@ -478,14 +633,17 @@ class QueueStore:
 
     # ---- JSON lines -------------------------------------------------------------------------------------------------
     def export_jsonl(self, statuses: Iterable[str] = (WAITING, RUNNING), keep=None) -> str:
-        """The unfinished jobs as JSON lines, one job's settings and image paths a line, in line order (what
-        `import_jsonl` and `python -m cli batch` read). `keep`: only the entries with these ids. Image paths are
-        absolute: `batch` reads a file's relative paths relative to the file, wherever it was written."""
-        lines = []
-        for e in self.entries(statuses):
-            if keep is not None and e.id not in keep:
-                continue
-            values = {k: (str(Path(v).resolve()) if k in FILE_NAMES and isinstance(v, str) else v)
-                      for k, v in e.values().items() if v is not None}
-            lines.append(json.dumps(values, ensure_ascii=False))
-        return "".join(line + "\n" for line in lines)
+        """The unfinished jobs as JSON lines (`export_lines`). `keep`: only the entries with these ids."""
+        return export_lines([e for e in self.entries(statuses) if keep is None or e.id in keep])
+
+
+def export_lines(entries: list[Entry]) -> str:
+    """Entries as JSON lines, one job's settings and image paths a line, in this order (what `import_jsonl` and
+    `python -m cli batch` read). Image paths are absolute: `batch` reads a file's relative paths relative to the
+    file, wherever it was written."""
+    lines = []
+    for e in entries:
+        values = {k: (str(Path(v).resolve()) if k in FILE_NAMES and isinstance(v, str) else v)
+                  for k, v in e.values().items() if v is not None}
+        lines.append(json.dumps(values, ensure_ascii=False))
+    return "".join(line + "\n" for line in lines)
