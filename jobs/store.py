@@ -338,9 +338,6 @@ class QueueStore:
         self._local = threading.local()
 
     class _Transaction:
-        def __init__(self, db):
-            self.db = db
-
         def __init__(self, db, store):
             self.db, self.store = db, store
 
