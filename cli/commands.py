@@ -30,7 +30,7 @@ import dataclasses
 from jobs.preflight import preflight_for
 from jobs.line import Waiting
 from post.steps import EXPORTS, PostRequest, is_post, request_from as post_request_from
-from jobs.store import QueueLocked
+from jobs import store as qs
 
 log = logging.getLogger("cli.commands")
 
@@ -237,7 +237,6 @@ class Command:
 
     def drain(self) -> int:
         """`queue run`: run (or follow) the queue until no job waits or runs; say how each ended."""
-        from jobs import store as qs
 
         runner = self.open().start()
         store = runner.store
@@ -278,7 +277,6 @@ class Command:
     def _watch(self, job) -> tuple[int, object]:
         """A queued job to its end: its events on a progress bar when it runs here, its entry's messages when
         another process runs it."""
-        from jobs import store as qs
         from jobs.text import waiting_text
         from pipeline.events import LogLine, Progress, SectionVideo, WorkerLine
 
@@ -330,7 +328,6 @@ class Command:
 
     def _ended(self, last) -> tuple[int, object]:
         """What the command line says of a job's end (its last event here, or its entry when run elsewhere)."""
-        from jobs import store as qs
         from pipeline.events import Cancelled, Done, Failed
 
         if isinstance(last, qs.Entry):
@@ -387,7 +384,6 @@ class _Aborted(KeyboardInterrupt):
 
 def _as_event(entry, outputs: Path):
     """A finished entry (run by another process) as the event that ended it."""
-    from jobs import store as qs
     from pipeline.events import Done, Failed
 
     if entry.status == qs.FAILED:
@@ -640,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
             code = run_resume(command, args.job_dir)
         else:
             code = run_batch(command, args.jobs, args.new_seed)
-    except QueueLocked as e:                       # another program kept the queue's database locked too long
+    except qs.QueueLocked as e:                       # another program kept the queue's database locked too long
         print(f"error: {e}", file=sys.stderr)
         code = EXIT_FAILED
     except BaseException:

@@ -265,7 +265,7 @@ def test_python_m_pipeline_queue_runs(tmp_path):
     out = subprocess.run([sys.executable, "-m", "cli", "queue", "list", "--outputs", str(tmp_path / "o")],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout == "", out.stderr
-    assert qs.QueueStore(tmp_path / "o").path.is_file()
+    assert not qs.QueueStore(tmp_path / "o").path.exists()       # a reader writes nothing (issue 47)
     help_text = subprocess.run([sys.executable, "-m", "cli", "-h"], cwd=ROOT, capture_output=True, text=True,
                                timeout=120).stdout
     assert "queue" in help_text
