@@ -22,6 +22,7 @@ from configs.controls import CONTROLS, Control, control
 from configs.options import add_process_options, config_from
 from configs.runtime import Config
 from common.errors import InputError
+from jobs.doors import LOCAL, admitted
 from common.portable import handle_signal
 from pipeline.jobs import finished_video, load_job, result_of
 from configs.presets import get_preset
@@ -125,7 +126,7 @@ def request_from_args(a: argparse.Namespace):
     values = {c.name: getattr(a, c.name) for c in Request.CONTROLS if c.option}
     values.update({c.name: ", ".join(values[c.name] or [c.default]) for c in Request.CONTROLS
                    if c.repeat})                                      # a repeated option: its values joined
-    return Request.from_mapping(values)
+    return Request.from_mapping(admitted(values, LOCAL))             # the one door check (jobs/doors.py)
 
 
 def say_rounding(request, quiet: bool) -> None:
@@ -419,7 +420,7 @@ def read_batch(path: Path, prepare) -> tuple[list[tuple[int, object]], list[tupl
                 sources = [str(path.parent / s) if isinstance(s, str) else s for s in sources]
                 jobs.append((number, post_request_from({**obj, "sources": sources, "source": None})))
                 continue
-            jobs.append((number, prepare(Request.from_mapping(obj, base=path.parent))))
+            jobs.append((number, prepare(Request.from_mapping(admitted(obj, LOCAL), base=path.parent))))
         except InputError as e:
             invalid.append((number, "invalid", cli_message(e, KEY_OF_FIELD)))
         except (ValueError, RecursionError, TypeError) as e:   # not JSON (JSONDecodeError is a ValueError)

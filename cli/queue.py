@@ -24,6 +24,7 @@ from cli.commands import Command, add_common, add_new_seed
 from cli import log as cli_log
 from configs.options import config_from
 from jobs import jsonl
+from jobs.doors import LOCAL
 from jobs import store as qs
 from jobs.runner import enqueue, with_new_seed_switch
 from pipeline import studio
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             except (OSError, UnicodeDecodeError) as e:
                 print(f"error: jobs: cannot read {args.jobs}: {e}", file=sys.stderr)
                 return EXIT_INPUT
-            prepared = jsonl.prepare_lines(jsonl.read_lines(text), preflight, args.jobs.resolve().parent)
+            prepared = jsonl.prepare_lines(jsonl.read_lines(text, door=LOCAL), preflight, args.jobs.resolve().parent)
             if args.new_seed is not None:
                 prepared = [with_new_seed_switch(p, args.new_seed) for p in prepared]
             for entry, _ in enqueue(store, preflight, prepared, origin="queue", checked=True):

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from common.errors import InputError
 from common.files import file_sha256
+from jobs.doors import Door, admitted
 
 # (control, the name of its copy in the queue): the job's files, copied into the queue's folder when it is added
 IMAGE_FIELDS = (("image", "start"), ("end_image", "end"), ("input_video", "video"))
@@ -37,11 +38,11 @@ def copy_problem(images: Mapping[str, Any]) -> str | None:
     return None
 
 
-def read_lines(text: str, *, files: Callable[[str, Any], Any] | None = None) -> list[tuple[int, dict]]:
+def read_lines(text: str, *, door: Door) -> list[tuple[int, dict]]:
     """Every job of a JSON-lines text: [(line number, its values)]; blank lines and # comments are skipped.
-    `files(name, value) -> path`: what a file named in a line may be (the app: only the queue's own copies); it sees
-    each file's value before anything reads the file, and raises InputError to refuse it. Raises InputError naming
-    the first bad line."""
+    `door`: what a line may name (jobs/doors.py: the app takes only the queue's own copies of the user's entries and
+    LoRA names; the command line any path); each line passes `admitted` (aliases turned into names first) before
+    anything reads a file. Raises InputError naming the first bad line."""
     jobs = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
@@ -53,11 +54,10 @@ def read_lines(text: str, *, files: Callable[[str, Any], Any] | None = None) -> 
                                                "object") from None
         if not isinstance(obj, dict):
             raise InputError(f"line {number}", "each line must be a JSON object with a job's settings")
-        if files is not None:
-            try:
-                obj = {**obj, **{name: files(name, obj[name]) for name in FILE_NAMES if obj.get(name) not in (None, "")}}
-            except InputError as e:
-                raise InputError(f"line {number}", f"{e.field}: {e.message}") from None
+        try:
+            obj = admitted(obj, door)
+        except InputError as e:
+            raise InputError(f"line {number}", f"{e.field}: {e.message}") from None
         jobs.append((number, obj))
     if not jobs:
         raise InputError("jobs file", "no job in it; each line must be a JSON object, e.g. "

@@ -50,14 +50,12 @@ class RequestBase:
         `given`: fields set here, over `values` (e.g. a job folder's images)."""
         if not isinstance(values, Mapping):
             raise InputError("job", "the settings must be a mapping of names to values (a JSON object)")
-        keys = {key: c.name for c in cls.CONTROLS for key in c.keys}
-        fields = {}
-        for key, value in values.items():
-            if key in keys:
-                fields[keys[key]] = value
-            elif unknown == "refuse":
-                known = ", ".join(c.name for c in cls.CONTROLS)
-                raise InputError(str(key), f"unknown setting; known: {known}")
+        fields = canonical(values, cls.CONTROLS)
+        unknown_keys = [key for key in fields if key not in {c.name for c in cls.CONTROLS}]
+        if unknown_keys and unknown == "refuse":
+            known = ", ".join(c.name for c in cls.CONTROLS)
+            raise InputError(str(unknown_keys[0]), f"unknown setting; known: {known}")
+        fields = {key: value for key, value in fields.items() if key not in unknown_keys}
         fields.update(given)
         for c in cls.CONTROLS:
             if c.name == "image" and text_to_video.is_text_to_video(fields.get("start_from")):
@@ -73,6 +71,28 @@ class RequestBase:
         if base is not None and isinstance(fields.get("keyframes"), str) and "keyframes" not in given:
             fields["keyframes"] = keyframes.relative_to(fields["keyframes"], base)     # their images alike
         return cls(**fields)
+
+
+def canonical(values: Mapping[str, Any], controls: tuple[Control, ...] = CONTROLS) -> dict:
+    """`values` with every key that names a control under another spelling (the table's aliases: "video" and
+    "extend" for input_video, "lora" for loras, "window" for latent_window ...) turned into the control's name; other
+    keys are kept as they are. The first step of every way a job's values come in (Request.from_mapping, and
+    jobs/doors.py `admitted` before any file rule is applied), so no rule can be passed by another spelling. Two
+    keys for one control are refused (InputError naming the control), not resolved by their order."""
+    if not isinstance(values, Mapping):
+        raise InputError("job", "the settings must be a mapping of names to values (a JSON object)")
+    names = {key: c for c in controls for key in c.keys}
+    out: dict = {}
+    given_as: dict = {}
+    for key, value in values.items():
+        c = names.get(key)
+        name = c.name if c is not None else key
+        if name in given_as:
+            raise InputError(c.field_name if c is not None else str(key),
+                             f"given twice, as {shown(given_as[name])} and {shown(key)}; give it once")
+        given_as[name] = key
+        out[name] = value
+    return out
 
 
 def request_class(controls: tuple[Control, ...] = CONTROLS, name: str = "Request") -> type[RequestBase]:

@@ -73,7 +73,7 @@ def test_queue_actions_through_the_api(server, client, image, tiny_original, tmp
         for call, where in (((first["id"], {"seconds": 2.4}), "only a waiting job"),          # running
                             (("nope", {"seconds": 2.4}), "no job"),
                             ((d["id"], {"seconds": 999}), "seconds"),
-                            ((d["id"], {"image": "/etc/hostname"}), "a queued job keeps its images")):
+                            ((d["id"], {"image": "/etc/hostname"}), "a queued job keeps its files")):
             with pytest.raises(AppError, match=where):
                 client.predict(*call, api_name="/queue_edit")
         bad = tmp_path / "bad.jsonl"

@@ -15,6 +15,7 @@ import pytest
 from common.errors import InputError
 from configs.runtime import Config
 from jobs import jsonl
+from jobs.doors import LOCAL
 from jobs import store as qs
 from jobs.preflight import Preflight
 from tests.conftest import make_image
@@ -124,7 +125,7 @@ def test_export_then_import_gives_the_same_jobs(store, image, tmp_path):
     lines = [json.loads(line) for line in text.splitlines()]
     assert [line["prompt"] for line in lines] == ["a", "b"] and lines[0]["seed"] == 5
     other, _ = qs.QueueStore.open(tmp_path / "elsewhere")
-    added = other.add_many([values for _, values in jsonl.read_lines(text)])
+    added = other.add_many([values for _, values in jsonl.read_lines(text, door=LOCAL)])
     assert [e.settings for e in added] == [e.settings for e in store.entries()]
     assert all(qs.Path(e.images["image"]).parent.parent == other.images_root for e in added)
     other.close()
@@ -140,7 +141,7 @@ def test_an_export_into_another_folder_can_be_read_back_from_there(image, tmp_pa
     (tmp_path / "sub" / "w.jsonl").write_text(relative.export_jsonl())
     relative.close()
     monkeypatch.chdir(tmp_path / "sub")
-    (_, values), = jsonl.read_lines((tmp_path / "sub" / "w.jsonl").read_text())
+    (_, values), = jsonl.read_lines((tmp_path / "sub" / "w.jsonl").read_text(), door=LOCAL)
     assert (qs.Path.cwd() / values["image"]).is_file()          # the file's folder is where batch resolves it
 
 
@@ -152,12 +153,12 @@ def test_import_refuses_the_whole_file_and_names_the_line(store, image):
                                "line 3", "steps"),
                               ("\n# nothing\n", "jobs file", "no job")):
         with pytest.raises(InputError) as e:
-            jsonl.prepare_lines(jsonl.read_lines(text), PREFLIGHT)
+            jsonl.prepare_lines(jsonl.read_lines(text, door=LOCAL), PREFLIGHT)
         assert e.value.field == where and what in e.value.message
     assert store.entries() == []
     rel = image.parent / "jobs.jsonl"
     rel.write_text(json.dumps({"image": image.name, "prompt": "relative"}) + "\n")
-    (prepared,) = jsonl.prepare_lines(jsonl.read_lines(rel.read_text()), PREFLIGHT, base=rel.parent)
+    (prepared,) = jsonl.prepare_lines(jsonl.read_lines(rel.read_text(), door=LOCAL), PREFLIGHT, base=rel.parent)
     assert qs.Path(prepared.request.image) == image
 
 

@@ -56,7 +56,7 @@ from ui import settings as st
 from ui.access import Access
 from ui.media import published
 from ui.view import done_status
-from ui.source_job import resolved
+from ui import doors
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +91,8 @@ class JobApi:
         user = self.access.user(request)
 
         def submit(session):
-            job = st.request_from_values(values, getattr(self, "table", TABLE))    # uploads only
-            if getattr(job, "source_job", ""):                               # a finished job by its id
-                job = resolved(job, self.runner.outputs, self.access, user)
+            job = st.request_from_values(values, getattr(self, "table", TABLE),       # the one door check
+                                         doors.client(self.access, user, self.runner.outputs))
             return self.runner.submit(job, session=session, owner=user, origin="api")    # the one pre-flight
 
         return self._run(self._submit(request, submit), progress)

@@ -15,6 +15,7 @@ from pathlib import Path
 import gradio as gr
 
 from common.errors import InputError
+from jobs.doors import admitted
 from pipeline import studio
 from ui import jobs_gallery
 from ui import messages
@@ -121,10 +122,11 @@ class JobsPanel:
             if path is None:
                 raise InputError(studio.FIELD, "no file; upload FramePack-Studio's .json or .png of a job")
             imported = studio.import_file(path, self.ctx.default_resolution)
+            settings = admitted(imported.settings, st.UPLOADS)      # the one door check (jobs/doors.py)
         except InputError as e:
             raise gr.Error(messages.input_error(e), title="Cannot import these settings", print_exception=False) \
                 from None
-        values: dict = st.values_from_settings(imported.settings, self.ctx.default_resolution)
+        values: dict = st.values_from_settings(settings, self.ctx.default_resolution)
         for name in STUDIO_KEEPS:
             values[name] = gr.update()
         if imported.text_to_video:                    # no start image in Studio's job: its PNG is a placeholder

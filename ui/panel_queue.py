@@ -144,16 +144,14 @@ class QueuePanel:
 
     def add(self, request: gr.Request, *values):
         user = self._user(request)
-        return self._do(lambda: self.actions.add(self.actions.page_values(dict(zip(st.CONTROLS, values))), user),
+        return self._do(lambda: self.actions.add(dict(zip(st.CONTROLS, values)), user),
                         lambda e: f"Added job {e.id} to the queue.", request)
 
     def add_images(self, request: gr.Request, images, *values):
         user = self._user(request)
 
         def add():
-            page = self.actions.page_values({**dict(zip(st.CONTROLS, values)), "image": None})
-            page.pop("image")
-            return self.actions.add_images(images, page, user)
+            return self.actions.add_images(images, {**dict(zip(st.CONTROLS, values)), "image": None}, user)
 
         return self._do(add, lambda added: f"Added {len(added)} job{'s' if len(added) != 1 else ''} (one per image).",
                         request)
@@ -184,10 +182,7 @@ class QueuePanel:
 
     def save(self, request: gr.Request, picked, *values):
         def edit():
-            page = self.actions.page_values(dict(zip(st.CONTROLS, values)))
-            page.pop("image")               # the job keeps its own images (one job per image: each its own)
-            page.pop("end_image")
-            return self.actions.edit(picked, page, self._user(request))
+            return self.actions.edit(picked, dict(zip(st.CONTROLS, values)), self._user(request), from_page=True)
 
         return self._do(edit, lambda e: f"Saved the settings into job {e.id}.", request, picked)
 

@@ -22,7 +22,7 @@ from ui.panel_jobs import JobsPanel
 from jobs.runner import SessionBusy
 from jobs.text import waiting_text
 from ui.view import QUEUED_TEXT, JobView, progress_html
-from ui.source_job import resolved
+from ui import doors
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,8 @@ class RunPanel:
     def submit(self, request: gr.Request, *values):
         user = self.ctx.access.user(request)
         try:
-            job = st.request_from_values(dict(zip(st.CONTROLS, values)))           # uploads only
-            job = resolved(job, self.ctx.outputs, self.ctx.access, user)          # a job to extend, by its id
+            job = st.request_from_values(dict(zip(st.CONTROLS, values)),        # the one door check
+                                         door=doors.client(self.ctx.access, user, self.ctx.outputs))
             question = self.needs_confirmation(request.session_hash, job)
             if question is not None:
                 return None, gr.skip(), gr.skip(), question, gr.skip()

@@ -22,7 +22,9 @@ from jobs.runner import Runner
 from ui import settings as st
 from ui.access import Access
 from pipeline.request import Request
-from ui.source_job import resolved_values
+from jobs.doors import Door, admitted as admit
+from pipeline.request import canonical
+from ui import doors
 from ui.api import VIDEO_DOC, video_endpoint
 
 log = logging.getLogger(__name__)
@@ -44,14 +46,10 @@ class QueueActions:
         self.runner, self.store = runner, runner.store
         self.access = access
 
-    def _request(self, values: Mapping[str, Any], user: str | None):
-        """A client's job (its files already checked as uploads; a job to extend, named by its id, looked up)."""
-        from pipeline.lora import names_only
+    def door(self, user: str | None) -> Door:
+        """The page's and the API's door for `user` (ui/doors.py: uploads, the user's jobs by id, LoRA names)."""
+        return doors.client(self.access, user, self.store.outputs)
 
-        names_only(values.get("loras"))                     # LoRAs by their names in the LoRA folder only
-        if values.get("keyframes"):                         # keyframe images: uploads only
-            values = {**values, "keyframes": st.client_keyframes(values["keyframes"])}
-        return Request.from_mapping(resolved_values(values, self.store.outputs, self.access, user))
 
     def _own(self, entry_id, user: str | None, *, waiting: bool = False) -> qs.Entry:
         """The entry, if the user may see it (another user's is "not there", like a missing one)."""
@@ -66,16 +64,18 @@ class QueueActions:
     def _queued(self, jobs) -> list[qs.Entry]:
         return [self.store.get(job.entry) for job in jobs]
 
-    @staticmethod
-    def page_values(values: Mapping[str, Any]) -> dict:
-        """Settings and uploaded files by name from a client's control values (uploads only: ui/settings.py)."""
-        request = st.request_from_values(values)
+    def page_values(self, values: Mapping[str, Any], user: str | None = None) -> dict:
+        """Settings and uploaded files by name from a client's control values (by name; aliases too), admitted by
+        the client's door (ui/doors.py: aliases resolved, files uploads only, a job to extend looked up by its id,
+        LoRAs by name). Every handler of the queue that takes a client's job values calls it, once."""
+        request = st.request_from_values(values, door=self.door(user))
         return {**request.settings(), "image": request.image, "end_image": request.end_image,
                 "input_video": request.input_video}
 
     def add(self, values: Mapping[str, Any], user: str | None = None) -> qs.Entry:
-        """Add a job: `values` by control name (settings and the uploads' paths)."""
-        (entry,) = self._queued(self.runner.submit_many([self._request(values, user)], owner=user))
+        """Add a job: a client's `values` by control name (settings and uploads)."""
+        request = Request.from_mapping(self.page_values(values, user))
+        (entry,) = self._queued(self.runner.submit_many([request], owner=user))
         return entry
 
     def add_images(self, images: list, values: Mapping[str, Any], user: str | None = None) -> list[qs.Entry]:
@@ -88,7 +88,12 @@ class QueueActions:
         paths = [st.client_file(i, "images") for i in images]
         if not paths or not all(paths):
             raise InputError("images", "upload one or more images: one job is added per image")
-        requests = [self._request({**values, "image": p}, user) for p in paths]
+        values = canonical(values)
+        if values.get("image") not in (None, ""):
+            raise InputError("image", "one job is added per image of 'images'; leave the start image out of the "
+                                      "settings")
+        page = {k: v for k, v in self.page_values(values, user).items() if k != "image"}
+        requests = [Request.from_mapping({**page, "image": p}) for p in paths]
         return self._queued(self.runner.submit_many(requests, owner=user))
 
     def import_jsonl(self, upload, user: str | None = None) -> list[qs.Entry]:
@@ -103,41 +108,13 @@ class QueueActions:
             text = Path(path).read_text("utf-8")
         except (OSError, ValueError):                         # unreadable, not UTF-8
             raise InputError("jobs file", "cannot read it as text; save it as UTF-8 text") from None
-        lines = text.count("\n") + 1
+        lines = len(text.splitlines())                      # (a last line's newline ends it, starts none)
         if lines > IMPORT_LINES_MAX:
             raise InputError("jobs file", f"{lines} lines; a jobs file sent to the app may have at most "
                                           f"{IMPORT_LINES_MAX} (use `python -m cli queue add` for more)")
-        jobs = jsonl.read_lines(text, files=lambda name, value: self._queue_copy(name, value, user))
-        from pipeline.lora import names_only
-
-        for number, values in jobs:
-            try:
-                names_only(values.get("loras"))             # LoRAs by their names in the LoRA folder only
-                if values.get("keyframes"):
-                    values["keyframes"] = st.client_keyframes(values["keyframes"])     # uploads only
-            except InputError as e:
-                raise InputError(f"line {number}", f"{e.field}: {e.message}") from None
+        jobs = jsonl.read_lines(text, door=doors.queue_copies(self.store, self.access, user))
         prepared = jsonl.prepare_lines(jobs, self.runner.preflight)
         return self._queued(self.runner.submit_many(prepared, owner=user, checked=True))
-
-    def _queue_copy(self, name: str, value, user: str | None) -> str:
-        """A file named in a jobs file sent to the app: only the queue's copy of an image or video of one of the
-        user's entries (what an export names). Refused with one message whatever the path is."""
-        refused = InputError(name, "a jobs file sent to the app may name no file but the queue's copies of your "
-                                   "queued jobs' images (what Export writes); add other images with 'Add one job "
-                                   "per image' or the /queue_add API")
-        if not isinstance(value, str):
-            raise refused
-        root = self.store.images_root.resolve()
-        try:
-            real = Path(value).resolve()
-            inside = real.is_relative_to(root) and len(real.relative_to(root).parts) == 2
-        except (OSError, ValueError, RuntimeError):
-            inside = False
-        entry = self.store.get(real.relative_to(root).parts[0]) if inside else None
-        if entry is None or not self.access.sees(user, entry.owner) or not real.is_file():
-            raise refused
-        return str(real)
 
     def export_path(self, user: str | None = None) -> str:
         """The user's waiting jobs as a JSON-lines file in a temporary folder (Gradio sends a copy; files older than
@@ -157,14 +134,21 @@ class QueueActions:
             f.write(self.store.export_jsonl(keep=keep))
         return f.name
 
-    def edit(self, entry_id, values: Mapping[str, Any], user: str | None = None) -> qs.Entry:
+    def edit(self, entry_id, values: Mapping[str, Any], user: str | None = None, from_page: bool = False) \
+            -> qs.Entry:
         """Change a waiting job: `values` are merged over its settings (so {"seconds": 4} changes only that); the
-        whole job is checked again by the pre-flight."""
-        entry = self._own(entry_id, user, waiting=True)
+        whole job is checked again by the pre-flight. The values pass the door of a change (ui/doors.py `no_files`:
+        /queue_edit names no file), or, `from_page` (the page's Save: all the controls' values), the client's door
+        (`page_values`: the video to extend may be replaced by an upload; the job keeps its images)."""
         if not isinstance(values, Mapping):
             raise InputError("settings", "give the settings to change as a JSON object, e.g. {\"seconds\": 4}")
+        if from_page:
+            values = {k: v for k, v in self.page_values(values, user).items() if k not in ("image", "end_image")}
+        else:
+            values = admit(values, doors.no_files())
+        entry = self._own(entry_id, user, waiting=True)
         merged = {**entry.values(), **{k: v for k, v in values.items() if v is not None or k == "end_image"}}
-        return self.runner.edit(entry.id, self._request(merged, user))
+        return self.runner.edit(entry.id, Request.from_mapping(merged))
 
     def move(self, entry_id, index, user: str | None = None) -> list[qs.Entry]:
         if isinstance(index, bool) or not isinstance(index, (int, float)) or not math.isfinite(index) \
@@ -236,7 +220,7 @@ class QueueApi:
     def add(self, values: dict, request: gr.Request = None, progress=None) -> dict:
         """Add a job (the /video parameters) to the queue on disk; returns the queued job."""
         user = self._user(request)
-        return self._call(lambda: self.actions.add(self.actions.page_values(values), user)).summary()
+        return self._call(lambda: self.actions.add(values, user)).summary()
 
     def add_images(self, images, settings, request: gr.Request) -> list[dict]:
         """Add one job per image (at most 32), each with `settings` (a JSON object of /video parameters)."""
@@ -246,9 +230,7 @@ class QueueApi:
         user = self._user(request)
 
         def add():
-            values = {k: v for k, v in self.actions.page_values(settings or {}).items() if k != "image"}
-            return self.actions.add_images(images, {k: v for k, v in values.items()
-                                                    if k in (settings or {}) or k not in jsonl.FILE_NAMES}, user)
+            return self.actions.add_images(images, settings or {}, user)
 
         return [e.summary() for e in self._call(add)]
 
@@ -263,10 +245,6 @@ class QueueApi:
     def edit(self, job, settings, request: gr.Request) -> dict:
         """Change a waiting job's settings (a JSON object of the settings to change; its images stay: to use other
         images, remove the job and add it again)."""
-        files = [name for name in jsonl.FILE_NAMES if isinstance(settings, dict) and settings.get(name) not in (None, "")]
-        if files:
-            raise gr.Error(f"{files[0]}: a queued job keeps its images; remove the job and add it again with "
-                           "/queue_add to use another file", title="Please check the input", print_exception=False)
         return self._call(self.actions.edit, job, settings, self._user(request)).summary()
 
     def remove(self, job, request: gr.Request) -> dict:

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from configs.controls import CONTROLS as TABLE, Control
 from common.errors import InputError
-from pipeline import keyframes
+from jobs.doors import Door, admitted
 
 # Request field names of the page's controls, in the order the handlers receive their values.
 CONTROLS = tuple(c.name for c in TABLE if c.widget)
@@ -107,19 +107,6 @@ def client_file(value: Any, field: str) -> str | None:
     return str(real)
 
 
-def client_keyframes(text: Any) -> Any:
-    """The keyframes setting (pipeline/keyframes.py) from a client, each keyframe's image checked as an upload
-    (`client_file`: a path on the server is refused naming "keyframes"); a setting that does not parse is left for
-    the request's check to explain (it reads no file then)."""
-    if not isinstance(text, str) or not text.strip():
-        return text
-    try:
-        items = keyframes.parse(text)
-    except InputError:
-        return text
-    return keyframes.with_images(items, [client_file(k.image, keyframes.FIELD) for k in items])
-
-
 def _whole(value):
     """Sliders and number boxes send floats; whole floats become ints, everything else is left for the
     pipeline's validation to explain."""
@@ -128,32 +115,34 @@ def _whole(value):
     return value
 
 
-def request_from_values(values: Mapping[str, Any], table: tuple[Control, ...] = TABLE):
-    """A pipeline Request from a client's control values (by name). The files must be uploads (`client_file`:
-    raises InputError naming the field); the rest is validated by the pipeline's `prepare`, which names the
-    field."""
+def _upload(c: Control, value: Any) -> str | None:
+    return client_file(value, c.field_name)
+
+
+# The client's door (jobs/doors.py) without job ids: files are the client's uploads, LoRAs names in the LoRA folder.
+UPLOADS = Door("uploads", _upload)
+
+
+def request_from_values(values: Mapping[str, Any], table: tuple[Control, ...] = TABLE, door: Door = UPLOADS):
+    """A pipeline Request from a client's control values (by name), admitted by `door` (jobs/doors.py: aliases
+    resolved, the files uploads only, a job id looked up where the door takes them, LoRAs by name; raises
+    InputError naming the field); the rest is validated by the pipeline's `prepare`, which names the field.
+    Keys that are no control of the page are left out."""
     from pipeline.request import Request, request_class
 
     cls = Request if table is TABLE else request_class(table)
+    values = admitted(values, door, table)
     kwargs = {}
     for c in page_controls(table):
         if c.name not in values:
             continue
         value = values[c.name]
-        if c.is_file:
-            value = client_file(value, c.field_name)
-        elif c.kind == "int":
+        if c.kind == "int":
             value = _whole(value)
         elif c.kind == "text":
             value = value or ""
         kwargs[c.name] = value
     kwargs.setdefault("image", None)
-    if kwargs.get("keyframes"):
-        kwargs["keyframes"] = client_keyframes(kwargs["keyframes"])     # their images: uploads only
-    if kwargs.get("loras"):
-        from pipeline.lora import names_only
-
-        names_only(kwargs["loras"])             # LoRA files by their names in the LoRA folder, never a path
     return cls(**kwargs)
 
 
