@@ -183,3 +183,21 @@ def _page_call(fn, request, values, first):
     except gr.Error as e:
         assert any(r in str(e.message) for r in REFUSALS), e.message
         return e.message
+
+
+def test_a_jobs_file_of_500_lines_ending_in_a_newline_is_500_lines(tmp_path, tiny_original):
+    from tests.server_helpers import tiny_runner
+    from ui.queue_api import IMPORT_LINES_MAX, QueueActions
+
+    runner = tiny_runner(tmp_path / "out", tiny_original)             # not started: nothing runs
+    try:
+        actions = QueueActions(runner)
+        for count, refused in ((IMPORT_LINES_MAX, "missing"), (IMPORT_LINES_MAX + 1, f"at most {IMPORT_LINES_MAX}")):
+            jobs = tmp_path / f"{count}.jsonl"
+            jobs.write_text('{"prompt": "x"}\n' * count)                  # no image: refused at line 1, not queued
+            with pytest.raises(InputError) as e:
+                actions.import_jsonl(uploaded(jobs))
+            assert refused in e.value.message and (count > IMPORT_LINES_MAX) == ("lines" in e.value.message), \
+                e.value.message
+    finally:
+        runner.store.close()
