@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 
 from common.errors import InputError
 from configs.controls import CONTROLS, Control
+from pipeline import keyframes
 
 JOB_FIELD = "job to extend"
 
@@ -53,8 +54,6 @@ def _given(value: Any) -> bool:
 def _keyframes(c: Control, text: str, door: Door) -> str:
     """The keyframes setting with each keyframe's image given to the door's file rule; a setting that does not
     parse is left for the request's check to explain (it reads no file then)."""
-    from pipeline import keyframes
-
     try:
         items = keyframes.parse(text)
     except InputError:

@@ -86,11 +86,13 @@ def test_every_door_refuses_every_spelling_of_a_server_path(tmp_path):
         {"input_video": str(bob), "loras": "/x/y.safetensors:1"}
 
 
-PROBED = {"video", "queue_add", "queue_add_images", "queue_import", "queue_edit", "resume",   # the API
-          "submit", "add", "add_images", "save", "import_jsonl", "import_studio"}                            # the page's handlers
+PROBED = {"video", "queue_add", "queue_add_images", "queue_import", "queue_edit", "resume", "post",   # the API
+          "submit", "add", "add_images", "save", "import_jsonl", "import_studio", "run"}    # the page's handlers
 # Handlers that take these controls but run no job: what they do with a file is checked in test_server_abuse.py
-# (memory_plan, check_image: uploads only, the same refusal) and the LoRA box's handlers below.
-SHOWS_ONLY = {"show_hints", "show_extension", "memory_plan", "check_image", "slots", "lambda", "added"}
+# (memory_plan, check_image: uploads only, the same refusal), the LoRA box's handlers (test_lora_box below), and
+# frame_as_start (puts an exported frame, an upload, into the start image box, which Start then checks).
+SHOWS_ONLY = {"show_hints", "show_extension", "memory_plan", "check_image", "slots", "lambda", "added",
+              "frame_as_start"}
 
 
 def test_two_users_cannot_reach_each_others_jobs_through_any_route_or_alias(tmp_path, tiny_original):
@@ -126,17 +128,20 @@ def test_two_users_cannot_reach_each_others_jobs_through_any_route_or_alias(tmp_
                 for target in (targets[2],) if c.name == "loras" else (targets[1],):
                     value = _value(c, target)
                     api_value = value                              # (a plain path: no upload marker)
-                    given = {"mode": "f1", "seconds": 1.2, "steps": 1, c.api_name: api_value}
-                    if c.name == "loras":
-                        given["image"] = handle_file(str(start))
-                    refuse("/video", **given)
-                    refuse("/queue_add", **given)
+                    if c.api_name:                                     # (a control on the page: /video's)
+                        given = {"mode": "f1", "seconds": 1.2, "steps": 1, c.api_name: api_value}
+                        if c.name == "loras":
+                            given["image"] = handle_file(str(start))
+                        refuse("/video", **given)
+                        refuse("/queue_add", **given)
                     for key in c.keys:                                  # the JSON doors: every spelling
                         refuse("/queue_add_images", images=[handle_file(str(start))], settings={key: value})
                         refuse("/queue_edit", job=entry["id"], settings={key: value})
                         lines = tmp_path / "jobs.jsonl"
                         lines.write_text(json.dumps({key: value, "mode": "f1"}) + "\n")
                         refuse("/queue_import", jobs_file=handle_file(str(lines)))
+            refuse("/post", job_id=bob.name, steps="loop=2", export="mp4", frame=-1)      # after the video: the same door
+            refuse("/post", video=str(bob / "final.mp4"), steps="loop=2", export="mp4", frame=-1)
             for call in (dict(job_id=bob.name, api_name="/resume"), dict(job=bob.name, api_name="/queue_remove"),
                          dict(job=bob.name, position=0, api_name="/queue_move")):
                 with pytest.raises(AppError, match="there is no job|no queued job"):
@@ -145,7 +150,7 @@ def test_two_users_cannot_reach_each_others_jobs_through_any_route_or_alias(tmp_
             page = {fn.api_name: fn.fn for fn in server.blocks.fns.values()}
             request = gr.Request(username="alice", session_hash="alice-page")
             names = [c.name for c in CONTROLS if c.widget]
-            for c in NAMING:
+            for c in (c for c in NAMING if c.widget):             # (the page's controls)
                 defaults = {**default_values(64), "seconds": 1.2, "steps": 1, "mode": "f1"}
                 values = [_value(c, targets[1]) if n == c.name else defaults.get(n) for n in names]
                 for handler in ("submit", "add", "save"):
@@ -163,6 +168,12 @@ def test_two_users_cannot_reach_each_others_jobs_through_any_route_or_alias(tmp_
                     assert any(r in str(answer) for r in REFUSALS), answer
             with pytest.raises(gr.Error, match="only a file uploaded"):
                 page["import_studio"](targets[1], request)
+            post, = (fn.fn for fn in server.blocks.fns.values()           # the After the video panel's Run
+                     if getattr(fn.fn, "__qualname__", "") == "PostPanel.run")
+            for job_id, video in ((bob.name, None), (None, str(bob / "final.mp4"))):
+                (answer, *_), = list(post(job_id, video, "off", 60, "off", None, 0, 0, 1, 1, False, False, "mp4", -1,
+                                          request))
+                assert any(r in answer for r in REFUSALS), answer
             assert len(server.runner.store.entries()) == 1
         finally:
             alice.close()

@@ -164,11 +164,13 @@ def test_the_doors_batch_line_and_cli(images, tmp_path):
 
 def test_the_app_reads_no_keyframe_it_was_not_sent(images):
     """The app's doors (/queue_add, /queue_edit, a jobs file sent to it) take keyframe images only as uploads."""
+    from jobs.doors import admitted
     from tests.conftest import uploaded
     from ui import settings as st
 
     with pytest.raises(InputError, match="only a file uploaded to this app") as e:
-        st.client_keyframes(f"[1.5s] {images}/middle.png")
+        admitted({"keyframe": f"[1.5s] {images}/middle.png"}, st.UPLOADS)         # (the alias too)
     assert e.value.field == "keyframes"
     sent = uploaded(images / "middle.png")
-    assert kf.parse(st.client_keyframes(f"[1.5s, 0.5] {sent}")) == (kf.Keyframe(1.5, str(Path(sent).resolve()), 0.5),)
+    assert kf.parse(admitted({"keyframes": f"[1.5s, 0.5] {sent}"}, st.UPLOADS)["keyframes"]) == \
+        (kf.Keyframe(1.5, str(Path(sent).resolve()), 0.5),)

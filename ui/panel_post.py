@@ -13,6 +13,7 @@ from pathlib import Path
 import gradio as gr
 
 from common.errors import InputError
+from configs.controls import control
 from jobs.runner import SessionBusy
 from jobs.text import progress_line, waiting_text
 from jobs.line import Waiting
@@ -20,6 +21,7 @@ from pipeline.events import Cancelled, Done, Failed, Preview, Progress
 from pipeline.jobs import finished_video, load_job
 from post.modelfiles import SUFFIXES
 from post.steps import EXPORTS, PostRequest, request_from
+from ui import doors
 from ui import settings as st
 from ui.access import Access
 from ui.jobs_gallery import list_jobs
@@ -60,16 +62,18 @@ def steps_of(interp: str, fps, upscale: str, upscaler: str | None, trim_start, t
 
 
 def source_of(job_id, upload, outputs: Path, access: Access, user: str | None) -> tuple[Path, str]:
-    """(the video, the job id it came from or ""): a finished job the user may see, or a file they uploaded."""
+    """(the video, the job id it came from or ""): a finished job the user may see, or a file they uploaded (the
+    client's door: ui/doors.py, the same rules as a generation job's)."""
+    door = doors.client(access, user, outputs)
     if job_id and upload:
         raise InputError("video", "give a finished job or a video file, not both")
     if job_id:
-        folder = access.job_folder(outputs, job_id, user, "job")
+        folder = door.job(job_id, "job")
         video = finished_video(folder)
         if video is None:
             raise InputError("job", f"job {folder.name} has no finished video yet; pick a finished job")
         return video, folder.name
-    path = st.client_file(upload, "video")
+    path = door.file(control("input_video"), upload)
     if path is None:
         raise InputError("video", "pick a finished job or upload a video")
     return Path(path), ""
