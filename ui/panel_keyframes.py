@@ -1,7 +1,7 @@
 """Keyframes on the page (pipeline/keyframes.py): rows of image + time + strength under "Keyframes (original
 mode)", which write the `keyframes` setting's box (the job's, job.json's, Reuse settings' and the /video API's
 `keyframes` parameter: `[1.5s] file [3s, 0.5] file`). The box may be typed in too; the rows rewrite it whenever one
-of them changes. The images are uploads (ui/settings.py `client_keyframes` checks them when the job is added)."""
+of them changes. The images are uploads (jobs/doors.py `admitted` checks them when the job is added)."""
 from __future__ import annotations
 
 import math
