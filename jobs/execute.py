@@ -39,21 +39,22 @@ def job_memory(config: Config, request, device, host_ram_gb: float | None = None
 
 
 def run_job(job, components, memory: MemoryManager, config: Config, cancel: CancelToken, *,
-            owner: str | None = None, on_open: Callable[[Job], None] | None = None) -> Iterator:
+            owner: str | None = None, on_open: Callable[[Job], None] | None = None, split=None) -> Iterator:
     """The events of `job` (pipeline.request.PreparedRequest: a new job; pipeline.resume.ResumeRequest: continue its
     folder; post.job.CheckedPost: a post-processing job, new or continued, `components` unused), a MemoryReport
     (the memory timeline) just before the end; always ends with one Done or Failed.
     `owner`: the user who started a new job. `on_open(job)`: called with the run's own job folder (pipeline/jobs.py)
-    as soon as it is open, so what it records is kept by the run's later writes (a farm worker notes itself)."""
+    as soon as it is open, so what it records is kept by the run's later writes (a farm worker notes itself).
+    `split`: this process's part of a job split over several GPUs (jobs/split.py, pipeline/split.py), else None."""
     events: Iterator
     if isinstance(job, CheckedPost):
         events = run_post(job, memory, cancel=cancel, outputs=config.outputs, folders=folders_of(config), owner=owner)
     elif isinstance(job, ResumeRequest):
         events = resume(job, components, memory, cancel=cancel, lora_dir=config.lora_dir,
-                        compile=compile_choice(config), on_open=on_open)
+                        compile=compile_choice(config), on_open=on_open, split=split)
     else:
         events = generate(job, components, memory, cancel=cancel, outputs=config.outputs, lora_dir=config.lora_dir,
-                          owner=owner, compile=compile_choice(config), on_open=on_open)
+                          owner=owner, compile=compile_choice(config), on_open=on_open, split=split)
     try:
         for event in events:
             if isinstance(event, (Done, Failed)):

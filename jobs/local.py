@@ -55,8 +55,9 @@ class LocalExecutor:
     def placements(self) -> dict[str, str]:
         return {}
 
-    def run(self, work: Work, cancel) -> Iterator:
-        """The job's events (pipeline/events.py), a MemoryReport before its end; always ends with Done or Failed."""
+    def run(self, work: Work, cancel, split=None) -> Iterator:
+        """The job's events (pipeline/events.py), a MemoryReport before its end; always ends with Done or Failed.
+        `split`: this process's part of a job split over several GPUs (jobs/split.py), else None."""
         request = work.request
         if work.post is not None:               # post-processing: its own small models, loaded by the job
             from jobs.execute import job_memory, run_job
@@ -89,6 +90,13 @@ class LocalExecutor:
         from jobs.execute import job_memory, run_job
 
         job = work.resuming if work.resuming is not None else work.prepared
-        memory = job_memory(self.config, request, self.device or chosen_device(self.config.device))
-        yield from run_job(job, components, memory, self.config, cancel, owner=work.owner)
+        device = split.device if split is not None else self.device or chosen_device(self.config.device)
+        memory = job_memory(self.config, request, device)
+        if split is not None:
+            split.attach(components.transformer)
+        try:
+            yield from run_job(job, components, memory, self.config, cancel, owner=work.owner, split=split)
+        finally:
+            if split is not None:
+                split.detach()
 

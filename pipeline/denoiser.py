@@ -7,6 +7,8 @@ changes: the noisy window's patch embedding, the time/guidance embedding, the te
 The arithmetic is the same as diffusers' `HunyuanVideoFramepackTransformer3DModel.forward` (the parity test checks),
 except that the output projection runs in float32, as in FramePack's app.
 The blocks run through their modules' `__call__`, so memory/ hooks (streaming, offload) apply unchanged.
+With a `split` (pipeline/split.py: one job on several GPUs) each process runs the blocks on its share of the tokens
+and gathers the whole output after them; everything before and after the blocks is computed whole on every process.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 import rocm
 from pipeline.magcache import MagCache
 from pipeline.sections import SectionContext, SectionIndices
+from pipeline.split import SequenceSplit
 from pipeline.teacache import TeaCache
 from pipeline.text import TextEmbeddings
 
@@ -28,7 +31,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class _SectionConstants:
     context_tokens: torch.Tensor          # packed 4x | 2x | clean tokens, (1, N_ctx, D)
-    rope: tuple[torch.Tensor, torch.Tensor]
+    rope: tuple[torch.Tensor, torch.Tensor]   # (cos, sin) of the context and window tokens; this process's share
     image_tokens: torch.Tensor            # projected SigLIP tokens, (1, 729, D)
     latent_shape: tuple[int, int, int]    # (T, H, W) of the noisy window
 
@@ -38,14 +41,16 @@ class FramepackDenoiser:
 
     def __init__(self, transformer, teacache_threshold: float = 0.0, steps: int = 0,
                  on_oom: Callable[[], bool] | None = None, *, magcache_threshold: float = 0.0,
-                 mode: str = "original"):
+                 mode: str = "original", split: SequenceSplit | None = None):
         """`on_oom`: called after an out-of-memory in a step; True means memory was freed (e.g. more weights
         streamed) and the step is worth retrying. At most one of the two caches is on (a threshold > 0); `mode`
-        picks MagCache's calibrated ratios (original or f1)."""
+        picks MagCache's calibrated ratios (original or f1). `split`: this process's part of a job split over
+        several GPUs (None: the whole job here)."""
         if teacache_threshold > 0 and magcache_threshold > 0:
             raise ValueError("TeaCache and MagCache cannot both be on")
         self.transformer = transformer
         self.on_oom = on_oom
+        self.split = split
         self.dtype = transformer.dtype
         self.teacache = {b: TeaCache(teacache_threshold, steps) for b in ("cond", "uncond")} \
             if teacache_threshold > 0 else None
@@ -76,6 +81,8 @@ class FramepackDenoiser:
         context_tokens, rope = tr._pack_history_states(empty, clean, two, four, rope_latents, rope_clean, rope_2x,
                                                        rope_4x, h // p, w // p)
         image_tokens = tr.image_projection(image_embeds.to(dev, dt))
+        if self.split is not None:          # the rotary positions of this process's tokens (pipeline/split.py)
+            rope = tuple(self.split.shard(r, dim=0) for r in rope)
         self._const = _SectionConstants(context_tokens, rope, image_tokens, latent_shape)
         self._text = {k: v.to(dev, dt) for k, v in texts.items()}
         self._guidance = torch.tensor([guidance * 1000.0], dtype=dt, device=dev)
@@ -90,6 +97,8 @@ class FramepackDenoiser:
     def __call__(self, latents: torch.Tensor, timestep: torch.Tensor, branch: str = "cond") -> torch.Tensor:
         """One prediction; after an out-of-memory, retried as long as `on_oom` frees something."""
         cache = self._cache(branch)
+        if self.split is not None:
+            self.split.proceed()            # the group's first process says whether the job goes on
         while True:
             saved = cache.state() if cache is not None else None
             try:
@@ -138,10 +147,14 @@ class FramepackDenoiser:
             hidden = cache.apply(hidden)
         else:
             before = hidden
+            if self.split is not None:
+                hidden, encoder = self.split.shard(hidden), self.split.shard(encoder)
             for block in tr.transformer_blocks:
                 hidden, encoder = block(hidden, encoder, temb, None, c.rope)
             for block in tr.single_transformer_blocks:
                 hidden, encoder = block(hidden, encoder, temb, None, c.rope)
+            if self.split is not None:
+                hidden = self.split.gather(hidden)
             if cache is not None:
                 cache.store(hidden - before)
 

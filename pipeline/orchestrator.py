@@ -68,7 +68,7 @@ def oom_advice(records, memory: MemoryManager, kept_video: bool) -> str:
 def generate(prepared: PreparedRequest, components: Components, memory: MemoryManager | None = None, *,
              cancel: CancelToken | None = None, outputs: str | Path = "outputs",
              lora_dir: str | Path | None = None, owner: str | None = None, compile: str = "auto",
-             on_open: Callable[[Job], None] | None = None) -> Generator[Event, None, None]:
+             on_open: Callable[[Job], None] | None = None, split=None) -> Generator[Event, None, None]:
     """Run one job. Always ends with exactly one Done or Failed event.
 
     `prepared` comes from `pipeline.request.prepare(request, components.preset.default_resolution)`, which the caller (UI,
@@ -77,7 +77,8 @@ def generate(prepared: PreparedRequest, components: Components, memory: MemoryMa
     its owner only when it has several users). `compile`: "auto" (compiled transformer blocks where the device
     can and the job's "compile" setting is on; pipeline/compiled.py), "off" (--no-compile), "force" (also on the
     CPU: tests). `on_open(job)`: called with the job folder as soon as it is open (a farm worker notes itself in
-    job.json there)."""
+    job.json there). `split`: this process's part of a job split over several GPUs
+    (pipeline/split.py; None: all of it here)."""
     if not isinstance(prepared, PreparedRequest):
         raise TypeError(f"generate() takes a PreparedRequest (from pipeline.prepare), not {type(prepared).__name__}")
     if prepared.request.mode != components.mode:
@@ -87,7 +88,8 @@ def generate(prepared: PreparedRequest, components: Components, memory: MemoryMa
         yield Failed(prepared.source.problem(components))
         return
     run = JobRun(prepared, components, memory or MemoryManager(), cancel or CancelToken(), Path(outputs),
-                 lora_dir=lora_dir, owner=owner, compile=compile, on_open=on_open)
+                 lora_dir=lora_dir, owner=owner, compile=compile, on_open=on_open,
+                 split=split)
     yield from run.events()
 
 
@@ -118,7 +120,7 @@ class JobRun:
     def __init__(self, prepared: PreparedRequest, components: Components, memory: MemoryManager,
                  cancel: CancelToken, outputs: Path, resume: ResumeState | None = None,
                  lora_dir: str | Path | None = None, owner: str | None = None, compile: str = "auto",
-                 on_open: Callable[[Job], None] | None = None):
+                 on_open: Callable[[Job], None] | None = None, split=None):
         self.prepared, self.models, self.memory, self.cancel, self.outputs = (prepared, components, memory, cancel,
                                                                               outputs)
         self.resume = resume
@@ -127,6 +129,7 @@ class JobRun:
         self.owner = owner                      # job.json's "owner" (a new job's)
         self.compile = compile                  # "auto", "off" or "force" (generate())
         self.on_open = on_open                  # called with the job folder once it is open (generate())
+        self.split = split                      # pipeline.split.SequenceSplit: one job on several GPUs
         self.loras = lora.LoraSet()
         self.plan = sec.make_plan(self.request.mode, self.request.seconds, self.request.latent_window,
                                   self.request.fps)
@@ -242,8 +245,10 @@ class JobRun:
         if done:
             yield from self._rebuild_video(done, drain)
 
-        denoiser = FramepackDenoiser(c.transformer, r.teacache, r.steps, on_oom=self.memory.stream_more,
-                                     magcache_threshold=r.magcache, mode=r.mode)
+        # split over several GPUs, an out-of-memory fails the job: a retried step would leave the others' exchange
+        denoiser = FramepackDenoiser(c.transformer, r.teacache, r.steps,
+                                     on_oom=self.memory.stream_more if self.split is None else None,
+                                     magcache_threshold=r.magcache, mode=r.mode, split=self.split)
         blocks = compiled.for_job(c.transformer, self.device, process=self.compile != "off", job=r.compile,
                                   force=self.compile == "force")
         _, _, _, lh, lw = start_latent.shape

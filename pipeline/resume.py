@@ -128,9 +128,9 @@ def prepare_resume(job_dir: str | Path) -> ResumeRequest:
 
 
 def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir=None, compile: str = "auto",
-           on_open=None) -> Generator:
+           on_open=None, split=None) -> Generator:
     """Continue the checked job folder `job` (from prepare_resume); yields the same events as generate().
-    `compile`, `on_open`: as generate()'s."""
+    `compile`, `on_open`, `split`: as generate()'s."""
     from memory.manager import MemoryManager
     from pipeline.checkpoint import keyframe_latents, load_checkpoint
     from pipeline.orchestrator import JobRun, ResumeState, SavedSections
@@ -164,5 +164,5 @@ def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir
                               tensors["rng_state"], int(meta["sections_done"]), keyframe_latents(tensors))
     state = ResumeState(Job(job_dir, info), saved, frozenset(rewrite))
     run = JobRun(job.prepared, components, memory or MemoryManager(), cancel or CancelToken(), job_dir.parent, state,
-                 lora_dir=lora_dir, compile=compile, on_open=on_open)
+                 lora_dir=lora_dir, compile=compile, on_open=on_open, split=split)
     yield from run.events()

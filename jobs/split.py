@@ -1,0 +1,228 @@
+"""One job on several GPUs of this machine (`--gpus-per-job N`): the executor that splits a job's transformer steps.
+
+For each job this process (the queue's, on the first GPU) starts N-1 helper processes, one per further GPU, and the
+N join one `torch.distributed` group (NCCL for the tensors on GPUs with a gloo side for small messages; gloo alone on
+the CPU, for trying it and for the tests). Every process runs the same job from the same request and seed with the
+same code (jobs/local.py); in the transformer steps each computes its share of the tokens (pipeline/split.py), so a
+step takes about 1/N of the time. The other stages (encoders, VAE) run on every GPU at once, each on its own (no
+slower than on one GPU); only this process writes the job folder, the others write theirs into a temporary folder
+that is deleted. A helper loads its own copy of the models for each job (the queue's process keeps its own loaded);
+each GPU has its own VRAM cap.
+
+A job ends the same way on every process: done or stopped, the first process says so and the others finish
+(pipeline/split.py `finish`); when a helper dies or fails mid-job, the job fails with a message naming its GPU, the
+other helpers are ended and the group is dropped; the job folder keeps its finished sections and resumes like any
+other (on the GPUs there are then: a split again, or one GPU).
+
+Why own code around torch.distributed rather than a launcher (torchrun, Ray): a job's group lives for that job only
+inside a process that is already running (the app, the command line, a farm worker), which torchrun cannot start;
+`torch.multiprocessing`'s spawn starts the helpers and `init_process_group` joins them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Iterator
+
+from configs.runtime import Config
+from jobs.local import LocalExecutor, Work
+from pipeline.events import Done, Failed, LogLine
+
+log = logging.getLogger(__name__)
+
+GROUP_TIMEOUT = timedelta(minutes=30)     # a collective that waits longer fails (a helper stuck, not dead)
+_FAILED_EXIT = 3                          # a helper whose job failed on its own GPU
+
+
+class SplitUnavailable(RuntimeError):
+    """--gpus-per-job N cannot run here (the message says why and what to do)."""
+
+
+def split_devices(n: int, device) -> list:
+    """The N devices of a split job whose first process runs on `device`: that GPU and the N-1 after it, or N times
+    the CPU. Raises SplitUnavailable: too few GPUs, mixed cards, no NCCL/RCCL in this PyTorch."""
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device(device)
+    if n < 2:
+        raise SplitUnavailable(f"--gpus-per-job {n}: a split job needs at least 2 GPUs (1 is the default: no split)")
+    if not dist.is_available():
+        raise SplitUnavailable(f"--gpus-per-job {n}: this PyTorch has no torch.distributed; use --gpus-per-job 1")
+    if device.type == "cpu":
+        return [device] * n
+    if device.type != "cuda":
+        raise SplitUnavailable(f"--gpus-per-job {n}: a split job runs on CUDA or ROCm GPUs, not {device.type}")
+    first = device.index or 0
+    count = torch.cuda.device_count()
+    if first + n > count:
+        raise SplitUnavailable(f"--gpus-per-job {n}: needs {n} GPUs from cuda:{first}, this machine has {count} "
+                               f"(CUDA_VISIBLE_DEVICES or --device choose them); use --gpus-per-job {max(1, count - first)}")
+    names = [torch.cuda.get_device_name(i) for i in range(first, first + n)]
+    if len(set(names)) > 1:
+        raise SplitUnavailable(f"--gpus-per-job {n}: the GPUs differ ({', '.join(names)}); a split job waits for its "
+                               f"slowest card at every step, so it takes {n} of the same kind (CUDA_VISIBLE_DEVICES "
+                               f"picks them)")
+    if not dist.is_nccl_available():
+        raise SplitUnavailable(f"--gpus-per-job {n}: this PyTorch has no NCCL ({'RCCL' if torch.version.hip else 'NCCL'}"
+                               f" exchanges the tokens between the GPUs); use --gpus-per-job 1")
+    return [torch.device("cuda", first + r) for r in range(n)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _join_group(rank: int, size: int, port: int, device) -> "object":
+    """Join the job's group as `rank`; this process's SequenceSplit."""
+    import torch
+    import torch.distributed as dist
+
+    from pipeline.split import SequenceSplit
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+                            timeout=GROUP_TIMEOUT)
+    return SequenceSplit(device)
+
+
+def _leave_group(abort: bool = False) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    if abort:                # a peer is gone: an orderly destroy could wait for it
+        dist.distributed_c10d._abort_process_group()
+    else:
+        dist.destroy_process_group()
+
+
+def helper_main(rank: int, size: int, port: int, device, config: Config, work: Work) -> None:
+    """A helper process: join the group, load the models, run the same job into a temporary folder."""
+    split = _join_group(rank, size, port, device)
+    code = 0
+    with tempfile.TemporaryDirectory(prefix="steadyframe-split-") as tmp:
+        if work.resuming is not None:        # a copy of the job folder: only the first process writes the real one
+            copy = Path(tmp) / work.resuming.job_dir.name
+            shutil.copytree(work.resuming.job_dir, copy)
+            work = dataclasses.replace(work, resuming=dataclasses.replace(work.resuming, job_dir=copy))
+        from jobs.models import models_for
+
+        executor = LocalExecutor(dataclasses.replace(config, outputs=Path(tmp)), models_for(config, device), device)
+        from pipeline.cancel import CancelToken
+
+        for event in executor.run(work, CancelToken(), split=split):
+            if isinstance(event, Failed):
+                log.error("split job, GPU %d: %s", rank, event.message)
+                code = _FAILED_EXIT
+        if code == 0:
+            split.finish()
+    _leave_group(abort=code != 0)
+    os._exit(code)      # (no interpreter teardown: the group's threads and the models go with the process)
+
+
+class _Helpers:
+    """The helper processes of one job, watched: `lost` says which ended before the job did."""
+
+    def __init__(self, procs: list, devices: list, abort_on_loss: bool):
+        self.procs, self.devices = procs, devices
+        self.lost: tuple[int, int | None] | None = None         # (rank, exit code)
+        self._done = threading.Event()
+        self._abort = abort_on_loss
+        self._thread = threading.Thread(target=self._watch, name="split-watch", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.2):
+            for rank, p in enumerate(self.procs, start=1):
+                if p.exitcode is not None and p.exitcode != 0:
+                    self.lost = (rank, p.exitcode)
+                    log.error("split job: the process on %s ended (exit code %s)", self.devices[rank], p.exitcode)
+                    if self._abort:      # NCCL would wait for it until the timeout: end the group's waits now
+                        _leave_group(abort=True)
+                    return
+
+    def stop_watching(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def end(self, wait_s: float) -> None:
+        """Wait up to `wait_s` for the helpers to exit, then end the rest."""
+        deadline = time.monotonic() + wait_s
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+class SplitExecutor(LocalExecutor):
+    """The local executor with every job split over `gpus_per_job` GPUs (or CPU processes)."""
+    slots = 1
+
+    def __init__(self, config: Config, models, device, gpus_per_job: int):
+        super().__init__(config, models, device)
+        self.devices = split_devices(gpus_per_job, device)
+        log.info("each job split over %d %s: %s", len(self.devices),
+                 "CPU processes (no faster: for trying it)" if self.devices[0].type == "cpu" else "GPUs",
+                 ", ".join(str(d) for d in self.devices))
+
+    def run(self, work: Work, cancel, split=None) -> Iterator:
+        if work.post is not None:        # post-processing (its own small models): on the first GPU alone
+            yield from super().run(work, cancel)
+            return
+        import torch.multiprocessing as mp
+
+        devices = self.devices
+        size, port = len(devices), _free_port()
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=helper_main, args=(r, size, port, devices[r], self.config, work),
+                             name=f"split-{r}", daemon=True) for r in range(1, size)]
+        for p in procs:
+            p.start()
+        yield LogLine("info", f"job split over {size} devices: {', '.join(str(d) for d in devices)}")
+        helpers = _Helpers(procs, devices, abort_on_loss=devices[0].type == "cuda")
+        split, ending = None, None
+        try:
+            split = _join_group(0, size, port, devices[0])
+            for event in super().run(work, cancel, split=split):
+                if isinstance(event, (Done, Failed)):
+                    ending = event
+                    break
+                yield event
+        except Exception as e:       # the group could not form (a helper died at its start)
+            log.error("split job: %s", e, exc_info=True)
+            ending = Failed(f"the split job could not start on {size} devices: {str(e).splitlines()[0][:200]}")
+        helpers.stop_watching()
+        if helpers.lost is not None and not isinstance(ending, Done):
+            rank, code = helpers.lost
+            ending = Failed(f"the process on {devices[rank]} ended mid-job (exit code {code}); the job folder keeps "
+                            f"its finished sections: resume it (on the GPUs there are now)",
+                            ending.detail if isinstance(ending, Failed) else "",
+                            getattr(ending, "job_dir", None), getattr(ending, "partial_video", None))
+        polite = isinstance(ending, Done) and helpers.lost is None
+        if polite:
+            split.finish()           # stopped or done: the helpers end their copy of the job
+        helpers.end(wait_s=60.0 if polite else 0.0)
+        _leave_group(abort=not polite)
+        yield ending
+
+
+def executor_for(config: Config, models, device, gpus_per_job: int):
+    """The local executor for `--gpus-per-job` (1: jobs/local.py's)."""
+    if gpus_per_job <= 1:
+        return LocalExecutor(config, models, device)
+    return SplitExecutor(config, models, device, gpus_per_job)
