@@ -178,8 +178,13 @@ class Command:
         from jobs.runner import open_runner
 
         preflight, device = self.preflight, self.device
+        from jobs.split import SplitUnavailable
+
         try:
             executor = queue_executor(self.config, preflight.models, device)
+        except SplitUnavailable as e:                                 # --gpus-per-job N where it cannot run
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(EXIT_INPUT) from None
         except (RuntimeError, ConnectionError, ValueError) as e:      # no Ray, no cluster there, no GPUs
             print(f"error: the job farm could not start: {e}", file=sys.stderr)
             raise SystemExit(EXIT_FAILED) from None

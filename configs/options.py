@@ -49,6 +49,9 @@ def add_process_options(p: argparse.ArgumentParser, *, preset_default: str | Non
                         "MI300/MI350/RDNA4): faster, slightly less exact; refused on other devices")
     p.add_argument("--no-pin", action="store_true", help="do not page-lock host copies (when host RAM is short)")
     p.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: the GPU if there is one)")
+    p.add_argument("--gpus-per-job", type=_positive, default=1, metavar="N",
+                   help="split each job over N GPUs of this machine, from --device on (sequence parallelism: a "
+                        "step takes about 1/N of the time; N cards of one kind, NCCL/RCCL; default 1)")
     g = p.add_argument_group("job farm (Ray; see README, \"Several GPUs\")")
     where = g.add_mutually_exclusive_group()
     where.add_argument("--ray", metavar="ADDRESS", default=None,
@@ -157,7 +160,8 @@ def config_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Co
     return Config(preset=args.preset or "hunyuan", model_dir=args.model_dir, outputs=Path(args.outputs),
                   vram_cap_gb=float(args.vram_cap_gb), host_ram_gb=args.host_ram_gb, lora_dir=Path(args.lora_dir),
                   upscaler_dir=Path(args.upscaler_dir), interpolator_dir=Path(args.interpolator_dir), fp8=bool(args.fp8), pin=not args.no_pin,
-                  compile=not args.no_compile, fp8_compute=bool(args.fp8_compute), device=args.device, farm=farm,
+                  compile=not args.no_compile, fp8_compute=bool(args.fp8_compute), device=args.device,
+                  gpus_per_job=int(getattr(args, "gpus_per_job", 1) or 1), farm=farm,
                   web=web,
                   late_load=_either(env.late_load, MEMORY.late_load), park=_either(env.park, MEMORY.park_file_blocks),
                   direct_io=_either(env.direct_io, MEMORY.direct_io))

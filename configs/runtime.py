@@ -51,6 +51,7 @@ class Config:
     compile: bool = True                             # compiled transformer blocks on GPUs (--no-compile: eager)
     fp8_compute: bool = False                        # --fp8-compute: block Linears multiply in fp8 (pipeline/compiled.py)
     device: str | None = None                        # None: the GPU if there is one
+    gpus_per_job: int = 1                            # --gpus-per-job: one job split over N GPUs (jobs/split.py)
     late_load: bool = MEMORY.late_load               # MemoryConfig's switches, or the environment's for a run
     park: bool = MEMORY.park_file_blocks             # (common/environment.py STEADYFRAME_LATE_LOAD, _PARK,
     direct_io: bool = MEMORY.direct_io               # _DIRECT_IO)

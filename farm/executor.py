@@ -7,7 +7,7 @@ import dataclasses
 from typing import Iterator
 
 from configs.runtime import Config
-from jobs.local import LocalExecutor
+from jobs.split import SplitUnavailable, executor_for
 from pipeline.events import Progress
 from farm.dispatch import Farm
 from farm.workers import WorkerConfig
@@ -50,7 +50,11 @@ def start_farm(config: Config, models=None, *, num_cpus: int | None = None) -> F
 
 def queue_executor(config: Config, models, device):
     """What runs the queue's jobs, for the app and the CLI alike: the farm of --ray/--gpus/--cpu-workers (Ray is
-    imported only then), else this process on `device`."""
+    imported only then), else this process on `device` (each job split over --gpus-per-job GPUs: jobs/split.py;
+    raises jobs.split.SplitUnavailable where it cannot run)."""
     if config.farm.enabled:
+        if config.gpus_per_job > 1:
+            raise SplitUnavailable(f"--gpus-per-job {config.gpus_per_job}: not with the farm (--ray/--gpus/"
+                                   f"--cpu-workers) yet; run the app or the command line without the farm")
         return start_farm(config, models)
-    return LocalExecutor(config, models, device)
+    return executor_for(config, models, device, config.gpus_per_job)

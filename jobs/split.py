@@ -194,7 +194,7 @@ class SplitExecutor(LocalExecutor):
         for p in procs:
             p.start()
         yield LogLine("info", f"job split over {size} devices: {', '.join(str(d) for d in devices)}")
-        helpers = _Helpers(procs, devices, abort_on_loss=devices[0].type == "cuda")
+        helpers = self.helpers = _Helpers(procs, devices, abort_on_loss=devices[0].type == "cuda")
         split, ending = None, None
         try:
             split = _join_group(0, size, port, devices[0])

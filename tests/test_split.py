@@ -1,0 +1,146 @@
+"""One job split over several processes (`--gpus-per-job`, jobs/split.py, pipeline/split.py), on the CPU with gloo:
+the same latents as one process; a helper killed mid-job fails the job with a message and the resume finishes it."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.conftest import make_image
+
+
+def _section(rank: int, size: int, port: int, out: str) -> None:
+    """One section of the tiny transformer sampled (4 UniPC steps) by `size` processes, with the exchange and
+    without it (each process then attends over its own share only); process 0 saves both."""
+    from benchmarks.transformer_step import section_inputs
+    from jobs.split import _join_group
+    from pipeline.components import load_components
+    from pipeline.denoiser import FramepackDenoiser
+    from pipeline.sampling import sample_section
+
+    tr = load_components("tiny", "original").transformer
+    split = _join_group(rank, size, port, torch.device("cpu")) if size > 1 else None
+    inputs = section_inputs(tr, 64, 64, 9, 16)
+    results = {}
+    for name, attached in (("split", True), ("no exchange", False)):
+        if split is not None and attached:
+            split.attach(tr)
+        ctx, idx, shape, image, texts, noise = inputs
+        den = FramepackDenoiser(tr, 0.0, 4, split=split)
+        den.begin_section(ctx, idx, shape, image, texts, 10.0)
+        run = sample_section(den, noise, sampler="unipc", steps=4)
+        try:
+            while True:
+                next(run)
+        except StopIteration as done:
+            results[name] = done.value
+        if split is not None:
+            split.detach()
+        if size == 1:
+            break
+    if split is not None:
+        split.finish()
+    if rank == 0:
+        torch.save(results, out)
+
+
+def test_two_gloo_processes_give_the_latents_of_one(tmp_path):
+    from jobs.split import _free_port
+
+    _section(0, 1, 0, str(tmp_path / "one.pt"))
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_section, args=(r, 2, port, str(tmp_path / "two.pt"))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    one, two = torch.load(tmp_path / "one.pt")["split"], torch.load(tmp_path / "two.pt")
+    assert one.shape == two["split"].shape == (1, 16, 9, 8, 8)
+    assert (two["split"] - one).abs().max() <= 1e-5
+    # the exchange is what makes them equal: attending over a share of the tokens alone gives other latents
+    assert (two["no exchange"] - one).abs().max() > 1e-2
+
+
+def test_refusals_name_the_option():
+    from jobs.split import SplitUnavailable, split_devices
+
+    with pytest.raises(SplitUnavailable, match="--gpus-per-job 1: a split job needs at least 2"):
+        split_devices(1, "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(SplitUnavailable, match="--gpus-per-job 2: needs 2 GPUs"):
+            split_devices(2, "cuda")
+    assert [str(d) for d in split_devices(2, "cpu")] == ["cpu", "cpu"]
+
+
+def test_option_reaches_the_executor(tmp_path):
+    from cli.commands import build_parser
+    from configs.options import config_from
+    from farm.executor import queue_executor
+    from jobs.models import ComponentCache
+    from jobs.split import SplitExecutor
+
+    parser = build_parser()
+    args = parser.parse_args(["generate", "--preset", "tiny", "--gpus-per-job", "2", "--device", "cpu",
+                              "--out", str(tmp_path), "--prompt", "x", "--image", "x.png"])
+    config = config_from(parser, args)
+    assert config.gpus_per_job == 2
+    executor = queue_executor(config, ComponentCache("tiny"), torch.device("cpu"))
+    assert isinstance(executor, SplitExecutor) and len(executor.devices) == 2
+
+
+def _events_until(events, predicate):
+    for event in events:
+        yield event
+        if predicate(event):
+            return
+
+
+def test_killed_helper_fails_the_job_and_the_resume_finishes_it(tmp_path):
+    from configs.runtime import Config
+    from jobs.local import Work
+    from jobs.models import ComponentCache
+    from jobs.split import SplitExecutor
+    from pipeline.cancel import CancelToken
+    from pipeline.checkpoint import load_checkpoint
+    from pipeline.events import Done, Failed, Progress
+    from pipeline.request import Request, prepare
+    from pipeline.resume import prepare_resume
+
+    config = Config(preset="tiny", outputs=tmp_path, device="cpu", gpus_per_job=2, compile=False)
+    models = ComponentCache("tiny")
+    executor = SplitExecutor(config, models, torch.device("cpu"), 2)
+    request = Request(image=make_image(96, 80, seed=3), prompt="a boat", seconds=2.4, steps=3, seed=5,
+                      mode="original")
+    prepared = prepare(request, models.preset.default_resolution)
+
+    events = executor.run(Work("e1", prepared=prepared), CancelToken())
+    killed = None
+    ending = None
+    for event in events:
+        # the first section done (its checkpoint written), the second sampling: the helper dies
+        if killed is None and isinstance(event, Progress) and event.stage == "sampling" and event.section == 2 \
+                and event.step >= 1:
+            helper = executor.helpers.procs[0]
+            os.kill(helper.pid, signal.SIGKILL)
+            killed = time.monotonic()
+        if isinstance(event, (Done, Failed)):
+            ending = event
+    assert killed is not None, "the job never reached its second section"
+    assert isinstance(ending, Failed), ending
+    assert "the process on cpu ended mid-job" in ending.message and "resume" in ending.message
+    assert time.monotonic() - killed < 60            # failed promptly, not at the group's timeout
+    job_dir = ending.job_dir
+    assert load_checkpoint(job_dir)[1]["sections_done"] >= 1
+    assert json.loads((job_dir / "job.json").read_text())["status"] == "failed"
+
+    resumed = list(executor.run(Work("e1", resuming=prepare_resume(job_dir)), CancelToken()))
+    assert isinstance(resumed[-1], Done) and not resumed[-1].stopped, resumed[-1]
+    info = json.loads((job_dir / "job.json").read_text())
+    assert info["status"] == "done" and (job_dir / "final.mp4").is_file()
