@@ -8,14 +8,15 @@ app's streaming (preserved 6 GB), first by process 0 alone (the 1-GPU baseline),
 (pipeline/split.py). Reported: seconds per sampling step and the ratio, per-GPU peak reserved memory against the
 cap, the streamed bytes, and the latents' max / mean absolute difference and relative norm against the 1-GPU run.
 
-Communication: the exchange of one step timed apart, on the same group with the same tensors as the step's: per
-block the three all-to-alls of q, k, v and the one of the attention's output (with diffusers' size exchange), and
-the final all-gather of the hidden tokens; its share = that time ÷ the split step's time (an upper bound of what
-the step waits for: NCCL runs on its own stream, and nothing else overlaps it here).
+Communication: per block the three all-to-alls of q, k, v and the one of the attention's output, and
+the final all-gather of the hidden tokens: with `--profile`, two split steps under torch.profiler, the GPU time of
+NCCL's kernels against the step's wall time (an upper bound: an NCCL kernel also counts the time it waits for the
+other GPUs to arrive), and the bytes each GPU sends per step from the token counts.
 
     python3 benchmarks/split.py --gpus 2 --out split.json            # 1 vs 2 GPUs
     python3 benchmarks/split.py --gpus 4 --out split4.json           # 1 vs 4 GPUs (issue 49)
     python3 benchmarks/split.py --gpus 2 --tiny --device cpu --out t.json   # tiny preset, gloo on the CPU
+    python3 benchmarks/split.py --gpus 2 --cap-gb 1000 --variants eager,compiled --profile --out r.json  # resident
 """
 from __future__ import annotations
 
@@ -92,42 +93,51 @@ def _sample(tr, inputs, device, steps: int, cap_gb: float, split=None, compiled_
             "placement": rec.placement["transformer"], "load_s": rec.load_s, "tokens": tokens}
 
 
-def _exchange_time(split, tr, tokens: int, text: int, device, reps: int) -> dict:
-    """The step's communication alone: per block 3 + 1 all-to-alls of this process's q/k/v/output shares (heads
-    exchanged, diffusers' Ulysses-anything path with its size exchange) and the final gather of the hidden tokens."""
-    from diffusers.models.attention_dispatch import all_to_all_single_any_o_async, all_to_all_single_any_qkv_async
+def _profile_steps(tr, inputs, device, cap_gb: float, split, compiled_on: bool, steps: int = 2) -> dict:
+    """Split steps under torch.profiler (after one unprofiled): the GPU time of NCCL's kernels per step (the
+    exchanges, and any wait for the other GPUs inside them) against the step's wall time."""
+    from torch.profiler import ProfilerActivity, profile
 
+    from memory.manager import MemoryManager
+    from pipeline import compiled
+    from pipeline.denoiser import FramepackDenoiser
+
+    ctx, idx, shape, image, texts, noise = inputs
+    compiled.install(tr).enabled = compiled_on
+    mm = MemoryManager(device=device, cap_gb=cap_gb, preserved_gb=6.0, plan_on_cpu=device.type == "cpu")
+    mm.apply_cap()
+    split.attach(tr)
+    try:
+        with mm.stage("transformer", transformer=tr):
+            den = FramepackDenoiser(tr, 0.0, steps + 1, split=split)
+            den.begin_section(ctx, idx, shape, image, texts, 10.0)
+            x, t = noise.to(device), torch.tensor([900.0], device=device)
+            den(x, t)
+            _sync(device)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    den(x, t)
+                _sync(device)
+                wall = (time.perf_counter() - t0) / steps
+            den.end_section()
+    finally:
+        split.detach()
+    nccl = sum(e.self_device_time_total for e in prof.key_averages() if "nccl" in e.key.lower()) / 1e6 / steps
+    kernels = sum(e.self_device_time_total for e in prof.key_averages()) / 1e6 / steps
+    return {"step_s": wall, "nccl_kernel_s": nccl, "all_kernels_s": kernels, "share": nccl / wall}
+
+
+def _bytes_per_step(tr, tokens: dict, size: int) -> dict:
+    """What one GPU sends per step: per block the q, k, v and output all-to-alls of its share ((size-1)/size of
+    each leaves it) and its share of the final gather, in bf16."""
     cfg = tr.config
-    heads, dim = cfg.num_attention_heads, cfg.attention_head_dim
+    width = cfg.num_attention_heads * cfg.attention_head_dim
     blocks = cfg.num_layers + cfg.num_single_layers
-    group = split.config.context_parallel_config._ulysses_mesh.get_group()
-    local = split.shard(torch.empty(1, tokens + text, 1), dim=1).shape[1]
-    dt = torch.bfloat16 if device.type == "cuda" else torch.float32
-    qkv = torch.randn(1, local, heads, dim, device=device, dtype=dt)
-    hidden = torch.randn(1, split.shard(torch.empty(1, tokens, 1), dim=1).shape[1], heads * dim, device=device,
-                         dtype=dt)
-    meta = {"NUM_QO_HEAD": heads, "Q_S_LOCAL": local}
-
-    def step():
-        for _ in range(blocks):
-            q, k, v = (all_to_all_single_any_qkv_async(qkv, group, **meta)() for _ in range(3))
-            all_to_all_single_any_o_async(q, group, **meta)()
-        split.gather(hidden)
-
-    step()
-    _sync(device)
-    times = []
-    for _ in range(reps):
-        torch.distributed.barrier()
-        _sync(device)
-        t0 = time.perf_counter()
-        step()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    n = split.size
-    # bytes this process sends per step: each all-to-all keeps 1/n of its input, sends the rest
-    sent = blocks * 4 * qkv.numel() * qkv.element_size() * (n - 1) / n + hidden.numel() * hidden.element_size()
-    return {"s": statistics.median(times), "bytes_sent_per_gpu": sent, "local_tokens": local}
+    local = -(-tokens["image"] // size) + -(-tokens["text"] // size)
+    a2a = blocks * 4 * local * width * 2 * (size - 1) / size
+    gather = -(-tokens["image"] // size) * width * 2 * (size - 1)
+    return {"all_to_all": a2a, "gather": gather, "total": a2a + gather, "local_tokens": local}
 
 
 def rank_main(rank: int, size: int, port: int, args, out_q) -> None:
@@ -142,9 +152,9 @@ def rank_main(rank: int, size: int, port: int, args, out_q) -> None:
     device = torch.device("cpu") if args.device == "cpu" else split_devices(size, torch.device("cuda", 0))[rank]
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    split = _join_group(rank, size, port, device)
     t0 = time.perf_counter()
     tr, height, width, image_tokens = build_transformer(args.tiny)
+    split = _join_group(rank, size, port, device, 1 if args.anything else tr.config.num_attention_heads)
     pack = HostPack.of(tr)
     pack.set_pinned(device.type == "cuda")
     build_s = time.perf_counter() - t0
@@ -163,7 +173,9 @@ def rank_main(rank: int, size: int, port: int, args, out_q) -> None:
         dist.barrier()
     tokens = result[f"split_{variants[0]}"]["tokens"]
     result["tokens"] = tokens
-    result["exchange"] = _exchange_time(split, tr, tokens["image"], tokens["text"], device, args.comm_reps)
+    result["bytes"] = _bytes_per_step(tr, tokens, size)
+    if args.profile and device.type == "cuda":
+        result["profile"] = _profile_steps(tr, inputs, device, cap, split, "compiled" in variants[-1])
     split.finish()
     for k, v in list(result.items()):
         if isinstance(v, dict) and "latents" in v and rank != 0:
@@ -179,9 +191,11 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=25)
     ap.add_argument("--cap-gb", type=float, default=20.0)
     ap.add_argument("--variants", default="eager", help="eager and/or compiled, comma-separated")
-    ap.add_argument("--comm-reps", type=int, default=5)
+    ap.add_argument("--profile", action="store_true", help="profile two split steps: NCCL's share of a step")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--anything", action="store_true", help="diffusers' Ulysses-anything exchange (share sizes "
+                    "sent at every attention) instead of padded equal shares")
     args = ap.parse_args(argv)
     import torch.multiprocessing as mp
 
@@ -221,11 +235,9 @@ def summarize(results: list[dict], args) -> dict:
             "latents_max_abs_diff": float((a - b).abs().max()), "latents_mean_abs_diff": float((a - b).abs().mean()),
             "latents_rel_norm": float((a - b).norm() / a.norm()),
         })
-    ex = first["exchange"]
     for row in rows:
-        row["exchange_s_per_step"] = ex["s"]
-        row["exchange_share"] = ex["s"] / row["split_s_per_step"]
-        row["exchange_bytes_sent_per_gpu"] = ex["bytes_sent_per_gpu"]
+        row["bytes_sent_per_gpu_per_step"] = first["bytes"]["total"]
+        row["profile"] = {r["device"]: r.get("profile") for r in results}
     meta = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.device != "cpu" else "cpu",
             "torch": torch.__version__, "tokens": first["tokens"], "build_s": [r["build_s"] for r in results],
             "date": time.strftime("%Y-%m-%d"), "cap_gb": args.cap_gb}

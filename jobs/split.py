@@ -34,6 +34,8 @@ from typing import Iterator
 
 from configs.runtime import Config
 from jobs.local import LocalExecutor, Work
+from jobs.models import models_for
+from pipeline.cancel import CancelToken
 from pipeline.events import Done, Failed, LogLine
 
 log = logging.getLogger(__name__)
@@ -83,8 +85,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _join_group(rank: int, size: int, port: int, device) -> "object":
-    """Join the job's group as `rank`; this process's SequenceSplit."""
+def _join_group(rank: int, size: int, port: int, device, heads: int = 24) -> "object":
+    """Join the job's group as `rank`; this process's SequenceSplit (`heads`: the transformer's attention heads)."""
     import torch
     import torch.distributed as dist
 
@@ -95,7 +97,13 @@ def _join_group(rank: int, size: int, port: int, device) -> "object":
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
                             timeout=GROUP_TIMEOUT)
-    return SequenceSplit(device)
+    return SequenceSplit(device, heads)
+
+
+def _heads(models, work: Work) -> int:
+    """The attention heads of the job's transformer (from its config: nothing is loaded for this)."""
+    transformer = models.transformer_for_checks(work.request.mode)
+    return int(transformer.config.num_attention_heads) if transformer is not None else 24
 
 
 def _leave_group(abort: bool = False) -> None:
@@ -111,18 +119,15 @@ def _leave_group(abort: bool = False) -> None:
 
 def helper_main(rank: int, size: int, port: int, device, config: Config, work: Work) -> None:
     """A helper process: join the group, load the models, run the same job into a temporary folder."""
-    split = _join_group(rank, size, port, device)
+    models = models_for(config, device)
+    split = _join_group(rank, size, port, device, _heads(models, work))
     code = 0
     with tempfile.TemporaryDirectory(prefix="steadyframe-split-") as tmp:
         if work.resuming is not None:        # a copy of the job folder: only the first process writes the real one
             copy = Path(tmp) / work.resuming.job_dir.name
             shutil.copytree(work.resuming.job_dir, copy)
             work = dataclasses.replace(work, resuming=dataclasses.replace(work.resuming, job_dir=copy))
-        from jobs.models import models_for
-
-        executor = LocalExecutor(dataclasses.replace(config, outputs=Path(tmp)), models_for(config, device), device)
-        from pipeline.cancel import CancelToken
-
+        executor = LocalExecutor(dataclasses.replace(config, outputs=Path(tmp)), models, device)
         for event in executor.run(work, CancelToken(), split=split):
             if isinstance(event, Failed):
                 log.error("split job, GPU %d: %s", rank, event.message)
@@ -197,7 +202,7 @@ class SplitExecutor(LocalExecutor):
         helpers = self.helpers = _Helpers(procs, devices, abort_on_loss=devices[0].type == "cuda")
         split, ending = None, None
         try:
-            split = _join_group(0, size, port, devices[0])
+            split = _join_group(0, size, port, devices[0], _heads(self.models, work))
             for event in super().run(work, cancel, split=split):
                 if isinstance(event, (Done, Failed)):
                     ending = event

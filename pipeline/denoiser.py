@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class _SectionConstants:
     context_tokens: torch.Tensor          # packed 4x | 2x | clean tokens, (1, N_ctx, D)
-    rope: tuple[torch.Tensor, torch.Tensor]   # (cos, sin) of the context and window tokens; this process's share
+    rope: tuple[torch.Tensor, torch.Tensor]   # (cos, sin) of the context and window tokens
     image_tokens: torch.Tensor            # projected SigLIP tokens, (1, 729, D)
     latent_shape: tuple[int, int, int]    # (T, H, W) of the noisy window
 
@@ -81,8 +81,6 @@ class FramepackDenoiser:
         context_tokens, rope = tr._pack_history_states(empty, clean, two, four, rope_latents, rope_clean, rope_2x,
                                                        rope_4x, h // p, w // p)
         image_tokens = tr.image_projection(image_embeds.to(dev, dt))
-        if self.split is not None:          # the rotary positions of this process's tokens (pipeline/split.py)
-            rope = tuple(self.split.shard(r, dim=0) for r in rope)
         self._const = _SectionConstants(context_tokens, rope, image_tokens, latent_shape)
         self._text = {k: v.to(dev, dt) for k, v in texts.items()}
         self._guidance = torch.tensor([guidance * 1000.0], dtype=dt, device=dev)
@@ -147,14 +145,19 @@ class FramepackDenoiser:
             hidden = cache.apply(hidden)
         else:
             before = hidden
-            if self.split is not None:
-                hidden, encoder = self.split.shard(hidden), self.split.shard(encoder)
+            rope, mask = c.rope, None
+            if self.split is not None:        # this process's share of the tokens (pipeline/split.py)
+                lay = self.split.layout(hidden.shape[1], encoder.shape[1])
+                hidden = self.split.shard(hidden, pad_to=lay.image_share)
+                encoder = self.split.shard(encoder, pad_to=lay.prompt_share)
+                rope = tuple(self.split.shard(r, dim=0, pad_to=lay.image_share) for r in rope)
+                mask = lay.mask
             for block in tr.transformer_blocks:
-                hidden, encoder = block(hidden, encoder, temb, None, c.rope)
+                hidden, encoder = block(hidden, encoder, temb, mask, rope)
             for block in tr.single_transformer_blocks:
-                hidden, encoder = block(hidden, encoder, temb, None, c.rope)
+                hidden, encoder = block(hidden, encoder, temb, mask, rope)
             if self.split is not None:
-                hidden = self.split.gather(hidden)
+                hidden = self.split.gather(hidden, sizes=lay.image)
             if cache is not None:
                 cache.store(hidden - before)
 

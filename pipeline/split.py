@@ -24,6 +24,7 @@ over the group's CPU (gloo) side, the tokens over its device side (NCCL on GPUs,
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -46,18 +47,47 @@ def attention_processors(transformer) -> list:
             if getattr(m, "processor", None) is not None and hasattr(m.processor, "_parallel_config")]
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How one step's tokens are split: each process's count of image and prompt tokens, each share padded to the
+    largest (`image_share`, `prompt_share`) so every process exchanges the same number of tokens, and the attention
+    mask over the exchanged keys (None when nothing is padded)."""
+    image: tuple[int, ...]
+    prompt: tuple[int, ...]
+    mask: torch.Tensor | None
+
+    @property
+    def image_share(self) -> int:
+        return max(self.image)
+
+    @property
+    def prompt_share(self) -> int:
+        return max(self.prompt)
+
+
+def _shares(n: int, parts: int) -> tuple[int, ...]:
+    return tuple(len(c) for c in torch.arange(n).tensor_split(parts))
+
+
 class SequenceSplit:
     """This process's place in a job's group: the share of the tokens it computes, the attention's parallel config.
 
     Made after `torch.distributed.init_process_group` (the default group is the job's); `device` is this process's
-    GPU (or the CPU). `attach`/`detach` put the config on a transformer's attention processors for the job."""
+    GPU (or the CPU). `attach`/`detach` put the config on a transformer's attention processors for the job.
 
-    def __init__(self, device: torch.device):
+    Shares of equal size (`heads`, the transformer's attention heads, divisible by the group's size): the image and
+    prompt shares are padded to the largest, the padding masked out of attention, and diffusers' plain Ulysses
+    attention exchanges them (the exchange sizes are known to every process: nothing else is sent). Otherwise its
+    Ulysses-anything attention (any share sizes, any head count) exchanges the share sizes first, at every
+    attention call (4 small messages per block)."""
+
+    def __init__(self, device: torch.device, heads: int = 24):
         if not dist.is_initialized():
             raise RuntimeError("a split job needs torch.distributed initialised (jobs/split.py does it)")
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self.device = torch.device(device)
-        cp = ContextParallelConfig(ulysses_degree=self.size, ulysses_anything=True)
+        self.padded = heads % self.size == 0
+        cp = ContextParallelConfig(ulysses_degree=self.size, ulysses_anything=not self.padded)
         self.config = ParallelConfig(context_parallel_config=cp)
         mesh = init_device_mesh(self.device.type, (1, self.size), mesh_dim_names=cp.mesh_dim_names)
         self.config.setup(self.rank, self.size, self.device, mesh=mesh)
@@ -65,6 +95,7 @@ class SequenceSplit:
         self.control = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
         self.ended = False
         self._attached: list = []
+        self._layouts: dict[tuple[int, int], Layout] = {}
 
     @property
     def leader(self) -> bool:
@@ -82,15 +113,41 @@ class SequenceSplit:
         self._attached = []
 
     # ---- tokens ------------------------------------------------------------------------------------------------
-    def shard(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
-        """This process's share of `x` along `dim` (the sequence)."""
+    def layout(self, image: int, prompt: int) -> Layout:
+        """The split of `image` image tokens and `prompt` prompt tokens over the group (the same on every process)."""
+        key = (image, prompt)
+        if key not in self._layouts:
+            if min(image, prompt) < self.size:
+                raise ValueError(f"{image} image and {prompt} prompt tokens cannot be split over {self.size} GPUs")
+            a, b = _shares(image, self.size), _shares(prompt, self.size)
+            mask = None
+            if self.padded and (len(set(a)) > 1 or len(set(b)) > 1):
+                keep = []
+                for n_a, n_b in zip(a, b):
+                    keep += [True] * n_a + [False] * (max(a) - n_a) + [True] * n_b + [False] * (max(b) - n_b)
+                mask = torch.tensor(keep, device=self.device).view(1, 1, 1, -1)
+            self._layouts[key] = Layout(a, b, mask)
+        return self._layouts[key]
+
+    def shard(self, x: torch.Tensor, dim: int = 1, pad_to: int | None = None) -> torch.Tensor:
+        """This process's share of `x` along `dim` (the sequence); with `pad_to`, zeros after it up to that size."""
         if x.shape[dim] < self.size:
             raise ValueError(f"{x.shape[dim]} tokens cannot be split over {self.size} GPUs")
-        return PartitionAnythingSharder.shard_anything(x, dim, self._mesh)
+        share = PartitionAnythingSharder.shard_anything(x, dim, self._mesh)
+        if pad_to is not None and self.padded and share.shape[dim] < pad_to:
+            shape = list(share.shape)
+            shape[dim] = pad_to - share.shape[dim]
+            share = torch.cat([share, share.new_zeros(shape)], dim=dim)
+        return share
 
-    def gather(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
-        """The whole tensor from every process's share (in rank order)."""
-        return PartitionAnythingSharder.unshard_anything(x, dim, self._mesh)
+    def gather(self, x: torch.Tensor, dim: int = 1, sizes: tuple[int, ...] | None = None) -> torch.Tensor:
+        """The whole tensor from every process's share (in rank order); `sizes`: the shares' real sizes when they
+        were padded (the padding is dropped)."""
+        if not (self.padded and sizes is not None):
+            return PartitionAnythingSharder.unshard_anything(x, dim, self._mesh)
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat([p.narrow(dim, 0, n) for p, n in zip(parts, sizes)], dim=dim)
 
     # ---- control -----------------------------------------------------------------------------------------------
     def _say(self, go: int) -> int:

@@ -15,25 +15,33 @@ from tests.conftest import make_image
 
 
 def _section(rank: int, size: int, port: int, out: str) -> None:
-    """One section of the tiny transformer sampled (4 UniPC steps) by `size` processes, with the exchange and
-    without it (each process then attends over its own share only); process 0 saves both."""
+    """One section of the tiny transformer sampled (2 UniPC steps) by `size` processes: with padded equal shares
+    (the prompt's 271 tokens do not split evenly: masked padding), with diffusers' Ulysses-anything exchange (a
+    head count the group does not divide), and with no exchange (each process attends over its own share only);
+    process 0 saves the latents."""
     from benchmarks.transformer_step import section_inputs
-    from jobs.split import _join_group
     from pipeline.components import load_components
     from pipeline.denoiser import FramepackDenoiser
     from pipeline.sampling import sample_section
+    from pipeline.split import SequenceSplit
 
     tr = load_components("tiny", "original").transformer
-    split = _join_group(rank, size, port, torch.device("cpu")) if size > 1 else None
-    inputs = section_inputs(tr, 64, 64, 9, 16)
+    inputs = section_inputs(tr, 64, 64, 9, 15)
+    splits = {"one": None}
+    if size > 1:
+        from jobs.split import _join_group
+
+        padded = _join_group(rank, size, port, torch.device("cpu"), tr.config.num_attention_heads)
+        anything = SequenceSplit(torch.device("cpu"), heads=3)
+        splits = {"padded": padded, "anything": anything, "no exchange": anything}
     results = {}
-    for name, attached in (("split", True), ("no exchange", False)):
-        if split is not None and attached:
+    for name, split in splits.items():
+        if split is not None and name != "no exchange":
             split.attach(tr)
         ctx, idx, shape, image, texts, noise = inputs
-        den = FramepackDenoiser(tr, 0.0, 4, split=split)
+        den = FramepackDenoiser(tr, 0.0, 2, split=split)
         den.begin_section(ctx, idx, shape, image, texts, 10.0)
-        run = sample_section(den, noise, sampler="unipc", steps=4)
+        run = sample_section(den, noise, sampler="unipc", steps=2)
         try:
             while True:
                 next(run)
@@ -41,10 +49,9 @@ def _section(rank: int, size: int, port: int, out: str) -> None:
             results[name] = done.value
         if split is not None:
             split.detach()
-        if size == 1:
-            break
-    if split is not None:
-        split.finish()
+        results[f"{name} padded"] = split is not None and split.layout(184, 271).mask is not None
+    if size > 1:
+        padded.finish()
     if rank == 0:
         torch.save(results, out)
 
@@ -61,9 +68,11 @@ def test_two_gloo_processes_give_the_latents_of_one(tmp_path):
     for p in procs:
         p.join(120)
     assert [p.exitcode for p in procs] == [0, 0]
-    one, two = torch.load(tmp_path / "one.pt")["split"], torch.load(tmp_path / "two.pt")
-    assert one.shape == two["split"].shape == (1, 16, 9, 8, 8)
-    assert (two["split"] - one).abs().max() <= 1e-5
+    one, two = torch.load(tmp_path / "one.pt")["one"], torch.load(tmp_path / "two.pt")
+    assert one.shape == (1, 16, 9, 8, 8)
+    assert two["padded padded"] and not two["anything padded"]        # both exchanges ran
+    for name in ("padded", "anything"):
+        assert (two[name] - one).abs().max() <= 1e-5, name
     # the exchange is what makes them equal: attending over a share of the tokens alone gives other latents
     assert (two["no exchange"] - one).abs().max() > 1e-2
 
