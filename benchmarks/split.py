@@ -194,8 +194,8 @@ def main(argv=None) -> None:
     ap.add_argument("--profile", action="store_true", help="profile two split steps: NCCL's share of a step")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--anything", action="store_true", help="diffusers' Ulysses-anything exchange (share sizes "
-                    "sent at every attention) instead of padded equal shares")
+    ap.add_argument("--anything", action="store_true", help="always diffusers' Ulysses-anything exchange (share "
+                    "sizes sent at every attention), also where the shares could be equal")
     args = ap.parse_args(argv)
     import torch.multiprocessing as mp
 

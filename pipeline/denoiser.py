@@ -145,19 +145,18 @@ class FramepackDenoiser:
             hidden = cache.apply(hidden)
         else:
             before = hidden
-            rope, mask = c.rope, None
+            rope = c.rope
             if self.split is not None:        # this process's share of the tokens (pipeline/split.py)
                 lay = self.split.layout(hidden.shape[1], encoder.shape[1])
-                hidden = self.split.shard(hidden, pad_to=lay.image_share)
-                encoder = self.split.shard(encoder, pad_to=lay.prompt_share)
-                rope = tuple(self.split.shard(r, dim=0, pad_to=lay.image_share) for r in rope)
-                mask = lay.mask
+                self.split.use(lay)
+                hidden, encoder = self.split.shard(hidden, lay.image), self.split.shard(encoder, lay.prompt)
+                rope = tuple(self.split.shard(r, lay.image, dim=0) for r in rope)
             for block in tr.transformer_blocks:
-                hidden, encoder = block(hidden, encoder, temb, mask, rope)
+                hidden, encoder = block(hidden, encoder, temb, None, rope)
             for block in tr.single_transformer_blocks:
-                hidden, encoder = block(hidden, encoder, temb, mask, rope)
+                hidden, encoder = block(hidden, encoder, temb, None, rope)
             if self.split is not None:
-                hidden = self.split.gather(hidden, sizes=lay.image)
+                hidden = self.split.gather(hidden, lay.image)
             if cache is not None:
                 cache.store(hidden - before)
 

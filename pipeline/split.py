@@ -3,19 +3,19 @@
 Every process of the group holds the whole transformer and runs the same job with the same inputs; inside each
 step the block stack's tokens are split between them. Before the blocks each process keeps its share of the image
 tokens (the section's context tokens and the noisy window), of the text/image-prompt tokens and of the rotary
-positions (`tensor_split` along the sequence: any token count, shares differ by at most one token); the blocks'
+positions (any token count; see `SequenceSplit.layout`); the blocks'
 per-token work (norms, projections, MLPs, modulation) runs on that share alone, and attention exchanges the shares
 with diffusers' context-parallel attention, Ulysses style: an all-to-all turns (its tokens, all 24 heads) into
 (all tokens, 24/N heads), each process attends over every token for its heads, and a second all-to-all turns the
-result back (`ContextParallelConfig(ulysses_degree=N, ulysses_anything=True)`, the variant for token counts that
-do not divide by N). After the blocks the shares are gathered, so what follows (the output norm and projection, the
+result back (`ContextParallelConfig(ulysses_degree=N)`; its `ulysses_anything` variant where the shares differ in
+size, see `SequenceSplit`). After the blocks the shares are gathered, so what follows (the output norm and projection, the
 sampler, TeaCache/MagCache) sees the whole tensor on every process and the processes stay in step.
 
 Attention needs no mask here: the denoiser cuts the prompt's padding off before the blocks, and every token attends
 to every other, so the order of the keys after the exchange (process 0's image and prompt tokens, then process
 1's...) changes nothing. diffusers' `_cp_plan` hooks split a model's `forward` inputs; the denoiser runs the blocks
-itself (pipeline/denoiser.py), so the split and the gather are two calls there and the engine's attention and
-sharder do the rest.
+itself (pipeline/denoiser.py), so the split and the gather are two calls there and the engine's attention does the
+exchange.
 
 Control: before every prediction process 0 says whether the job goes on (`proceed`); when its job ends for any
 reason it says stop (`finish`), and a process waiting for the next prediction raises `SplitEnded`. Small messages go
@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from diffusers.hooks.context_parallel import PartitionAnythingSharder
 from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig
 from torch.distributed.device_mesh import init_device_mesh
 
@@ -49,20 +48,12 @@ def attention_processors(transformer) -> list:
 
 @dataclass(frozen=True)
 class Layout:
-    """How one step's tokens are split: each process's count of image and prompt tokens, each share padded to the
-    largest (`image_share`, `prompt_share`) so every process exchanges the same number of tokens, and the attention
-    mask over the exchanged keys (None when nothing is padded)."""
+    """How one step's tokens are split: each process's count of image and prompt tokens. `equal`: every process
+    holds as many tokens in all (image + prompt), so diffusers' plain Ulysses exchange runs with sizes every
+    process knows; otherwise its Ulysses-anything exchange, which sends the share sizes at every attention call."""
     image: tuple[int, ...]
     prompt: tuple[int, ...]
-    mask: torch.Tensor | None
-
-    @property
-    def image_share(self) -> int:
-        return max(self.image)
-
-    @property
-    def prompt_share(self) -> int:
-        return max(self.prompt)
+    equal: bool
 
 
 def _shares(n: int, parts: int) -> tuple[int, ...]:
@@ -73,25 +64,25 @@ class SequenceSplit:
     """This process's place in a job's group: the share of the tokens it computes, the attention's parallel config.
 
     Made after `torch.distributed.init_process_group` (the default group is the job's); `device` is this process's
-    GPU (or the CPU). `attach`/`detach` put the config on a transformer's attention processors for the job.
+    GPU (or the CPU); `heads`: the transformer's attention heads. `attach`/`detach` put the config on a
+    transformer's attention processors for the job.
 
-    Shares of equal size (`heads`, the transformer's attention heads, divisible by the group's size): the image and
-    prompt shares are padded to the largest, the padding masked out of attention, and diffusers' plain Ulysses
-    attention exchanges them (the exchange sizes are known to every process: nothing else is sent). Otherwise its
-    Ulysses-anything attention (any share sizes, any head count) exchanges the share sizes first, at every
-    attention call (4 small messages per block)."""
+    The image tokens are split as evenly as can be; the prompt tokens so that every process holds the same count in
+    all where the total divides by the group's size (and the heads do too): then diffusers' plain Ulysses attention
+    exchanges them. Otherwise each gets its even share of the prompt and its Ulysses-anything attention exchanges
+    them (4 small messages of share sizes per block on top). Padding the shares to equal size instead needs a mask
+    in attention, and the masked attention kernel made the step slower than the size messages (BENCHMARKS.md)."""
 
     def __init__(self, device: torch.device, heads: int = 24):
         if not dist.is_initialized():
             raise RuntimeError("a split job needs torch.distributed initialised (jobs/split.py does it)")
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self.device = torch.device(device)
-        self.padded = heads % self.size == 0
-        cp = ContextParallelConfig(ulysses_degree=self.size, ulysses_anything=not self.padded)
-        self.config = ParallelConfig(context_parallel_config=cp)
-        mesh = init_device_mesh(self.device.type, (1, self.size), mesh_dim_names=cp.mesh_dim_names)
+        self.heads_divide = heads % self.size == 0
+        self._cp = ContextParallelConfig(ulysses_degree=self.size, ulysses_anything=True)
+        self.config = ParallelConfig(context_parallel_config=self._cp)
+        mesh = init_device_mesh(self.device.type, (1, self.size), mesh_dim_names=self._cp.mesh_dim_names)
         self.config.setup(self.rank, self.size, self.device, mesh=mesh)
-        self._mesh = cp._flattened_mesh
         self.control = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
         self.ended = False
         self._attached: list = []
@@ -119,32 +110,30 @@ class SequenceSplit:
         if key not in self._layouts:
             if min(image, prompt) < self.size:
                 raise ValueError(f"{image} image and {prompt} prompt tokens cannot be split over {self.size} GPUs")
-            a, b = _shares(image, self.size), _shares(prompt, self.size)
-            mask = None
-            if self.padded and (len(set(a)) > 1 or len(set(b)) > 1):
-                keep = []
-                for n_a, n_b in zip(a, b):
-                    keep += [True] * n_a + [False] * (max(a) - n_a) + [True] * n_b + [False] * (max(b) - n_b)
-                mask = torch.tensor(keep, device=self.device).view(1, 1, 1, -1)
-            self._layouts[key] = Layout(a, b, mask)
+            a = _shares(image, self.size)
+            each, rest = divmod(image + prompt, self.size)
+            if self.heads_divide and rest == 0 and each - max(a) >= 1:
+                self._layouts[key] = Layout(a, tuple(each - n for n in a), True)
+            else:
+                self._layouts[key] = Layout(a, _shares(prompt, self.size), False)
         return self._layouts[key]
 
-    def shard(self, x: torch.Tensor, dim: int = 1, pad_to: int | None = None) -> torch.Tensor:
-        """This process's share of `x` along `dim` (the sequence); with `pad_to`, zeros after it up to that size."""
-        if x.shape[dim] < self.size:
-            raise ValueError(f"{x.shape[dim]} tokens cannot be split over {self.size} GPUs")
-        share = PartitionAnythingSharder.shard_anything(x, dim, self._mesh)
-        if pad_to is not None and self.padded and share.shape[dim] < pad_to:
-            shape = list(share.shape)
-            shape[dim] = pad_to - share.shape[dim]
-            share = torch.cat([share, share.new_zeros(shape)], dim=dim)
-        return share
+    def use(self, layout: Layout) -> None:
+        """The exchange for this layout's shares (for the blocks that follow)."""
+        self._cp.ulysses_anything = not layout.equal
 
-    def gather(self, x: torch.Tensor, dim: int = 1, sizes: tuple[int, ...] | None = None) -> torch.Tensor:
-        """The whole tensor from every process's share (in rank order); `sizes`: the shares' real sizes when they
-        were padded (the padding is dropped)."""
-        if not (self.padded and sizes is not None):
-            return PartitionAnythingSharder.unshard_anything(x, dim, self._mesh)
+    def shard(self, x: torch.Tensor, sizes: tuple[int, ...], dim: int = 1) -> torch.Tensor:
+        """This process's share of `x` along `dim` (the sequence), of the shares `sizes`."""
+        return x.split(list(sizes), dim=dim)[self.rank]
+
+    def gather(self, x: torch.Tensor, sizes: tuple[int, ...], dim: int = 1) -> torch.Tensor:
+        """The whole tensor from every process's share of `sizes` (in rank order): the shares padded to the largest
+        for one all-gather of equal parts, the padding dropped."""
+        largest = max(sizes)
+        if x.shape[dim] < largest:
+            shape = list(x.shape)
+            shape[dim] = largest - x.shape[dim]
+            x = torch.cat([x, x.new_zeros(shape)], dim=dim)
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x.contiguous())
         return torch.cat([p.narrow(dim, 0, n) for p, n in zip(parts, sizes)], dim=dim)

@@ -15,30 +15,29 @@ from tests.conftest import make_image
 
 
 def _section(rank: int, size: int, port: int, out: str) -> None:
-    """One section of the tiny transformer sampled (2 UniPC steps) by `size` processes: with padded equal shares
-    (the prompt's 271 tokens do not split evenly: masked padding), with diffusers' Ulysses-anything exchange (a
-    head count the group does not divide), and with no exchange (each process attends over its own share only);
-    process 0 saves the latents."""
+    """One section of the tiny transformer sampled (2 UniPC steps) by `size` processes: with 16 image-prompt
+    tokens (184 + 272 tokens: equal totals per process, diffusers' plain Ulysses exchange), with 15 (455 tokens:
+    uneven, its Ulysses-anything exchange), and with 16 and no exchange (each process attends over its own share
+    only); process 0 saves the latents."""
     from benchmarks.transformer_step import section_inputs
     from pipeline.components import load_components
     from pipeline.denoiser import FramepackDenoiser
     from pipeline.sampling import sample_section
-    from pipeline.split import SequenceSplit
 
     tr = load_components("tiny", "original").transformer
-    inputs = section_inputs(tr, 64, 64, 9, 15)
-    splits = {"one": None}
+    split = None
     if size > 1:
         from jobs.split import _join_group
 
-        padded = _join_group(rank, size, port, torch.device("cpu"), tr.config.num_attention_heads)
-        anything = SequenceSplit(torch.device("cpu"), heads=3)
-        splits = {"padded": padded, "anything": anything, "no exchange": anything}
+        split = _join_group(rank, size, port, torch.device("cpu"), tr.config.num_attention_heads)
+    runs = {"equal": (16, True), "anything": (15, True), "no exchange": (16, False)}
+    if size == 1:
+        runs = {"equal": (16, False), "anything": (15, False)}
     results = {}
-    for name, split in splits.items():
-        if split is not None and name != "no exchange":
+    for name, (image_tokens, exchange) in runs.items():
+        if split is not None and exchange:
             split.attach(tr)
-        ctx, idx, shape, image, texts, noise = inputs
+        ctx, idx, shape, image, texts, noise = section_inputs(tr, 64, 64, 9, image_tokens)
         den = FramepackDenoiser(tr, 0.0, 2, split=split)
         den.begin_section(ctx, idx, shape, image, texts, 10.0)
         run = sample_section(den, noise, sampler="unipc", steps=2)
@@ -48,10 +47,10 @@ def _section(rank: int, size: int, port: int, out: str) -> None:
         except StopIteration as done:
             results[name] = done.value
         if split is not None:
+            results[f"{name} layout"] = split.layout(184, 256 + image_tokens).equal
             split.detach()
-        results[f"{name} padded"] = split is not None and split.layout(184, 271).mask is not None
-    if size > 1:
-        padded.finish()
+    if split is not None:
+        split.finish()
     if rank == 0:
         torch.save(results, out)
 
@@ -68,13 +67,13 @@ def test_two_gloo_processes_give_the_latents_of_one(tmp_path):
     for p in procs:
         p.join(120)
     assert [p.exitcode for p in procs] == [0, 0]
-    one, two = torch.load(tmp_path / "one.pt")["one"], torch.load(tmp_path / "two.pt")
-    assert one.shape == (1, 16, 9, 8, 8)
-    assert two["padded padded"] and not two["anything padded"]        # both exchanges ran
-    for name in ("padded", "anything"):
-        assert (two[name] - one).abs().max() <= 1e-5, name
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert one["equal"].shape == (1, 16, 9, 8, 8)
+    assert two["equal layout"] and not two["anything layout"]        # both exchanges ran
+    for name in ("equal", "anything"):
+        assert (two[name] - one[name]).abs().max() <= 1e-5, name
     # the exchange is what makes them equal: attending over a share of the tokens alone gives other latents
-    assert (two["no exchange"] - one).abs().max() > 1e-2
+    assert (two["no exchange"] - one["equal"]).abs().max() > 1e-2
 
 
 def test_refusals_name_the_option():
