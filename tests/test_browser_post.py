@@ -1,6 +1,7 @@
 """The "After the video" panel (issue 42) in headless Chromium against the app on the tiny preset: a tiny video is
 uploaded, interpolated ×2 and exported as a GIF; the download is that GIF, with the interpolated frame count; the
-job is in Past jobs' folder with its steps in job.json."""
+job is in Past jobs' folder with its steps in job.json. The same clip reversed, its last frame exported as a PNG, becomes
+the start image. The /post API on the first job: bad input names the field, a frame export comes back."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import json
 import av
 import numpy as np
 import pytest
+import torch
 
 from tests.browser_helpers import require_browser
 from tests.server_helpers import launched
@@ -15,6 +17,16 @@ from video.mp4 import write_mp4
 
 pytestmark = pytest.mark.slow
 expect = require_browser()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny networks on one CPU thread: with the suite's two workers on two cores, more threads only wait for
+    each other (a tiny RIFE batch took 1.5 s on two threads of a busy machine, 0.05 s on one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +63,22 @@ def test_interpolate_a_video_x2_export_a_gif_and_download_it(server, browser, tm
     info = json.loads((job / "job.json").read_text())
     assert info["status"] == "done" and info["settings"]["steps"] == ["interpolate=2"]
     assert info["settings"]["export"] == "gif" and (job / "final.gif").is_file()
+    # the last frame as a PNG, then as the start image of a new job
+    page.locator("#post-export input").click()
+    page.get_by_role("option", name="one frame (PNG)").click()
+    page.locator("#post-interp label").filter(has_text="off").click()
+    page.locator("#post-reverse label").click()
+    page.locator("#post-run").click()
+    expect(page.locator("#post-status")).to_contain_text("Done: 10 frames", timeout=180_000)
+    page.locator("#post-use-frame").click()
+    page.wait_for_selector("#start-image img")
     page.close()
 
 
 def test_the_post_api_runs_on_a_finished_job_and_names_a_bad_field(server, tmp_path):
     from gradio_client.exceptions import AppError
 
-    (job,) = [d for d in server.outputs.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    job = min(d for d in server.outputs.iterdir() if d.is_dir() and not d.name.startswith("."))     # the first
     client = server.client(tmp_path)
     with pytest.raises(AppError) as e:
         client.predict(job_id=job.name, video=None, steps="upscale=3", export="mp4", frame=-1, api_name="/post")

@@ -23,7 +23,15 @@ from post.process import interpolate, upscale
 from post.steps import chunks, make_plan, parse_step, request_from
 from video.mp4 import write_mp4
 
-TINY = dict(tiny=True)
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny networks on one CPU thread: with the suite's two workers on two cores, more threads only wait for
+    each other (a tiny RIFE batch took 1.5 s on two threads of a busy machine, 0.05 s on one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 
 def _video(path: Path, frames: int = 12, size=(48, 64), fps: int = 30) -> Path:
