@@ -299,7 +299,7 @@ def starting_point(run, drain):
     vae = run.models.vae
     t = time.monotonic()
     frames, end = source.frames, None
-    with torch.no_grad(), run.memory.stage("VAE encode", vae=vae), run.fallback.active():
+    with torch.no_grad(), run.memory.stage("VAE encode", vae=vae), run.fallback.guarded("VAE encode"):
         def encode(frames: np.ndarray) -> torch.Tensor:
             x = frames_to_model(frames).to(run.device, vae.dtype)
             return (vae.encode(x).latent_dist.sample(generator=run.generator)

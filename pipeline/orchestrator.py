@@ -266,7 +266,8 @@ class JobRun:
                 indices = self.plan.indices(section)
             yield self.progress("sampling", n, 0, f"section {n}/{self.plan.count}: loading the transformer")
             t_stage = time.monotonic()
-            with self.memory.stage("transformer", transformer=c.transformer), self.fallback.active():
+            with self.memory.stage("transformer", transformer=c.transformer), \
+                    self.fallback.guarded("transformer"):
                 yield from drain()
                 section_texts = texts.for_section(section.index)
                 lengths = tuple(sorted((b, int(t.mask.sum())) for b, t in section_texts.items()))
@@ -393,7 +394,7 @@ class JobRun:
             return ()
         vae = self.models.vae
         t = time.monotonic()
-        with self.memory.stage("VAE encode", vae=vae), self.fallback.active():
+        with self.memory.stage("VAE encode", vae=vae), self.fallback.guarded("VAE encode"):
             out = []
             for _, image in self.prepared.keyframes:
                 x = to_model_tensor(image).unsqueeze(2).to(self.device, vae.dtype)
@@ -477,7 +478,7 @@ class JobRun:
                                                self.prepared.height // scale, self.prepared.width // scale)
             self._timed("VAE encode", time.monotonic() - t)
             return start, None
-        with self.memory.stage("VAE encode", vae=vae), self.fallback.active():
+        with self.memory.stage("VAE encode", vae=vae), self.fallback.guarded("VAE encode"):
             def encode(img):
                 x = to_model_tensor(img).unsqueeze(2).to(self.device, vae.dtype)
                 dist = vae.encode(x).latent_dist
@@ -497,7 +498,8 @@ class JobRun:
         diffusers' pipeline computes that blend and then ignores it (a = 0); a = 0 reproduces it exactly."""
         c = self.models
         t = time.monotonic()
-        with self.memory.stage("image encoder", image_encoder=c.image_encoder), self.fallback.active():
+        with self.memory.stage("image encoder", image_encoder=c.image_encoder), \
+                self.fallback.guarded("image encoder"):
             def embed(img):
                 pixels = (to_model_tensor(img) + 1.0) / 2.0
                 inputs = c.feature_extractor(images=pixels, return_tensors="pt", do_rescale=False)

@@ -30,7 +30,7 @@ from common import patches
 from rocm import tiers as tier_ops
 from rocm.arch import Runtime, detect_runtime
 from rocm.conv_plan import conv_plan
-from rocm.errors import ConvFallbackExhausted, ProbeUndecided, classify_error, last_line
+from rocm.errors import ConvFallbackExhausted, GpuFault, ProbeUndecided, classify_error, last_line
 from rocm.faults import FaultPlan
 from rocm.paths import cache_dir as default_cache_dir
 from rocm.policy import BypassConfig
@@ -107,6 +107,7 @@ class ConvFallback:
         self._active_blocks = 0         # active() blocks running now, all threads
         self._pinned = False            # install() called: stays until uninstall()
         self.current: ConvSignature | None = None   # the conv running now (read by the stall watchdog)
+        self.stage: str | None = None               # the pipeline stage running convolutions now (`guarded`)
         self._entries = {"conv2d": self._make_entry("conv2d"), "conv3d": self._make_entry("conv3d")}
 
     # ----- public API -------------------------------------------------------------------------------------
@@ -189,6 +190,18 @@ class ConvFallback:
                 self._active_blocks -= 1
                 if self._active_blocks == 0 and not self._pinned:
                     self._unpatch()
+
+    @contextlib.contextmanager
+    def guarded(self, stage: str):
+        """A stage that runs convolutions (VAE encode and decode, the image encoder, the transformer's patch
+        embedding): the patch on and, on ROCm, the hang probe around each new signature (`probing`); `stage` names
+        it while it runs (the stall watchdog and a fault's message say where)."""
+        previous, self.stage = self.stage, stage
+        try:
+            with self.active(), self.probing():
+                yield self
+        finally:
+            self.stage = previous
 
     @contextlib.contextmanager
     def injecting(self, plan: FaultPlan):
@@ -353,6 +366,8 @@ class ConvFallback:
                 ctx.store.record_success(sig.key, tier, persist=self.persist)
                 ctx.store.flush()      # a probe is expensive: keep its result even if we crash later
                 return tiers[i:]
+            if result.outcome == "fault":       # the probe child's GPU faulted: fail the job, save nothing
+                raise _fault(last_line(result.message), tier, sig, self.stage)
             if result.outcome == "inconclusive":
                 raise ProbeUndecided(      # the advice first: the app shows the first 300 characters
                     f"The GPU did not answer the hang probe: SteadyFrame will not run this convolution inside the "
@@ -374,7 +389,7 @@ class ConvFallback:
         if self._should_probe(ctx, sig, tiers):
             try:
                 tiers = self._probe_tiers(ctx, sig, tiers, x.device)
-            except ProbeUndecided:
+            except (ProbeUndecided, GpuFault):
                 self.current = None
                 raise
         known = ctx.store.get(sig.key)
@@ -397,9 +412,16 @@ class ConvFallback:
                 if kind is None or (kind == "oom" and getattr(self._local, "pass_oom", False)):
                     self.current = None
                     raise
+                if kind == "fault":             # not a verdict: the job fails, the next one tries again
+                    self.current = None
+                    raise _fault(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}", tier,
+                                 sig, self.stage) from exc
                 message = f"{kind}: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
                 failed[tier] = message
-                ctx.store.record_failure(sig.key, tier, message, persist=self.persist and kind != "oom")
+                # only the algorithm search's verdicts (and a tier declining the call) are kept for later runs;
+                # OOM and other library errors hold for this process only
+                ctx.store.record_failure(sig.key, tier, message,
+                                         persist=self.persist and kind in ("vendor", "declined"))
                 logger.warning("conv tier %d failed for %s (%s); trying the next tier", tier, sig.short(), message)
                 if exc.__traceback__ is not None:
                     traceback.clear_frames(exc.__traceback__)   # drop references to big intermediates
@@ -417,6 +439,13 @@ class ConvFallback:
         self._stats.record(sig, None, failed, tried)
         self.current = None
         raise ConvFallbackExhausted(f"every tier {tiers} failed for {sig.short()}: {failed}") from last_exc
+
+
+def _fault(text: str, tier: int, sig: ConvSignature, stage: str | None = None) -> GpuFault:
+    where = f" in {stage}" if stage else ""
+    return GpuFault(f"the GPU faulted while running a convolution{where} ({text[:200]}; tier {tier}, "
+                    f"{sig.short()}). The job stops here; nothing was recorded, so the next job tries this "
+                    "convolution again. If it happens again, check the GPU's driver and run `python -m rocm doctor`")
 
 
 def new_conv_fallback() -> ConvFallback:

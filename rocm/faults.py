@@ -4,7 +4,8 @@ A ``FaultPlan`` is passed explicitly to ``ConvFallback`` / the probe. The probe 
 ``STEADYFRAME_CONV_FAULTS`` environment variable (JSON), so a test can make a child hang or crash.
 Kinds: ``miopen_unknown``, ``no_algorithm`` (the MIOpen texts), ``hip_oom`` (RuntimeError with HIP's OOM text),
 ``oom`` (``torch.OutOfMemoryError``), ``hang`` (sleep ``seconds``), ``crash`` (abort; honoured only in a probe
-child) and ``error`` (a ValueError, which must not be treated as a GPU failure).
+child), ``illegal_access`` (CUDA's and HIP's text of a GPU fault, which is never a verdict) and ``error`` (a
+ValueError, which must not be treated as a GPU failure).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from dataclasses import asdict, dataclass
 from typing import Mapping
 
 from common.environment import CONV_FAULTS, read_environment
-from rocm.errors import HIP_OOM_TEXT, MIOPEN_UNKNOWN_TEXT, NO_ALGORITHM_TEXT
+from rocm.errors import HIP_OOM_TEXT, ILLEGAL_ACCESS_TEXT, MIOPEN_UNKNOWN_TEXT, NO_ALGORITHM_TEXT
 import subprocess
 import sys
 
 logger = logging.getLogger(__name__)
-KINDS = ("miopen_unknown", "no_algorithm", "hip_oom", "oom", "hang", "crash", "error")
+KINDS = ("miopen_unknown", "no_algorithm", "hip_oom", "oom", "hang", "crash", "illegal_access", "error")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ def _raise(kind: str) -> None:
         raise RuntimeError(f"MIOpen Error: {NO_ALGORITHM_TEXT} ({MIOPEN_UNKNOWN_TEXT})")
     if kind == "hip_oom":
         raise RuntimeError(HIP_OOM_TEXT)
+    if kind == "illegal_access":
+        raise RuntimeError(ILLEGAL_ACCESS_TEXT)
     if kind == "oom":
         import torch
 

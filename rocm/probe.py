@@ -61,7 +61,7 @@ class ProbeResult:
     signature: str      # ConvSignature.short()
     key: str
     tier: int
-    outcome: str        # ok | error (MIOpen/HIP kind) | timeout | crash | oom | rejected | inconclusive
+    outcome: str        # ok | error (MIOpen/HIP kind) | timeout | crash | oom | rejected | inconclusive | fault
     elapsed_s: float
     message: str = ""
     pid: int | None = None
@@ -316,7 +316,9 @@ class HangProbe:
                     outcome = "ok"
                 else:
                     # an error that is not the GPU's (kind 'other') is left to the in-process call to raise
-                    outcome = {"oom": "oom", "vendor": "error", "declined": "error"}.get(event.get("kind"),
-                                                                                       "rejected")
+                    outcome = {"oom": "oom", "vendor": "error", "library": "rejected", "declined": "error",
+                               "fault": "fault"}.get(event.get("kind"), "rejected")
+                    if outcome == "fault":     # the child's GPU state is lost: a new child for the next probe
+                        self._stop_worker(graceful=False)
                 return result(outcome, float(event.get("elapsed_s", 0.0)), event.get("message", ""), worker.pid,
                               warm_s)

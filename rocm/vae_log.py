@@ -126,8 +126,7 @@ def vae_decode_log(vae, latents, *, stage: str = "VAE decode",
                  rec.latents_device, rec.latents_dtype, vae_device, vae_dtype, rec.memory_before)
         synchronize(device)
         if fallback is not None:
-            scope.enter_context(fallback.active())
-            scope.enter_context(fallback.probing())
+            scope.enter_context(fallback.guarded(stage))
         with scope:
             yield rec
             synchronize(device)

@@ -123,3 +123,25 @@ def test_watchdog_covers_the_first_synchronize(monkeypatch, caplog, tmp_path):
             vae.decode(z)
     assert len(calls) == 2 and rec.stalled and rec.success
     assert "STALL" in caplog.text and "VAE decode s9" in caplog.text
+
+
+def test_the_hang_probe_guards_every_stage_that_runs_convolutions(tiny_original, tmp_path, monkeypatch):
+    """Issue 40: the probe was on around VAE decode only; VAE encode and the image encoder (and the transformer's
+    patch embedding) run convolutions through MIOpen too. A tiny job: each of those stages enters the probing
+    block (which probes only on ROCm), named."""
+    from pipeline.request import Request
+    from rocm.conv_fallback import ConvFallback
+    from tests.conftest import make_image, run_job
+
+    stages = []
+    original = ConvFallback.probing
+
+    def recording(self, enabled=None):
+        stages.append(self.stage)
+        return original(self, enabled)
+
+    monkeypatch.setattr(ConvFallback, "probing", recording)
+    _, done = run_job(Request(image=make_image(), prompt="a cat", seconds=1.0, steps=1, seed=2), tiny_original,
+                      tmp_path)
+    assert type(done).__name__ == "Done", done
+    assert {"VAE encode", "image encoder", "transformer", "VAE decode"} <= set(stages), stages

@@ -192,3 +192,47 @@ def test_doctor_shows_and_resets_remembered_fallbacks(tmp_path):
     rep, _ = _doctor(tmp_path, "doctor", "--json", "--no-probe", "--no-attention", "--reset")
     assert any(p.endswith("fallbacks.json") for p in rep["verdicts"]["reset"])
     assert rep["verdicts"]["fallbacks"] == [] and fallbacks.entries(folder) == {}
+
+
+def test_a_gpu_fault_fails_the_call_and_is_never_a_verdict(tmp_path):
+    """Issue 40: an 'illegal memory access' in a convolution was saved as that shape's verdict, so after a restart on
+    a healthy GPU the shape still ran on a slower tier. Now: the call fails with a GpuFault saying the next job tries
+    again, nothing is recorded (in memory or on disk), and the next job (same process, or a restart) runs tier 1.
+    Only the algorithm search's failure ('no suitable algorithm') is a verdict; another HIP error or an OOM moves on
+    for this process only."""
+    import pytest
+
+    from rocm.errors import GpuFault, classify_error
+
+    fb = _fallback(tmp_path, BUILD, [Fault(tier=1, kind="illegal_access", times=1)])
+    with pytest.raises(GpuFault, match="illegal memory access.*next job tries this convolution again"):
+        _conv(fb)
+    assert list(tmp_path.iterdir()) == [] or all(not json.loads(p.read_text()).get("verdicts")
+                                                 for p in tmp_path.iterdir())
+    assert _conv(fb) == 1                                   # the next job, same process: tier 1 again, and it works
+    assert _conv(_fallback(tmp_path, BUILD)) == 1           # after a restart too
+    # the kinds: a fault, a verdict, a library error held for this process only
+    assert classify_error(RuntimeError("CUDA error: an illegal memory access was encountered")) == "fault"
+    assert classify_error(RuntimeError("HIP error: unspecified launch failure")) == "fault"
+    assert classify_error(RuntimeError("miopenStatusUnknownError")) == "vendor"
+    assert classify_error(RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED")) == "vendor"
+    assert classify_error(RuntimeError("HIP error: invalid device function")) == "library"
+    oom = _fallback(tmp_path / "oom", BUILD, [Fault(tier=1, kind="hip_oom")])
+    assert _conv(oom) == 2 and _conv(_fallback(tmp_path / "oom", BUILD)) == 1     # not kept for later runs
+
+
+def test_a_gpu_fault_in_the_probe_child_fails_the_job_and_saves_nothing(tmp_path):
+    """The hang probe's child faults (an illegal memory access) on tier 1: the job stops with the GpuFault's
+    message, no verdict is written, and the next probe starts a new child and runs tier 1 again."""
+    import pytest
+
+    from rocm.errors import GpuFault
+
+    probe = HangProbe(timeout_s=20, fault_plan=FaultPlan([Fault(tier=1, kind="illegal_access")]))
+    first = _fallback(tmp_path, BUILD, probe=probe)
+    with first.probing(True), pytest.raises(GpuFault, match="next job tries this convolution again"):
+        _conv(first)
+    assert not any(json.loads(p.read_text()).get("verdicts") for p in tmp_path.glob("conv_verdicts_*.json"))
+    later = _fallback(tmp_path, BUILD, probe=HangProbe(timeout_s=20))
+    with later.probing(True):
+        assert _conv(later) == 1
