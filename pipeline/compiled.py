@@ -38,7 +38,9 @@ product would apply) and copied to the device in that form (resident blocks, str
 product only quantizes its activation per token (fused into the compiled block) and a streamed block copies half
 the bytes. LoRAs are merged into the device copy (turned to bf16, merged, quantized again).
 Needs fp8 tensor cores: NVIDIA compute capability 8.9+ (Ada, Hopper, Blackwell) or AMD gfx942/gfx950 (MI300,
-MI350) and gfx12 (RDNA4) with a PyTorch that supports fp8 products there (checked by a small product at start).
+MI350) and gfx12 (RDNA4) with a PyTorch that supports fp8 products there (checked by a small product at start; MI300
+multiplies e4m3fnuz, so there the kept e4m3fn weight is read as e4m3fnuz, exactly: `as_fnuz`). Where that product
+fails, the blocks multiply in bf16 with one warning, remembered for the GPU and PyTorch (rocm/fallbacks.py).
 """
 from __future__ import annotations
 
@@ -254,6 +256,36 @@ class KernelTimer:
 
 # ---- fp8 compute -------------------------------------------------------------------------------------------------
 RECIPES = ("rowwise", "tensorwise")
+# MI300 (gfx940/941/942, CDNA3) multiplies fp8 in e4m3fnuz, not the OCP e4m3fn of NVIDIA and of gfx950/gfx12 (AMD's
+# CDNA3 ISA guide and ROCm's "Precision support" table; PyTorch's ROCm tests pick float8_e4m3fnuz on gfx94x). There
+# the same products run on the weight read as e4m3fnuz (`as_fnuz`) and activations quantized to it.
+FNUZ = "-fnuz"
+FNUZ_ARCHS = ("gfx940", "gfx941", "gfx942")
+FNUZ_MAX = float(torch.finfo(torch.float8_e4m3fnuz).max)      # 240
+ALL_RECIPES = RECIPES + tuple(r + FNUZ for r in RECIPES)
+
+
+def recipes_for(arch: str | None) -> tuple[str, ...]:
+    """The fp8 products to try on a GPU of this architecture, best first."""
+    return tuple(r + FNUZ for r in RECIPES) if arch and arch.startswith(FNUZ_ARCHS) else RECIPES
+
+
+def as_fnuz(values: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same weight in e4m3fnuz, exactly: e4m3fn's bits read as e4m3fnuz are half the value (the same layout,
+    exponent bias 8 instead of 7, subnormals included), so the bits stay and the scales double; only e4m3fn's -0
+    (0x80, which e4m3fnuz reads as NaN) becomes +0. No rounding, one pass over the bytes."""
+    bits = values.view(torch.uint8)
+    bits = torch.where(bits == 0x80, torch.zeros_like(bits), bits)
+    return bits.view(torch.float8_e4m3fnuz), scales * 2
+
+
+def _quantize_activation(rows: torch.Tensor, fnuz: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token (row) fp8 values and float32 scales of an activation, in e4m3fn or e4m3fnuz."""
+    if not fnuz:
+        return fp8.quantize_rows(rows)
+    amax = rows.abs().amax(dim=1).float()
+    s = torch.where(amax > 0, amax / FNUZ_MAX, torch.ones_like(amax))
+    return torch.div(rows.float(), s[:, None]).clamp(-FNUZ_MAX, FNUZ_MAX).to(torch.float8_e4m3fnuz), s
 
 
 class Fp8ComputeUnavailable(RuntimeError):
@@ -276,15 +308,21 @@ def fp8_linear(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bias
     """x @ (values · scales)ᵀ + bias with one fp8 product (PyTorch's `torch._scaled_mm`: cuBLASLt / hipBLASLt).
     `values` (out, in) e4m3fn and `scales` (out,) float32 are the weight as memory/fp8.py stores it. "rowwise": the
     activation is quantized per token (row) and the product applies both scales; "tensorwise" (GPUs whose PyTorch
-    has no row-wise fp8 product): one activation scale, the weight's row scales applied to the float32 output."""
+    has no row-wise fp8 product): one activation scale, the weight's row scales applied to the float32 output. A
+    "-fnuz" recipe (MI300) multiplies in e4m3fnuz: the weight read as such (`as_fnuz`), the activation quantized
+    to it."""
     rows = x.reshape(-1, x.shape[-1])
-    if recipe == "rowwise":
-        xq, xs = fp8.quantize_rows(rows)
+    fnuz = recipe.endswith(FNUZ)
+    if fnuz:
+        values, scales = as_fnuz(values, scales)
+    dtype, top = (torch.float8_e4m3fnuz, FNUZ_MAX) if fnuz else (fp8.FP8, fp8.FP8_MAX)
+    if recipe.removesuffix(FNUZ) == "rowwise":
+        xq, xs = _quantize_activation(rows, fnuz)
         out = torch._scaled_mm(xq, values.t(), scale_a=xs[:, None], scale_b=scales[None, :], bias=bias,
                                out_dtype=x.dtype, use_fast_accum=True)
     else:
-        xs = (rows.abs().amax().float() / fp8.FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
-        xq = torch.div(rows.float(), xs).clamp(-fp8.FP8_MAX, fp8.FP8_MAX).to(fp8.FP8)
+        xs = (rows.abs().amax().float() / top).clamp(min=torch.finfo(torch.float32).tiny)
+        xq = torch.div(rows.float(), xs).clamp(-top, top).to(dtype)
         one = torch.ones((), dtype=torch.float32, device=x.device)
         out = torch._scaled_mm(xq, values.t(), scale_a=xs, scale_b=one, out_dtype=torch.float32,
                                use_fast_accum=True)
@@ -321,13 +359,14 @@ def _probe(device: torch.device, recipe: str) -> None:
         raise RuntimeError(f"the fp8 product is off by {err:.3f} (relative) on this GPU")
 
 
-def _fp8_hardware(device: torch.device) -> str:
-    """The GPU's name when it has fp8 matrix cores; raises Fp8ComputeUnavailable (what to do) when it has none."""
+def _fp8_hardware(device: torch.device) -> tuple[str, str | None]:
+    """(the GPU's name, its AMD architecture or None) when it has fp8 matrix cores; raises Fp8ComputeUnavailable
+    (what to do) when it has none."""
     if device.type != "cuda":
         raise Fp8ComputeUnavailable(f"--fp8-compute needs a GPU with fp8 tensor cores (NVIDIA RTX 40xx / Ada, H100 "
                                     f"or newer; AMD MI300, MI350 or RDNA4); this job runs on the {device.type.upper()}."
                                     f" Leave --fp8-compute off (--fp8 still halves the host RAM).")
-    name = torch.cuda.get_device_name(device)
+    name, arch = torch.cuda.get_device_name(device), None
     if torch.version.hip:
         arch = getattr(torch.cuda.get_device_properties(device), "gcnArchName", "").split(":")[0]
         if not arch.startswith(FP8_ARCHS):
@@ -337,21 +376,22 @@ def _fp8_hardware(device: torch.device) -> str:
         major, minor = torch.cuda.get_device_capability(device)
         raise Fp8ComputeUnavailable(f"--fp8-compute needs fp8 tensor cores (compute capability 8.9 or newer: RTX 40xx,"
                                     f" L4, H100 …); {name} has {major}.{minor}. Leave --fp8-compute off.")
-    return name
+    return name, arch
 
 
 def fp8_recipe(device: torch.device) -> str:
-    """The fp8 product this GPU runs ("rowwise", else "tensorwise"). Raises Fp8ComputeUnavailable where the GPU has
-    no fp8 cores, Fp8ProductFailed where PyTorch's fp8 product fails on it (remembered: rocm/fallbacks.py)."""
+    """The fp8 product this GPU runs ("rowwise", else "tensorwise"; with "-fnuz" on MI300). Raises
+    Fp8ComputeUnavailable where the GPU has no fp8 cores, Fp8ProductFailed where PyTorch's fp8 product fails on it
+    (remembered: rocm/fallbacks.py)."""
     device = torch.device(device)
-    name = _fp8_hardware(device)
+    name, arch = _fp8_hardware(device)
     gpu, version = machine(device)
     before = fallbacks.failed(fallbacks.FP8, gpu, version)
     if before:
         raise Fp8ProductFailed(f"--fp8-compute failed on {gpu} with PyTorch {version} before ({before[:200]}); "
                                "remembered, not tried again (`python -m rocm doctor --reset` forgets it)")
     failures = []
-    for recipe in RECIPES:
+    for recipe in recipes_for(arch):
         try:
             _probe(device, recipe)
             return recipe
@@ -366,8 +406,8 @@ def use_fp8_compute(transformer: nn.Module, recipe: str = "rowwise", device: tor
     """Make the block Linears of `transformer` multiply in fp8, their weights kept in fp8 on the device (call between
     stages; the same Parameters; a pack the model has takes the fp8 storage now, quantizing on `device` when it is
     a GPU). Returns how many Linears were converted."""
-    if recipe not in RECIPES:
-        raise ValueError(f"fp8 recipe {recipe!r}: one of {', '.join(RECIPES)}")
+    if recipe not in ALL_RECIPES:
+        raise ValueError(f"fp8 recipe {recipe!r}: one of {', '.join(ALL_RECIPES)}")
     names = []
     for name, module in transformer.named_modules():
         if _fp8_target(name, module):

@@ -291,7 +291,7 @@ def test_an_fp8_product_that_fails_on_the_gpu_falls_back_to_bf16_said_once_and_r
     from rocm import fallbacks
 
     monkeypatch.setenv("STEADYFRAME_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(compiled, "_fp8_hardware", lambda device: "a GPU with fp8 cores")
+    monkeypatch.setattr(compiled, "_fp8_hardware", lambda device: ("a GPU with fp8 cores", None))
     probes = []
 
     def probe(device, recipe):
@@ -310,3 +310,44 @@ def test_an_fp8_product_that_fails_on_the_gpu_falls_back_to_bf16_said_once_and_r
     with caplog.at_level(logging.WARNING, logger="jobs.models"):
         assert models_for(config, torch.device("cpu")).fp8_compute is None        # the next start
     assert probes == ["rowwise", "tensorwise"] and "remembered, not tried again" in caplog.text
+
+
+def test_mi300_multiplies_in_e4m3fnuz_with_the_same_weights():
+    """gfx942 (MI300) has fp8 cores for e4m3fnuz, not e4m3fn (issue 40: --fp8-compute was refused there). The kept
+    e4m3fn weight read as e4m3fnuz is the same weight exactly (scales doubled, -0 made +0), and the fnuz products
+    match the bf16 product as the e4m3fn ones do (PyTorch's CPU _scaled_mm runs both)."""
+    from memory import fp8
+
+    assert compiled.recipes_for("gfx942") == ("rowwise-fnuz", "tensorwise-fnuz")
+    assert compiled.recipes_for("gfx950") == compiled.recipes_for(None) == ("rowwise", "tensorwise")
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(64, 96, generator=gen).to(torch.bfloat16)
+    w[0, :4] = torch.tensor([-1e-30, -0.0, 0.0, 1e-30])          # -0 and values that round to -0
+    values, scales = fp8.quantize_rows(w)
+    assert (values.view(torch.uint8) == 0x80).any()              # e4m3fn's -0 is there ...
+    fnuz, fnuz_scales = compiled.as_fnuz(values, scales)
+    assert not torch.isnan(fnuz.float()).any()                   # ... and is not e4m3fnuz's NaN
+    assert torch.equal(fnuz.float() * fnuz_scales[:, None], values.float() * scales[:, None])
+    x = torch.randn(2, 16, 96, generator=gen).to(torch.bfloat16)
+    ref = (x.float() @ w.float().t())
+    for recipe in compiled.ALL_RECIPES:
+        out = compiled.fp8_linear(x, values, scales, None, recipe).float()
+        assert ((out - ref).norm() / ref.norm()).item() < 0.1, recipe
+    for kind in ("rowwise", "tensorwise"):
+        fn = compiled.fp8_linear(x, values, scales, None, kind).float()
+        nuz = compiled.fp8_linear(x, values, scales, None, kind + "-fnuz").float()
+        assert ((fn - nuz).norm() / fn.norm()).item() < 0.05, kind
+
+
+def test_fp8_compute_on_a_simulated_mi300_picks_the_fnuz_product(tmp_path, monkeypatch):
+    monkeypatch.setenv("STEADYFRAME_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(compiled, "_fp8_hardware", lambda device: ("AMD Instinct MI300X", "gfx942"))
+    tried = []
+    real = compiled._probe
+
+    def probe(device, recipe):
+        tried.append(recipe)
+        real(device, recipe)                                     # the real small product, on the CPU here
+
+    monkeypatch.setattr(compiled, "_probe", probe)
+    assert compiled.fp8_recipe(torch.device("cpu")) == "rowwise-fnuz" and tried == ["rowwise-fnuz"]
