@@ -69,7 +69,7 @@ def build_app(config: Config, runner: Runner | None = None, device=None):
 
     from memory.device import chosen_device
     from pipeline.availability import missing_weights_message
-    from ui import panel_controls, panel_keyframes, panel_lora
+    from ui import panel_controls, panel_keyframes, panel_lora, panel_saved
     from ui.api import PUBLIC_ENDPOINTS, JobApi, hide_ui_endpoints
     from ui.context import AppContext, preserved_max_gb, preserved_text
     from ui.layout import build_layout
@@ -105,6 +105,9 @@ def build_app(config: Config, runner: Runner | None = None, device=None):
                 mode, spec), mode=ui.mode)
         if ui.keyframe_rows is not None:
             panel_keyframes.wire(ui.keyframe_rows, ui.keyframes, ctx.quick)
+        if ui.saved is not None:                       # Saved settings and the /settings_* API (ui/panel_saved.py)
+            panel_saved.wire(app, ui.saved, panel_saved.SavedSettings(outputs, preset.default_resolution),
+                             ui.controls())
         jobs = JobsPanel(ctx)
         RunPanel(ctx, jobs).wire(app, gr.State(None))
         jobs.wire(app)
@@ -113,7 +116,7 @@ def build_app(config: Config, runner: Runner | None = None, device=None):
         PostPanel(ctx).build(app)                      # "After the video" and the /post API (ui/panel_post.py)
         register_post_api(runner, access, concurrency_id="gpu", concurrency_limit=JOBS_MAX)
 
-    hide_ui_endpoints(app, PUBLIC_ENDPOINTS + QUEUE_ENDPOINTS)
+    hide_ui_endpoints(app, PUBLIC_ENDPOINTS + QUEUE_ENDPOINTS + panel_saved.ENDPOINTS)
     # api_open=False: queued events (jobs, gallery) cannot be called around the queue and its limits
     app.queue(max_size=QUEUE_MAX, default_concurrency_limit=4, api_open=False)
     limit_queue_per_client(app, QUEUED_PER_SESSION, QUEUED_PER_LOGIN, QUEUED_PER_ADDRESS)

@@ -93,6 +93,9 @@ def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentP
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="make one video")
     add_settings(g, controls)
+    g.add_argument("--settings", dest="saved_settings", metavar="NAME",
+                   help="start from the settings saved under NAME (the page's Saved settings, in the outputs "
+                        "folder's .settings/); the options given here win")
     add_common(g)                 # --preset not given: an extended job folder gives its own (as resume)
     b = sub.add_parser("batch", help="run the jobs of a JSON-lines file, one job per line")
     b.add_argument("jobs", type=Path, help="each line: a JSON object with generate's settings, e.g. "
@@ -120,13 +123,29 @@ def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentP
     return parser
 
 
-def request_from_args(a: argparse.Namespace):
+def request_from_args(a: argparse.Namespace, saved=None, given: set[str] | None = None):
+    """The Request of generate's options; with `saved` (pipeline.saved_settings.Loaded), its values and images
+    for every control whose option is not in `given` (the controls named on the command line)."""
     from pipeline.request import Request
 
     values = {c.name: getattr(a, c.name) for c in Request.CONTROLS if c.option}
     values.update({c.name: ", ".join(values[c.name] or [c.default]) for c in Request.CONTROLS
                    if c.repeat})                                      # a repeated option: its values joined
+    if saved is not None:
+        for name, value in {**saved.settings, **saved.images}.items():
+            if name not in (given or set()):
+                values[name] = value
     return Request.from_mapping(admitted(values, LOCAL))             # the one door check (jobs/doors.py)
+
+
+def given_controls(argv: list[str]) -> set[str]:
+    """The controls whose option (or an older spelling) is on the command line."""
+    out = set()
+    for c in CONTROLS:
+        names = [o for o in (c.option, *c.cli_aliases) if o]
+        if any(tok == o or tok.startswith(o + "=") for tok in argv for o in names):
+            out.add(c.name)
+    return out
 
 
 def say_rounding(request, quiet: bool) -> None:
@@ -632,8 +651,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "generate":
 
             try:
-                request = request_from_args(args)
+                saved = None
+                if args.saved_settings:             # --settings NAME: the page's saved settings
+                    from pipeline.saved_settings import in_outputs
+
+                    saved = in_outputs(config.outputs).load(args.saved_settings)
+                    for line in saved.left_out:
+                        print(f"warning: --settings {saved.name}: left out {line}", file=sys.stderr)
+                request = request_from_args(args, saved, given_controls(sys.argv[1:] if argv is None else argv))
             except InputError as e:                 # a start image or a video is required (configs/controls.py)
+                if e.field == "settings name":
+                    print(f"error: --settings: {e.message}", file=sys.stderr)
+                    command.close()
+                    return EXIT_INPUT
                 parser.error(cli_message(e, OPTION_OF_FIELD))
             code = run_generate(command, request)
         elif args.command == "post":

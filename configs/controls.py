@@ -197,8 +197,6 @@ CONTROLS: tuple[Control, ...] = (
             widget_label="End-frame strength (original mode, with an end image)",
             info="How much the end image steers the video's look (0 = only the start image, 1 = only the end "
                  "image)."),
-    Control("fps", "int", 30, (1, 120), label="Frames per second", cli=None,
-            help="frames per second of the video (job.json and batch lines only)"),
     # pipeline/compiled.py; the command line's switch is the process option --no-compile (configs/options.py).
     Control("compile", "choice", "on", choices=COMPILE_CHOICES, label="Compiled transformer", field="compile",
             widget="radio", advanced=True, cli=None,
@@ -249,6 +247,12 @@ CONTROLS: tuple[Control, ...] = (
                  "the last frames are blended into the first) so it plays seamlessly on repeat.",
             help="on: a seamless loop: the last frame returns to the first (the original mode uses the start image "
                  "as the end frame; the seam is blended over a few frames)"),
+    # The output frame rate (last rows: the /video API's positional order of the others stays).
+    Control("fps", "int", 30, (1, 120), label="Frames per second", field="fps", widget="number", advanced=True,
+            info="The output video's frame rate: the same frames play faster or slower, and the length in seconds "
+                 "(and the times of timed prompts and keyframes) follows it.",
+            help="frames per second of the output video (the frames are the same; seconds and timed prompts count "
+                 "at this rate)"),
     # Keyframes (pipeline/keyframes.py): images at chosen times, original mode; the page builds it from its rows.
     Control("keyframes", "text", "", label="Keyframes", field="keyframes", cli_aliases=("--keyframe",),
             repeat=True, default_text="none", widget="textbox",

@@ -49,3 +49,44 @@ def test_a_keyframe_row_on_the_page(server, browser, tmp_path):
         assert (job / "keyframe_1.png").is_file() and info["settings"]["keyframes"].startswith("[1.2s, 0.75] ")
     finally:
         page.close()
+
+
+def test_saved_settings_on_the_page(server, browser, tmp_path):
+    from pipeline.saved_settings import in_outputs
+
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(60_000)
+    try:
+        page.goto(server.url)
+        page.wait_for_selector("#start-btn")
+        prompt = page.locator("#prompt textarea")
+        prompt.fill("a lighthouse at dusk")
+        set_number(page, "seed", 4242)
+        page.locator("#saved-settings").get_by_text("Saved settings").first.click()
+        page.locator("#saved-new-name textarea, #saved-new-name input").first.fill("dusk")
+        page.locator("#saved-save").click()
+        expect(page.locator("#saved-note")).to_contain_text("Saved dusk")
+        folder = in_outputs(server.outputs)
+        assert folder.names() == ["dusk"]
+        assert folder.load("dusk").settings["prompt"] == "a lighthouse at dusk"
+        assert folder.load("dusk").settings["seed"] == 4242
+        prompt.fill("something else")
+        set_number(page, "seed", 1)
+        page.locator("#saved-load").click()                       # the saved one is selected after Save
+        expect(prompt).to_have_value("a lighthouse at dusk")
+        expect(page.locator("#seed input[type=number]")).to_have_value("4242")
+        page.locator("#saved-new-name textarea, #saved-new-name input").first.fill("dusk 2")
+        page.locator("#saved-rename").click()
+        expect(page.locator("#saved-note")).to_contain_text("Renamed dusk to dusk 2")
+        page.locator("#saved-default").click()
+        expect(page.locator("#saved-note")).to_contain_text("opens with dusk 2")
+        assert folder.names() == ["dusk 2"] and folder.default() == "dusk 2"
+        page.reload()                                               # the page opens with the marked settings
+        page.wait_for_selector("#start-btn")
+        expect(page.locator("#prompt textarea")).to_have_value("a lighthouse at dusk")
+        page.locator("#saved-settings").get_by_text("Saved settings").first.click()
+        page.locator("#saved-delete").click()
+        expect(page.locator("#saved-note")).to_contain_text("Deleted dusk 2")
+        assert folder.names() == [] and folder.default() is None
+    finally:
+        page.close()

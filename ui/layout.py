@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from configs.controls import CONTROLS as TABLE, Control
-from ui import panel_keyframes, panel_lora
+from ui import panel_keyframes, panel_lora, panel_saved
 from ui import settings as st
 from ui.view import progress_html
 from ui.widgets import Widgets
@@ -83,6 +83,7 @@ class Layout:
     extend_group: gr.Accordion | None = None        # the video / finished job to extend (opened by Extend)
     jobs_filter: gr.Textbox | None = None           # Past jobs: words a job must contain (ui/panel_jobs.py)
     keyframe_rows: panel_keyframes.KeyframeRows | None = None    # image + time + strength rows (the keyframes box)
+    saved: panel_saved.SavedPanel | None = None     # Saved settings: save, load, rename, delete, the page's default
 
     def controls(self) -> list:
         """The generation controls in the table's order (ui.settings.CONTROLS: the handlers' and the API's)."""
@@ -140,6 +141,7 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                 if "context_frames" in w.rows:    # how much of that video the new sections see
                     w.place("context_frames")
             keyframe_rows = panel_keyframes.place(w) if "keyframes" in w.rows else None
+            saved = panel_saved.place()           # named settings (pipeline/saved_settings.py)
             with gr.Accordion("Seed, steps and output", open=True, elem_id="job-settings"):
                 with gr.Row():
                     w.place("seed", scale=4)
@@ -208,4 +210,4 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                   extend=extend, studio_import=studio_import, studio_report=studio_report, delete=delete,
                   delete_note=delete_note, delete_confirm=delete_confirm, delete_pending=gr.State(None),
                   extend_note=extend_note, extend_group=extend_group, jobs_filter=jobs_filter,
-                  keyframe_rows=keyframe_rows)
+                  keyframe_rows=keyframe_rows, saved=saved)
