@@ -13,6 +13,7 @@ from typing import Any
 import gradio as gr
 
 from common.errors import InputError
+from jobs.doors import admitted
 from pipeline.saved_settings import in_outputs
 from ui import messages
 from ui import settings as st
@@ -83,7 +84,8 @@ class SavedSettings:
             if path:
                 kept[image] = path
         try:
-            kept["keyframes"] = st.client_keyframes(kept.get("keyframes"))
+            if kept.get("keyframes"):               # keyframe images: uploads only (jobs/doors.py)
+                kept["keyframes"] = admitted({"keyframes": kept["keyframes"]}, st.UPLOADS)["keyframes"]
             self.folder.save(name or "", kept)
         except InputError as e:
             raise _error(e) from None
@@ -159,7 +161,7 @@ class SavedSettings:
         values = {k: v for k, v in settings.items() if k not in st.IMAGES}
         try:
             if values.get("keyframes"):
-                values["keyframes"] = st.client_keyframes(values["keyframes"])
+                values["keyframes"] = admitted({"keyframes": values["keyframes"]}, st.UPLOADS)["keyframes"]
             self.folder.save(name, values)
         except InputError as e:
             raise _error(e) from None
