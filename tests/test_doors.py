@@ -5,6 +5,7 @@ job values fails here until it is probed."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import gradio as gr
@@ -168,6 +169,11 @@ def test_two_users_cannot_reach_each_others_jobs_through_any_route_or_alias(tmp_
                     assert any(r in str(answer) for r in REFUSALS), answer
             with pytest.raises(gr.Error, match="only a file uploaded"):
                 page["import_studio"](targets[1], request)
+            # the LoRA box's live check: the same words whether another path exists or not, nothing read
+            live, = (fn.fn for fn in server.blocks.fns.values() if fn.concurrency_id == "lora-check")
+            said = {re.sub(r"'[^']*'", "<name>", live(f"{path}:1", "original"))
+                    for path in (targets[2], str(bob / "nope.safetensors"), "/etc/hostname", "../x.safetensors")}
+            assert len(said) == 1 and "name a file of the LoRA folder" in said.pop()
             post, = (fn.fn for fn in server.blocks.fns.values()           # the After the video panel's Run
                      if getattr(fn.fn, "__qualname__", "") == "PostPanel.run")
             for job_id, video in ((bob.name, None), (None, str(bob / "final.mp4"))):
@@ -212,3 +218,26 @@ def test_a_jobs_file_of_500_lines_ending_in_a_newline_is_500_lines(tmp_path, tin
                 e.value.message
     finally:
         runner.store.close()
+
+
+def test_the_lora_box_checks_names_of_the_lora_folder_only(tmp_path):
+    from ui.panel_lora import checked
+
+    folder = tmp_path / "loras"
+    folder.mkdir()
+    (folder / "style.safetensors").write_bytes(b"listed")
+    secret = tmp_path / "latents.safetensors"
+    secret.write_bytes(b"another user's")
+    looked = []
+
+    def check(spec, mode):                               # the pre-flight's check: reads the files
+        looked.append(spec)
+
+    said = set()
+    for path in (str(secret), str(tmp_path / "missing.safetensors"), "../latents.safetensors", "~/x.safetensors",
+                 f"{folder.name}/style.safetensors"):
+        said.add(re.sub(r"'[^']*'", "<name>", checked(f"{path}:1", "original", check, folder)))
+    assert len(said) == 1 and "name a file of the LoRA folder" in said.pop() and looked == []
+    missing = checked("latents.safetensors:1", "original", check, folder)
+    assert "not in the LoRA folder's list" in missing and str(tmp_path) not in missing and looked == []
+    assert checked("style.safetensors:0.5", "original", check, folder).startswith("✓") and looked == ["style.safetensors:0.5"]

@@ -84,12 +84,22 @@ def moved(index: int, strength, text):
     return lora.format_spec(choices)
 
 
-def checked(text, mode, check) -> str:
+def checked(text, mode, check, folder=None) -> str:
     """The note under the sliders: the box checked now by `check(spec, mode)` (the pre-flight's LoRA check:
-    reads the files, matches their keys to the transformer's layers; raises InputError)."""
+    reads the files, matches their keys to the transformer's layers; raises InputError). Only bare names of the
+    LoRA folder are looked at: any other path is refused before anything is read (pipeline/lora.py `names_only`),
+    with the same words whether it exists or not, so the box says nothing about the server's other files; a name
+    that is not in the folder's list (`folder`) is said so without reading anything."""
     if not isinstance(text, str) or not text.strip():
         return ""
     try:
+        lora.names_only(text)
+        if folder is not None:
+            listed = set(lora.lora_files(folder))
+            for choice in lora.parse_spec(text):
+                if choice.name not in listed:
+                    raise InputError(lora.FIELD, f"{choice.name[:80]!r} is not in the LoRA folder's list; pick a "
+                                                 f"file from it (Refresh list after adding one)")
         check(text, mode if isinstance(mode, str) else "original")
     except InputError as e:
         return f"⚠ {messages.input_error(e)}"
@@ -121,7 +131,8 @@ def wire(picker: LoraPicker, box: gr.Textbox, guard, check=None, mode=None) -> N
     for i, slider in enumerate(picker.sliders):        # user moves only (.input): the box's own updates do not loop
         slider.input(guard.wrap(lambda v, t, i=i: moved(i, v, t), gr.skip), [slider, box], box, **hidden)
     if check is not None and mode is not None:
-        box.change(lambda text, m: checked(text, m, check), [box, mode], picker.note, show_progress="hidden",
+        box.change(lambda text, m: checked(text, m, check, picker.folder), [box, mode], picker.note,
+                   show_progress="hidden",
                    concurrency_limit=1, concurrency_id="lora-check")
     picker.add.click(guard.wrap(added, gr.skip), [picker.file, picker.strength, box], box, **hidden)
     picker.clear.click(guard.wrap(lambda: "", gr.skip), None, box, **hidden)
