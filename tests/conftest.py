@@ -152,6 +152,17 @@ def tiny_f1():
 
 
 @pytest.fixture(scope="module")
+def saved(tiny_original, tmp_path_factory):
+    """The tiny models saved where the real repos keep them (tests/model_helpers.py save_like_repos), for tests that
+    load the real preset's way from files (a module may define its own `saved`)."""
+    from tests.model_helpers import save_like_repos
+
+    root = tmp_path_factory.mktemp("models")
+    save_like_repos(tiny_original, root)
+    return root
+
+
+@pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_original):
     """The app on the tiny preset, launched in this process on 127.0.0.1, one per test module (a module may define
     its own `server`, as the browser test does)."""

@@ -14,8 +14,7 @@ import pytest
 
 from pipeline.checkpoint import load_checkpoint
 from tests.conftest import ROOT, make_image, job_folders
-from tests.test_cli import cli
-from tests.test_resume import _env, _sections_done
+from tests.cli_helpers import cli, cli_env as _env, sections_done as _sections_done
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -214,7 +214,7 @@ def test_a_tiny_job_at_another_size_makes_frames_of_that_size(tiny_original, tmp
 # ---- the command line and the page's runner (the /video API goes through it too) -------------------------------------
 def test_cli_custom_size_and_refusal_before_models_load(tmp_path):
     from video.mp4 import read_frames
-    from tests.test_cli import cli
+    from tests.cli_helpers import cli
 
     image = tmp_path / "in.png"
     make_image(160, 120).save(image)

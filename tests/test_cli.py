@@ -7,15 +7,8 @@ import os
 from pipeline.sections import make_plan
 from video.mp4 import read_frames
 from tests.conftest import ROOT, make_image, job_folders
+from tests.cli_helpers import cli
 from tests.kill_helpers import shared
-
-
-def cli(*args, cwd=ROOT, timeout=300):
-    """`python -m cli ARGS` as a user runs it, with this process's environment: a process of its own, forked from a
-    server that imported torch and the pipeline once (tests/kill_helpers.py), so each costs no 5 s of imports."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    return shared().completed([str(a) for a in args], cwd=cwd, env=env, timeout=timeout)
 
 
 def test_generate_writes_a_playable_mp4_with_the_planned_frames(tmp_path):

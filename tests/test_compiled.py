@@ -188,12 +188,12 @@ def test_fp8_compute_keeps_weights_in_fp8_on_the_device_resident_streamed_and_wi
     from memory.deltas import WeightDelta, clear_deltas, set_deltas
     from memory.hostpack import HostPack
     from memory.manager import MemoryManager
-    from tests.test_memory_streaming import _inputs, _step
+    from tests.model_helpers import step_inputs, two_steps
 
     twin = _fp8_transformer()                   # the same weights, never packed: each product quantizes bf16
     compiled.use_fp8_compute(twin, "rowwise")
-    inputs = _inputs(twin, seed=2)
-    per_product = _step(twin, inputs)
+    inputs = step_inputs(twin, seed=2)
+    per_product = two_steps(twin, inputs)
     bf16 = twin.transformer_blocks[0].attn.to_q.weight.detach()
     tr = _fp8_transformer()
     if packed_first:
@@ -210,13 +210,13 @@ def test_fp8_compute_keeps_weights_in_fp8_on_the_device_resident_streamed_and_wi
     with resident.stage("transformer", transformer=tr):
         assert q.weight.dtype == fp8.FP8 and q.weight_scale.dtype == torch.float32
         assert torch.equal(q.weight.view(torch.uint8), fp8.quantize(bf16)[0].view(torch.uint8))
-        out = _step(tr, inputs)
+        out = two_steps(tr, inputs)
     assert all(torch.equal(a, b) for a, b in zip(out, per_product))
     assert q.weight_scale is None and q.weight.dtype == torch.bfloat16 and torch.isnan(q.weight).all()   # idle
     cap_gb = (pack.rest.nbytes + pack.blocks[0].nbytes) / 2 ** 30
     streaming = MemoryManager(device="cpu", cap_gb=cap_gb, preserved_gb=0, plan_on_cpu=True)
     with streaming.stage("transformer", transformer=tr) as rec:
-        out = _step(tr, inputs)
+        out = two_steps(tr, inputs)
     assert "1/2 blocks" in rec.placement["transformer"] and rec.stream_misses == 0
     assert all(torch.equal(a, b) for a, b in zip(out, per_product))
     gen = torch.Generator().manual_seed(3)

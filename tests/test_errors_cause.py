@@ -13,7 +13,7 @@ from configs import PRESETS
 from common.errors import InputError, WeightsNotFound
 from pipeline.jobs import CHECKPOINT
 from tests.conftest import make_image
-from tests.test_cli import cli
+from tests.cli_helpers import cli
 
 
 def test_the_cli_logs_the_loading_traceback_always_and_shows_it_with_verbose(tmp_path, monkeypatch):

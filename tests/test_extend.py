@@ -32,7 +32,7 @@ from video.buffer import VideoBuffer
 from common.files import file_sha256
 from pipeline.video_input import resample
 from tests.conftest import make_image, job_folders
-from tests.test_cli import cli
+from tests.cli_helpers import cli
 
 W = 9                                                   # the default latent window
 OVERLAP = sec.overlap_frames(W)                         # 33 frames cross-faded at the seam

@@ -234,7 +234,7 @@ def test_the_app_with_cpu_workers_runs_api_and_batch_jobs_on_its_workers(tmp_pat
     from gradio_client import Client
 
     from tests.server_helpers import api_job, app_process, job_info, saved_image
-    from tests.test_cli import cli
+    from tests.cli_helpers import cli
 
     image = saved_image(tmp_path_factory, 96, 80, seed=4)
     outputs = tmp_path_factory.mktemp("app-farm")

@@ -16,7 +16,7 @@ from pipeline.components import load_components
 from pipeline.events import Done
 from pipeline.request import Request
 from tests.conftest import make_image, run_job
-from tests.test_memory_streaming import _inputs, _step
+from tests.model_helpers import step_inputs, two_steps
 
 log = logging.getLogger(__name__)
 TRANSFORMER_ONLY = [StageUse("transformer", ("transformer",), "section")]
@@ -76,30 +76,30 @@ def test_an_fp8_pack_keeps_linear_weights_in_fp8_and_loads_their_round_trip():
 
 def test_streamed_fp8_blocks_give_exactly_the_resident_fp8_output():
     tr = load_components("tiny", "original").transformer
-    inputs = _inputs(tr, seed=2)
+    inputs = step_inputs(tr, seed=2)
     mm = MemoryManager(device="cpu", weight_storage="fp8")
     mm.arrange_host({"transformer": tr}, TRANSFORMER_ONLY)
     with mm.stage("transformer", transformer=tr) as rec:
-        resident = _step(tr, inputs)
+        resident = two_steps(tr, inputs)
     assert rec.streamed_bytes_per_pass == 0
     pack = HostPack.of(tr)
     cap_gb = (pack.rest.nbytes + pack.blocks[0].nbytes) / 2 ** 30
     streaming = MemoryManager(device="cpu", cap_gb=cap_gb, preserved_gb=0, plan_on_cpu=True, weight_storage="fp8")
     streaming.arrange_host({"transformer": tr}, TRANSFORMER_ONLY)
     with streaming.stage("transformer", transformer=tr) as rec:
-        streamed = _step(tr, inputs)
+        streamed = two_steps(tr, inputs)
     assert "1/2 blocks" in rec.placement["transformer"] and rec.stream_misses == 0
     assert all(torch.equal(a, b) for a, b in zip(streamed, resident))
 
 
 def test_fp8_error_of_one_transformer_step():
     tr = load_components("tiny", "original").transformer
-    inputs = _inputs(tr, seed=3)
-    reference = _step(tr, inputs)
+    inputs = step_inputs(tr, seed=3)
+    reference = two_steps(tr, inputs)
     mm = MemoryManager(device="cpu", weight_storage="fp8")
     mm.arrange_host({"transformer": tr}, TRANSFORMER_ONLY)
     with mm.stage("transformer", transformer=tr):
-        out = _step(tr, inputs)
+        out = two_steps(tr, inputs)
     errors = [fp8.relative_error(a, b) for a, b in zip(out, reference)]
     log.info("fp8 storage, tiny preset: relative error of one transformer step %.4f", errors[0])
     assert 0 < errors[0] < STEP_ERROR_BOUND

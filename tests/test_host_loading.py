@@ -3,7 +3,6 @@ read at load time, every budget gives the same video, a budget too small is refu
 and a model's RAM really goes back after its stage (RSS of a child process)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -20,17 +19,9 @@ from pipeline.components import MODEL_ROLES, load_components
 from pipeline.events import Done, Failed
 from pipeline.request import Request
 from tests.conftest import ROOT, make_image, run_job
-from tests.test_loading import HUNYUAN_FP32, save_like_repos
+from tests.model_helpers import HOST_OVERHEAD as OVERHEAD, HUNYUAN_FP32, frames_hash, step_inputs, two_steps
 
-OVERHEAD = GIB // 2                      # injected, so the budgets below are exact (a job measures its own)
 RESERVE = int(1.5 * GIB)                 # configs/memory.py host_reserve_gb
-
-
-@pytest.fixture(scope="module")
-def saved(tiny_original, tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    save_like_repos(tiny_original, root)
-    return root
 
 
 def _request(**kw):
@@ -43,11 +34,6 @@ def _job(saved, outputs, **memory_kw):
     mm = MemoryManager(device="cpu", host_overhead=OVERHEAD, **memory_kw)
     _, last = run_job(_request(), comps, outputs, memory=mm)
     return comps, mm, last
-
-
-def _frames_hash(last) -> str:
-    info = json.loads((last.job_dir / "job.json").read_text())
-    return hashlib.sha256("".join(s["frames_sha256"] for s in info["sections"]).encode()).hexdigest()
 
 
 def test_loading_reads_no_weights(saved):
@@ -76,25 +62,23 @@ def test_every_budget_gives_the_same_video(saved, tmp_path):
     for role, model in comps.models().items():                                # the packs are where the plan says
         assert HostPack.of(model).host_bytes == low.ram_bytes(role), role
     assert set(low.homes("text_encoder")) == {"file"} and sum(r.file_bytes for r in tight.records) > 0
-    assert _frames_hash(a) == _frames_hash(b)                                  # bit-identical videos
+    assert frames_hash(a) == frames_hash(b)                                  # bit-identical videos
     info = json.loads((b.job_dir / "job.json").read_text())
     assert info["memory"]["host"]["plan"]["persistent"] == low.persistent_bytes
     assert info["memory"]["host"]["plan"]["text"].startswith("host: ")
 
 
 def test_streamed_blocks_from_the_files_get_ram_for_their_stage_only(saved):
-    from tests.test_memory_streaming import _inputs, _step
-
     ref_tr = load_components("tiny", "original").transformer
-    inputs = _inputs(ref_tr, seed=4)
-    reference = _step(ref_tr, inputs)
+    inputs = step_inputs(ref_tr, seed=4)
+    reference = two_steps(ref_tr, inputs)
     tr = load_components(HUNYUAN_FP32, "original", model_dir=saved).transformer
     pack = HostPack.of(tr)
     cap_gb = (pack.rest.nbytes + pack.blocks[0].nbytes) / GIB
     mm = MemoryManager(device="cpu", cap_gb=cap_gb, preserved_gb=0, plan_on_cpu=True)
     with mm.stage("transformer", transformer=tr) as rec:
         assert pack.blocks[1].home == "ram" and pack.blocks[0].home == "file"   # the streamed block, for now
-        out = _step(tr, inputs)
+        out = two_steps(tr, inputs)
     assert "1/2 blocks" in rec.placement["transformer"] and rec.file_bytes > 0
     assert all(torch.equal(a, b) for a, b in zip(out, reference))
     assert all(c.home == "file" for c in pack.chunks) and pack.host_bytes == 0 and pack.intact()

@@ -9,31 +9,14 @@ import torch
 from diffusers.hooks import HookRegistry
 
 import memory.lateload as lateload
-from common.units import GIB
-from memory.hostpack import HostPack
-from memory.manager import MemoryManager
 from pipeline.components import load_components
-from tests.test_host_loading import saved  # noqa: F401  (the module-scoped fixture: tiny models in the repos' layout)
-from tests.test_loading import HUNYUAN_FP32
-from tests.test_memory_streaming import _inputs, _step
-
-
-def _transformer(saved):  # noqa: F811
-    tr = load_components(HUNYUAN_FP32, "original", model_dir=saved).transformer
-    pack = HostPack.of(tr)
-    assert len(pack.blocks) >= 2 and all(c.home == "file" for c in pack.chunks)
-    return tr, pack
-
-
-def _manager(pack, late: bool) -> MemoryManager:
-    cap_gb = (pack.rest.nbytes + sum(c.nbytes for c in pack.blocks)) / GIB + 0.001    # every block resident
-    return MemoryManager(device="cpu", cap_gb=cap_gb, preserved_gb=0, plan_on_cpu=True, late_load=late)
+from tests.model_helpers import file_transformer, resident_manager, step_inputs, two_steps
 
 
 def test_blocks_read_late_give_the_same_step_and_each_waits_for_its_own(saved, monkeypatch):  # noqa: F811
     reference = load_components("tiny", "original").transformer
-    inputs = _inputs(reference, seed=5)
-    expected = _step(reference, inputs)
+    inputs = step_inputs(reference, seed=5)
+    expected = two_steps(reference, inputs)
     seen = []
     real_before = lateload.LateLoader.before
 
@@ -43,12 +26,12 @@ def test_blocks_read_late_give_the_same_step_and_each_waits_for_its_own(saved, m
     monkeypatch.setattr(lateload.LateLoader, "before", spy)
 
     for late in (False, True):
-        tr, pack = _transformer(saved)
+        tr, pack = file_transformer(saved)
         seen.clear()
-        with _manager(pack, late).stage("transformer", transformer=tr) as rec:
+        with resident_manager(pack, late).stage("transformer", transformer=tr) as rec:
             assert "resident" in rec.placement["transformer"]
-            out = _step(tr, inputs)
-            again = _step(tr, inputs)                      # the second step: the hooks only check
+            out = two_steps(tr, inputs)
+            again = two_steps(tr, inputs)                      # the second step: the hooks only check
         assert all(torch.equal(a, b) for a, b in zip(out, expected)), late
         assert all(torch.equal(a, b) for a, b in zip(again, expected)), late
         if late:
@@ -64,16 +47,16 @@ def test_blocks_read_late_give_the_same_step_and_each_waits_for_its_own(saved, m
 
 
 def test_a_read_error_reaches_the_block_and_the_stage_unloads(saved, monkeypatch):  # noqa: F811
-    tr, pack = _transformer(saved)
-    inputs = _inputs(load_components("tiny", "original").transformer, seed=6)
+    tr, pack = file_transformer(saved)
+    inputs = step_inputs(load_components("tiny", "original").transformer, seed=6)
 
     def broken(chunk, buf, staging):
         raise OSError(5, "Input/output error", "diffusion_pytorch_model.safetensors")
     monkeypatch.setattr(lateload, "fill_from_files", broken)
-    mm = _manager(pack, True)
+    mm = resident_manager(pack, True)
     with pytest.raises(OSError, match="Input/output error"):
         with mm.stage("transformer", transformer=tr):
-            _step(tr, inputs)
+            two_steps(tr, inputs)
     assert mm.loaded() == [] and pack.intact() and all(c.is_idle() for c in pack.chunks)
 
 

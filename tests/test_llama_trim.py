@@ -24,7 +24,7 @@ from memory.llama_trim import LLAMA_SKIP_LAYERS, TRIMMED_ATTR
 from pipeline.text import (LLAMA_MAX_TOKENS, PROMPT_TEMPLATE, encode_llama,
                            encode_prompt, template_crop_start)
 from pipeline.tiny import build_llama_tokenizer, build_tiny_llama
-from tests.test_loading import HUNYUAN_FP32, save_like_repos
+from tests.model_helpers import HUNYUAN_FP32, save_like_repos
 
 PROMPTS = ("a cat", "a red fox runs through fresh snow, the camera follows it low", "ü" * 400)   # the last is cut
 

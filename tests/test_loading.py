@@ -1,7 +1,6 @@
 """Real-weight loading: tiny models saved in the real repos' layout, loaded offline (HF_HUB_OFFLINE=1)."""
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -12,26 +11,8 @@ from configs.presets import HUNYUAN
 from pipeline.components import load_components
 from common.errors import WeightsNotFound
 from memory.llama_trim import EMBED_NAME
-from pipeline.tiny import build_tiny_llama
 from tests.conftest import make_image, run_job
-
-# The real preset with fp32 weights (the tiny models' dtype; fp16/bf16 convolutions are slow on a CPU).
-HUNYUAN_FP32 = dataclasses.replace(HUNYUAN, **{
-    role: dataclasses.replace(getattr(HUNYUAN, role), dtype="float32")
-    for role in ("text_encoder", "text_encoder_2", "vae", "image_encoder", "transformer", "transformer_f1")})
-# ... and the tiny preset's resolution, so a short job runs fast.
-HUNYUAN_FP32 = dataclasses.replace(HUNYUAN_FP32, default_resolution=64)
-
-
-def save_like_repos(components, root: Path) -> None:
-    """Save every component where the real repos keep it: <root>/<owner>/<repo>/<subfolder>/. The Llama is saved
-    whole, as the repo holds it (the components' one is trimmed: memory/llama_trim.py)."""
-    for role, src in HUNYUAN.sources(components.mode).items():
-        folder = root / src.repo / (src.subfolder or "")
-        folder.mkdir(parents=True, exist_ok=True)
-        part = build_tiny_llama(components.preset) if role == "text_encoder" else getattr(components, role)
-        part.save_pretrained(folder)
-
+from tests.model_helpers import HUNYUAN_FP32, save_like_repos
 
 def make_hf_cache(components, cache: Path) -> dict[str, str]:
     """Lay the saved repos out as a Hugging Face hub cache: models--owner--name/{refs/main, snapshots/<hash>/}."""

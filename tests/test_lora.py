@@ -57,7 +57,7 @@ def test_streamed_blocks_get_the_lora_too(tiny_original, tmp_path):
     copy whose weights were merged by hand and which runs fully resident."""
     import copy
 
-    from tests.test_memory_streaming import _inputs, _step
+    from tests.model_helpers import step_inputs, two_steps
 
     from diffusers import HunyuanVideoFramepackTransformer3DModel
 
@@ -68,23 +68,23 @@ def test_streamed_blocks_get_the_lora_too(tiny_original, tmp_path):
     by_hand = copy.deepcopy(deep)
     path, expected = write_musubi(deep, tmp_path / "m.safetensors")
     by_hand.load_state_dict(merged_by_hand(deep, [(expected, 1.3)]))
-    inputs = _inputs(deep)
-    reference = _step(by_hand, inputs)
-    plain = _step(deep, inputs)
+    inputs = step_inputs(deep)
+    reference = two_steps(by_hand, inputs)
+    plain = two_steps(deep, inputs)
     pack = HostPack.of(deep)
     mm = MemoryManager(device="cpu", cap_gb=(pack.rest.nbytes + pack.blocks[0].nbytes) / GIB, preserved_gb=0,
                        plan_on_cpu=True)
     lora.attach(deep, lora.load_set([f"{path}:1.3"], None, deep))
     try:
         with mm.stage("transformer", transformer=deep) as rec:
-            streamed = _step(deep, inputs)
+            streamed = two_steps(deep, inputs)
     finally:
         lora.detach(deep)
     assert "1/4 blocks" in rec.placement["transformer"]                # 3 of 4 blocks streamed
     assert all(float((s - r).abs().max()) <= 1e-5 for s, r in zip(streamed, reference))
     assert not all(torch.allclose(s, p) for s, p in zip(streamed, plain))
     with mm.stage("transformer", transformer=deep):                   # detached: the plain output again, exactly
-        again = _step(deep, inputs)
+        again = two_steps(deep, inputs)
     assert all(torch.equal(a, p) for a, p in zip(again, plain))
 
 

@@ -199,7 +199,7 @@ def test_full_differences_reach_streamed_blocks(tr, tmp_path):
     from common.units import GIB
     from memory.hostpack import HostPack
     from memory.manager import MemoryManager
-    from tests.test_memory_streaming import _inputs, _step
+    from tests.model_helpers import step_inputs, two_steps
 
     path, expected = write_fastvideo_diffs(tr, tmp_path / "d.safetensors")
     want = merged_by_hand(tr, [(expected, -1.5)])
@@ -220,7 +220,7 @@ def test_full_differences_reach_streamed_blocks(tr, tmp_path):
     lora.attach(tr, lora.load_set(f"{path}:-1.5", None, tr))
     try:
         with mm.stage("transformer", transformer=tr) as rec:
-            _step(tr, _inputs(tr), steps=1)
+            two_steps(tr, step_inputs(tr), steps=1)
     finally:
         lora.detach(tr)
         for h in handles:

@@ -10,28 +10,8 @@ from memory.manager import MemoryManager
 from memory.hostpack import block_list
 from common.units import GIB
 from memory.streaming import BlockStreamer
-from pipeline.denoiser import FramepackDenoiser
 from pipeline.text import encode_prompt
-
-
-def _inputs(tr, seed=0):
-    from benchmarks.transformer_step import section_inputs
-
-    return section_inputs(tr, 64, 64, 9, 16, seed)
-
-
-def _step(tr, inputs, teacache=0.0, steps=2):
-    """Two denoiser steps (the second sees the first's output), as the sampler would run them."""
-    ctx, idx, shape, image, texts, noise = inputs
-    den = FramepackDenoiser(tr, teacache, steps)
-    den.begin_section(ctx, idx, shape, image, texts, 10.0)
-    x, outs = noise, []
-    for t in (900.0, 500.0)[:steps]:
-        out = den(x, torch.tensor([t]))
-        outs.append(out)
-        x = x - 0.1 * out
-    den.end_section()
-    return outs
+from tests.model_helpers import step_inputs, two_steps
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +44,8 @@ def test_pack_is_the_only_host_copy(deep_transformer):
 
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_streamed_transformer_gives_exactly_the_resident_output(deep_transformer, depth):
-    inputs = _inputs(deep_transformer)
-    reference = _step(deep_transformer, inputs)
+    inputs = step_inputs(deep_transformer)
+    reference = two_steps(deep_transformer, inputs)
     pack = HostPack.of(deep_transformer)
     mm = MemoryManager(device="cpu", cap_gb=_cap_gb(pack, 2), preserved_gb=0, prefetch_depth=depth,
                        plan_on_cpu=True)
@@ -76,7 +56,7 @@ def test_streamed_transformer_gives_exactly_the_resident_output(deep_transformer
         lambda m, a: seen.append(m.proj_out.weight.data_ptr()))
     try:
         with mm.stage("transformer", transformer=deep_transformer) as rec:
-            streamed = _step(deep_transformer, inputs)
+            streamed = two_steps(deep_transformer, inputs)
     finally:
         probe.remove()
     assert all(torch.equal(a, b) for a, b in zip(streamed, reference))
@@ -89,24 +69,24 @@ def test_streamed_transformer_gives_exactly_the_resident_output(deep_transformer
 
 def test_streaming_the_tiny_preset_through_the_manager(tiny_original):
     tr = tiny_original.transformer
-    inputs = _inputs(tr, seed=3)
-    reference = _step(tr, inputs)
+    inputs = step_inputs(tr, seed=3)
+    reference = two_steps(tr, inputs)
     pack = HostPack.of(tr)
     mm = MemoryManager(device="cpu", cap_gb=_cap_gb(pack, 1), preserved_gb=0, plan_on_cpu=True)
     for _ in range(2):                                        # two sections: the stage is entered twice
         with mm.stage("transformer", transformer=tr) as rec:
-            assert all(torch.equal(a, b) for a, b in zip(_step(tr, inputs), reference))
+            assert all(torch.equal(a, b) for a, b in zip(two_steps(tr, inputs), reference))
         assert rec.stream_misses == 0 and "1/2 blocks" in rec.placement["transformer"]
     assert pack.intact()
 
 
 def test_teacache_still_works_with_streaming(deep_transformer):
-    inputs = _inputs(deep_transformer, seed=5)
-    reference = _step(deep_transformer, inputs, teacache=0.15)
+    inputs = step_inputs(deep_transformer, seed=5)
+    reference = two_steps(deep_transformer, inputs, teacache=0.15)
     pack = HostPack.of(deep_transformer)
     mm = MemoryManager(device="cpu", cap_gb=_cap_gb(pack, 0), preserved_gb=0, plan_on_cpu=True)
     with mm.stage("transformer", transformer=deep_transformer) as rec:
-        streamed = _step(deep_transformer, inputs, teacache=0.15)
+        streamed = two_steps(deep_transformer, inputs, teacache=0.15)
     assert "1/7 blocks" in rec.placement["transformer"]      # block 0 stays resident even with no budget
     assert all(torch.equal(a, b) for a, b in zip(streamed, reference))
 

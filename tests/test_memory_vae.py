@@ -8,6 +8,7 @@ import torch
 
 from memory.manager import MemoryManager
 from memory.vae import VaeDecodePolicy, VaeTiling, candidates, is_oom, memory_estimate, scratch_estimate, work
+from tests.model_helpers import oom_above
 
 REAL = (9, 76, 80)          # 33 frames at 608×640, in latents
 
@@ -67,20 +68,12 @@ def test_rocm_limits_miopen_scratch():
     assert scratch_estimate(first, REAL) <= 7.29e9 < scratch_estimate(VaeTiling(256, 16), REAL)
 
 
-def _oom_above(limit, seen):
-    def fault(tiling):
-        seen.append(tiling)
-        if tiling.size == 0 or tiling.size > limit:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
-    return fault
-
-
 def test_oom_retries_with_smaller_tiles(tiny_original):
     vae = tiny_original.vae
     z = torch.randn(1, 16, 3, 8, 8)
     before = (vae.use_tiling, vae.use_framewise_decoding, vae.tile_sample_min_height)
     seen = []
-    policy = VaeDecodePolicy(fault=_oom_above(32, seen))
+    policy = VaeDecodePolicy(fault=oom_above(32, seen))
     with torch.no_grad():
         pixels = policy.decode(vae, z, available=None)
     assert pixels.shape == (1, 3, 9, 64, 64) and torch.isfinite(pixels).all()
@@ -99,7 +92,7 @@ def test_out_of_memory_at_the_smallest_tiles_hands_over_to_the_conv_fallback(tin
         policy.fault = None                                    # the fallback path has the memory it needs
         yield
 
-    policy = VaeDecodePolicy(fault=_oom_above(0, []), fallback=fallback)
+    policy = VaeDecodePolicy(fault=oom_above(0, []), fallback=fallback)
     with torch.no_grad():
         pixels = policy.decode(tiny_original.vae, torch.randn(1, 16, 2, 8, 8), available=None)
     assert entered == [True] and pixels.shape[2] == 5
@@ -126,7 +119,7 @@ def test_oom_texts():
 def test_manager_decode_records_attempts(tiny_original):
     mm = MemoryManager(device="cpu")
     seen = []
-    mm.vae_policy.fault = _oom_above(32, seen)
+    mm.vae_policy.fault = oom_above(32, seen)
     with mm.stage("VAE decode", vae=tiny_original.vae) as rec, torch.no_grad():
         pixels = mm.decode_vae(tiny_original.vae, torch.randn(1, 16, 2, 8, 8))
     assert pixels.shape == (1, 3, 5, 64, 64)

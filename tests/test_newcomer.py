@@ -14,7 +14,7 @@ import pytest
 
 from configs import LIMITS, get_preset
 from tests.conftest import ROOT, make_image, uploaded
-from tests.test_cli import cli
+from tests.cli_helpers import cli
 
 README = (ROOT / "README.md").read_text("utf-8")
 

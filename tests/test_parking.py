@@ -12,26 +12,25 @@ from memory.hostpack import HostPack
 from memory.parking import ParkedBlocks
 from memory.vae import VaeDecodePolicy, memory_estimate
 from pipeline.components import load_components
-from tests.test_host_loading import saved  # noqa: F401  (the module-scoped fixture: tiny models in the repos' layout)
-from tests.test_lateload import _manager, _transformer
-from tests.test_memory_streaming import _inputs, _step
+from tests.model_helpers import file_transformer, frames_hash, oom_above, resident_manager, step_inputs, two_steps
+from tests.model_helpers import HOST_OVERHEAD as OVERHEAD, HUNYUAN_FP32
 
 
 def test_the_next_transformer_stage_binds_the_parked_blocks_instead_of_reading_them(saved):  # noqa: F811
     reference = load_components("tiny", "original").transformer
-    inputs = _inputs(reference, seed=7)
-    expected = _step(reference, inputs)
-    tr, pack = _transformer(saved)
+    inputs = step_inputs(reference, seed=7)
+    expected = two_steps(reference, inputs)
+    tr, pack = file_transformer(saved)
     total = sum(c.file_bytes for c in pack.chunks)
-    mm = _manager(pack, late=True)
+    mm = resident_manager(pack, late=True)
     with mm.stage("transformer", transformer=tr) as first:
-        out = _step(tr, inputs)
+        out = two_steps(tr, inputs)
     assert first.file_bytes == total and first.parked_bytes == 0
     assert len(mm._parked) == len(pack.chunks) and pack.intact()          # parked, yet the model is idle
     with mm.stage("VAE decode", beside_parked=True, vae=torch.nn.Linear(4, 4)):
         assert len(mm._parked) == len(pack.chunks)
     with mm.stage("transformer", transformer=tr) as second:
-        again = _step(tr, inputs)
+        again = two_steps(tr, inputs)
     assert second.file_bytes == 0 and second.parked_bytes == total      # nothing read again
     assert all(torch.equal(a, b) for a, b in zip(out, expected))
     assert all(torch.equal(a, b) for a, b in zip(again, expected))
@@ -39,15 +38,15 @@ def test_the_next_transformer_stage_binds_the_parked_blocks_instead_of_reading_t
     with mm.stage("text encoders", text_encoder=torch.nn.Linear(4, 4)):
         assert not mm._parked                                            # any other stage: released first
     with mm.stage("transformer", transformer=tr) as third:
-        _step(tr, inputs)
+        two_steps(tr, inputs)
     assert third.file_bytes == total and third.parked_bytes == 0
     assert mm.release_parked("test") > 0 and not mm._parked
     assert pack.intact() and all(c.home == "file" for c in pack.chunks)
 
 
 def test_parking_can_be_turned_off(saved):  # noqa: F811
-    tr, pack = _transformer(saved)
-    mm = _manager(pack, late=True)
+    tr, pack = file_transformer(saved)
+    mm = resident_manager(pack, late=True)
     mm.park = False
     for _ in range(2):
         with mm.stage("transformer", transformer=tr) as rec:
@@ -56,7 +55,7 @@ def test_parking_can_be_turned_off(saved):  # noqa: F811
 
 
 def test_fit_releases_the_latest_blocks_first(saved):  # noqa: F811
-    _, pack = _transformer(saved)
+    _, pack = file_transformer(saved)
     park = ParkedBlocks()
     park.park("transformer", [(i - 1, c, torch.empty(c.nbytes, dtype=torch.uint8)) for i, c in enumerate(pack.chunks)])
     sizes = [-(-c.nbytes // 512) * 512 for c in pack.chunks]
@@ -69,8 +68,8 @@ def test_fit_releases_the_latest_blocks_first(saved):  # noqa: F811
 
 
 def test_the_decode_keeps_its_tiles_and_takes_its_room_from_the_park(saved, monkeypatch):  # noqa: F811
-    tr, pack = _transformer(saved)
-    mm = _manager(pack, late=False)
+    tr, pack = file_transformer(saved)
+    mm = resident_manager(pack, late=False)
     with mm.stage("transformer", transformer=tr):
         pass
     parked = mm._parked.nbytes
@@ -117,8 +116,6 @@ def test_a_job_binds_the_parked_blocks_in_its_next_section_and_gives_the_same_vi
     from pipeline.events import Done
     from pipeline.request import Request
     from tests.conftest import make_image, run_job
-    from tests.test_host_loading import OVERHEAD, _frames_hash
-    from tests.test_loading import HUNYUAN_FP32
 
     comps = load_components(HUNYUAN_FP32, "original", model_dir=saved)
     tr = HostPack.of(comps.transformer)
@@ -146,21 +143,20 @@ def test_a_job_binds_the_parked_blocks_in_its_next_section_and_gives_the_same_vi
             assert all(r < read[0] for r in read[1:])
         else:
             assert not any(parked) and len(set(read)) == 1
-        runs[park] = _frames_hash(last)
+        runs[park] = frames_hash(last)
     assert runs["1"] == runs["0"]
 
 
 def test_a_decode_that_runs_out_of_memory_releases_the_park_before_its_next_try(saved):  # noqa: F811
-    from tests.test_memory_vae import _oom_above
 
-    tr, pack = _transformer(saved)
+    tr, pack = file_transformer(saved)
     vae = load_components("tiny", "original").vae
-    mm = _manager(pack, late=False)
+    mm = resident_manager(pack, late=False)
     with mm.stage("transformer", transformer=tr):
         pass
     assert mm._parked
     seen, parked = [], []
-    oom = _oom_above(32, seen)
+    oom = oom_above(32, seen)
 
     def fault(tiling):
         parked.append(len(mm._parked))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,15 +14,10 @@ import torch
 from pipeline.checkpoint import CHECKPOINT, load_checkpoint
 from video.mp4 import read_frames
 from tests.conftest import ROOT, make_image, job_folders
-from tests.test_cli import cli
+from tests.cli_helpers import cli, cli_env as _env, sections_done as _sections_done
 
 SETTINGS = ["--preset", "tiny", "--prompt", "a lighthouse in a storm", "--seconds", "4.8", "--steps", "4",
             "--seed", "11", "--teacache", "0.1"]
-
-
-def _env():
-    return dict(os.environ, HF_HUB_OFFLINE="1",
-                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +35,6 @@ def uninterrupted(image, tmp_path_factory):
     (job,) = job_folders(out)
     raw_hash = json.loads((job / "job.json").read_text())["sections"][-1]["frames_sha256"]
     return load_checkpoint(job)[0]["real"], (job / "final.mp4").read_bytes(), raw_hash
-
-
-def _sections_done(job_dir) -> int:
-    try:
-        return load_checkpoint(job_dir)[1]["sections_done"]
-    except (FileNotFoundError, OSError, ValueError):
-        return 0
 
 
 def _assert_same_result(job, uninterrupted):

@@ -286,7 +286,7 @@ def test_resume_keeps_each_sections_prompt(tiny_original, tmp_path, monkeypatch)
 
 @pytest.mark.slow
 def test_the_cli_refuses_a_malformed_timeline_before_loading(tmp_path):
-    from tests.test_cli import cli
+    from tests.cli_helpers import cli
 
     make_image().save(tmp_path / "in.png")
     r = cli("generate", "--preset", "tiny", "--image", tmp_path / "in.png", "--seconds", 2.4, "--out",
