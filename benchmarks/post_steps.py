@@ -16,6 +16,7 @@ if __name__ == "__main__" and not __package__:
     as_module(__file__)
 
 import argparse
+import functools
 import json
 import time
 from fractions import Fraction
@@ -91,7 +92,7 @@ def main() -> None:
 
     net = (rife.tiny_ifnet() if args.tiny else rife.IFNet().eval()).to(device, dtype)
     run_interpolation(net, frames[:CHUNK + 1], device, dtype)                     # warm-up
-    made, seconds, peak = _timed(device, lambda: run_interpolation(net, frames, device, dtype))
+    made, seconds, peak = _timed(device, functools.partial(run_interpolation, net, frames, device, dtype))
     flop = rife.flop_per_frame(net, h, w)
     result["interpolate_x2"] = {
         "output_frames": made, "new_frames": made - args.frames, "seconds": round(seconds, 3),

@@ -55,15 +55,21 @@ class LocalExecutor:
     def placements(self) -> dict[str, str]:
         return {}
 
+    def _device(self):
+        """The device this executor's jobs run on: the one it was given, else the Config's --device (checked) or
+        the GPU if there is one (memory/device.py)."""
+        from memory.device import chosen_device          # torch: only when a job runs
+
+        return self.device or chosen_device(self.config.device)
+
     def run(self, work: Work, cancel, split=None) -> Iterator:
         """The job's events (pipeline/events.py), a MemoryReport before its end; always ends with Done or Failed.
         `split`: this process's part of a job split over several GPUs (jobs/split.py), else None."""
         request = work.request
         if work.post is not None:               # post-processing: its own small models, loaded by the job
             from jobs.execute import job_memory, run_job
-            from memory.manager import default_device
 
-            memory = job_memory(self.config, request, self.device or _device(self.config.device) or default_device())
+            memory = job_memory(self.config, request, self._device())
             yield from run_job(work.post, None, memory, self.config, cancel, owner=work.owner)
             return
         if not self.models.is_loaded(request.mode):
@@ -72,8 +78,6 @@ class LocalExecutor:
                 f"loading the models (first job; downloads up to {preset.download_gb(request.mode):g} GB once)"
             yield Progress("loading models", 0, 0, 0, request.steps, 0.0, None, what)
             yield LogLine("info", what)
-        from memory.device import chosen_device          # heavy imports: after the first message
-
         t0 = time.monotonic()
         with capture_logs() as lines:
             try:
@@ -90,7 +94,7 @@ class LocalExecutor:
         from jobs.execute import job_memory, run_job
 
         job = work.resuming if work.resuming is not None else work.prepared
-        device = split.device if split is not None else self.device or chosen_device(self.config.device)
+        device = split.device if split is not None else self._device()
         memory = job_memory(self.config, request, device)
         if split is not None:
             split.attach(components.transformer)

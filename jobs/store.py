@@ -157,14 +157,17 @@ class QueueLocked(RuntimeError):
     """Another process kept the queue's database locked for LOCK_WAIT_S."""
 
 
+SQLITE_BUSY, SQLITE_LOCKED = 5, 6       # SQLite's result codes (the sqlite3 module names them from Python 3.11 on)
+
+
 def _locked(error: sqlite3.OperationalError) -> bool:
-    return getattr(error, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return getattr(error, "sqlite_errorcode", None) in (SQLITE_BUSY, SQLITE_LOCKED)
 
 
 def _rows_of(path: Path) -> list[tuple]:
     """The entries' rows SQLite can still read from a damaged database, one row at a time (a damaged page loses its
     own rows only); [] when nothing can be read. Read-only: the file is not changed."""
-    rows = []
+    rows: list[tuple] = []
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
     except sqlite3.Error:

@@ -163,13 +163,24 @@ def saved(tiny_original, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_original):
-    """The app on the tiny preset, launched in this process on 127.0.0.1, one per test module (a module may define
-    its own `server`, as the browser test does)."""
+def server(request, tmp_path_factory):
+    """The app on the tiny preset, launched in this process on 127.0.0.1, one per test module. A module sets
+    `SERVER_MODE = "f1"` for the F1 models (default: the original ones); it may define its own `server`, as the
+    browser test does (the app in its own process)."""
     from tests.server_helpers import launched
 
-    with launched(tmp_path_factory.mktemp("outputs"), tiny_original) as s:
+    mode = getattr(request.module, "SERVER_MODE", "original")
+    components = request.getfixturevalue("tiny_f1" if mode == "f1" else "tiny_original")
+    with launched(tmp_path_factory.mktemp("outputs"), components) as s:
         yield s
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    """A 96×80 start image as a PNG file (a module whose tests change it defines its own)."""
+    from tests.server_helpers import saved_image
+
+    return saved_image(tmp_path_factory, 96, 80, seed=4)
 
 
 @pytest.fixture(scope="module")

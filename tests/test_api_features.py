@@ -10,14 +10,6 @@ from tests.server_helpers import job_info
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_original):
-    from tests.server_helpers import launched
-
-    with launched(tmp_path_factory.mktemp("outputs"), tiny_original) as s:
-        yield s
-
-
 @pytest.fixture()
 def client(server, tmp_path):
     c = server.client(tmp_path / "downloads")

@@ -11,17 +11,14 @@ import pytest
 from video.mp4 import read_frames
 from common.files import file_sha256
 from tests.browser_helpers import require_browser, set_number, wait_status
-from tests.server_helpers import job_info, launched
+from tests.server_helpers import job_info
 from tests.test_extend import W, moving_frames, write_video
 
 pytestmark = pytest.mark.slow
 expect = require_browser()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_f1):
-    with launched(tmp_path_factory.mktemp("outputs"), tiny_f1) as s:
-        yield s
+SERVER_MODE = "f1"          # conftest's `server`: the app on the tiny F1 models
 
 
 def _page(browser, server, clip):

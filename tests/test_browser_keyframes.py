@@ -13,14 +13,6 @@ pytestmark = pytest.mark.slow
 expect = require_browser()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_original):
-    from tests.server_helpers import launched
-
-    with launched(tmp_path_factory.mktemp("outputs"), tiny_original) as s:
-        yield s
-
-
 def test_a_keyframe_row_on_the_page(server, browser, tmp_path):
     from tests.conftest import make_image
 

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from tests.browser_helpers import require_browser
-from tests.server_helpers import launched
 from video.mp4 import write_mp4
 
 pytestmark = pytest.mark.slow
@@ -29,10 +28,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_f1):
-    with launched(tmp_path_factory.mktemp("outputs"), tiny_f1) as s:
-        yield s
+SERVER_MODE = "f1"          # conftest's `server`: the app on the tiny F1 models
 
 
 def test_interpolate_a_video_x2_export_a_gif_and_download_it(server, browser, tmp_path):

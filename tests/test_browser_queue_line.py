@@ -12,7 +12,7 @@ import pytest
 from jobs import store as qs
 from video.mp4 import read_frames
 from tests.browser_helpers import fill_job, queue_table, require_browser, wait_status
-from tests.server_helpers import Gate, job_info, launched, saved_image, wait_for
+from tests.server_helpers import Gate, job_info, wait_for
 
 pytestmark = pytest.mark.timeout(600)
 expect = require_browser()
@@ -20,15 +20,7 @@ expect = require_browser()
 SHORT = dict(seconds=1.2, steps=1, mode="f1")        # one section, one step: the shortest job the page runs
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_f1):
-    with launched(tmp_path_factory.mktemp("outputs"), tiny_f1) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory):
-    return saved_image(tmp_path_factory, 96, 80, seed=14)
+SERVER_MODE = "f1"          # conftest's `server`: the app on the tiny F1 models
 
 
 def _open(browser, server):

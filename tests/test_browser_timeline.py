@@ -13,15 +13,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 expect = require_browser()
 
 
-@pytest.fixture(scope="module")
-def image(tmp_path_factory):
-    from tests.conftest import make_image
-
-    path = tmp_path_factory.mktemp("images") / "start.png"
-    make_image(96, 80).save(path)
-    return path
-
-
 def _page(browser, server):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(120_000)

@@ -11,16 +11,11 @@ import pytest
 from gradio_client import handle_file
 
 from jobs import store as qs
-from tests.server_helpers import Gate, job_info, saved_image, wait_for
+from tests.server_helpers import Gate, job_info, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SHORT = dict(seconds=1.2, steps=2)
-
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory):
-    return saved_image(tmp_path_factory, 96, 80, seed=6)
 
 
 def listing(client):

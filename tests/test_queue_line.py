@@ -16,17 +16,12 @@ from jobs import jsonl
 from jobs import store as qs
 from pipeline.request import Request, prepare
 from video.mp4 import encode_segment, read_frames
-from tests.server_helpers import Gate, job_info, saved_image, wait_for
+from tests.server_helpers import Gate, job_info, wait_for
 from tests.test_extend import COMMON, OVERLAP, moving_frames, write_video
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SHORT = dict(seconds=1.2, steps=2)
-
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory):
-    return saved_image(tmp_path_factory, 96, 80, seed=8)
 
 
 def listing(client):

@@ -6,13 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.server_helpers import (CHROMIUM_ARGS, Fault, Gate, api_job, browser_or_skip, job_info, saved_image,
-                                  temp_leftovers, wait_for)
-
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory):
-    return saved_image(tmp_path_factory, 96, 80, seed=4)
+from tests.server_helpers import (CHROMIUM_ARGS, Fault, Gate, api_job, browser_or_skip, job_info, temp_leftovers, wait_for)
 
 
 def _job(image, **kw):
