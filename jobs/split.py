@@ -85,7 +85,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _join_group(rank: int, size: int, port: int, device, heads: int = 24) -> "object":
+def _join_group(rank: int, size: int, port: int, device, heads: int = 24):
     """Join the job's group as `rank`; this process's SequenceSplit (`heads`: the transformer's attention heads)."""
     import torch
     import torch.distributed as dist
