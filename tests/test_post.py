@@ -314,3 +314,30 @@ def test_the_command_line_refuses_bad_steps_with_exit_2_and_runs_post_batch_line
     assert main(["batch", str(lines), "--outputs", str(out), "--preset", "tiny", "-q"]) == 0
     (job,) = [d for d in out.iterdir() if d.is_dir() and not d.name.startswith(".")]
     assert len(zipfile.ZipFile(job / "frames.zip").namelist()) == 24
+
+
+def test_a_post_job_stopped_in_the_queue_resumes_from_past_jobs_to_the_same_bytes(tmp_path, source):
+    """End stops the queue's post job after a chunk; the folder's Resume (the page's, the API's, the command line's:
+    Runner.submit_resume) finishes it with the bytes of a run that was not stopped."""
+    from pipeline.events import Done, Progress
+
+    values = {"source": str(source), "steps": "loop=6"}              # 72 frames: 5 chunks
+    whole = _run(prepare(values, _folders(tmp_path)), tmp_path / "whole", _folders(tmp_path))[-1]
+    runner = _runner(tmp_path / "out", "tiny").start()
+    try:
+        job = runner.submit(request_from(values), session="tab", origin="page")
+        stopped = None
+        for batch in runner.stream(job):
+            for event in batch:
+                if isinstance(event, Progress) and event.stage == "post-processing":
+                    runner.cancel("tab")
+                if isinstance(event, Done):
+                    stopped = event
+        assert stopped is not None and stopped.stopped and not (stopped.job_dir / "final.mp4").exists()
+        again = runner.submit_resume(stopped.job_dir, session="tab", origin="page")
+        results = [e for batch in runner.stream(again) for e in batch]
+        assert isinstance(results[-1], Done) and not results[-1].stopped
+        assert 0 < sum(isinstance(e, Progress) and e.stage == "post-processing" for e in results) < 5
+        assert (stopped.job_dir / "final.mp4").read_bytes() == (whole.job_dir / "final.mp4").read_bytes()
+    finally:
+        runner.close()
