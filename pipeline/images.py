@@ -28,15 +28,36 @@ def buckets_for(resolution: int) -> list[tuple[int, int]]:
     return list(bucket_table(resolution))
 
 
+FORMATS = ("PNG", "JPEG", "WEBP")        # what the app and the command line take (README); Pillow tries no other
+BAND_PIXELS = 1 << 18                    # pixels of a 16/32-bit image scaled at a time (bounded memory)
+
+
+def _rows(img: Image.Image):
+    """The image's rows as arrays, a band of about BAND_PIXELS at a time: (first row, array)."""
+    w, h = img.size
+    rows = max(1, BAND_PIXELS // max(w, 1))
+    for y in range(0, h, rows):
+        yield y, np.asarray(img.crop((0, y, w, min(y + rows, h))))
+
+
+def _to_eight_bits(img: Image.Image) -> Image.Image:
+    """A 16/32-bit or float single-channel image scaled to 8 bits, a band of rows at a time: memory is the 8-bit
+    result and one band (a float64 copy of the whole image was 8 bytes a pixel: 0.5 GB for 8192×8192). The bytes
+    are those of scaling the whole image at once."""
+    top = None if img.mode.startswith("I;16") else max(float(a.max()) for _, a in _rows(img))
+    hi = 65535.0 if top is None or top > 255 else 255.0
+    if img.mode == "F" and top is not None and top <= 1.0:
+        hi = 1.0
+    out = np.empty((img.size[1], img.size[0]), np.uint8)
+    for y, a in _rows(img):
+        out[y:y + len(a)] = np.clip(a.astype(np.float64) / hi * 255.0 + 0.5, 0, 255).astype(np.uint8)
+    return Image.fromarray(out, mode="L")
+
+
 def _to_rgb(img: Image.Image) -> Image.Image:
     """RGB 8-bit from any PIL mode: alpha composited on white, 16/32-bit and float scaled, CMYK/palette converted."""
     if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
-        a = np.asarray(img, dtype=np.float64)
-        hi = 65535.0 if img.mode.startswith("I;16") or a.max() > 255 else 255.0
-        if img.mode == "F" and a.max() <= 1.0:
-            hi = 1.0
-        a = np.clip(a / hi * 255.0 + 0.5, 0, 255).astype(np.uint8)
-        img = Image.fromarray(a, mode="L")
+        img = _to_eight_bits(img)
     if img.mode == "P":
         img = img.convert("RGBA")
     if img.mode in ("LA", "La", "PA"):
@@ -47,7 +68,10 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def _open(source, field: str) -> Image.Image:
+def _open(source, field: str, sides: tuple[int, int] | None = None) -> Image.Image:
+    """The image of `source`, decoded. A file or bytes: only PNG, JPEG or WebP (FORMATS: Pillow runs no other
+    decoder), and its size read from the header is checked (`sides`: (shortest, longest) allowed side) before
+    anything is decoded."""
     if isinstance(source, Image.Image):
         return source
     if isinstance(source, np.ndarray):
@@ -84,18 +108,21 @@ def _open(source, field: str) -> Image.Image:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(data)
-            w, h = img.size
+            img = Image.open(data, formats=FORMATS)
+            w, h = img.size                          # (from the header: nothing decoded yet)
             if w * h > LIMITS.image_pixels_max:
                 raise refused(f"{{file}} is {w}×{h} pixels; the limit is {LIMITS.image_side[1]}×{LIMITS.image_side[1]}")
+            if sides is not None and min(w, h) < sides[0]:
+                raise refused(f"{{file}} is {w}×{h}; each side needs at least {sides[0]} pixels")
+            if sides is not None and max(w, h) > sides[1]:
+                raise refused(f"{{file}} is {w}×{h}; each side may have at most {sides[1]} pixels")
             img.load()
     except InputError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise refused("{file} is too large to decode safely (decompression bomb guard)") from None
     except UnidentifiedImageError:
-        raise refused("{file} is not a readable image (not an image format, or not one PIL knows)", readable) \
-            from None
+        raise refused("{file} is not a PNG, JPEG or WebP image (or is damaged)", readable) from None
     except (OSError, SyntaxError, ValueError):       # a known format whose data breaks off or is damaged
         raise refused("{file} is not a readable image (damaged or cut short)", readable) from None
     return img
@@ -105,7 +132,8 @@ def load_image(source, field: str = "image", check_size: bool = True) -> Image.I
     """Open and check an image; returns an RGB 8-bit PIL image with EXIF orientation applied."""
     if source is None:
         raise InputError(field, "no image given", advice="Upload a start image." if field == "image" else "")
-    img = _open(source, field)
+    lo, hi = LIMITS.image_side if check_size else (1, LIMITS.image_side[1])
+    img = _open(source, field, (lo, hi))
     if getattr(img, "n_frames", 1) > 1:
         img.seek(0)
     try:
@@ -113,7 +141,6 @@ def load_image(source, field: str = "image", check_size: bool = True) -> Image.I
     except (OSError, ValueError, TypeError):
         log.debug("%s: could not read EXIF orientation", field)
     w, h = img.size
-    lo, hi = LIMITS.image_side if check_size else (1, LIMITS.image_side[1])
     if min(w, h) < lo:
         raise InputError(field, f"the image is {w}×{h}; each side needs at least {lo} pixels")
     if max(w, h) > hi:

@@ -150,7 +150,7 @@ def _read_json(path: Path) -> dict:
 
 def _read_png(path: Path) -> dict:
     try:
-        with Image.open(path) as im:                  # the chunks before the image data; the pixels are not decoded
+        with Image.open(path, formats=("PNG",)) as im:    # the chunks before the image data; the pixels are not decoded
             text = {k: v for k, v in im.info.items() if isinstance(k, str) and isinstance(v, str)}
     except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as e:
         raise InputError(FIELD, f"{{file}} is not a readable PNG ({str(e)[:120]})", path=path) from None

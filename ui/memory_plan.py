@@ -24,8 +24,10 @@ def image_size(value) -> tuple[int, int] | None:
         return None
     from PIL import Image
 
+    from pipeline.images import FORMATS
+
     try:
-        with Image.open(path) as img:
+        with Image.open(path, formats=FORMATS) as img:          # (the header only; no other format's decoder)
             w, h = img.size
             if img.getexif().get(0x0112) in (5, 6, 7, 8):       # rotated by 90°: pipeline.images applies it
                 w, h = h, w
