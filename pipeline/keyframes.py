@@ -16,7 +16,8 @@ Forms (the setting `keyframes`, in job.json, batch lines and the API; the page b
 - `[TIME] FILE` or `[TIME, STRENGTH] FILE`, one after another: `[2.5s] middle.png [4s, 0.8] other.png`;
 - `TIME=FILE` or `TIME:STRENGTH=FILE`, comma-separated (the command line's repeated `--keyframe 2.5=middle.png`).
 A time is seconds in the final video (`2.5`, `2.5s`). A keyframe at 0 s is the start image and one at or after the
-video's end is its end image: those are given as such (image / end image), and a keyframe there is refused saying so.
+requested length its end image, when those are not given otherwise (`split_ends`: `[0s] start.png [2.5s] middle.png
+[5s] end.png` is a whole request's images); given both ways, the keyframe is refused saying so.
 
 Pure bookkeeping (no torch): the parse, the checks against the section plan, and which keyframe governs each section.
 """
@@ -139,10 +140,11 @@ def check(spec_text, mode: str, window: int, count: int, fps: int) -> tuple[Keyf
     end = timeline.video_seconds(window, count, fps)
     for k in keyframes:
         if k.time == 0:
-            raise _error(f"{k.spec()}: a keyframe at 0s is the start image; give {k.image} as the start image")
+            raise _error(f"{k.spec()}: a keyframe at 0s is the start image, and a start image is given too; "
+                         f"remove one of them")
         if k.time >= end:
-            raise _error(f"{k.spec()}: at or after the video's end ({end:.2f} s) it is the end frame; give "
-                         f"{k.image} as the end image, or an earlier time")
+            raise _error(f"{k.spec()}: at or after the video's end ({end:.2f} s) it is the end frame, and an end "
+                         f"image is given too; remove one of them, or give the keyframe an earlier time")
     governing = governing_keyframes([k.time for k in keyframes], "original", window, count, fps)
     section_s = 4 * window / fps
     for i, k in enumerate(keyframes):
@@ -190,3 +192,23 @@ def relative_to(spec_text, base) -> str:
         return spec_text
     paths = [Path(k.image).expanduser() for k in items]
     return with_images(items, [p if p.is_absolute() else Path(base) / p for p in paths])
+
+
+def split_ends(fields: dict, default_seconds: float) -> dict:
+    """`[0s] start.png [2.5s] middle.png [5s] end.png` as a request's fields: a keyframe at 0 s is the start image
+    and one at or after the requested length (`seconds`) the end image, when those are not given otherwise; the
+    others stay keyframes. Returns the fields to change (none when the setting does not parse: its check says
+    why)."""
+    try:
+        items = list(parse(fields.get("keyframes")))
+        seconds = float(fields.get("seconds", default_seconds))
+    except (InputError, TypeError, ValueError):
+        return {}
+    out = {}
+    if items and items[0].time == 0 and fields.get("image") in (None, ""):
+        out["image"] = items.pop(0).image
+    if items and math.isfinite(seconds) and items[-1].time >= seconds and fields.get("end_image") in (None, ""):
+        out["end_image"] = items.pop().image
+    if out:
+        out["keyframes"] = spec(items)
+    return out

@@ -57,6 +57,8 @@ class RequestBase:
             raise InputError(str(unknown_keys[0]), f"unknown setting; known: {known}")
         fields = {key: value for key, value in fields.items() if key not in unknown_keys}
         fields.update(given)
+        if isinstance(fields.get("keyframes"), str) and "keyframes" not in given:   # [0s] start … [5s] end
+            fields.update(keyframes.split_ends(fields, control("seconds").default))
         for c in cls.CONTROLS:
             if c.name == "image" and text_to_video.is_text_to_video(fields.get("start_from")):
                 continue                        # text-to-video: no start image (checked in `prepare`)

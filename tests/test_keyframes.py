@@ -174,3 +174,15 @@ def test_the_app_reads_no_keyframe_it_was_not_sent(images):
     sent = uploaded(images / "middle.png")
     assert kf.parse(admitted({"keyframes": f"[1.5s, 0.5] {sent}"}, st.UPLOADS)["keyframes"]) == \
         (kf.Keyframe(1.5, str(Path(sent).resolve()), 0.5),)
+
+
+def test_start_and_end_keyframes_are_the_start_and_end_images(images):
+    """`[0s] start.png [1.5s] middle.png [3.6s] late.png`: the whole request's images in one setting."""
+    line = {"keyframes": "[0s] start.png [1.5s] middle.png [3.6s] late.png", **COMMON}
+    request = Request.from_mapping(line, base=images)
+    assert Path(request.image) == images / "start.png" and Path(request.end_image) == images / "late.png"
+    assert kf.parse(request.keyframes) == (kf.Keyframe(1.5, str(images / "middle.png")),)
+    prepared = prepare(request, 64)
+    assert prepared.end_image is not None and len(prepared.keyframes) == 1
+    with pytest.raises(InputError, match="a start image is given too"):       # both ways: refused, saying so
+        prepare(Request.from_mapping({**line, "image": "start.png"}, base=images), 64)
