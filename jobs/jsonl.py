@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from common.errors import InputError
 from common.files import file_sha256
@@ -38,27 +38,39 @@ def copy_problem(images: Mapping[str, Any]) -> str | None:
     return None
 
 
-def read_lines(text: str, *, door: Door) -> list[tuple[int, dict]]:
-    """Every job of a JSON-lines text: [(line number, its values)]; blank lines and # comments are skipped.
-    `door`: what a line may name (jobs/doors.py: the app takes only the queue's own copies of the user's entries and
-    LoRA names; the command line any path); each line passes `admitted` (aliases turned into names first) before
-    anything reads a file. Raises InputError naming the first bad line."""
-    jobs = []
+def job_lines(text: str, *, door: Door) -> Iterator[tuple[int, dict | InputError]]:
+    """The one reader of job files: each job line of a JSON-lines text, (its number, its values), or (its number, the
+    InputError naming the line and saying why it is not a job); blank lines and # comments are skipped. `door`: what
+    a line may name (jobs/doors.py: the app takes only the queue's own copies of the user's entries and LoRA names;
+    the command line any path); each line passes `admitted` (aliases turned into names first) before anything reads
+    a file. The caller decides what a bad line does: the queue's import refuses the file (`read_lines`), a batch
+    skips it and says so (cli/commands.py)."""
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
             obj = json.loads(line)
         except (ValueError, RecursionError) as e:
-            raise InputError(f"line {number}", f"not JSON ({str(e)[:120]}); each line must be one job's JSON "
-                                               "object") from None
+            yield number, InputError(f"line {number}", f"not JSON ({str(e)[:120]}); each line must be one job's "
+                                                       "JSON object")
+            continue
         if not isinstance(obj, dict):
-            raise InputError(f"line {number}", "each line must be a JSON object with a job's settings")
+            yield number, InputError(f"line {number}", "each line must be a JSON object with a job's settings")
+            continue
         try:
-            obj = admitted(obj, door)
+            yield number, admitted(obj, door)
         except InputError as e:
-            raise InputError(f"line {number}", f"{e.field}: {e.message}") from None
-        jobs.append((number, obj))
+            yield number, InputError(f"line {number}", f"{e.field}: {e.message}")
+
+
+def read_lines(text: str, *, door: Door) -> list[tuple[int, dict]]:
+    """Every job of a JSON-lines text, [(line number, its values)], the whole file or nothing: raises InputError
+    naming the first bad line (`job_lines`), or the file when it holds no job."""
+    jobs = []
+    for number, values in job_lines(text, door=door):
+        if isinstance(values, InputError):
+            raise values
+        jobs.append((number, values))
     if not jobs:
         raise InputError("jobs file", "no job in it; each line must be a JSON object, e.g. "
                                       '{"image": "a.png", "prompt": "...", "seconds": 3}')

@@ -326,3 +326,21 @@ def test_queue_add_and_start_are_checked_by_the_same_pre_flight(tmp_path, image,
         assert (code == 0) == ("no such file" not in capsys.readouterr().err)
     assert [e.settings["loras"] for e in runner.store.entries()] == ["style.safetensors:1"]
     runner.store.close()
+
+
+def test_a_batch_and_the_queue_import_read_a_jobs_file_with_the_one_reader(image):
+    """jobs/jsonl.py job_lines reads every jobs file: the queue's import refuses the file at its first bad line, a
+    batch skips that line; both say the same thing about it."""
+    from cli.commands import read_batch
+    from jobs.doors import LOCAL
+    from pipeline.request import prepare
+
+    path = image.parent / "jobs.jsonl"
+    good = json.dumps({"image": image.name, "prompt": "x", "seconds": 1.2})
+    path.write_text(f"{good}\n{{not json\n# a comment\n[1, 2]\n{good}\n")
+    with pytest.raises(InputError) as refused:
+        jsonl.read_lines(path.read_text(), door=LOCAL)
+    jobs, invalid = read_batch(path, lambda request: prepare(request, 640))
+    assert [number for number, _ in jobs] == [1, 5]
+    assert invalid[0] == (2, "invalid", refused.value.message) and refused.value.field == "line 2"
+    assert invalid[1][0] == 4 and invalid[1][2] == "each line must be a JSON object with a job's settings"
