@@ -21,6 +21,7 @@ import logging  # noqa: E402
 from common.errors import InputError  # noqa: E402
 from common.portable import STOP_SIGNALS, handle_signal, wait_for_stop  # noqa: E402
 from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
+from configs.options import outputs_problem  # noqa: E402
 from configs.runtime import Config  # noqa: E402
 from jobs.preflight import preflight_for  # noqa: E402
 from jobs.runner import Runner, exit_code_after, open_runner  # noqa: E402
@@ -160,6 +161,10 @@ def main(argv=None) -> int:
     problem = host_budget_problem(config, device.type) or port_problem(config.web.host, config.web.port)
     if problem:
         log.error("%s", problem)
+        return 2
+    problem = outputs_problem(config.outputs, create=True)       # read-only, a file: one line, before anything
+    if problem:
+        log.error("--outputs: %s", problem)
         return 2
     use_own_upload_folder()
     try:

@@ -18,7 +18,7 @@ from typing import Any
 
 from cli import log as cli_log
 from configs.controls import CONTROLS, Control, control
-from configs.options import add_process_options, config_from
+from configs.options import OneLineParser, add_process_options, config_from, outputs_problem
 from configs.runtime import Config
 from common.errors import InputError
 from jobs.doors import LOCAL, admitted
@@ -32,6 +32,7 @@ from jobs.line import Waiting
 from post.steps import EXPORTS, PostRequest, is_post, request_from as post_request_from
 from jobs import jsonl
 from jobs import store as qs
+from jobs.runner import SessionBusy
 
 log = logging.getLogger("cli.commands")
 
@@ -89,7 +90,7 @@ def add_new_seed(p: argparse.ArgumentParser) -> None:
 
 def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentParser:
     prog = "steadyframe-cli" if Path(sys.argv[0]).name == "steadyframe-cli" else "python -m cli"
-    parser = argparse.ArgumentParser(prog=prog, description="FramePack image-to-video, headless.")
+    parser = OneLineParser(prog=prog, description="FramePack image-to-video, headless.")
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="make one video")
     add_settings(g, controls)
@@ -169,6 +170,7 @@ class Command:
         self.runner: Any = None                   # jobs.runner.Runner, once opened
         self.aborted = False          # a second Ctrl-C: the job was not waited for
         self.signal: int | None = None            # the stop signal that came (SIGINT, SIGTERM), once one did
+        self.outputs_label = "--out"             # what names the outputs folder to the user (resume: its job folder)
         self._preflight = None
 
     @property
@@ -196,6 +198,10 @@ class Command:
         from farm.executor import queue_executor
         from jobs.runner import open_runner
 
+        problem = outputs_problem(self.config.outputs, create=True)      # read-only, a file: said before anything
+        if problem:
+            print(f"error: {self.outputs_label}: {problem}", file=sys.stderr)
+            raise SystemExit(EXIT_INPUT)
         preflight, device = self.preflight, self.device
         from jobs.split import SplitUnavailable
 
@@ -581,6 +587,7 @@ def run_resume(command: Command, job_dir: Path) -> int:
     except InputError as e:
         print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
         return EXIT_INPUT
+    command.outputs_label = "job folder"
     command.config = _replace(command.config, preset=command.config.preset if command.preset_given else job.preset,
                               outputs=Path(job_dir).resolve().parent)
     problem = command.preflight.host_problem(job.prepared)
@@ -591,6 +598,9 @@ def run_resume(command: Command, job_dir: Path) -> int:
         queued = command.open().submit(job, origin="cli")
     except InputError as e:
         print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
+        return EXIT_INPUT
+    except SessionBusy as e:                     # its runner (this queue's, in another process) has it
+        print(f"error: job folder: {e}; wait for it to end, or stop it where it runs", file=sys.stderr)
         return EXIT_INPUT
     return command.run([queued])[0][0]
 

@@ -22,7 +22,7 @@ from common.errors import InputError
 from configs import PRESETS
 from cli.commands import Command, add_common, add_new_seed
 from cli import log as cli_log
-from configs.options import config_from
+from configs.options import OneLineParser, config_from
 from jobs import jsonl
 from jobs.doors import LOCAL
 from jobs import store as qs
@@ -34,12 +34,12 @@ EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = OneLineParser(add_help=False)
     common.add_argument("--outputs", "--out", dest="outputs", type=Path, default=Path("outputs"),
                         help="the app's outputs folder (default: outputs)")
     common.add_argument("--preset", default="hunyuan", choices=sorted(PRESETS),
                         help="the model preset the app runs (its default resolution checks the jobs; default hunyuan)")
-    p = argparse.ArgumentParser(prog="python -m cli queue",
+    p = OneLineParser(prog="python -m cli queue",
                                 description="The app's job queue (outputs/.queue/queue.db): add, list, export, move, "
                                             "remove. The app runs the waiting jobs one after another.")
     sub = p.add_subparsers(dest="action", required=True)

@@ -12,6 +12,38 @@ from configs.memory import MEMORY
 from configs.presets import PRESETS
 from configs.runtime import Config, FarmOptions, WebOptions
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, whose errors are one line (a typo in a value: `--mode F1`, `--seconds five`), not the usage block
+    before it: `prog: error: the problem (prog -h lists the options)`, exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} -h` lists the options)\n")
+
+
+def outputs_problem(path: Path, *, create: bool = False) -> str | None:
+    """Why jobs cannot be written in the folder `path` (None: they can): it is a file, a part of it is a file, or
+    (`create`: made when missing, then a file written in it and deleted) it cannot be written."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        return f"{path} is a file, not a folder; give a folder (it is made when missing)"
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                return f"{parent} is a file, not a folder; give a folder (it is made when missing)"
+            break
+    if not create:
+        return None
+    import tempfile
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        return f"cannot write in {path} ({e.strerror or type(e).__name__}); give a folder you can write to"
+    return None
+
+
 TEMP_MAX_AGE_S = 24 * 3600                # Gradio's cached uploads/videos (a copy per shown video) live this long
 
 
@@ -131,6 +163,9 @@ def config_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Co
         parser.error("--vram-cap-gb: must be more than 0")
     if getattr(args, "host_ram_gb", None) is not None and not args.host_ram_gb > 0:
         parser.error("--host-ram-gb: must be more than 0 (GB of host RAM this program may use)")
+    problem = outputs_problem(Path(args.outputs))
+    if problem:
+        parser.error(f"--out: {problem}")
     model_dir = getattr(args, "model_dir", None)
     if model_dir and getattr(args, "preset", None) != "tiny" and not Path(model_dir).expanduser().is_dir():
         parser.error(f"--model-dir: no such folder: {model_dir} (it must be a folder laid out like the Hugging Face "

@@ -11,6 +11,7 @@ the start image, of the end image, then each section's noise), so the same seed 
 """
 from __future__ import annotations
 
+import errno
 import logging
 import time
 import traceback
@@ -53,6 +54,8 @@ from pipeline.timeline_text import SectionTexts, encode_texts
 from video.section_writer import SectionWriter, WrittenSection
 
 log = logging.getLogger(__name__)
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)                 # a job's write that fails for want of space: it resumes
+READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def oom_advice(records, memory: MemoryManager, kept_video: bool) -> str:
@@ -205,14 +208,14 @@ class JobRun:
                 if self.cancel.lost and self.job is not None:     # another process runs it now: no more writes
                     self.job.detach()
             except Exception as e:  # the job fails; the process (and the server around it) keeps going
-                log.error("job failed: %s", e, exc_info=True)
+                log.error("job failed: %s", e, exc_info=True, extra={"terminal": False})     # the command says it
                 status, error, detail = "failed", e, traceback.format_exc()
             if status == "done":
                 yield self.progress(FINISHING, self.plan.count, self.request.steps, "writing the last video file")
             try:
                 yield from self._written(wait=True)   # the section files still being written
             except Exception as e:
-                log.error("writing the video failed: %s", e, exc_info=True)
+                log.error("writing the video failed: %s", e, exc_info=True, extra={"terminal": False})
                 if error is None:
                     status, error, detail = "failed", e, traceback.format_exc()
             ending = self._fail(error, detail) if error is not None else self._finish(status)
@@ -595,6 +598,12 @@ class JobRun:
         message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
         if isinstance(error, (HostBudgetError, InputError)):
             message = str(error)
+        elif isinstance(error, OSError) and error.errno in DISK_FULL + READ_ONLY:
+            where = self.job.dir if self.job is not None else self.outputs
+            what = "the disk is full" if error.errno in DISK_FULL else f"it cannot be written ({error.strerror})"
+            message = (f"{where}: {what}; the job stopped after its last finished section: "
+                       f"{'free some space' if error.errno in DISK_FULL else 'make it writable'}, then resume it "
+                       f"(python -m cli resume {where})")
         elif rocm.classify_error(error) == "oom":
             message = oom_advice(self.memory.records, self.memory, self.last_video is not None)
         if self.job is not None:

@@ -25,10 +25,12 @@ PRELOAD = ["torch", "diffusers", "transformers", "av", "PIL.Image", "numpy", "sa
 @dataclass(frozen=True)
 class KillAt:
     """Kill the child (SIGKILL) at the `call`th call of `module.attribute` ("pipeline.jobs:atomic_copy"), when it
-    starts (`after=False`) or right after it returned."""
+    starts (`after=False`) or right after it returned. With `errno`, that call raises OSError(errno) instead (a
+    full disk: errno.ENOSPC), and the child goes on."""
     target: str
     call: int = 1
     after: bool = False
+    errno: int = 0
 
 
 def _kill_at(spec: KillAt) -> None:
@@ -43,6 +45,8 @@ def _kill_at(spec: KillAt) -> None:
 
     def dying(*args, **kwargs):
         calls.append(1)
+        if len(calls) == spec.call and spec.errno:
+            raise OSError(spec.errno, os.strerror(spec.errno), str(args[0]) if args else None)
         if len(calls) == spec.call and not spec.after:
             os.kill(os.getpid(), signal.SIGKILL)
         out = real(*args, **kwargs)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from configs import LIMITS, MEMORY
-from configs.options import add_process_options, add_web_options, config_from
+from configs.options import OneLineParser, add_process_options, add_web_options, config_from
 from configs.presets import get_preset
 from configs.runtime import Config
 from memory.estimate import nominal_plan
@@ -26,7 +26,7 @@ MAX_UPLOAD = LIMITS.upload_bytes_max     # bytes; Gradio refuses larger uploads
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="steadyframe" if Path(sys.argv[0]).name == "steadyframe" else "app.py",    # the console script or the file
         description="SteadyFrame: FramePack-style image-to-video in your browser.")
     add_process_options(p)

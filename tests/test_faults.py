@@ -1,0 +1,134 @@
+"""Issue 47 item 5: every fault a user can cause or meet ends in one clear line (the field or file, what to do), exit
+2 for what the user can fix in the command, 1 for a fault of the machine, the job left resumable and marked so; a
+traceback only in the log file. Before: a full disk gave 141 lines with 8 tracebacks and left the job "running";
+`--out <a file>` a NotADirectoryError traceback; a read-only outputs folder a traceback; resuming a running job 21
+lines ending in SessionBusy; a typo in a value (`--mode F1`, `--seconds five`) a 28-line usage block."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs import store as qs
+from tests.conftest import ROOT, make_image
+from tests.kill_helpers import KillAt, job_folder, shared, tail
+
+JOB = ["--preset", "tiny", "--prompt", "a field of wheat", "--seconds", "3.3", "--steps", "2", "--seed", "9"]
+
+
+def _env():
+    return dict(os.environ, HF_HUB_OFFLINE="1",
+                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+
+
+def cli(*args):
+    return shared().completed([str(a) for a in args], env=_env(), timeout=300)
+
+
+@pytest.fixture
+def image(tmp_path):
+    path = tmp_path / "in.png"
+    make_image(128, 96, seed=4).save(path)
+    return path
+
+
+def test_a_full_disk_ends_in_one_line_and_the_job_resumes_once_there_is_space(image, tmp_path):
+    out = tmp_path / "out"
+    proc = shared().start("generate", "--image", image, *JOB, "--out", out, "-q", separate=True, env=_env(),
+                          kill_at=KillAt("pipeline.checkpoint:atomic_write_bytes", 2, errno=errno.ENOSPC))
+    proc.join(300)
+    err, said = tail(proc.err, None), tail(proc.log, None)
+    job = job_folder(out)
+    assert proc.exitcode == 1, err
+    assert err.strip().splitlines() == [
+        f"error: {job}: the disk is full; the job stopped after its last finished section: free some space, then "
+        f"resume it (python -m cli resume {job}) (-v shows the traceback; it is in "
+        f"{err.split('; it is in ')[-1].rstrip(')' + chr(10))})"]
+    assert "Traceback" not in err + said
+    info = json.loads((job / "job.json").read_text())
+    assert info["status"] == "failed" and "the disk is full" in info["error"]
+    store, _ = qs.QueueStore.open(out)
+    assert [e.status for e in store.entries()] == [qs.FAILED]
+    store.close()
+    r = cli("resume", job, "-q")                          # space freed: it continues from its last section
+    assert r.returncode == 0, r.stderr
+    assert json.loads((job / "job.json").read_text())["status"] == "done"
+
+
+def test_out_naming_a_file_is_one_line(image, tmp_path):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    r = cli("generate", "--image", image, *JOB, "--out", a_file)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"python -m cli: error: --out: {a_file} is a file, not a folder; give a folder (it is made when missing) "
+        f"(`python -m cli -h` lists the options)"]
+    assert a_file.read_text() == "mine"
+    r = cli("generate", "--image", image, *JOB, "--out", a_file / "jobs")
+    assert r.returncode == 2 and f"--out: {a_file} is a file, not a folder" in r.stderr
+
+
+@pytest.mark.parametrize("option, value, said", [
+    ("--mode", "F1", "argument --mode: invalid choice: 'F1' (choose from 'original', 'f1')"),
+    ("--seconds", "five", "argument --seconds: invalid float value: 'five'"),
+])
+def test_a_typo_in_a_value_is_one_line(image, tmp_path, option, value, said):
+    r = cli("generate", "--image", image, option, value, "--out", tmp_path / "out")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"python -m cli generate: error: {said} (`python -m cli generate -h` lists the options)"]
+    assert not (tmp_path / "out").exists()
+
+
+def _read_only(folder: Path):
+    """Make `folder` read-only for this process: its mode bits (not root), or a read-only tmpfs (root may write
+    through mode bits; mounting needs CAP_SYS_ADMIN)."""
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return lambda: folder.chmod(0o755)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
+                             capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("running as root without the right to mount: no read-only folder can be made here")
+    return lambda: subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_read_only_outputs_folder_is_one_line(image, tmp_path):
+    out = tmp_path / "readonly"
+    undo = _read_only(out)
+    try:
+        r = cli("generate", "--image", image, *JOB, "--out", out, "-q")
+    finally:
+        undo()
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"error: --out: cannot write in {out} (Read-only file system); give a folder you can write to"
+        if os.geteuid() == 0 else
+        f"error: --out: cannot write in {out} (Permission denied); give a folder you can write to"]
+    assert list(out.iterdir()) == []
+
+
+def test_resuming_a_job_that_runs_is_one_line(image, tmp_path):
+    out = tmp_path / "out"
+    proc = shared().start("generate", "--image", image, *JOB[:-4], "--seconds", "20", "--steps", "4", "--out", out,
+                          "-q", separate=True, env=_env())
+    deadline = time.monotonic() + 120
+    while job_folder(out) is None or not (job_folder(out) / "section_01.mp4").is_file():
+        assert time.monotonic() < deadline and proc.is_alive(), tail(proc.err)
+        time.sleep(0.05)
+    job = job_folder(out)
+    try:
+        r = cli("resume", job)
+    finally:
+        proc.kill()
+        proc.join()
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"error: job folder: job {job.name} is already running or waiting to run; wait for it to end, or stop it "
+        f"where it runs"]
