@@ -32,7 +32,6 @@ from jobs.line import Waiting
 from post.steps import EXPORTS, PostRequest, is_post, request_from as post_request_from
 from jobs import jsonl
 from jobs import store as qs
-from jobs.runner import SessionBusy
 
 log = logging.getLogger("cli.commands")
 
@@ -587,6 +586,8 @@ def run_resume(command: Command, job_dir: Path) -> int:
     except InputError as e:
         print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
         return EXIT_INPUT
+    from jobs.runner import SessionBusy         # (torch, through the runner's imports)
+
     command.outputs_label = "job folder"
     command.config = _replace(command.config, preset=command.config.preset if command.preset_given else job.preset,
                               outputs=Path(job_dir).resolve().parent)

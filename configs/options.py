@@ -4,6 +4,7 @@ only."""
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
 from common.environment import read_environment
@@ -33,8 +34,6 @@ def outputs_problem(path: Path, *, create: bool = False) -> str | None:
             break
     if not create:
         return None
-    import tempfile
-
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
