@@ -297,6 +297,8 @@ class Runner:
         job = self.get(entry.id)
         if job is not None and job.started and job.eta_s is not None:
             return max(job.eta_s - (now - job.eta_at), 0.0)
+        if is_post(entry.settings):             # a post job's time is known once it runs (its chunks' pace)
+            return None
         expected = self.speed.expected_seconds(_settings_request(entry.settings))
         if expected is None:
             return None

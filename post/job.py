@@ -218,7 +218,7 @@ def run_post(checked: CheckedPost, memory, *, cancel=None, outputs: Path, folder
         fps = int(plan.out_fps) if plan.out_fps.denominator == 1 else plan.out_fps
         scale = request.upscale.value if request.upscale else 1
         models = {k: m.to(dtype) for k, m in (("interpolator", interp), ("upscaler", upscaler)) if m is not None}
-        done = 0
+        done, ran, t_first = 0, 0, time.monotonic()
         with memory.stage("post", **models):
             for n, (start, end) in enumerate(parts):
                 path = job.dir / CHUNKS_DIR / f"{n:05d}.mp4"
@@ -243,8 +243,10 @@ def run_post(checked: CheckedPost, memory, *, cancel=None, outputs: Path, folder
                 job.info["post"]["chunks_done"] = done
                 job.info["sections"] = [{"chunk": n, "frames": end}]        # frames made so far (Past jobs)
                 job.save()
+                ran += 1
                 elapsed = time.monotonic() - t0
-                yield Progress("post-processing", n + 1, len(parts), 1, 1, elapsed, None,
+                eta = (time.monotonic() - t_first) / ran * (len(parts) - n - 1)      # at this run's pace so far
+                yield Progress("post-processing", n + 1, len(parts), 1, 1, elapsed, eta,
                                f"chunk {n + 1} of {len(parts)}: frames {start}–{end - 1} of {plan.out_frames}")
                 yield Preview(frames[-1], n + 1, 1)
         segments = [(job.dir / CHUNKS_DIR / f"{n:05d}.mp4").read_bytes() for n in range(len(parts))]

@@ -189,6 +189,8 @@ def test_a_post_job_writes_its_video_and_exports(tmp_path, source):
     events = _run(checked, tmp_path / "out", folders)
     assert isinstance(events[0], Started) and isinstance(events[-1], Done) and not events[-1].stopped
     assert any(isinstance(e, Preview) for e in events) and any(isinstance(e, Progress) for e in events)
+    etas = [e.eta_s for e in events if isinstance(e, Progress) and e.stage == "post-processing"]
+    assert len(etas) == 2 and etas[0] > 0 and etas[-1] == 0           # each chunk's ETA at the pace so far
     job = events[-1].job_dir
     assert _count(job / "final.mp4") == (23, 128, 96, 60)
     gif = _count(job / "final.gif")
