@@ -187,10 +187,13 @@ class Command:
     @property
     def device(self):
         """--device, checked (memory/device.py): raises InputError naming what is there; else the default."""
-        from memory.device import chosen_device
+        if self.config.device:
+            from memory.device import chosen_device          # torch only: answered before the models' imports
+
+            return chosen_device(self.config.device)
         from memory.manager import default_device
 
-        return chosen_device(self.config.device) if self.config.device else default_device()
+        return default_device()
 
     def open(self):
         """The queue's runner (not started): its jobs run on the farm of --ray/--gpus/--cpu-workers, or here."""

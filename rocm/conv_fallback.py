@@ -442,10 +442,11 @@ class ConvFallback:
 
 
 def _fault(text: str, tier: int, sig: ConvSignature, stage: str | None = None) -> GpuFault:
+    """The advice first (a job's failure shows the first 300 characters), then what faulted."""
     where = f" in {stage}" if stage else ""
-    return GpuFault(f"the GPU faulted while running a convolution{where} ({text[:200]}; tier {tier}, "
-                    f"{sig.short()}). The job stops here; nothing was recorded, so the next job tries this "
-                    "convolution again. If it happens again, check the GPU's driver and run `python -m rocm doctor`")
+    return GpuFault(f"the GPU faulted while running a convolution{where}: the job stops here, nothing was recorded, "
+                    "so the next job tries this convolution again; if it happens again, check the GPU's driver and "
+                    f"run `python -m rocm doctor` ({text[:200]}; tier {tier}, {sig.short()})")
 
 
 def new_conv_fallback() -> ConvFallback:

@@ -38,3 +38,23 @@ def test_every_convolution_of_a_job_goes_through_the_fallback(tiny_original, tmp
     missing = [name for name, shape in convs.items() if f"w {shape}" not in fell_back]
     assert missing == [], f"convolutions that bypassed the fallback: {missing}"
     assert stats.calls_per_op.get("conv2d", {}).get(2, 0) > 0            # SigLIP's patch embedding
+
+
+def test_a_gpu_fault_in_a_convolution_fails_the_job_and_the_next_job_runs(tiny_original, tmp_path):
+    """Issue 40: a transient GPU fault (an 'illegal memory access' in the first convolution) fails that job with a
+    message saying so, records no verdict, and the next job on the same fallback runs every convolution on tier 1."""
+    from pipeline.events import Failed
+
+    fallback = ConvFallback(cache_dir=tmp_path / "verdicts", probe=None,
+                            fault_plan=FaultPlan([Fault(tier=1, kind="illegal_access", times=1)]))
+    request = Request(image=make_image(96, 80), prompt="a lamp flickers", seconds=1.0, steps=1, seed=3,
+                      resolution=64)
+    _, first = run_job(request, tiny_original, tmp_path / "a", memory=MemoryManager(device="cpu",
+                                                                                    conv_fallback=fallback))
+    assert isinstance(first, Failed) and "GPU faulted while running a convolution in VAE encode" in first.message
+    assert "next job tries this convolution again" in first.message
+    _, second = run_job(request, tiny_original, tmp_path / "b", memory=MemoryManager(device="cpu",
+                                                                                     conv_fallback=fallback))
+    assert isinstance(second, Done), getattr(second, "detail", second)
+    stats = fallback.stats()
+    assert set(stats.calls_per_tier) == {1} and not stats.fell_back          # no tier moved, nothing pinned

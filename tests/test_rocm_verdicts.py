@@ -205,7 +205,7 @@ def test_a_gpu_fault_fails_the_call_and_is_never_a_verdict(tmp_path):
     from rocm.errors import GpuFault, classify_error
 
     fb = _fallback(tmp_path, BUILD, [Fault(tier=1, kind="illegal_access", times=1)])
-    with pytest.raises(GpuFault, match="illegal memory access.*next job tries this convolution again"):
+    with pytest.raises(GpuFault, match="next job tries this convolution again.*illegal memory access"):
         _conv(fb)
     assert list(tmp_path.iterdir()) == [] or all(not json.loads(p.read_text()).get("verdicts")
                                                  for p in tmp_path.iterdir())
