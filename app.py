@@ -24,7 +24,7 @@ from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
 from configs.options import outputs_problem  # noqa: E402
 from configs.runtime import Config  # noqa: E402
 from jobs.preflight import preflight_for  # noqa: E402
-from jobs.runner import Runner, exit_code_after, open_runner  # noqa: E402
+from jobs.runner import QueueCaps, Runner, exit_code_after, open_runner  # noqa: E402
 from ui.access import Access  # noqa: E402
 from ui.examples import write_examples  # noqa: E402
 from ui.guard import HeapKeeper, limit_queue_per_client  # noqa: E402
@@ -122,6 +122,7 @@ def build_app(config: Config, runner: Runner | None = None, device=None):
     app.queue(max_size=QUEUE_MAX, default_concurrency_limit=4, api_open=False)
     limit_queue_per_client(app, QUEUED_PER_SESSION, QUEUED_PER_LOGIN, QUEUED_PER_ADDRESS)
     idle_quietly(app)
+    runner.caps = QueueCaps()                         # clients cannot fill the queue on disk (README: Limits)
     app.runner = runner.start()
     return app
 

@@ -129,6 +129,25 @@ def with_new_seed_switch(prepared, value: str):
     return dataclasses.replace(prepared, request=dataclasses.replace(prepared.request, new_seed=value))
 
 
+@dataclass(frozen=True)
+class QueueCaps:
+    """How many jobs may wait in the queue on disk: in all, and of one owner (a login). The app sets them (clients
+    cannot fill the disk queue); the command line has none."""
+    total: int = 1000
+    per_owner: int = 200
+
+    def check(self, store: qs.QueueStore, owner: str | None, adding: int) -> None:
+        """Raises InputError("queue") when `adding` more jobs of `owner` would pass a cap."""
+        waiting = store.entries([qs.WAITING])
+        if len(waiting) + adding > self.total:
+            raise InputError("queue", f"{len(waiting)} jobs are waiting and the queue takes at most {self.total}; "
+                                      f"add these when some have run")
+        mine = sum(1 for e in waiting if e.owner == owner) if owner is not None else 0
+        if mine + adding > self.per_owner:
+            raise InputError("queue", f"you have {mine} jobs waiting and one user may have at most "
+                                      f"{self.per_owner}; add these when some have run")
+
+
 def enqueue(store: qs.QueueStore, preflight, requests: list, *, owner: str | None = None, origin: str = "queue",
             checked: bool = False) -> list[tuple[qs.Entry, Work]]:
     """Check every request (the one pre-flight; `checked`: they are PreparedRequests it passed already) and add
@@ -156,6 +175,7 @@ class Runner:
         self._thread: threading.Thread | None = None
         self._job_threads: dict[str, threading.Thread] = {}     # entry id -> the thread running it here
         self._leased, self._renewed = False, 0.0
+        self.caps: QueueCaps | None = None           # the app's limits on waiting jobs (none: the command line)
 
     @property
     def outputs(self) -> Path:
@@ -177,6 +197,8 @@ class Runner:
             left = self._busy_check(session, job.job_dir if isinstance(job, ResumeRequest) else None)
         if left is not None:                # the folder's entry, left by a runner that is gone: it continues it
             return self._follow(left, Work(left.id, resuming=job, owner=left.owner), session)
+        if self.caps is not None:
+            self.caps.check(self.store, owner, 1)
         if isinstance(job, ResumeRequest):
             entry = self.store.add(job.request.settings(), owner=owner, origin=origin, job_dir=job.job_dir.name)
             work = Work(entry.id, resuming=job, owner=owner)
@@ -189,6 +211,8 @@ class Runner:
                     checked: bool = False) -> list[QueuedJob]:
         """Check every job, then queue them all in this order (InputError: none is queued). `checked`: they are
         PreparedRequests the pre-flight passed already (jobs/jsonl.py prepare_lines)."""
+        if self.caps is not None:
+            self.caps.check(self.store, owner, len(requests))
         return [self._follow(entry, work, None) for entry, work in
                 enqueue(self.store, self.preflight, requests, owner=owner, origin=origin, checked=checked)]
 

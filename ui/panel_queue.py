@@ -211,15 +211,16 @@ class QueuePanel:
         p.timer.tick(self.refresh, p.pick, [p.table, p.pick], show_progress="hidden", concurrency_limit=4,
                      concurrency_id="queue-refresh")
         p.table.select(self.pick_row, None, p.pick, show_progress="hidden", queue=False)
-        p.add.click(self.add, controls, shown, preprocess=False, **quick)
-        p.add_images.click(self.add_images, [p.images, *controls], shown, preprocess=False, **quick)
-        p.import_file.upload(self.import_jsonl, p.import_file, shown, preprocess=False, **quick)
+        adding = {**quick, "concurrency_id": "queue-add"}      # checks images: never holds the others' "queue"
+        p.add.click(self.add, controls, shown, preprocess=False, **adding)
+        p.add_images.click(self.add_images, [p.images, *controls], shown, preprocess=False, **adding)
+        p.import_file.upload(self.import_jsonl, p.import_file, shown, preprocess=False, **adding)
         p.export.click(self.export, None, p.export_file, **quick)
         p.up.click(self.up, p.pick, shown, **quick)
         p.down.click(self.down, p.pick, shown, **quick)
         p.remove.click(self.remove, p.pick, shown, **quick)
         p.clear.click(self.clear_finished, None, shown, **quick)
-        p.save.click(self.save, [p.pick, *controls], shown, preprocess=False, **quick)
+        p.save.click(self.save, [p.pick, *controls], shown, preprocess=False, **adding)
         p.load.click(self.load, p.pick, controls, show_progress="hidden")
 
 

@@ -33,6 +33,7 @@ EXPORT_KEEP_S = 3600            # exported files are deleted after this
 IMAGES_MAX = 32                 # images (jobs) one "one job per image" request may add
 IMPORT_BYTES_MAX = 1 << 20      # a jobs file sent to the app: its size and lines at most (read before parsing)
 IMPORT_LINES_MAX = 500
+LIST_PAGE = 100                 # entries one /queue_list answer holds at most (offset: the next ones)
 QUEUE_ENDPOINTS = ("queue_add", "queue_add_images", "queue_list", "queue_move", "queue_edit", "queue_remove",
                    "queue_import", "queue_export")
 
@@ -61,6 +62,11 @@ class QueueActions:
     def visible(self, user: str | None, statuses=None) -> list[qs.Entry]:
         return [e for e in self.store.entries(statuses) if self.access.sees(user, e.owner)]
 
+    def _room(self, user: str | None, adding: int) -> None:
+        """Refuse (InputError "queue") before any work when `adding` jobs would pass the queue's caps."""
+        if getattr(self.runner, "caps", None) is not None:
+            self.runner.caps.check(self.store, user, adding)
+
     def _queued(self, jobs) -> list[qs.Entry]:
         return [self.store.get(job.entry) for job in jobs]
 
@@ -85,6 +91,7 @@ class QueueActions:
             images = [images] if images else []
         if len(images) > IMAGES_MAX:
             raise InputError("images", f"{len(images)} images; at most {IMAGES_MAX} at once (one job each)")
+        self._room(user, len(images))
         paths = [st.client_file(i, "images") for i in images]
         if not paths or not all(paths):
             raise InputError("images", "upload one or more images: one job is added per image")
@@ -113,6 +120,7 @@ class QueueActions:
             raise InputError("jobs file", f"{lines} lines; a jobs file sent to the app may have at most "
                                           f"{IMPORT_LINES_MAX} (use `python -m cli queue add` for more)")
         jobs = jsonl.read_lines(text, door=doors.queue_copies(self.store, self.access, user))
+        self._room(user, len(jobs))                         # (before any line's images are read)
         prepared = jsonl.prepare_lines(jobs, self.runner.preflight)
         return self._queued(self.runner.submit_many(prepared, owner=user, checked=True))
 
@@ -167,8 +175,11 @@ class QueueActions:
     def remove(self, entry_id, user: str | None = None) -> str:
         return self.runner.stop(self._own(entry_id, user).id)
 
-    def listing(self, user: str | None = None) -> list[dict]:
-        return [e.summary() for e in self.visible(user)]
+    def listing(self, user: str | None = None, offset=0, limit=LIST_PAGE) -> list[dict]:
+        """The user's entries in line order, `limit` (at most LIST_PAGE) from `offset`."""
+        offset = int(offset) if isinstance(offset, (int, float)) and math.isfinite(offset) and offset > 0 else 0
+        limit = int(limit) if isinstance(limit, (int, float)) and math.isfinite(limit) and limit > 0 else LIST_PAGE
+        return [e.summary() for e in self.visible(user)[offset:offset + min(limit, LIST_PAGE)]]
 
     def clear_finished(self, user: str | None = None) -> int:
         """Take the finished, stopped and failed jobs the user may see out of the list (their job folders stay in
@@ -200,18 +211,23 @@ class QueueApi:
             result = gr.JSON(label="result", visible=False)
             export = gr.File(label="queue", visible=False)
         quick = dict(show_progress="hidden", concurrency_limit=2, concurrency_id="queue")
+        # adding checks the jobs' images and files (seconds for large ones): a group of its own, so that it never
+        # holds the list, moves, edits and removes of everyone else
+        adding = dict(show_progress="hidden", concurrency_limit=2, concurrency_id="queue-add")
+        offset = gr.Number(0, label="offset", precision=0, visible=False)
+        limit = gr.Number(LIST_PAGE, label="limit", precision=0, visible=False)
         add = video_endpoint(self.add, table)            # /video's parameters
         add.__name__ = add.__qualname__ = "queue_add"
         add.__doc__ = add.__doc__.replace(VIDEO_DOC, "Add a job to the queue on disk (it runs when the GPU is free); "
                                                      "returns the queued job.")
-        trigger.click(add, controls, result, api_name="queue_add", preprocess=False, **quick)
+        trigger.click(add, controls, result, api_name="queue_add", preprocess=False, **adding)
         trigger.click(self.add_images, [images, settings], result, api_name="queue_add_images", preprocess=False,
-                      **quick)
-        trigger.click(self.listing, None, result, api_name="queue_list", **quick)
+                      **adding)
+        trigger.click(self.listing, [offset, limit], result, api_name="queue_list", **quick)
         trigger.click(self.move, [job, position], result, api_name="queue_move", **quick)
-        trigger.click(self.edit, [job, settings], result, api_name="queue_edit", **quick)
+        trigger.click(self.edit, [job, settings], result, api_name="queue_edit", **adding)   # (its checks)
         trigger.click(self.remove, job, result, api_name="queue_remove", **quick)
-        trigger.click(self.import_jsonl, jobs_file, result, api_name="queue_import", preprocess=False, **quick)
+        trigger.click(self.import_jsonl, jobs_file, result, api_name="queue_import", preprocess=False, **adding)
         trigger.click(self.export_path, None, export, api_name="queue_export", **quick)
 
     def _user(self, request) -> str | None:
@@ -234,9 +250,14 @@ class QueueApi:
 
         return [e.summary() for e in self._call(add)]
 
-    def listing(self, request: gr.Request) -> list[dict]:
-        """The queue: your jobs (every job without logins), in line order."""
-        return self.actions.listing(self._user(request))
+    def listing(self, offset, limit, request: gr.Request) -> list[dict]:
+        """The queue: your jobs (every job without logins), in line order, at most 100 a call.
+
+        Args:
+            offset: how many to skip (0: from the first; 100: the next page)
+            limit: how many at most (up to 100)
+        """
+        return self.actions.listing(self._user(request), offset, limit)
 
     def move(self, job, position, request: gr.Request) -> list[dict]:
         """Put a waiting job at `position` among the waiting jobs (0: first); returns the queue."""
