@@ -4,6 +4,7 @@ name; rename, delete and the page's default; a value this version refuses is lef
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,26 @@ def test_the_command_line_takes_saved_settings_its_options_winning(tmp_path):
     from cli.commands import main
 
     assert main(["generate", "--settings", "missing", "--out", str(tmp_path / "outputs"), "--preset", "tiny"]) == 2
+
+
+def test_the_pages_handlers_round_trip_every_control(tmp_path):
+    """Save from the page's controls (ui/panel_saved.py) and Load: every control comes back as it was, the start
+    image (an upload) by reference; a path that is not an upload is not saved."""
+    from tests.conftest import uploaded
+    from ui import settings as st
+    from ui.panel_saved import SavedSettings
+
+    make_image(64, 64).save(tmp_path / "start.png")
+    start = uploaded(tmp_path / "start.png")
+    values = {**_changed(), "image": start, "end_image": None, "input_video": None}
+    handlers = SavedSettings(tmp_path / "outputs", 640)
+    _, _, note = handlers.save_page(None, "every control", *[values.get(n) for n in st.CONTROLS])
+    assert "Saved **every control**" in note
+    out = handlers.load_page("every control")
+    loaded = dict(zip(st.CONTROLS, out))
+    for name in st.CONTROLS:
+        assert loaded[name] == values.get(name), name
+    _, _, note = handlers.save_page(None, "server path", *[{**values, "image": str(tmp_path / "start.png")}.get(n)
+                                                           for n in st.CONTROLS])
+    assert "Not saved: image (not an upload)" in note
+    assert handlers.api_load("every control")["images"] == {"image": Path(start).name}      # no server path
