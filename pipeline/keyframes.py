@@ -177,7 +177,7 @@ def check_request(settings: dict) -> tuple[Keyframe, ...]:
     """The request checks' hook (pipeline/request.py): the keyframes checked against this request's plan."""
     if not (settings.get("keyframes") or "").strip():
         return ()
-    from pipeline.sections import make_plan        # (torch), as timeline.check_request
+    from pipeline.sections import make_plan  # (torch), as timeline.check_request
 
     plan = make_plan(settings["mode"], settings["seconds"], settings["latent_window"], settings["fps"])
     return check(settings["keyframes"], plan.mode, plan.window, plan.count, settings["fps"])

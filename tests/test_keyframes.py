@@ -18,8 +18,8 @@ import torch
 from common.errors import InputError
 from pipeline import keyframes as kf
 from pipeline import sections as sec
-from pipeline.checkpoint import keyframe_latents, load_checkpoint
 from pipeline.cancel import CancelToken
+from pipeline.checkpoint import keyframe_latents, load_checkpoint
 from pipeline.denoiser import FramepackDenoiser
 from pipeline.events import Done, Progress
 from pipeline.orchestrator import generate
