@@ -154,6 +154,7 @@ class CompiledBlocks:
     def _fall_back(self, cls: type, error: Exception) -> None:
         text = " ".join(str(error).split())[:300] or type(error).__name__
         self.failed = f"{cls.__name__}: {type(error).__name__}: {text}"
+        self.enabled = False                        # eager from here on (no "preparing kernels" for this job)
         log.warning("compiled transformer blocks failed (%s); running them eagerly from here on (the same job, the "
                     "same seed). Remembered for this GPU and PyTorch, so later starts run eagerly at once; "
                     "--no-compile skips compiling altogether, `python -m rocm doctor --reset` tries again",
