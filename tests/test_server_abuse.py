@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 JOB = dict(prompt="a quiet sea", seconds=1.2, steps=2, seed=3)
 SAME_REFUSAL = "only a file uploaded to this app can be used here"
-LATENCY_MAX_S = 1.0
+LATENCY_MAX_S = 1.0     # a live call during the abuse: at most this, or 5x its time before it on a slower machine
 
 
 def _png(width: int, height: int, seed: int = 0) -> bytes:
@@ -177,6 +177,9 @@ def test_hostile_clients_cannot_starve_the_others(app, client, tmp_path):
     time.sleep(3)
     idle_rss = server.memory_info().rss
 
+    # the same live call before the abuse: the bound below is relative to this machine's speed now
+    quiet = min(_ask(url, events["random_seed"], [], "quiet")[0] for _ in range(3))
+    latency_max_s = max(LATENCY_MAX_S, 5 * quiet)
     status, body = fz.upload(url, "big.png", _png(2048, 2048))
     assert status == 200
     big = {"path": json.loads(body)[0], "meta": {"_type": "gradio.FileData"}}
@@ -199,10 +202,10 @@ def test_hostile_clients_cannot_starve_the_others(app, client, tmp_path):
         slow = []
         for _ in range(10):
             seconds, seed = _ask(url, events["random_seed"], [], victim)
-            if not (seconds < LATENCY_MAX_S and isinstance(seed, int)):
+            if not (seconds < latency_max_s and isinstance(seed, int)):
                 slow.append(("random seed", round(seconds, 2), seed))
             seconds, text = _ask(url, events["show_hints"], hint, victim)
-            if not (seconds < LATENCY_MAX_S and isinstance(text, str)):
+            if not (seconds < latency_max_s and isinstance(text, str)):
                 slow.append(("hints", round(seconds, 2), text))
             time.sleep(0.2)
         assert not slow, slow
@@ -210,7 +213,7 @@ def test_hostile_clients_cannot_starve_the_others(app, client, tmp_path):
         # size limits answer at once, naming the limit
         t0 = time.monotonic()
         lora = fz.call(url, events["added"], ["a.safetensors", 1.0, "x.safetensors:1, " * 100_000], session=victim)
-        assert lora.seconds < LATENCY_MAX_S
+        assert lora.seconds < latency_max_s
         many = [handle_file(str(start))] * 33
         assert "at most 32" in _refusal(client, "/queue_add_images", images=many, settings={"prompt": "x"})
         lines = tmp_path / "lines.jsonl"
