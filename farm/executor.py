@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterator
 
-from configs.runtime import Config
+from configs.runtime import Config, WebOptions
 from jobs.split import SplitUnavailable, executor_for
 from pipeline.events import Progress
 from farm.dispatch import Farm
@@ -40,11 +40,13 @@ class FarmExecutor:
 
 def start_farm(config: Config, models=None, *, num_cpus: int | None = None) -> FarmExecutor:
     """Start the farm of the configuration's --ray/--gpus/--cpu-workers (Ray is imported only now). The workers run
-    with this process's Config, its folders made absolute (a worker's working folder is not this process's)."""
+    with this process's Config, its folders made absolute (a worker's working folder is not this process's), without
+    the web server's options (its --auth passwords never travel to a worker)."""
     absolute = dataclasses.replace(config, outputs=config.outputs.resolve(), lora_dir=config.lora_dir.resolve(),
                                    upscaler_dir=config.upscaler_dir.resolve(),
                                    interpolator_dir=config.interpolator_dir.resolve(),
-                                   model_dir=config.model_dir.resolve() if config.model_dir else None)
+                                   model_dir=config.model_dir.resolve() if config.model_dir else None,
+                                   web=WebOptions())        # the server's logins stay in this process
     return FarmExecutor(Farm.start(config.farm, WorkerConfig(absolute), num_cpus=num_cpus), models)
 
 

@@ -298,3 +298,24 @@ def test_the_queue_fills_every_worker_then_waits(tmp_path):
         assert not runner.busy and runner.placements() == {}
     finally:
         runner.close(timeout=30)
+
+
+def test_the_workers_get_the_process_config_with_absolute_folders_and_no_logins(monkeypatch):
+    """farm.executor.start_farm hands each worker the one Config (LoRA folder, cap, compile ...), its folders made
+    absolute, the web server's --auth left behind (no Ray needed to see what it hands over)."""
+    from pathlib import Path
+
+    from configs.runtime import Config, FarmOptions, WebOptions
+    from farm import executor
+
+    handed = []
+    monkeypatch.setattr(executor.Farm, "start", classmethod(lambda cls, options, worker, num_cpus=None:
+                                                            handed.append(worker) or object()))
+    config = Config(preset="tiny", outputs=Path("out"), lora_dir=Path("my-loras"), vram_cap_gb=12.0, compile=False,
+                    farm=FarmOptions(cpu_workers=2), web=WebOptions(auth=(("alice", "secret"),)))
+    executor.start_farm(config)
+    (worker,) = handed
+    given = worker.config
+    assert given.lora_dir == Path("my-loras").resolve() and given.outputs == Path("out").resolve()
+    assert (given.preset, given.vram_cap_gb, given.compile) == ("tiny", 12.0, False)
+    assert given.web == WebOptions()
