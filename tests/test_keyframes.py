@@ -186,3 +186,17 @@ def test_start_and_end_keyframes_are_the_start_and_end_images(images):
     assert prepared.end_image is not None and len(prepared.keyframes) == 1
     with pytest.raises(InputError, match="a start image is given too"):       # both ways: refused, saying so
         prepare(Request.from_mapping({**line, "image": "start.png"}, base=images), 64)
+
+
+def test_reuse_settings_gives_the_keyframes_the_job_folder_kept(first):
+    """Reuse settings of a keyframe job: its times and strengths, with servable copies of the folder's images."""
+    from ui.jobs_gallery import JobEntry
+    from ui.panel_jobs import reused_keyframes
+
+    done, _ = first
+    info = json.loads((done.job_dir / "job.json").read_text())
+    text = reused_keyframes(JobEntry(done.job_dir, info), info["settings"]["keyframes"])
+    items = kf.parse(text)
+    assert [(k.time, k.strength) for k in items] == [(1.5, 1.0), (3.0, 0.5)]
+    assert all(Path(k.image).is_file() and Path(k.image).read_bytes() == (done.job_dir / f"keyframe_{i}.png")
+               .read_bytes() for i, k in enumerate(items, 1))

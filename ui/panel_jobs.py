@@ -16,7 +16,7 @@ import gradio as gr
 
 from common.errors import InputError
 from jobs.doors import admitted
-from pipeline import studio
+from pipeline import keyframes, studio
 from ui import jobs_gallery
 from ui import messages
 from ui import settings as st
@@ -37,6 +37,22 @@ def _markdown_text(text: str) -> str:
 
 
 FILTERS_KEPT = 256          # sessions whose Past jobs filter is remembered (the oldest is forgotten first)
+
+
+def reused_keyframes(entry, text: str) -> str:
+    """A job's keyframes for Reuse settings: the times and strengths of its setting, the images the job folder kept
+    (servable copies: the uploads they were may be gone). Empty when the folder has none."""
+    kept = entry.info.get("keyframes")
+    if not isinstance(kept, list) or not kept or not text:
+        return text if not kept else ""
+    try:
+        items = keyframes.parse(text)
+    except InputError:
+        return ""
+    files = [published(entry.dir / str(k.get("file", ""))) if isinstance(k, dict) else None for k in kept]
+    if len(files) != len(items) or not all(files):
+        return ""
+    return keyframes.with_images(items, files)
 
 
 class JobsPanel:
@@ -103,6 +119,7 @@ class JobsPanel:
         if entry is None:
             raise gr.Error("Select a job in the gallery first.")
         values = st.values_from_settings(entry.settings, self.ctx.default_resolution)
+        values["keyframes"] = reused_keyframes(entry, values.get("keyframes", ""))
         values["image"] = published(entry.original_image or entry.input_image)
         values["end_image"] = published(entry.original_end_image or entry.end_image)
         for name in st.IMAGES:          # the other uploads (the video to extend) are not reused: chosen afresh
