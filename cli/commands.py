@@ -40,9 +40,12 @@ STOP_SIGNALS = ("SIGINT", "SIGTERM")      # Ctrl-C, and what a service manager o
 FOLLOW_S = 1.0              # how often a job run by another process is looked at in the queue
 
 # The option (and the batch file's key) that sets each field a request check can name (configs/controls.py).
-OPTION_OF_FIELD = {**{c.field_name: c.option for c in CONTROLS if c.option},
+# A check may name a field by its label ("LoRAs", pipeline/lora.py); a repeated option by the spelling given once per
+# value (--lora a.safetensors --lora b.safetensors).
+OPTION_OF_FIELD = {**{name: (c.cli_aliases[0] if c.repeat and c.cli_aliases else c.option)
+                      for c in CONTROLS if c.option for name in (c.label, c.field_name) if name},
                    "host RAM": "--host-ram-gb"}
-KEY_OF_FIELD = {c.field_name: c.name for c in CONTROLS}
+KEY_OF_FIELD = {name: c.name for c in CONTROLS for name in (c.label, c.field_name) if name}
 
 
 def cli_message(error, names: dict[str, str]) -> str:

@@ -157,7 +157,8 @@ def _number(name: str, value, kind, lo, hi):
             raise InputError(name, f"{text} must be a whole number")
         v = int(value) if isinstance(value, int) else int(v)
     if not lo <= v <= hi:
-        raise InputError(name, f"{text} is out of range; use a value between {lo:g} and {hi:g}")
+        bound = (lambda x: str(int(x))) if kind is int else (lambda x: f"{x:g}")    # whole numbers in full: 2**63-1
+        raise InputError(name, f"{text} is out of range; use a value between {bound(lo)} and {bound(hi)}")
     return v
 
 

@@ -73,6 +73,10 @@ def resume_request(job_dir: Path) -> tuple[Request, dict]:
     if info.get("status") == "done" and not incomplete(job_dir, info):
         raise AlreadyComplete(job_dir, info.get("final"))
     checkpoint_problem(job_dir)
+    if not (job_dir / "input.png").is_file():    # the job's own start image (not the user's --image): its file named
+        uploads = sorted(p.name for p in job_dir.glob("upload.*"))
+        raise InputError("job folder", f"{job_dir / 'input.png'} is missing (the job's prepared start image); put it "
+                                       f"back, or start a new job" + (f" from {job_dir / uploads[0]}" if uploads else ""))
     end = job_dir / "end.png"
     given = {}
     if isinstance(info.get("keyframes"), list) and settings.get("keyframes"):     # the folder's copies

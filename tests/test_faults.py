@@ -132,3 +132,32 @@ def test_resuming_a_job_that_runs_is_one_line(image, tmp_path):
     assert r.stderr.strip().splitlines() == [
         f"error: job folder: job {job.name} is already running or waiting to run; wait for it to end, or stop it "
         f"where it runs"]
+
+
+# ---- item 6: small ones -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, line", [
+    (["--seed", "-1"], "error: --seed: -1 is out of range; use a value between 0 and 9223372036854775807"),
+    (["--lora", "nope.safetensors"], "error: --lora: nope.safetensors: no such file (looked in "),
+])
+def test_messages_name_the_option_and_whole_bounds(image, tmp_path, argv, line):
+    r = cli("generate", "--image", image, *JOB, *argv, "--lora-dir", tmp_path / "loras", "--out", tmp_path / "out",
+            "-q")
+    assert r.returncode == 2
+    (said,) = r.stderr.strip().splitlines()
+    assert said.startswith(line), said
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_input_png_is_named_not_blamed_on_image(image, tmp_path):
+    out = tmp_path / "out"
+    proc = shared().start("generate", "--image", image, *JOB, "--out", out, "-q", separate=True, env=_env(),
+                          kill_at=KillAt("pipeline.orchestrator:save_checkpoint", 1, after=True))
+    proc.join(300)
+    job = job_folder(out)
+    (job / "input.png").unlink()
+    assert (job / "upload.png").is_file()
+    r = cli("resume", job)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"error: job folder: {job / 'input.png'} is missing (the job's prepared start image); put it back, or start "
+        f"a new job from {job / 'upload.png'}"]
