@@ -450,9 +450,7 @@ def read_batch(path: Path, prepare) -> tuple[list[tuple[int, object]], list[tupl
             continue
         try:
             if is_post(obj):            # a post job: {"kind": "post", "source": "a.mp4", "steps": [...], ...}
-                sources = obj.get("sources") or [obj.get("source")]
-                sources = [str(path.parent / s) if isinstance(s, str) else s for s in sources]
-                jobs.append((number, post_request_from({**obj, "sources": sources, "source": None})))
+                jobs.append((number, post_request_from(obj, base=path.parent)))
                 continue
             jobs.append((number, prepare(Request.from_mapping(obj, base=path.parent))))
         except InputError as e:

@@ -27,6 +27,7 @@ from jobs import jsonl
 from jobs.doors import LOCAL
 from jobs import store as qs
 from jobs.runner import enqueue, with_new_seed_switch
+from post.steps import is_post
 from pipeline import studio
 from pipeline.request import Request
 
@@ -143,9 +144,11 @@ def main(argv: list[str] | None = None) -> int:
                 return EXIT_INPUT
             prepared = jsonl.prepare_lines(jsonl.read_lines(text, door=LOCAL), preflight, args.jobs.resolve().parent)
             if args.new_seed is not None:
-                prepared = [with_new_seed_switch(p, args.new_seed) for p in prepared]
+                prepared = [p if is_post(p.request.settings()) else with_new_seed_switch(p, args.new_seed)
+                            for p in prepared]
             for entry, _ in enqueue(store, preflight, prepared, origin="queue", checked=True):
-                print(f"added {entry.id}: {str(entry.settings.get('prompt', ''))[:60]!r}")
+                what = entry.settings.get("prompt") or " ".join(map(str, entry.settings.get("steps") or []))
+                print(f"added {entry.id}: {str(what)[:60]!r}")
         elif args.action == "move":
             for entry in store.move(args.id, args.position):
                 print(_line(entry))

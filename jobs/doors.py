@@ -13,6 +13,9 @@ and LoRA files. Whoever sends them — the page's Start, the /video API, /queue_
    and becomes the video to extend;
 4. LoRAs are names of files in the LoRA folder, unless the door takes paths (the command line only).
 
+A post-processing job's line (`"kind": "post"`, post/steps.py) names its videos as "sources" (or "source"): each one
+is given to the door's `file` rule the same way.
+
 A door refuses with an InputError naming the field, before anything reads the file.
 """
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Callable, Mapping
 from common.errors import InputError
 from configs.controls import CONTROLS, Control
 from pipeline import keyframes
+from post.steps import is_post, source_values
 
 JOB_FIELD = "job to extend"
 
@@ -85,6 +89,10 @@ def admitted(values: Mapping[str, Any], door: Door, table: tuple[Control, ...] =
                                         "remove the others")
         out["input_video"] = str(door.job(out["source_job"], JOB_FIELD))
         out["source_job"] = ""
+    if is_post(out):                            # a post job's videos (post/steps.py): files like any other
+        video = next(c for c in table if c.name == "input_video")
+        out["sources"] = [door.file(video, s) for s in source_values(out)]
+        out.pop("source", None)
     if "loras" in names and _given(out.get("loras")) and not door.lora_paths:
         names_only(out["loras"])                # LoRA files by their names in the LoRA folder, never a path
     return out

@@ -10,6 +10,7 @@ from typing import Any, Iterator, Mapping
 from common.errors import InputError
 from common.files import file_sha256
 from jobs.doors import Door, admitted
+from post.steps import is_post, request_from as post_request
 
 # (control, the name of its copy in the queue): the job's files, copied into the queue's folder when it is added
 IMAGE_FIELDS = (("image", "start"), ("end_image", "end"), ("input_video", "video"))
@@ -79,14 +80,15 @@ def read_lines(text: str, *, door: Door) -> list[tuple[int, dict]]:
 
 def prepare_lines(lines: list[tuple[int, dict]], preflight, base: Path | None = None) -> list:
     """Each line's job checked by the one pre-flight (jobs/preflight.py), all of them before any is queued:
-    [PreparedRequest]. `base`: relative file paths are relative to it (a jobs file's folder). Raises InputError
+    [PreparedRequest, or a post job's CheckedPost]. `base`: relative file paths are relative to it (a jobs file's folder). Raises InputError
     naming the first bad line and its field."""
     from pipeline.request import Request
 
     prepared = []
     for number, values in lines:
         try:
-            prepared.append(preflight.prepare(Request.from_mapping(values, base=base)))
+            request = post_request(values, base) if is_post(values) else Request.from_mapping(values, base=base)
+            prepared.append(preflight.prepare(request))
         except InputError as e:
             raise InputError(f"line {number}", f"{e.field}: {e.message}") from None
     return prepared

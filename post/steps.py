@@ -143,12 +143,18 @@ def is_post(values) -> bool:
     return isinstance(values, dict) and values.get("kind") == "post"
 
 
-def request_from(values: dict) -> PostRequest:
-    """A PostRequest from its values (the API's JSON, a batch line, job.json's settings, the queue's entry): every
-    field checked, InputError naming it."""
+def source_values(values: dict) -> list:
+    """The sources a post job's values name ("sources": a list or one; or "source"), as given."""
     sources = values.get("sources") or ([values["source"]] if values.get("source") else [])
-    if isinstance(sources, (str, Path)):
-        sources = [sources]
+    return [sources] if isinstance(sources, (str, Path)) else list(sources)
+
+
+def request_from(values: dict, base: Path | None = None) -> PostRequest:
+    """A PostRequest from its values (the API's JSON, a batch line, job.json's settings, the queue's entry): every
+    field checked, InputError naming it. `base`: relative source paths are relative to it (a jobs file's folder)."""
+    sources = source_values(values)
+    if base is not None:
+        sources = [str(Path(base) / s) if isinstance(s, str) and not Path(s).is_absolute() else s for s in sources]
     if not sources:
         raise InputError("video", "give the video to work on (a finished job, a Past jobs entry or a file)")
     steps = values.get("steps") or []

@@ -344,3 +344,28 @@ def test_a_post_job_stopped_in_the_queue_resumes_from_past_jobs_to_the_same_byte
         assert (stopped.job_dir / "final.mp4").read_bytes() == (whole.job_dir / "final.mp4").read_bytes()
     finally:
         runner.close()
+
+
+def test_post_lines_pass_the_doors_and_queue_add(tmp_path, source, capsys):
+    """A jobs file's post line: its videos go through the door's file rule like any file (the app's doors refuse a
+    server path), and `python -m cli queue add` queues it checked by the one pre-flight."""
+    import json
+    import shutil
+
+    from cli.queue import main as queue_main
+    from jobs import store as qs
+    from jobs.doors import admitted
+    from ui.access import Access
+    from ui.doors import client
+
+    line = {"kind": "post", "source": "clip.mp4", "steps": ["interpolate=2"], "export": "gif"}
+    with pytest.raises(InputError) as e:
+        admitted({**line, "source": str(source)}, client(Access(), None, tmp_path))
+    assert e.value.field == "video" and "only a file uploaded to this app" in str(e.value)
+    shutil.copy(source, tmp_path / "clip.mp4")
+    (tmp_path / "jobs.jsonl").write_text(json.dumps(line) + "\n")
+    out = tmp_path / "out"
+    assert queue_main(["add", str(tmp_path / "jobs.jsonl"), "--outputs", str(out), "--preset", "tiny"]) == 0
+    assert "'interpolate=2'" in capsys.readouterr().out
+    (entry,) = qs.QueueStore.open(out)[0].entries()
+    assert entry.settings["kind"] == "post" and entry.settings["sources"] == [str(tmp_path / "clip.mp4")]
