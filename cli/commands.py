@@ -346,7 +346,7 @@ class Command:
                         bar.refresh()
                     elif isinstance(ev, SectionVideo):
                         bar.write(f"section {ev.section}/{ev.sections}: {ev.frames} frames -> {ev.path}")
-                    elif isinstance(ev, LogLine) and ev.level != "info":
+                    elif isinstance(ev, LogLine) and ev.level == "warning":     # an error: the end says it
                         bar.write(f"{ev.level}: {ev.message}")
                     elif isinstance(ev, WorkerLine):          # which farm worker runs it (farm/dispatch.py)
                         bar.write(ev.message, file=sys.stderr)
