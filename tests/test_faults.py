@@ -161,3 +161,23 @@ def test_a_missing_input_png_is_named_not_blamed_on_image(image, tmp_path):
     assert r.stderr.strip().splitlines() == [
         f"error: job folder: {job / 'input.png'} is missing (the job's prepared start image); put it back, or start "
         f"a new job from {job / 'upload.png'}"]
+
+
+def test_the_app_with_a_read_only_outputs_folder_says_one_line(tmp_path, caplog):
+    """Before: the app died at its start with a traceback."""
+    import logging
+
+    import app
+    from tests.server_helpers import free_port
+
+    out = tmp_path / "readonly"
+    undo = _read_only(out)
+    try:
+        with caplog.at_level(logging.ERROR):
+            code = app.main(["--preset", "tiny", "--outputs", str(out), "--port", str(free_port())])
+    finally:
+        undo()
+    why = "Read-only file system" if os.geteuid() == 0 else "Permission denied"
+    assert code == 2
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+        f"--outputs: cannot write in {out} ({why}); give a folder you can write to"]
