@@ -36,8 +36,7 @@ from farm.executor import queue_executor  # noqa: E402
 
 log = logging.getLogger("steadyframe.app")
 QUEUE_MAX = 64          # events waiting in Gradio's queue at most (one GPU job runs at a time)
-QUEUED_PER_SESSION = 8  # ... of one page or API client, one login, one remote address (ui/guard.py)
-QUEUED_PER_LOGIN = 16
+QUEUED_PER_LOGIN = 16   # ... of one login, or one address (this computer's too; ui/guard.py client_key)
 QUEUED_PER_ADDRESS = 16
 QUEUE_POLL_S = 0.1     # how often Gradio's queue looks for new events when it has none (its own default: 1 ms)
 PROGRESS_POLL_S = 0.25  # how often it sends pending progress (its own default: 10 ms)
@@ -97,7 +96,7 @@ def build_app(config: Config, runner: Runner | None = None, device=None):
                           notice=notice or None, preserved_max_gb=top, examples=examples, lora_dir=config.lora_dir)
         access = Access.of(config.web.auth, config.web.admins)
         keeper = HeapKeeper()
-        live, quick = AppContext.guards(keeper)
+        live, quick = AppContext.guards(keeper, forwarded=config.web.share)
         ctx = AppContext(config, preset, device, outputs, runner, ui, top, live, quick,
                          TokenCounter(preset, config.model_dir), access, public, keeper)
         panel_controls.wire(app, ctx)
@@ -120,7 +119,7 @@ def build_app(config: Config, runner: Runner | None = None, device=None):
     hide_ui_endpoints(app, PUBLIC_ENDPOINTS + QUEUE_ENDPOINTS + panel_saved.ENDPOINTS)
     # api_open=False: queued events (jobs, gallery) cannot be called around the queue and its limits
     app.queue(max_size=QUEUE_MAX, default_concurrency_limit=4, api_open=False)
-    limit_queue_per_client(app, QUEUED_PER_SESSION, QUEUED_PER_LOGIN, QUEUED_PER_ADDRESS)
+    limit_queue_per_client(app, QUEUED_PER_LOGIN, QUEUED_PER_ADDRESS, forwarded=config.web.share)
     idle_quietly(app)
     runner.caps = QueueCaps()                         # clients cannot fill the queue on disk (README: Limits)
     app.runner = runner.start()

@@ -85,3 +85,81 @@ def test_checking_added_jobs_never_holds_the_queue_group(tmp_path, tiny_original
             for job in held:
                 job.result(timeout=60)
             client.close()
+
+
+def test_a_client_is_its_login_or_its_address_never_its_session_id():
+    from types import SimpleNamespace as NS
+
+    from ui.guard import client_key
+
+    def req(host, session="s1", username=None, **headers):
+        return NS(client=NS(host=host), session_hash=session, username=username, headers=headers)
+
+    assert client_key(req("10.0.0.5", "a")) == client_key(req("10.0.0.5", "b")) == "address 10.0.0.5"
+    assert client_key(req("10.0.0.5", username="alice")) == client_key(req("10.0.0.9", username="alice"))
+    tunnel = req("127.0.0.1", **{"x-forwarded-for": "203.0.113.7, 10.1.1.1"})
+    assert client_key(tunnel) == "address 127.0.0.1"                           # without --share: not trusted
+    assert client_key(tunnel, forwarded=True) == "address 203.0.113.7"        # --share: the visitor's address
+    assert client_key(req("10.0.0.5", **{"x-forwarded-for": "1.2.3.4"}), forwarded=True) == "address 10.0.0.5"
+
+
+def test_fresh_session_ids_neither_get_more_slots_nor_grow_the_guard():
+    from types import SimpleNamespace as NS
+
+    from ui.guard import KEPT_SESSIONS_MAX, HandlerGuard
+
+    guard = HandlerGuard(limit=8, per_session=1)
+    inside, release = threading.Event(), threading.Event()
+
+    def hint(x):
+        inside.set()
+        release.wait(10)
+        return x
+
+    wrapped = guard.wrap(hint, lambda: "busy", latest_wins=True)
+    client = NS(client=NS(host="10.0.0.5"), username=None, headers={})
+    first = threading.Thread(target=wrapped, args=(1, NS(**vars(client), session_hash="s0")))
+    first.start()
+    assert inside.wait(10)
+    answers = [wrapped(2, NS(**vars(client), session_hash=f"fresh-{n}")) for n in range(KEPT_SESSIONS_MAX * 4)]
+    assert set(answers) == {"busy"}                  # one call of this client at a time, whatever its session ids
+    newest, _ = wrapped.kept
+    assert len(newest) <= KEPT_SESSIONS_MAX          # what it keeps of refused calls is bounded
+    other = NS(client=NS(host="10.0.0.6"), username=None, headers={}, session_hash="x")
+    plain = guard.wrap(lambda x: x, lambda: "busy")
+    assert plain(3, other) == 3                      # another client has its own slot
+    release.set()
+    first.join(10)
+
+
+def test_fresh_session_ids_do_not_raise_a_clients_queue_limit(tmp_path, tiny_original):
+    import json
+
+    from tests import fuzz_helpers as fz
+
+    picture = tmp_path / "in.png"
+    make_image(96, 80).save(picture)
+    with launched(tmp_path / "outputs", tiny_original) as server:
+        api = {fn.api_name: fn.fn for fn in server.blocks.fns.values()}
+        actions = api["queue_add_images"].__self__.actions
+        release = threading.Event()
+        actions.add_images = lambda images, values, user=None: (release.wait(30), [])[1]
+        event, = (e for e in fz.events(server.url) if e.name == "queue_add_images")
+        status, body = fz.upload(server.url, "in.png", picture.read_bytes())
+        image = {"path": json.loads(body)[0], "meta": {"_type": "gradio.FileData"}}
+        codes = []
+        try:
+            for n in range(24):                                  # a new session id for each call
+                payload = fz.encode({"data": [[image], {}], "fn_index": event.fn_index, "session_hash": f"s{n}",
+                                     "event_data": None, "trigger_id": None})
+                codes.append(fz._post(server.url + "gradio_api/queue/join", payload, 30))
+        finally:
+            release.set()
+        refused = [text for code, text in codes if code != 200]
+        assert len(refused) == 24 - 16 and all("Too many requests" in text for text in refused), codes[-3:]
+        # a request body other than an upload is capped (a 20 MB prompt is refused before it is read whole)
+        huge = fz.encode({"data": ["x" * (3 << 20)], "fn_index": event.fn_index, "session_hash": "big",
+                          "event_data": None, "trigger_id": None})
+        status, text = fz._post(server.url + "gradio_api/queue/join", huge, 30)
+        assert status == 413 and "request body over 1 MB" in text
+        assert fz._post(server.url + "gradio_api/queue/join", payload, 30)[0] in (200, 503)    # still serving

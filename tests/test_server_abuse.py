@@ -220,13 +220,14 @@ def test_hostile_clients_cannot_starve_the_others(app, client, tmp_path):
         lines.write_text('{"prompt": "x"}\n' * 600)
         assert "at most 500" in _refusal(client, "/queue_import", jobs_file=handle_file(str(lines)))
         assert time.monotonic() - t0 < 30
-        # one page cannot fill Gradio's queue: its events beyond 8 waiting are refused
+        # one client cannot fill Gradio's queue, however many session ids it makes up: its events beyond 16
+        # waiting or running (this address's) are refused
         status, body = fz.upload(url, "bomb.png", _zeros_png(8192))       # slow to check: 67 Mpixels to decode
         bomb = {"path": json.loads(body)[0], "meta": {"_type": "gradio.FileData"}}
         check = events["check_image"]
-        flood = fz.encode({"data": [bomb], "fn_index": check.fn_index, "session_hash": "flooder",
-                           "event_data": None, "trigger_id": None})
-        codes = [fz._post(url + "gradio_api/queue/join", flood, 30) for _ in range(12)]
+        codes = [fz._post(url + "gradio_api/queue/join", fz.encode({
+            "data": [bomb], "fn_index": check.fn_index, "session_hash": f"flooder-{n}", "event_data": None,
+            "trigger_id": None}), 30) for n in range(24)]
         refused = [body for code, body in codes if code != 200]
         assert refused and all("Too many requests" in body for body in refused), codes
         _, summary = job.result(timeout=300)

@@ -39,10 +39,10 @@ class AppContext:
     keeper: HeapKeeper | None = None   # gives the heap back after bursts (ui/guard.py)
 
     @staticmethod
-    def guards(keeper: HeapKeeper | None = None) -> tuple[HandlerGuard, HandlerGuard]:
-        """(live, quick): the guards of the expensive and the cheap un-queued handlers."""
-        return (HandlerGuard(LIVE_CALLS_MAX, 1, keeper),
-                HandlerGuard(QUICK_CALLS_MAX, QUICK_CALLS_PER_SESSION, keeper))
+    def guards(keeper: HeapKeeper | None = None, forwarded: bool = False) -> tuple[HandlerGuard, HandlerGuard]:
+        """(live, quick): the guards of the expensive and the cheap un-queued handlers (`forwarded`: --share)."""
+        return (HandlerGuard(LIVE_CALLS_MAX, 1, keeper, forwarded),
+                HandlerGuard(QUICK_CALLS_MAX, QUICK_CALLS_PER_SESSION, keeper, forwarded))
 
     @property
     def default_resolution(self) -> int:

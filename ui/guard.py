@@ -2,13 +2,14 @@
 
 - `HandlerGuard`: the page's un-queued handlers (live hints, the memory plan, the token count, End, the random seed,
   the LoRA picker) bypass Gradio's queue, so nothing else stops a client from starting as many at once as it likes.
-  A guarded handler runs at most `limit` calls at a time, and at most `per_session` of one browser tab or API
-  client; a call beyond that returns its `busy` answer at once instead of waiting for a thread. Cheap handlers and
+  A guarded handler runs at most `limit` calls at a time, and at most `per_session` of one client (`client_key`:
+  its login, else its address; never the session id Gradio lets a client choose); a call beyond that returns its
+  `busy` answer at once instead of waiting for a thread. What it keeps of refused calls is bounded and expires. Cheap handlers and
   expensive ones have guards of their own (ui/context.py), so a client hammering the memory plan never makes
   another client's hints or random seed wait.
 - `limit_queue_per_client`: the queued handlers (jobs, uploads' checks, the queue panel) wait in Gradio's queue;
-  one client (one session, one login, one network address other than this computer) may have only so many events
-  in it at once, so no client can fill it for the others.
+  one client (`client_key`: one login, else one address, this computer's too) may have only so many events in it
+  at once, so no client can fill it for the others, however many session ids it makes up.
 - `HeapKeeper`: after a burst of work the C heap keeps the memory the handlers' threads freed; it is given back to
   the OS once the burst is over.
 
@@ -22,16 +23,47 @@ import inspect
 import ipaddress
 import logging
 import threading
+import time
+from collections import OrderedDict
 from typing import Callable
 from rocm.allocator import release_host_heap
 
 log = logging.getLogger(__name__)
 
 
+KEPT_SESSIONS_MAX = 256          # refused calls' values kept for re-running (latest_wins), at most ...
+KEPT_S = 60.0                    # ... and for at most this long
+
+
+def client_key(request, username: str | None = None, *, forwarded: bool = False) -> str:
+    """Who a request comes from, as far as the server can tell: its login when there is one, else the address of
+    its connection; with --share (`forwarded`), a connection from this computer (the share tunnel) is keyed by the
+    address the tunnel forwards (X-Forwarded-For). Never Gradio's session_hash: a client chooses that."""
+    username = username if username is not None else getattr(request, "username", None)
+    if isinstance(username, str) and username:
+        return f"login {username}"
+    host = getattr(getattr(request, "client", None), "host", None)
+    if forwarded and _is_loopback(host):
+        headers = getattr(request, "headers", None)
+        given = headers.get("x-forwarded-for") if hasattr(headers, "get") else None
+        if isinstance(given, str) and given.strip():
+            return f"address {given.split(',')[0].strip()[:64]}"
+    return f"address {host}"
+
+
+def _is_loopback(host) -> bool:
+    try:
+        return host is not None and ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 class HandlerGuard:
-    def __init__(self, limit: int = 2, per_session: int = 1, keeper: "HeapKeeper | None" = None):
+    def __init__(self, limit: int = 2, per_session: int = 1, keeper: "HeapKeeper | None" = None,
+                 forwarded: bool = False):
         self.limit, self.per_session = limit, per_session
         self.keeper = keeper
+        self.forwarded = forwarded              # --share: clients through the tunnel keyed by the forwarded address
         self._lock = threading.Lock()
         self._running = 0
         self._sessions: dict[str, int] = {}
@@ -75,33 +107,47 @@ class HandlerGuard:
         # Gradio passes a gr.Request to a positional parameter annotated so: one more, after fn's own
         extra = inspect.Parameter("guard_request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
                                   annotation=gr.Request)
-        newest: dict[str, tuple] = {}         # session -> the values of its latest refused call
+        newest: OrderedDict = OrderedDict()   # session -> (when, the values of its latest refused call): bounded
         running: set[str] = set()              # sessions with a call of this handler running (latest_wins)
+
+        def keep(session, values) -> None:     # (under the lock) the newest refused values, bounded and expiring
+            newest[session] = (time.monotonic(), values)
+            newest.move_to_end(session)
+            while len(newest) > KEPT_SESSIONS_MAX or \
+                    (newest and time.monotonic() - next(iter(newest.values()))[0] > KEPT_S):
+                newest.popitem(last=False)
+
+        def later_values(session):
+            kept = newest.pop(session, None)
+            return None if kept is None or time.monotonic() - kept[0] > KEPT_S else kept[1]
+
+        guarded_state = (newest, running)
 
         @functools.wraps(fn)
         def guarded(*args, **kwargs):
             request = args[takes] if len(args) > takes else kwargs.pop("guard_request", None)
             session = getattr(request, "session_hash", None)
+            client = client_key(request, forwarded=self.forwarded) if request is not None else None
             values = (args[:takes], kwargs)
             follows = bool(latest_wins and session)
             if follows:
                 with self._lock:
                     if session in running:                # answered by the call that runs
-                        newest[session] = values
+                        keep(session, values)
                         return busy()
                     running.add(session)
                     newest.pop(session, None)              # this call is newer than any refused before it
-            if not self._enter(session):
+            if not self._enter(client):
                 if follows:
                     with self._lock:
                         running.discard(session)
-                        newest[session] = values           # the session's next call supersedes it
+                        keep(session, values)             # the session's next call supersedes it
                 return busy()
             try:
                 result = fn(*values[0], **values[1])
                 while follows:
                     with self._lock:
-                        later = newest.pop(session, None)
+                        later = later_values(session)
                         if later is None:
                             running.discard(session)
                             break
@@ -111,8 +157,9 @@ class HandlerGuard:
                 if follows:
                     with self._lock:
                         running.discard(session)
-                self._leave(session)
+                self._leave(client)
 
+        guarded.kept = guarded_state                    # (for tests: what it holds)
         guarded.__signature__ = inspect.Signature([*params, extra])
         guarded.__annotations__ = {**getattr(fn, "__annotations__", {}), "guard_request": gr.Request}
         return guarded
@@ -141,38 +188,25 @@ class HeapKeeper:
         self.trims += 1
 
 
-def _client_address(request) -> str | None:
-    """The address of a remote client (None for this computer: every local client shares it, a --share tunnel
-    too, so it says nothing about who is asking)."""
-    host = getattr(getattr(request, "client", None), "host", None)
-    try:
-        return None if host is None or ipaddress.ip_address(host).is_loopback else host
-    except ValueError:
-        return host
-
-
-def limit_queue_per_client(blocks, per_session: int, per_login: int, per_address: int) -> None:
+def limit_queue_per_client(blocks, per_login: int, per_address: int, *, forwarded: bool = False) -> None:
     """Refuse a new event (HTTP 503, Gradio's "queue full" answer, with a message naming the limit) from a client
-    that already has as many waiting or running in Gradio's queue. Gradio 6.31 has no such limit of its own: this
-    wraps `blocks._queue.push`, the one entry of every queued call, and fails loudly if that is gone."""
+    (`client_key`: its login, else its address; with --share the forwarded one) that already has as many waiting or
+    running in Gradio's queue. Gradio 6.31 has no such limit of its own: this wraps `blocks._queue.push`, the one
+    entry of every queued call, and fails loudly if that is gone."""
     queue = blocks._queue
     push = queue.push
     if not inspect.iscoroutinefunction(push) or not hasattr(queue, "event_ids_to_events"):
         raise RuntimeError("Gradio's queue has changed: the per-client limit (ui/guard.py) cannot be applied")
 
     async def limited(body, request, username):
-        session, address = getattr(body, "session_hash", None), _client_address(request)
-        sessions = logins = addresses = 0
-        for event in list(queue.event_ids_to_events.values()):
-            sessions += session is not None and event.session_hash == session
-            logins += username is not None and event.username == username
-            addresses += address is not None and _client_address(event.request) == address
-        for count, limit, who in ((sessions, per_session, "this page (or API client)"),
-                                  (logins, per_login, "this login"), (addresses, per_address, "this address")):
-            if count >= limit:
-                log.info("refused a queued call: %s has %d waiting or running (limit %d)", who, count, limit)
-                return False, (f"Too many requests at once: {who} already has {count} waiting or running (at most "
-                               f"{limit}); wait for them to finish."), "queue_full"
+        who = client_key(request, username, forwarded=forwarded)
+        count = sum(client_key(event.request, event.username, forwarded=forwarded) == who
+                    for event in list(queue.event_ids_to_events.values()))
+        limit, named = (per_login, "this login") if who.startswith("login ") else (per_address, "this address")
+        if count >= limit:
+            log.info("refused a queued call: %s has %d waiting or running (limit %d)", who, count, limit)
+            return False, (f"Too many requests at once: {named} already has {count} waiting or running (at most "
+                           f"{limit}); wait for them to finish."), "queue_full"
         return await push(body, request, username)
 
     queue.push = limited

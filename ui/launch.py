@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from starlette.middleware import Middleware
+
 from configs import LIMITS, MEMORY
 from configs.options import OneLineParser, add_process_options, add_web_options, config_from
 from configs.presets import get_preset
@@ -92,6 +94,56 @@ def host_budget_problem(config: Config, device_type: str) -> str | None:
     return None
 
 
+BODY_BYTES_MAX = 1 << 20        # a request's body other than an upload (JSON of a call: settings, prompts, LoRAs)
+
+
+class BodyCap:
+    """ASGI middleware: a request body over `limit` bytes, other than an upload (multipart, which Gradio bounds by
+    max_file_size), is answered 413 before it is read whole; the body is counted as it arrives, so a missing or
+    false Content-Length does not pass either. Own code: Starlette and FastAPI have no body limit of their own."""
+
+    def __init__(self, app, limit: int = BODY_BYTES_MAX):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope.get("type") != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.lower(): v for k, v in scope.get("headers") or ()}
+        if headers.get(b"content-type", b"").startswith(b"multipart/form-data"):
+            return await self.app(scope, receive, send)
+        try:
+            declared = int(headers.get(b"content-length", b"0"))
+        except ValueError:
+            declared = 0
+        if declared > self.limit:
+            return await self._refuse(send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            if message.get("type") == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await self._refuse(send)
+
+    async def _refuse(self, send):
+        body = (f'{{"error": "request body over {self.limit >> 20} MB; upload files as files"}}').encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
 @dataclass(frozen=True)
 class LaunchOptions:
     server_name: str
@@ -118,7 +170,8 @@ class LaunchOptions:
                 # Gradio's own start-up prints (its URL, "To create a public link, set `share=True` in `launch()`")
                 # name its API, not ours: the app logs the address and the public link itself (--share)
                 "quiet": True,
-                "app_kwargs": {"lifespan": cleanup_lifespan(self.temp_max_age_s)}}
+                "app_kwargs": {"lifespan": cleanup_lifespan(self.temp_max_age_s),
+                               "middleware": [Middleware(BodyCap)]}}      # (starlette: Gradio's)
 
 
 def port_problem(host: str, port: int | None) -> str | None:
