@@ -50,7 +50,8 @@ class Farm:
     # ---- starting -------------------------------------------------------------------------------------------------
     @classmethod
     def start(cls, options: FarmOptions, config: WorkerConfig, *, num_cpus: int | None = None) -> "Farm":
-        """Join the cluster of --ray, or start a local Ray for --gpus/--cpu-workers; one worker per GPU."""
+        """Join the cluster of --ray, or start a local Ray for --gpus/--cpu-workers; one worker per GPU (per
+        --gpus-per-job GPUs: each job of a worker split over its GPUs, jobs/split.py)."""
         try:
             import ray
         except ImportError:
@@ -59,22 +60,26 @@ class Farm:
 
         env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
                                                           if p)}}
+        per = config.config.gpus_per_job           # --gpus-per-job: a worker owns that many GPUs (jobs/split.py)
+        if options.gpus and len(options.gpus) % per:
+            raise RuntimeError(f"--gpus {','.join(map(str, options.gpus))} --gpus-per-job {per}: {len(options.gpus)} "
+                               f"GPUs do not make workers of {per}; list a multiple of {per} GPUs")
         if options.address:
             ray.init(address=options.address, runtime_env=env, log_to_driver=True)
-            count = int(ray.cluster_resources().get("GPU", 0))
+            count = int(ray.cluster_resources().get("GPU", 0)) // per
             if count < 1:
-                raise RuntimeError(f"--ray {options.address}: the cluster has no GPUs; start its nodes with GPUs "
-                                   f"(ray start --num-gpus N) or run without --ray")
+                raise RuntimeError(f"--ray {options.address}: the cluster has no GPUs (or fewer than --gpus-per-job "
+                                   f"{per}); start its nodes with GPUs (ray start --num-gpus N) or run without --ray")
             gpu = True
         elif options.gpus:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, options.gpus))   # Ray hands these out
-            count, gpu = len(options.gpus), True
-            ray.init(num_gpus=count, num_cpus=num_cpus, runtime_env=env, include_dashboard=False)
+            count, gpu = len(options.gpus) // per, True
+            ray.init(num_gpus=len(options.gpus), num_cpus=num_cpus, runtime_env=env, include_dashboard=False)
         else:
             count, gpu = options.cpu_workers, False
             ray.init(num_cpus=num_cpus or count, num_gpus=0, runtime_env=env, include_dashboard=False)
         config = dataclasses.replace(config, use_gpu=gpu, share=config.share or (None if options.address else count))
-        actor = ray.remote(JobWorker).options(num_gpus=1 if gpu else 0, num_cpus=1, max_concurrency=2,
+        actor = ray.remote(JobWorker).options(num_gpus=per if gpu else 0, num_cpus=1, max_concurrency=2,
                                               max_restarts=WORKER_RESTARTS, max_task_retries=0)
         slots = [Slot(f"worker-{i + 1}", actor.remote(f"worker-{i + 1}", config)) for i in range(count)]
         farm = cls(slots, owns_ray=not options.address)

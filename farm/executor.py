@@ -7,7 +7,7 @@ import dataclasses
 from typing import Iterator
 
 from configs.runtime import Config, WebOptions
-from jobs.split import SplitUnavailable, executor_for
+from jobs.split import executor_for
 from pipeline.events import Progress
 from farm.dispatch import Farm
 from farm.workers import WorkerConfig
@@ -54,9 +54,6 @@ def queue_executor(config: Config, models, device):
     """What runs the queue's jobs, for the app and the CLI alike: the farm of --ray/--gpus/--cpu-workers (Ray is
     imported only then), else this process on `device` (each job split over --gpus-per-job GPUs: jobs/split.py;
     raises jobs.split.SplitUnavailable where it cannot run)."""
-    if config.farm.enabled:
-        if config.gpus_per_job > 1:
-            raise SplitUnavailable(f"--gpus-per-job {config.gpus_per_job}: not with the farm (--ray/--gpus/"
-                                   f"--cpu-workers) yet; run the app or the command line without the farm")
+    if config.farm.enabled:          # --gpus-per-job N: workers of N GPUs each (farm/dispatch.py)
         return start_farm(config, models)
     return executor_for(config, models, device, config.gpus_per_job)

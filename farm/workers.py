@@ -24,7 +24,9 @@ from typing import Iterator
 import rocm
 from common.units import GIB
 from configs.runtime import Config
+from jobs.local import Work
 from jobs.models import models_for
+from jobs.split import each_process, run_split, split_devices
 from memory.hostbudget import default_host_budget
 from pipeline.cancel import CancelToken
 
@@ -108,6 +110,9 @@ class JobWorker:
         log.info("%s: %s", name, budget_text)
         # with --fp8-compute: this worker's GPU can multiply in fp8, or the worker refuses to start
         self.models = models_for(config.config, self._device(), _loader(config.loader))
+        per = config.config.gpus_per_job            # each job split over this worker's GPUs (jobs/split.py)
+        self.split_devices = split_devices(per, self._device()) if per > 1 else []
+        self.split_config = each_process(config.config, per, self.host_ram_gb) if per > 1 else config.config
         self._cancels: dict[str, CancelToken] = {}
         self._lock = threading.Lock()
         log.info("farm worker %s on %s (pid %d)", name, self.node, os.getpid())
@@ -159,21 +164,38 @@ class JobWorker:
 
     def _run(self, job, cancel, owner: str | None = None) -> Iterator:
         from jobs.execute import job_memory, run_job
-        from pipeline.resume import prepare_resume
+        from pipeline.resume import ResumeRequest, prepare_resume
         from post.job import CheckedPost
 
         if isinstance(job, (str, Path)):
             job = prepare_resume(Path(job))            # job.json checked again, here
         post = isinstance(job, CheckedPost)              # a post job: its own small models, loaded by the job
         components = None if post else self.models.get(job.request.mode)
-        memory = job_memory(self.config.config, job.request, self._device(), host_ram_gb=self.host_ram_gb)
+        memory = job_memory(self.config.config, job.request, self._device(),
+                            host_ram_gb=self.split_config.host_ram_gb if self.split_devices else self.host_ram_gb)
         opened = []
 
         def place(folder) -> None:          # the run's own job.json record, so its later writes keep it
             record_placement(folder, self.name, self.node)
             opened.append(folder.dir)
 
-        for event in run_job(job, components, memory, self.config.config, cancel, owner=owner, on_open=place):
-            if opened:
-                yield Placed(self.name, self.node, opened.pop())
-            yield event
+        def events(split=None) -> Iterator:
+            if split is not None:
+                split.attach(components.transformer)
+            try:
+                for event in run_job(job, components, memory, self.config.config, cancel, owner=owner,
+                                     on_open=place, split=split):
+                    if opened:
+                        yield Placed(self.name, self.node, opened.pop())
+                    yield event
+            finally:
+                if split is not None:
+                    split.detach()
+
+        if self.split_devices and not post:         # --gpus-per-job: this job split over the worker's GPUs
+            work = Work(str(getattr(job, "job_dir", "")), resuming=job) if isinstance(job, ResumeRequest) else \
+                Work("", prepared=job)
+            yield from run_split(self.split_devices, self.split_config, work,
+                                 int(components.transformer.config.num_attention_heads), events)
+        else:
+            yield from events()

@@ -32,9 +32,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Iterator
 
+from common.units import GIB
 from configs.runtime import Config
 from jobs.local import LocalExecutor, Work
 from jobs.models import models_for
+from memory.hostbudget import default_host_budget
 from pipeline.cancel import CancelToken
 from pipeline.events import Done, Failed, LogLine
 
@@ -174,56 +176,81 @@ class _Helpers:
                 p.join()
 
 
+def run_split(devices: list, config: Config, work: Work, heads: int, leader, watch=None) -> Iterator:
+    """Run `work` split over `devices`: a helper process for each device after the first, this process on the first
+    with `leader(split)` (the events of its job run with that SequenceSplit). `config`: what the helpers run with
+    (their host-RAM budget is each process's share). `watch(helpers)`: told the helpers once they are started
+    (tests). Ends with the job's Done or Failed, a helper's loss said in it."""
+    import torch.multiprocessing as mp
+
+    size, port = len(devices), _free_port()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=helper_main, args=(r, size, port, devices[r], config, work),
+                         name=f"split-{r}", daemon=True) for r in range(1, size)]
+    for p in procs:
+        p.start()
+    yield LogLine("info", f"job split over {size} devices: {', '.join(str(d) for d in devices)}")
+    helpers = _Helpers(procs, devices, abort_on_loss=devices[0].type == "cuda")
+    if watch is not None:
+        watch(helpers)
+    split, ending = None, None
+    try:
+        split = _join_group(0, size, port, devices[0], heads)
+        for event in leader(split):
+            if isinstance(event, (Done, Failed)):
+                ending = event
+                break
+            yield event
+    except Exception as e:       # the group could not form (a helper died at its start)
+        log.error("split job: %s", e, exc_info=True)
+        ending = Failed(f"the split job could not start on {size} devices: {str(e).splitlines()[0][:200]}")
+    helpers.stop_watching()
+    if helpers.lost is not None and not isinstance(ending, Done):
+        rank, code = helpers.lost
+        ending = Failed(f"the process on {devices[rank]} ended mid-job (exit code {code}); the job folder keeps "
+                        f"its finished sections: resume it (on the GPUs there are now)",
+                        ending.detail if isinstance(ending, Failed) else "",
+                        getattr(ending, "job_dir", None), getattr(ending, "partial_video", None))
+    polite = isinstance(ending, Done) and helpers.lost is None
+    if polite:
+        split.finish()           # stopped or done: the helpers end their copy of the job
+    helpers.end(wait_s=60.0 if polite else 0.0)
+    _leave_group(abort=not polite)
+    yield ending
+
+
+def each_process(config: Config, processes: int, host_ram_gb: float | None = None) -> Config:
+    """The Config each process of a split job runs with: its share of the host-RAM budget (`host_ram_gb`, else
+    --host-ram-gb, else the machine's default budget), since every process holds its own copy of the models."""
+    if host_ram_gb is None:
+        host_ram_gb = config.host_ram_gb
+    if host_ram_gb is None:
+        host_ram_gb = default_host_budget()[0] / GIB
+    return dataclasses.replace(config, host_ram_gb=host_ram_gb / processes)
+
+
 class SplitExecutor(LocalExecutor):
     """The local executor with every job split over `gpus_per_job` GPUs (or CPU processes)."""
     slots = 1
 
     def __init__(self, config: Config, models, device, gpus_per_job: int):
-        super().__init__(config, models, device)
         self.devices = split_devices(gpus_per_job, device)
-        log.info("each job split over %d %s: %s", len(self.devices),
+        super().__init__(each_process(config, len(self.devices)), models, device)
+        log.info("each job split over %d %s: %s; host RAM budget %.1f GB per process", len(self.devices),
                  "CPU processes (no faster: for trying it)" if self.devices[0].type == "cpu" else "GPUs",
-                 ", ".join(str(d) for d in self.devices))
+                 ", ".join(str(d) for d in self.devices), self.config.host_ram_gb)
+        self.helpers: _Helpers | None = None
 
     def run(self, work: Work, cancel, split=None) -> Iterator:
         if work.post is not None:        # post-processing (its own small models): on the first GPU alone
             yield from super().run(work, cancel)
             return
-        import torch.multiprocessing as mp
 
-        devices = self.devices
-        size, port = len(devices), _free_port()
-        ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=helper_main, args=(r, size, port, devices[r], self.config, work),
-                             name=f"split-{r}", daemon=True) for r in range(1, size)]
-        for p in procs:
-            p.start()
-        yield LogLine("info", f"job split over {size} devices: {', '.join(str(d) for d in devices)}")
-        helpers = self.helpers = _Helpers(procs, devices, abort_on_loss=devices[0].type == "cuda")
-        split, ending = None, None
-        try:
-            split = _join_group(0, size, port, devices[0], _heads(self.models, work))
-            for event in super().run(work, cancel, split=split):
-                if isinstance(event, (Done, Failed)):
-                    ending = event
-                    break
-                yield event
-        except Exception as e:       # the group could not form (a helper died at its start)
-            log.error("split job: %s", e, exc_info=True)
-            ending = Failed(f"the split job could not start on {size} devices: {str(e).splitlines()[0][:200]}")
-        helpers.stop_watching()
-        if helpers.lost is not None and not isinstance(ending, Done):
-            rank, code = helpers.lost
-            ending = Failed(f"the process on {devices[rank]} ended mid-job (exit code {code}); the job folder keeps "
-                            f"its finished sections: resume it (on the GPUs there are now)",
-                            ending.detail if isinstance(ending, Failed) else "",
-                            getattr(ending, "job_dir", None), getattr(ending, "partial_video", None))
-        polite = isinstance(ending, Done) and helpers.lost is None
-        if polite:
-            split.finish()           # stopped or done: the helpers end their copy of the job
-        helpers.end(wait_s=60.0 if polite else 0.0)
-        _leave_group(abort=not polite)
-        yield ending
+        def watch(helpers):
+            self.helpers = helpers
+
+        yield from run_split(self.devices, self.config, work, _heads(self.models, work),
+                             lambda group: LocalExecutor.run(self, work, cancel, split=group), watch)
 
 
 def executor_for(config: Config, models, device, gpus_per_job: int):

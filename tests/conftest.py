@@ -50,6 +50,7 @@ LONG_TESTS = {
     # Whole tiny jobs, child processes and benchmarks (each 5-40 s idle, up to 100 s on a busy machine): the full
     # suite runs them; the quick loop keeps the logic, planning, checks and unit tests.
     "test_prompt_cache.py": 600,
+    "test_split.py": 600,                   # processes joined by torch.distributed (gloo), whole split jobs
     "test_generate.py": 600,
     "test_runner.py": 600,
     "test_parity_diffusers.py": 600,
@@ -83,7 +84,7 @@ def long_test_limit(item) -> int | None:
 # The test files that take longest (their tests together, on a 2-core machine), longest first: the suite runs on two
 # workers (pytest-xdist, whole files to one worker: pyproject.toml), which take files in this order first, then the
 # others, so neither waits long for the other at the end.
-LONGEST_FILES = ("test_farm.py", "test_browser_ui.py", "test_kill_anywhere.py", "test_server_fuzz.py",
+LONGEST_FILES = ("test_farm.py", "test_split.py", "test_browser_ui.py", "test_kill_anywhere.py", "test_server_fuzz.py",
                  "test_newcomer.py", "test_server_soak.py", "test_server_idle.py", "test_browser.py",
                  "test_server_abuse.py", "test_one_queue.py", "test_server_resume.py", "test_resume.py",
                  "test_vae_stream.py", "test_timeline.py", "test_rocm_probe.py", "test_browser_queue_line.py",

@@ -152,3 +152,40 @@ def test_killed_helper_fails_the_job_and_the_resume_finishes_it(tmp_path):
     assert isinstance(resumed[-1], Done) and not resumed[-1].stopped, resumed[-1]
     info = json.loads((job_dir / "job.json").read_text())
     assert info["status"] == "done" and (job_dir / "final.mp4").is_file()
+
+
+def test_a_farm_worker_of_two_splits_its_jobs(tmp_path):
+    """--gpus-per-job 2 on the farm: a worker (farm/workers.py, here in this process: the class Ray makes an actor)
+    that owns two devices runs each job split over them."""
+    import argparse
+
+    from configs.options import add_process_options, config_from
+    from farm.workers import JobWorker, WorkerConfig
+    from pipeline.events import Done, LogLine
+    from pipeline.request import Request, prepare
+
+    p = argparse.ArgumentParser()
+    add_process_options(p)
+    config = config_from(p, p.parse_args(["--preset", "tiny", "--cpu-workers", "1", "--gpus-per-job", "2",
+                                          "--outputs", str(tmp_path.resolve())]))
+    worker = JobWorker("worker-1", WorkerConfig(config, use_gpu=False, share=1))
+    assert [str(d) for d in worker.split_devices] == ["cpu", "cpu"]
+    request = Request(image=make_image(96, 80, seed=4), prompt="a boat", seconds=1.2, steps=2, seed=6,
+                      mode="original")
+    events = list(worker.run("k1", prepare(request, worker.models.preset.default_resolution)))
+    assert isinstance(events[-1], Done) and events[-1].video is not None, events[-1]
+    assert any(isinstance(e, LogLine) and e.message.startswith("job split over 2 devices") for e in events)
+
+
+def test_farm_gpus_must_make_whole_workers():
+    import argparse
+
+    from configs.options import add_process_options, config_from
+    from farm.dispatch import Farm
+    from farm.workers import WorkerConfig
+
+    p = argparse.ArgumentParser()
+    add_process_options(p)
+    config = config_from(p, p.parse_args(["--gpus", "0,1,2", "--gpus-per-job", "2"]))
+    with pytest.raises(RuntimeError, match="3 GPUs do not make workers of 2"):
+        Farm.start(config.farm, WorkerConfig(config))
