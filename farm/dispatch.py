@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 from configs.runtime import FarmOptions
 from farm.workers import JobWorker, Placed, WorkerConfig
+from pipeline.events import Done, Failed, LogLine, Started, WorkerLine
 from pipeline.jobs import CHECKPOINT
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,6 @@ class Farm:
         as they come, ending with Done or Failed. LogLines say which worker and node run it, and what happened when
         a worker was lost: the job then goes on from its last finished section on another worker."""
         import ray
-        from pipeline.events import Done, Failed, LogLine, Started, WorkerLine
 
         avoid, job_dir, lost = None, None, 0
         while True:

@@ -29,6 +29,8 @@ from jobs.models import models_for
 from jobs.split import each_process, run_split, split_devices
 from memory.hostbudget import default_host_budget
 from pipeline.cancel import CancelToken
+from pipeline.events import Failed
+from post.job import CheckedPost
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +150,6 @@ class JobWorker:
         Placed once its folder exists, a MemoryReport (the worker's memory timeline) before the end. Always ends
         with Done or Failed: an error before the job could start (weights missing, a damaged folder) is a Failed
         too, its traceback in this worker's log."""
-        from pipeline.events import Failed
-
         cancel = CancelToken()
         with self._lock:
             self._cancels[key] = cancel
@@ -165,7 +165,6 @@ class JobWorker:
     def _run(self, job, cancel, owner: str | None = None) -> Iterator:
         from jobs.execute import job_memory, run_job
         from pipeline.resume import ResumeRequest, prepare_resume
-        from post.job import CheckedPost
 
         if isinstance(job, (str, Path)):
             job = prepare_resume(Path(job))            # job.json checked again, here
