@@ -19,8 +19,8 @@ def seam_blend(frames: np.ndarray, seam: int = SEAM_FRAMES) -> np.ndarray:
     out = frames.copy()
     if n <= 0:
         return out
-    first = frames[0].astype(np.float32)
+    first: np.ndarray = frames[0].astype(np.float32)
     share = (np.arange(1, n + 1, dtype=np.float32) / (n + 1))[:, None, None, None]
-    tail = frames[-n:].astype(np.float32)
+    tail: np.ndarray = frames[-n:].astype(np.float32)
     out[-n:] = np.clip(np.rint((1 - share) * tail + share * first), 0, 255).astype(np.uint8)
     return out

@@ -85,7 +85,7 @@ class SectionWriter:
         self.segments_encoded = 0                # x264 runs so far (each settled chunk once, the edge each time)
         self._tasks: queue.Queue[_Task | None] = queue.Queue()
         self._results: queue.Queue[WrittenSection | Exception] = queue.Queue()
-        self._cache: dict[tuple[int, ...], bytes] = {}
+        self._cache: dict[tuple[int | None, ...], bytes] = {}
         self._error: Exception | None = None       # the writer's first failure; later tasks are not done
         workers = encoding.parallel_segments or max(1, usable_cpus() // max(1, encoding.x264_threads))
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="video-segment",
@@ -143,7 +143,7 @@ class SectionWriter:
         t = time.monotonic()
         try:
             self.buffer.add(task.pixels)
-            if task.section is not None:
+            if task.section is not None and task.path is not None:      # (submit: both or neither)
                 self._results.put(self._write(task.section, task.path, t))
         except Exception as e:  # kept for the job's thread, which fails the job with it; later tasks are skipped
             log.error("video writer: %s", e, exc_info=True)
