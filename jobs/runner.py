@@ -44,7 +44,7 @@ from jobs.line import Speed, Waiting
 from jobs.local import Work
 from jobs.text import progress_line
 from pipeline.cancel import CancelToken
-from pipeline.events import Cancelled, Done, Failed, Progress, SectionVideo, Started
+from pipeline.events import Cancelled, Done, Failed, Preview, Progress, SectionVideo, Started
 from pipeline.jobs import mark_stopped
 import dataclasses
 from jobs.preflight import Preflight
@@ -86,6 +86,8 @@ class QueuedJob:
     events: queue.Queue = field(default_factory=queue.Queue)
     streamed: bool = False
     lost: bool = False                      # the lease was lost while it ran: the queue entry is the new holder's
+    latest: dict = field(default_factory=dict)   # its newest Progress, Preview and SectionVideo (by type name):
+    version: int = 0                             # what any page shows of it (ui/panel_run.py), and their count
 
     @property
     def id(self) -> str:
@@ -283,6 +285,11 @@ class Runner:
     def last_error(self, session: str) -> str | None:
         with self._lock:
             return self._errors.get(session)
+
+    def running(self) -> list[QueuedJob]:
+        """The jobs running in this process now, in the order they started."""
+        with self._lock:
+            return list(self._running.values())
 
     @property
     def busy(self) -> bool:
@@ -579,6 +586,9 @@ class Runner:
 
     def _note(self, job: QueuedJob, event, last: float) -> float:
         """Follow a job's event in the store (its folder, its progress, its end) and in the runner."""
+        if isinstance(event, (Progress, Preview, SectionVideo)):
+            job.latest[type(event).__name__] = event
+            job.version += 1
         if isinstance(event, Started):
             job.job_dir = event.job_dir
             self.store.update(job.entry, job_dir=event.job_dir.name)

@@ -241,9 +241,9 @@ class Remaining:
     def _why(self, before: dict, stage: str, section: int, step: int) -> str:
         """Which measured rate raised the estimate most since `before` (the rates then), in words: the one whose
         earlier value would take most off the estimate now."""
-        now = self.rates()
-        left = sum(self.parts(stage, section, step, now).values())
-        cut = {k: left - sum(self.parts(stage, section, step, {**now, k: before[k]}).values()) for k in now}
+        now = self.rates() or {}
+        left = sum((self.parts(stage, section, step, now) or {}).values())
+        cut = {k: left - sum((self.parts(stage, section, step, {**now, k: before[k]}) or {}).values()) for k in now}
         grew = max(cut, key=cut.get)
         done = max(section - 1, 1)
         return {"steps": "up: the steps got slower",

@@ -20,6 +20,8 @@ CSS = """
 .sf-progress-note {font-size: 0.85em; font-style: italic;}
 #preview img {image-rendering: pixelated; object-fit: contain;}
 #status {min-height: 1.5em;}
+#header h2 {margin: 0 0 2px 0;}
+#header p {margin: 0; font-size: 0.9em;}
 #prompt-tokens {font-size: 0.85em; color: var(--body-text-color-subdued); margin-top: -6px;}
 .sf-tokens-over {color: var(--color-red-600, #c62828); font-weight: 600;}
 #jobs-gallery .caption-label, #jobs-gallery figcaption {white-space: normal !important; overflow: visible !important;
@@ -37,7 +39,7 @@ CSS = """
     max-width: 100% !important;}
 """
 PHONE_MAX_WIDTH = 768
-IMAGE_HEIGHT = 200                                   # the start and end images: the job fits one desktop screen
+IMAGE_HEIGHT = 160                                   # the start and end images: the job fits one desktop screen
 SIZE_CONTROLS = ("resolution", "width", "height")     # Advanced's last controls: the memory plan follows them
 # After Start on a narrow screen: bring the preview into view (the bar at the bottom keeps Start, End and progress).
 SHOW_PREVIEW_JS = (f"() => {{ if (window.innerWidth <= {PHONE_MAX_WIDTH}) "
@@ -110,8 +112,8 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
     d = st.default_values(preset.default_resolution, table)
     d["preserved_gb"] = min(d["preserved_gb"], lim["preserved_gb"][1])
     w = Widgets(table, d, lim)
-    gr.Markdown(f"# SteadyFrame\nImage to video, one section at a time. Models: **{preset.name}** "
-                f"({preset.description}). Device: {device_text}.")
+    gr.Markdown(f"## SteadyFrame · image to video, one section at a time\nModels: **{preset.name}** "
+                f"({preset.description}). Device: {device_text}.", elem_id="header")
     if notice:
         gr.Markdown(f"⚠ {notice}", elem_id="notice")
     # One screen for a job (1280×900): the images, the prompt, the length and mode, Start/End with the status and
@@ -125,14 +127,15 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                 w.place("end_image", height=IMAGE_HEIGHT)
             prompt = w.place("prompt", lines=2, placeholder="Describe the motion, e.g. " + st.EXAMPLE_PROMPTS[0])
             prompt_tokens = gr.HTML("", elem_id="prompt-tokens")
-            w.place("seconds")
-            w.place("mode")                       # with a video to extend it says which way (pipeline/extend.py)
+            with gr.Row(equal_height=True):       # side by side: the job's progress fits a laptop's 780 px
+                w.place("seconds")
+                w.place("mode")                   # with a video to extend it says which way (pipeline/extend.py)
             with gr.Column(elem_id="actions"):
                 with gr.Row():
                     start = gr.Button("Start", variant="primary", elem_id="start-btn")
                     end = gr.Button("End", variant="stop", interactive=False, elem_id="end-btn")
-                status = gr.Markdown("", elem_id="status")
                 progress = gr.HTML(progress_html(None), elem_id="progress")
+                status = gr.Markdown("", elem_id="status")
             hints = gr.Markdown("", elem_id="hints")
             extend_note = gr.Markdown("", elem_id="extend-note")   # which way an extension goes (ui/panel_controls.py)
             with gr.Accordion("Extend a video or a finished job", open=False, elem_id="extend-group") as extend_group:

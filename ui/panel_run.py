@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from dataclasses import dataclass
 
 import gradio as gr
 
@@ -30,6 +31,20 @@ STOP_CALLS_MAX = 8      # End presses handled at once (each is a lock and a flag
 SUBMITS_MAX = 2         # Start/Resume checks (image decoding) at once; more wait in the queue
 JOBS_MAX = 16           # job streams open at once (the runner's line orders them; one runs at a time)
 TICK_S = 1.0            # the progress bar's clock moves this often between events
+WATCH_S = 1.0           # a tab without a job of its own looks at the runner's running job this often
+WATCH_CALLS_MAX = 16    # those looks at once (each reads the runner's latest events: no GPU, no file)
+STARTED_FROM = {"page": "from a page (another tab, or this one before a reload)", "api": "from the API",
+                "queue": "from the queue", "cli": "from the command line", "batch": "from a batch file"}
+
+
+@dataclass
+class Watch:
+    """What a tab shows of a job it did not start (ui/panel_run.RunPanel.watch): the job, its view, and the events
+    of the runner's snapshot (jobs/runner.QueuedJob.latest) it has shown."""
+    job_id: str
+    view: JobView
+    seen: dict
+    shown: str = ""             # the status line shown
 NOT_STARTED = "Not started: change what the message above names, then press Start."
 
 
@@ -37,6 +52,7 @@ class RunPanel:
     def __init__(self, ctx: AppContext, jobs: JobsPanel):
         self.ctx, self.jobs, self.runner, self.ui = ctx, jobs, ctx.runner, ctx.ui
         self._confirmed: dict[str, str] = {}            # session -> the long job it was asked to confirm
+        self._watching: dict[str, Watch] = {}           # session -> the job it shows and did not start
         self._lock = threading.Lock()
 
     # ---- Start / Resume -------------------------------------------------------------------------------------------
@@ -147,8 +163,80 @@ class RunPanel:
             return gr.skip(), gr.skip(), gallery, job_ids, *details    # not started, or a newer job is under way
         return gr.update(interactive=True), gr.update(interactive=False), gallery, job_ids, *details
 
+    # ---- the job any tab shows ---------------------------------------------------------------------------------
+    def watch(self, request: gr.Request):
+        """The page is a view of the runner: a tab without a job of its own (a reloaded one, a second one, another
+        browser of the same user) shows the job running here, whatever door started it (page, queue, command
+        line, API): its progress, preview, section videos and End; then its end. Called every WATCH_S."""
+        session, ui = request.session_hash, self.ui
+        own = self.runner.current(session)
+        if own is not None and not own.finished:       # this tab's own job streams through run()
+            with self._lock:
+                self._watching.pop(session, None)
+            return {ui.status: gr.skip()}
+        user = self.ctx.access.user(request)
+        running = [j for j in self.runner.running() if self.ctx.access.sees(user, j.owner)]
+        with self._lock:
+            watch = self._watching.get(session)
+            if not running:
+                self._watching.pop(session, None)
+        if not running:
+            return self._watched_end(watch) if watch is not None else self._elsewhere(user)
+        job = running[0]
+        updates = {}
+        if watch is None or watch.job_id != job.id:
+            request_ = job.request
+            watch = Watch(job.id, JobView(fps=getattr(request_, "fps", 30), mode=getattr(request_, "mode", "")), {})
+            with self._lock:
+                self._watching[session] = watch
+            updates[ui.end] = gr.update(interactive=True)
+        fresh = [e for kind, e in list(job.latest.items()) if watch.seen.get(kind) is not e]
+        for event in sorted(fresh, key=lambda e: ("Progress", "Preview", "SectionVideo").index(type(e).__name__)):
+            watch.view.apply(event)
+            watch.seen[type(event).__name__] = event
+        if not fresh:
+            watch.view.tick()
+        updates.update(self._updates(watch.view))
+        status = (f"▶ Job {job.id}, started {STARTED_FROM.get(job.origin, 'elsewhere')}: its progress, preview and "
+                  f"video show here; **End** stops it. {watch.view.status}")
+        if status != watch.shown:
+            updates[ui.status] = watch.shown = status
+        return updates
+
+    def _watched_end(self, watch: Watch) -> dict:
+        """The job this tab showed has ended: its result (Done, Stopped, Failed), Start on, End off."""
+        ui = self.ui
+        job = self.runner.get(watch.job_id)
+        if job is not None and job.result is not None:
+            watch.view.apply(job.result)
+        updates = self._updates(watch.view)
+        updates.update({ui.start: gr.update(interactive=True), ui.end: gr.update(interactive=False)})
+        return updates
+
+    def _elsewhere(self, user) -> dict:
+        """No job runs here: one that another process runs (a command line holding the queue) is named, with its
+        progress as that process writes it."""
+        ui = self.ui
+        if self.runner.runs_the_queue:
+            return {ui.status: gr.skip()}
+        entries = [e for e in self.runner.store.entries(["running"]) if self.ctx.access.sees(user, e.owner)]
+        if not entries:
+            return {ui.status: gr.skip()}
+        e = entries[0]
+        return {ui.progress: progress_html(None, idle_text=e.message or "running…"),
+                ui.status: (f"▶ Job {e.id} runs in another process (a command line on this outputs folder); it "
+                            "is stopped there (Ctrl-C), or with `python -m cli queue remove` once it is "
+                            "interrupted.")}
+
     # ---- End ----------------------------------------------------------------------------------------------------
     def stop(self, request: gr.Request):
+        with self._lock:
+            watch = self._watching.get(request.session_hash)
+        own = self.runner.current(request.session_hash)
+        if (own is None or own.finished) and watch is not None:          # End on the job this tab shows
+            job = self.runner.get(watch.job_id)
+            if job is not None and self.ctx.access.sees(self.ctx.access.user(request), job.owner):
+                return f"■ {self.runner.stop(job.id)}", gr.skip(), gr.skip()
         message = self.runner.cancel(request.session_hash)
         job = self.runner.current(request.session_hash)
         if job is not None and job.finished:
@@ -163,6 +251,7 @@ class RunPanel:
         self.runner.drop_waiting(request.session_hash)
         with self._lock:
             self._confirmed.pop(request.session_hash, None)
+            self._watching.pop(request.session_hash, None)
 
     # ---- wiring -----------------------------------------------------------------------------------------------------
     def wire(self, app: gr.Blocks, job_state: gr.State) -> None:
@@ -190,3 +279,6 @@ class RunPanel:
         ui.end.click(HandlerGuard(STOP_CALLS_MAX).wrap(self.stop, self.stop_busy), None, [ui.status, ui.start, ui.end],
                      queue=False, show_progress="hidden", api_name="stop")
         app.unload(self.tab_closed)
+        watch_outputs = [ui.preview, ui.video, ui.progress, ui.status, ui.start, ui.end, ui.log]
+        gr.Timer(WATCH_S).tick(self.watch, None, watch_outputs, show_progress="hidden",
+                               concurrency_limit=WATCH_CALLS_MAX, concurrency_id="watch")
