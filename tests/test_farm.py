@@ -173,6 +173,22 @@ def test_end_stops_a_job_on_a_worker(runner):
     assert info["status"] == "stopped" and len(info["sections"]) < 3
 
 
+def test_a_post_job_runs_on_a_worker(runner, tmp_path):
+    """After the video on the farm: the worker runs the post job (no generation models) in the shared outputs."""
+    import numpy as np
+
+    from post.steps import request_from
+    from video.mp4 import read_frames, write_mp4
+
+    clip = write_mp4(np.zeros((6, 32, 48, 3), np.uint8) + np.arange(6, dtype=np.uint8)[:, None, None, None] * 40,
+                     tmp_path / "clip.mp4", fps=30)
+    job = runner.submit(request_from({"source": str(clip), "steps": "interpolate=2"}), session="post")
+    events = [e for batch in runner.stream(job) for e in batch]
+    done = events[-1]
+    assert isinstance(done, Done) and not done.stopped, events[-3:]
+    assert read_frames(done.video).shape == (11, 32, 48, 3) and _info(done)["settings"]["kind"] == "post"
+
+
 def test_the_app_without_farm_options_never_imports_ray(tmp_path):
     code = textwrap.dedent(f"""
         import sys
