@@ -19,7 +19,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import rocm
 from common.units import GIB
@@ -169,7 +169,7 @@ class JobWorker:
         if isinstance(job, (str, Path)):
             job = prepare_resume(Path(job))            # job.json checked again, here
         post = isinstance(job, CheckedPost)              # a post job: its own small models, loaded by the job
-        components = None if post else self.models.get(job.request.mode)
+        components: Any = None if post else self.models.get(job.request.mode)
         memory = job_memory(self.config.config, job.request, self._device(),
                             host_ram_gb=self.split_config.host_ram_gb if self.split_devices else self.host_ram_gb)
         opened = []

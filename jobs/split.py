@@ -212,7 +212,7 @@ def run_split(devices: list, config: Config, work: Work, heads: int, leader, wat
                         ending.detail if isinstance(ending, Failed) else "",
                         getattr(ending, "job_dir", None), getattr(ending, "partial_video", None))
     polite = isinstance(ending, Done) and helpers.lost is None
-    if polite:
+    if polite and split is not None:
         split.finish()           # stopped or done: the helpers end their copy of the job
     helpers.end(wait_s=60.0 if polite else 0.0)
     _leave_group(abort=not polite)
