@@ -93,7 +93,10 @@ PROBED = {"video", "queue_add", "queue_add_images", "queue_import", "queue_edit"
 # (memory_plan, check_image: uploads only, the same refusal), the LoRA box's handlers (test_lora_box below), and
 # frame_as_start (puts an exported frame, an upload, into the start image box, which Start then checks).
 SHOWS_ONLY = {"show_hints", "show_extension", "memory_plan", "check_image", "slots", "lambda", "added",
-              "frame_as_start"}
+              "frame_as_start",
+              # saved settings: stored, not run (aliases resolved, files only uploads, LoRAs by name: probed
+              # below); loading them fills the page, whose Start passes the door
+              "settings_save", "save_page"}
 
 
 def test_two_users_cannot_reach_each_others_jobs_through_any_route_or_alias(tmp_path, tiny_original):
@@ -118,6 +121,8 @@ def test_two_users_cannot_reach_each_others_jobs_through_any_route_or_alias(tmp_
         alice = Client(server.url, verbose=False, auth=("alice", "a-pass"), download_files=str(tmp_path / "dl"))
         try:
             entry = alice.predict(image=handle_file(str(start)), seconds=1.2, steps=1, api_name="/queue_add")
+            paths = [v for v in entry.values() if isinstance(v, str) and "/" in v]   # answers carry names only
+            assert not paths and entry["image"], paths
             refused = []
 
             def refuse(call, **kwargs):
@@ -143,6 +148,8 @@ def test_two_users_cannot_reach_each_others_jobs_through_any_route_or_alias(tmp_
                         refuse("/queue_import", jobs_file=handle_file(str(lines)))
             refuse("/post", job_id=bob.name, steps="loop=2", export="mp4", frame=-1)      # after the video: the same door
             refuse("/post", video=str(bob / "final.mp4"), steps="loop=2", export="mp4", frame=-1)
+            for key in ("lora", "loras"):
+                refuse("/settings_save", name="mine", settings={key: f"{targets[2]}:1"})
             for call in (dict(job_id=bob.name, api_name="/resume"), dict(job=bob.name, api_name="/queue_remove"),
                          dict(job=bob.name, position=0, api_name="/queue_move")):
                 with pytest.raises(AppError, match="there is no job|no queued job"):

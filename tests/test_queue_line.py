@@ -37,7 +37,8 @@ def test_video_jobs_are_kept_in_the_queue_and_end_removes_a_waiting_one_at_once(
         gate.wait()
         (running,) = listing(a)
         assert running["status"] == qs.RUNNING and running["prompt"] == "first"
-        copy = qs.Path(running["image"])
+        copy = qs.Path(store.get(running["id"]).images["image"])      # (the API answers its name only)
+        assert running["image"] == copy.name
         assert copy.parent == store.images_root / running["id"] and copy.read_bytes() == image.read_bytes()
 
         second = b.submit(image=handle_file(str(image)), prompt="second", **SHORT, api_name="/video")
@@ -72,8 +73,9 @@ def test_a_queued_extension_keeps_its_video_and_runs(server, client, tmp_path):
     clip = write_video(tmp_path / "clip.mp4", moving_frames(50), codec="libx264")
     settings = {**COMMON, "seconds": 1.2, "steps": 2, "crf": 10}
     entry = client.predict(input_video=handle_file(str(clip)), **settings, api_name="/queue_add")
-    copy = qs.Path(entry["input_video"])
     store = qs.QueueStore(server.outputs)
+    copy = qs.Path(store.get(entry["id"]).images["input_video"])             # (the API answers its name only)
+    assert entry["input_video"] == copy.name
     assert copy.parent == store.images_root / entry["id"] and copy.read_bytes() == clip.read_bytes()
     assert store.get(entry["id"]).images[jsonl.VIDEO_SHA256] == file_sha256(clip)
     done = wait_for(lambda: (lambda e: e if e["status"] in qs.FINISHED else None)(
@@ -122,5 +124,5 @@ def test_a_finished_job_is_extended_by_its_id_through_the_api(server, client, im
         client.predict(image=handle_file(str(image)), source_job=short["job_id"], **settings, api_name="/video")
     queued = client.predict(source_job=short["job_id"], seconds=1.2, **{**settings, "steps": 1},
                             api_name="/queue_add")
-    assert queued["input_video"] == str(server.outputs / short["job_id"]) and queued["source_job"] == ""
+    assert queued["input_video"] == short["job_id"] and queued["source_job"] == ""          # (no server path)
     client.predict(queued["id"], api_name="/queue_remove")

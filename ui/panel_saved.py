@@ -14,6 +14,7 @@ import gradio as gr
 
 from common.errors import InputError
 from jobs.doors import admitted
+from pipeline.request import canonical
 from pipeline.saved_settings import in_outputs
 from ui import messages
 from ui import settings as st
@@ -158,10 +159,10 @@ class SavedSettings:
         if not isinstance(settings, dict):
             raise gr.Error("settings: give a JSON object of settings by name, e.g. {\"seed\": 1}",
                            print_exception=False)
-        values = {k: v for k, v in settings.items() if k not in st.IMAGES}
         try:
-            if values.get("keyframes"):
-                values["keyframes"] = admitted({"keyframes": values["keyframes"]}, st.UPLOADS)["keyframes"]
+            values = {k: v for k, v in canonical(settings).items() if k not in st.IMAGES}    # (aliases too)
+            named = {k: values[k] for k in ("keyframes", "loras") if values.get(k)}
+            values.update(admitted(named, st.UPLOADS))      # the one door check: uploads, LoRA names
             self.folder.save(name, values)
         except InputError as e:
             raise _error(e) from None

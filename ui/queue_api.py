@@ -23,6 +23,7 @@ from ui import settings as st
 from ui.access import Access
 from pipeline.request import Request
 from jobs.doors import Door, admitted as admit
+from pipeline import keyframes
 from pipeline.request import canonical
 from ui import doors
 from ui.api import VIDEO_DOC, video_endpoint
@@ -179,12 +180,29 @@ class QueueActions:
         """The user's entries in line order, `limit` (at most LIST_PAGE) from `offset`."""
         offset = int(offset) if isinstance(offset, (int, float)) and math.isfinite(offset) and offset > 0 else 0
         limit = int(limit) if isinstance(limit, (int, float)) and math.isfinite(limit) and limit > 0 else LIST_PAGE
-        return [e.summary() for e in self.visible(user)[offset:offset + min(limit, LIST_PAGE)]]
+        return [shown(e) for e in self.visible(user)[offset:offset + min(limit, LIST_PAGE)]]
 
     def clear_finished(self, user: str | None = None) -> int:
         """Take the finished, stopped and failed jobs the user may see out of the list (their job folders stay in
         Past jobs); returns how many."""
         return self.store.clear_finished(lambda owner: self.access.sees(user, owner))
+
+
+def shown(entry: qs.Entry) -> dict:
+    """An entry as the API answers a client: its files by name (a job extended: the job's id), never the server's
+    paths (the queue's folder, the outputs folder, the upload folder)."""
+    out = entry.summary()
+    for name in jsonl.FILE_NAMES:
+        if isinstance(out.get(name), str) and out[name]:
+            out[name] = Path(out[name]).name
+    text = out.get("keyframes")
+    if isinstance(text, str) and text.strip():
+        try:
+            items = keyframes.parse(text)
+        except InputError:
+            items = ()
+        out["keyframes"] = keyframes.with_images(items, [Path(k.image).name for k in items]) if items else text
+    return out
 
 
 class QueueApi:
@@ -236,7 +254,7 @@ class QueueApi:
     def add(self, values: dict, request: gr.Request = None, progress=None) -> dict:
         """Add a job (the /video parameters) to the queue on disk; returns the queued job."""
         user = self._user(request)
-        return self._call(lambda: self.actions.add(values, user)).summary()
+        return shown(self._call(lambda: self.actions.add(values, user)))
 
     def add_images(self, images, settings, request: gr.Request) -> list[dict]:
         """Add one job per image (at most 32), each with `settings` (a JSON object of /video parameters)."""
@@ -248,7 +266,7 @@ class QueueApi:
         def add():
             return self.actions.add_images(images, settings or {}, user)
 
-        return [e.summary() for e in self._call(add)]
+        return [shown(e) for e in self._call(add)]
 
     def listing(self, offset, limit, request: gr.Request) -> list[dict]:
         """The queue: your jobs (every job without logins), in line order, at most 100 a call.
@@ -261,12 +279,12 @@ class QueueApi:
 
     def move(self, job, position, request: gr.Request) -> list[dict]:
         """Put a waiting job at `position` among the waiting jobs (0: first); returns the queue."""
-        return [e.summary() for e in self._call(self.actions.move, job, position, self._user(request))]
+        return [shown(e) for e in self._call(self.actions.move, job, position, self._user(request))]
 
     def edit(self, job, settings, request: gr.Request) -> dict:
         """Change a waiting job's settings (a JSON object of the settings to change; its images stay: to use other
         images, remove the job and add it again)."""
-        return self._call(self.actions.edit, job, settings, self._user(request)).summary()
+        return shown(self._call(self.actions.edit, job, settings, self._user(request)))
 
     def remove(self, job, request: gr.Request) -> dict:
         """End for a queued job: a waiting one is removed at once, a running one stops at its next step."""
@@ -275,7 +293,7 @@ class QueueApi:
     def import_jsonl(self, jobs_file, request: gr.Request) -> list[dict]:
         """Add the jobs of a JSON-lines file (one job's settings a line; at most 500 lines and 1 MB), all checked
         before any is added."""
-        return [e.summary() for e in self._call(self.actions.import_jsonl, jobs_file, self._user(request))]
+        return [shown(e) for e in self._call(self.actions.import_jsonl, jobs_file, self._user(request))]
 
     def export_path(self, request: gr.Request) -> str:
         """Your waiting jobs as a JSON-lines file (what /queue_import reads)."""

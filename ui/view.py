@@ -60,7 +60,9 @@ def progress_html(p: Progress | None, *, idle_text: str = "Idle: upload an image
 
 def done_status(done: Done, fps: int) -> str:
     seconds = done.frames / fps if fps else 0.0
-    where = f"`{done.video}`" if done.video else "no video"
+    # the job's id and the file's name, never the server's path (the page and the API answer clients)
+    where = (f"`{done.job_dir.name}/{done.video.name}`" if done.job_dir is not None else f"`{done.video.name}`") \
+        if done.video else "no video"
     total = done.timings.get("total")
     took = f" in {format_seconds(total)}" if total is not None else ""
     if done.stopped:
