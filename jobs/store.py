@@ -391,7 +391,10 @@ class QueueStore:
                 return
         except OSError:
             pass
-        atomic_write_bytes(path, text.encode("utf-8"), fsync=False)
+        try:
+            atomic_write_bytes(path, text.encode("utf-8"), fsync=False)
+        except OSError as e:             # (a full disk): the change itself still commits; the spare is older
+            log.warning("the queue's journal copy %s could not be written: %s", path, e)
 
     # ---- reading ----------------------------------------------------------------------------------------------------
     @staticmethod
