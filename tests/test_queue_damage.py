@@ -113,7 +113,7 @@ def test_a_database_locked_for_too_long_ends_in_one_line(queued, monkeypatch, ca
     monkeypatch.setattr(qs, "LOCK_WAIT_S", 0.5)
     monkeypatch.setattr(cli_queue.cli_log, "setup_logging", lambda **_: None)     # (this process's logging as it is)
     ready = threading.Event()
-    holder = threading.Thread(target=_hold_lock, args=(qs.QueueStore(out).path, 5.0, ready))
+    holder = threading.Thread(target=_hold_lock, args=(qs.QueueStore(out).path, 3.0, ready))
     holder.start()
     ready.wait(10)
     try:
