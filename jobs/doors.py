@@ -41,6 +41,8 @@ class Door:
     file: Callable[[Control, Any], Any]
     job: Callable[[Any, str], Path] | None = None
     lora_paths: bool = False
+    lora_folder: Path | None = None        # LoRAs must be in this folder's list (the app: the client never sees
+                                           # the folder's path in a "no such file" answer)
 
 
 def _as_given(control: Control, value: Any) -> Any:
@@ -69,7 +71,7 @@ def admitted(values: Mapping[str, Any], door: Door, table: tuple[Control, ...] =
     """`values` by control name (aliases turned into names), each file, job id and LoRA checked by `door`'s rules;
     a job id becomes the video to extend (its folder). Keys that are no control are kept (Request.from_mapping
     refuses or ignores them). Raises InputError naming the field."""
-    from pipeline.lora import names_only          # (PIL and the request's checks: not at import, for the CLI)
+    from pipeline.lora import listed_only, names_only          # (PIL and the request's checks: not at import, for the CLI)
     from pipeline.request import canonical, shown
 
     out = canonical(values, table)
@@ -95,4 +97,6 @@ def admitted(values: Mapping[str, Any], door: Door, table: tuple[Control, ...] =
         out.pop("source", None)
     if "loras" in names and _given(out.get("loras")) and not door.lora_paths:
         names_only(out["loras"])                # LoRA files by their names in the LoRA folder, never a path
+        if door.lora_folder is not None:
+            listed_only(out["loras"], door.lora_folder)
     return out

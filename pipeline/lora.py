@@ -115,6 +115,16 @@ def names_only(spec) -> None:
                                     f"shows it), not a path")
 
 
+def listed_only(spec, folder) -> None:
+    """A client's LoRAs (after `names_only`) must be files of the LoRA folder's list; one that is not is refused
+    naming it and the folder's list, never the folder's path (a client sees this). Raises InputError."""
+    listed = set(lora_files(folder))
+    for choice in parse_spec(spec):
+        if choice.name not in listed:
+            raise InputError(FIELD, f"{choice.name[:80]!r} is not in the LoRA folder's list; pick a file from it "
+                                    f"(Refresh list after adding one)")
+
+
 def format_spec(choices) -> str:
     return ", ".join(c.spec() for c in choices)
 

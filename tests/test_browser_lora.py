@@ -103,7 +103,7 @@ def test_the_api_takes_loras(server, tmp_path):
     client = server.client(tmp_path / "downloads")
     try:
         values = dict(image=handle_file(str(tmp_path / "start.png")), prompt="a cat", seconds=1.2, steps=2)
-        with pytest.raises(AppError, match="LoRAs: nope.safetensors: no such file"):
+        with pytest.raises(AppError, match="LoRAs: 'nope.safetensors' is not in the LoRA folder's list"):
             client.predict(**values, loras="motion.safetensors:0.5, nope.safetensors", api_name="/video")
         _, summary = client.predict(**values, loras="motion.safetensors:0.5", api_name="/video")
         assert summary["status"] == "done"

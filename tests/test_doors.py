@@ -245,6 +245,14 @@ def test_the_lora_box_checks_names_of_the_lora_folder_only(tmp_path):
                  f"{folder.name}/style.safetensors"):
         said.add(re.sub(r"'[^']*'", "<name>", checked(f"{path}:1", "original", check, folder)))
     assert len(said) == 1 and "name a file of the LoRA folder" in said.pop() and looked == []
+    from jobs.doors import admitted
+    from ui import doors as app_doors
+
+    door = app_doors.client(Access(), None, tmp_path, folder)          # a job added by a client: the same rule
+    with pytest.raises(InputError, match="not in the LoRA folder's list") as e:
+        admitted({"lora": "latents.safetensors:1"}, door)
+    assert str(tmp_path) not in str(e.value)
+    assert admitted({"lora": "style.safetensors:1"}, door) == {"loras": "style.safetensors:1"}
     missing = checked("latents.safetensors:1", "original", check, folder)
     assert "not in the LoRA folder's list" in missing and str(tmp_path) not in missing and looked == []
     assert checked("style.safetensors:0.5", "original", check, folder).startswith("✓") and looked == ["style.safetensors:0.5"]

@@ -92,7 +92,8 @@ class JobApi:
 
         def submit(session):
             job = st.request_from_values(values, getattr(self, "table", TABLE),       # the one door check
-                                         doors.client(self.access, user, self.runner.outputs))
+                                         doors.client(self.access, user, self.runner.outputs,
+                                                      doors.lora_folder(self.runner)))
             return self.runner.submit(job, session=session, owner=user, origin="api")    # the one pre-flight
 
         return self._run(self._submit(request, submit), progress)

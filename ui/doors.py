@@ -18,14 +18,23 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InputError
+from configs.lora import LORA
 from jobs.doors import Door
 from ui.access import Access
 from ui.settings import UPLOADS
 
 
-def client(access: Access, user: str | None, outputs: Path) -> Door:
-    """The page's and the API's door for `user`: uploads, and the ids of the jobs the user may see."""
-    return Door("page and API", UPLOADS.file, job=lambda job_id, field: access.job_folder(outputs, job_id, user, field))
+def lora_folder(runner) -> Path:
+    """The LoRA folder of the runner's pre-flight (--lora-dir; the default folder when none is set)."""
+    config = getattr(getattr(runner, "preflight", None), "config", None)
+    return Path(getattr(config, "lora_dir", None) or LORA.folder)
+
+
+def client(access: Access, user: str | None, outputs: Path, lora_folder: Path | None = None) -> Door:
+    """The page's and the API's door for `user`: uploads, the ids of the jobs the user may see, LoRAs of the
+    `lora_folder`'s list."""
+    return Door("page and API", UPLOADS.file, job=lambda job_id, field: access.job_folder(outputs, job_id, user, field),
+                lora_folder=lora_folder)
 
 
 def queue_copies(store, access: Access, user: str | None) -> Door:

@@ -95,11 +95,7 @@ def checked(text, mode, check, folder=None) -> str:
     try:
         lora.names_only(text)
         if folder is not None:
-            listed = set(lora.lora_files(folder))
-            for choice in lora.parse_spec(text):
-                if choice.name not in listed:
-                    raise InputError(lora.FIELD, f"{choice.name[:80]!r} is not in the LoRA folder's list; pick a "
-                                                 f"file from it (Refresh list after adding one)")
+            lora.listed_only(text, folder)
         check(text, mode if isinstance(mode, str) else "original")
     except InputError as e:
         return f"⚠ {messages.input_error(e)}"

@@ -90,7 +90,8 @@ class RunPanel:
         user = self.ctx.access.user(request)
         try:
             job = st.request_from_values(dict(zip(st.CONTROLS, values)),        # the one door check
-                                         door=doors.client(self.ctx.access, user, self.ctx.outputs))
+                                         door=doors.client(self.ctx.access, user, self.ctx.outputs,
+                                                           doors.lora_folder(self.runner)))
             question = self.needs_confirmation(request.session_hash, job)
             if question is not None:
                 return None, gr.skip(), gr.skip(), question, gr.skip()

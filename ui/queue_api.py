@@ -50,7 +50,7 @@ class QueueActions:
 
     def door(self, user: str | None) -> Door:
         """The page's and the API's door for `user` (ui/doors.py: uploads, the user's jobs by id, LoRA names)."""
-        return doors.client(self.access, user, self.store.outputs)
+        return doors.client(self.access, user, self.store.outputs, doors.lora_folder(self.runner))
 
 
     def _own(self, entry_id, user: str | None, *, waiting: bool = False) -> qs.Entry:
