@@ -260,6 +260,7 @@ class Command:
         runner runs the queue when no other process does (and takes it over when that process dies); else the jobs
         are followed in the queue. Ctrl-C stops a job run here after its current step (a second Ctrl-C aborts)."""
         runner = self.runner
+        runner.only = {job.entry for job in jobs}      # its own jobs: what others queued (or left) waits for them
         if runner.store.runner_alive():
             print("the queue of this outputs folder is run by another process (the app?): following the job(s) "
                   "there", file=sys.stderr)

@@ -104,7 +104,7 @@ def _read(args) -> int:
         for e in entries:
             print(json.dumps(e.summary(), ensure_ascii=False) if args.json else _line(e))
         return EXIT_OK
-    unfinished = [e for e in entries if e.status in (qs.WAITING, qs.RUNNING)]
+    unfinished = [e for e in entries if e.status in (qs.WAITING, qs.RUNNING, qs.SHOWN_INTERRUPTED)]
     args.file.write_text(qs.export_lines(unfinished), "utf-8")
     print(f"wrote {len(unfinished)} job(s) to {args.file}")
     return EXIT_OK

@@ -177,6 +177,7 @@ class Runner:
         self._thread: threading.Thread | None = None
         self._job_threads: dict[str, threading.Thread] = {}     # entry id -> the thread running it here
         self._leased, self._renewed = False, 0.0
+        self.only: set[str] | None = None            # run only these entries (a command line's own jobs), else all
         self.caps: QueueCaps | None = None           # the app's limits on waiting jobs (none: the command line)
 
     @property
@@ -318,7 +319,10 @@ class Runner:
         if job.entry not in ids:
             return None
         mine = ids.index(job.entry)
-        ahead = [e for i, e in enumerate(entries) if e.status == qs.RUNNING or (i < mine and e.status == qs.WAITING)]
+        if entries[mine].status == qs.RUNNING:          # another process (the app) runs it: it waits no more
+            return None
+        ahead = [e for i, e in enumerate(entries) if i != mine and (e.status == qs.RUNNING or
+                                                                    (i < mine and e.status == qs.WAITING))]
         if not ahead:
             return None
         now = time.monotonic()
@@ -516,7 +520,7 @@ class Runner:
             with self._lock:
                 if len(self._running) >= self.executor.slots:
                     return
-            entry = self.store.next_waiting()
+            entry = self.store.next_waiting(self.only)
             if entry is None or not self.store.claim(entry.id):
                 return
             with self._lock:

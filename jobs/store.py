@@ -17,6 +17,7 @@ newer schema) is moved aside (`queue.db.damaged-<time>`) with a warning and a ne
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -46,6 +47,7 @@ IMAGES_DIR = "images"                   # in QUEUE_DIR: <entry id>/start.png, en
 WAITING, RUNNING, DONE, STOPPED, FAILED = "waiting", "running", "done", "stopped", "failed"
 FINISHED = (DONE, STOPPED, FAILED)
 INTERRUPTED = "interrupted: continues in its job folder"     # the message of an entry a dead runner left running
+SHOWN_INTERRUPTED = "interrupted"     # how a reader shows an entry whose runner died (`read`): `queue remove` takes it
 ORIGINS = ("page", "api", "queue", "cli", "batch")      # where an entry came from (the page's Start: "page")
 LEASE_STALE_S = 30.0        # a lease of another computer's runner not renewed this long is free (it died there)
 BUSY_TIMEOUT_S = 2.0        # SQLite's own wait for a lock, each try
@@ -244,8 +246,10 @@ class QueueStore:
                 if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
                     raise sqlite3.DatabaseError("integrity check failed")
                 rows = db.execute(f"SELECT {', '.join(COLUMNS)} FROM entries ORDER BY position").fetchall()
+                lease = db.execute("SELECT value FROM meta WHERE key = 'runner'").fetchone()
             if rows or store.path.stat().st_size:
-                return [cls._entry(r) for r in rows], None
+                orphaned = lease is None or _lease_gone(json.loads(lease[0]), time.time())
+                return [cls._shown(cls._entry(r), orphaned) for r in rows], None
         except sqlite3.DatabaseError as e:
             rows = store._salvaged()
             return [cls._entry(r) for r in rows], (
@@ -532,10 +536,14 @@ class QueueStore:
         return self.entries()
 
     def remove(self, entry_id: str) -> Entry:
-        """Take a waiting or finished job out of the queue at once (its images go with it)."""
+        """Take a waiting, finished or interrupted job (left running by a runner that died) out of the queue at once
+        (its images go with it; its job folder stays, to be resumed)."""
         entry = self.require(entry_id)
         with self._write() as db:
-            gone = db.execute("DELETE FROM entries WHERE id = ? AND status != ?", (entry.id, RUNNING)).rowcount
+            lease = db.execute("SELECT value FROM meta WHERE key = 'runner'").fetchone()
+            orphaned = lease is None or _lease_gone(json.loads(lease[0]), time.time())    # its runner died
+            gone = db.execute("DELETE FROM entries WHERE id = ? AND (status != ? OR ?)",
+                              (entry.id, RUNNING, orphaned)).rowcount
         if not gone:
             raise InputError("queued job", f"job {entry.id} is {entry.status}; press End (or stop it) instead")
         shutil.rmtree(self.images_root / entry.id, ignore_errors=True)
@@ -562,10 +570,22 @@ class QueueStore:
         return gone
 
     # ---- the worker's side ------------------------------------------------------------------------------------------
-    def next_waiting(self) -> Entry | None:
-        row = self._db().execute("SELECT * FROM entries WHERE status = ? ORDER BY position LIMIT 1",
-                                 (WAITING,)).fetchone()
-        return self._entry(row) if row else None
+    @staticmethod
+    def _shown(entry: Entry, orphaned: bool) -> Entry:
+        """An entry as a reader shows it: "interrupted" when its runner died (left running with no live runner, or
+        put back in line by the next one to continue in its folder)."""
+        if (entry.status == RUNNING and orphaned) or entry.interrupted:
+            return dataclasses.replace(entry, status=SHOWN_INTERRUPTED)
+        return entry
+
+    def next_waiting(self, among: set[str] | None = None) -> Entry | None:
+        """The first waiting entry (`among`: of these ids only)."""
+        if among is None:
+            row = self._db().execute("SELECT * FROM entries WHERE status = ? ORDER BY position LIMIT 1",
+                                     (WAITING,)).fetchone()
+            return self._entry(row) if row else None
+        rows = self._db().execute("SELECT * FROM entries WHERE status = ? ORDER BY position", (WAITING,)).fetchall()
+        return next((e for e in map(self._entry, rows) if e.id in among), None)
 
     def claim(self, entry_id: str) -> bool:
         """Mark a waiting entry running (False: it was removed, moved on or started meanwhile)."""
