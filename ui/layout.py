@@ -20,6 +20,17 @@ CSS = """
 .sf-progress-note {font-size: 0.85em; font-style: italic;}
 #preview img {image-rendering: pixelated; object-fit: contain;}
 #status {min-height: 1.5em;}
+/* contrast (WCAG AA, 4.5:1 on white): the help under the labels, the sliders' ends, the muted lines, Start and
+   End; and a focus ring that shows where the keyboard is (issue 44 item 7) */
+body:not(.dark) .gradio-container {--block-info-text-color: #52525b; --body-text-color-subdued: #52525b;
+    --button-primary-background-fill: #c2410c; --button-primary-background-fill-hover: #9a3412;
+    --button-cancel-background-fill: #b91c1c; --button-cancel-background-fill-hover: #991b1b;}
+body:not(.dark) .info-text, body:not(.dark) .min_value, body:not(.dark) .max_value, body:not(.dark) .or
+    {color: #52525b !important;}
+body:not(.dark) button.primary {background: #c2410c !important; color: #fff !important;}
+body:not(.dark) button.stop {background: #b91c1c !important; color: #fff !important;}
+button:focus-visible, input:focus-visible, textarea:focus-visible, select:focus-visible, [role="radio"]:focus-visible
+    {outline: 3px solid #1d4ed8 !important; outline-offset: 2px !important;}
 #header h2 {margin: 0 0 2px 0;}
 #header p {margin: 0; font-size: 0.9em;}
 #prompt-tokens {font-size: 0.85em; color: var(--body-text-color-subdued); margin-top: -6px;}
