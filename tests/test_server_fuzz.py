@@ -134,7 +134,7 @@ def client(target, tmp_path_factory):
 @given(data=st.data())
 def test_api_through_gradio_client(client, data, tmp_path_factory):
     """The documented endpoints through gradio_client: hostile keyword values are refused with an AppError (or the
-    client refuses to send them); /resume with any job id is refused; /stop answers."""
+    client refuses to send them, or the server a body over 1 MB with 413); /resume with any job id is refused; /stop answers."""
     from gradio_client import handle_file
     from gradio_client.exceptions import AppError
 
@@ -143,8 +143,12 @@ def test_api_through_gradio_client(client, data, tmp_path_factory):
     kwargs = {"image": handle_file(str(bad))}
     for name in data.draw(st.lists(st.sampled_from(API_PARAMS[2:]), max_size=5, unique=True), label="fields"):
         kwargs[name] = data.draw(scalars, label=name)
-    with pytest.raises((AppError, ValueError, TypeError)):
+    import httpx
+
+    with pytest.raises((AppError, ValueError, TypeError, httpx.HTTPStatusError)) as refused:
         client.predict(**kwargs, api_name="/video")
+    if isinstance(refused.value, httpx.HTTPStatusError):               # a body over 1 MB (ui/launch.py BodyCap)
+        assert refused.value.response.status_code == 413
     with pytest.raises(AppError):
         client.predict(data.draw(st.one_of(st.text(max_size=300), st.just("../" * 50)), label="job_id"),
                        api_name="/resume")

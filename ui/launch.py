@@ -95,6 +95,8 @@ def host_budget_problem(config: Config, device_type: str) -> str | None:
 
 
 BODY_BYTES_MAX = 1 << 20        # a request's body other than an upload (JSON of a call: settings, prompts, LoRAs)
+DRAIN_BYTES_MAX = 64 << 20      # an oversized body up to this is read (and dropped) before the 413, so the client
+                                # hears it; a larger one is answered at once
 
 
 class BodyCap:
@@ -116,6 +118,9 @@ class BodyCap:
         except ValueError:
             declared = 0
         if declared > self.limit:
+            if declared <= DRAIN_BYTES_MAX:                # read and drop it (nothing kept): a clean answer
+                while (await receive()).get("more_body"):
+                    pass
             return await self._refuse(send)
         seen = 0
 
@@ -131,6 +136,8 @@ class BodyCap:
         try:
             await self.app(scope, counted, send)
         except _TooLarge:
+            while seen <= DRAIN_BYTES_MAX and (await receive()).get("more_body"):     # (dropped as it comes)
+                seen += 1 << 16
             await self._refuse(send)
 
     async def _refuse(self, send):
