@@ -29,8 +29,9 @@ body:not(.dark) .info-text, body:not(.dark) .min_value, body:not(.dark) .max_val
     {color: #52525b !important;}
 body:not(.dark) button.primary {background: #c2410c !important; color: #fff !important;}
 body:not(.dark) button.stop {background: #b91c1c !important; color: #fff !important;}
-button:focus-visible, input:focus-visible, textarea:focus-visible, select:focus-visible, [role="radio"]:focus-visible
-    {outline: 3px solid #1d4ed8 !important; outline-offset: 2px !important;}
+.gradio-container button:focus-visible, .gradio-container input:focus-visible, .gradio-container textarea:focus-visible,
+.gradio-container select:focus-visible, button:focus-visible
+    {outline: none !important; box-shadow: 0 0 0 2px #fff, 0 0 0 5px #1d4ed8 !important;}
 #header h2 {margin: 0 0 2px 0;}
 #header p {margin: 0; font-size: 0.9em;}
 #prompt-tokens {font-size: 0.85em; color: var(--body-text-color-subdued); margin-top: -6px;}
@@ -45,9 +46,13 @@ button:focus-visible, input:focus-visible, textarea:focus-visible, select:focus-
   .gradio-container {padding-bottom: 200px !important;}
   #jobs-gallery .grid-container {grid-template-columns: repeat(2, minmax(0, 1fr)) !important;}
 }
-/* Past jobs: the caption under the picture, not over it */
+/* Past jobs: the caption under the picture, not over it, inside its button (which clipped it: issue 44 item 2) */
 #jobs-gallery .caption-label {position: static !important; background: none !important; color: inherit !important;
-    max-width: 100% !important;}
+    max-width: 100% !important; margin: 0 !important; padding: 2px 4px !important; transform: none !important;}
+#jobs-gallery button.thumbnail-item {overflow: visible !important; height: auto !important; aspect-ratio: auto !important;
+    display: flex !important; flex-direction: column !important; align-items: stretch !important;}
+#jobs-gallery button.thumbnail-item img {height: 120px !important; width: 100% !important; object-fit: contain !important;}
+#jobs-gallery .grid-container {grid-auto-rows: auto !important; height: auto !important;}
 """
 PHONE_MAX_WIDTH = 768
 IMAGE_HEIGHT = 160                                   # the start and end images: the job fits one desktop screen

@@ -125,7 +125,7 @@ class RunPanel:
         if job is None or job.cancel.cancelled and not job.started:
             yield {ui.status: gr.skip()}    # dropped while waiting (End or tab closed), or not started
             return
-        view = JobView(fps=job.request.fps, mode=job.request.mode)
+        view = JobView(fps=job.request.fps, mode=job.request.mode, seed=getattr(job.request, "seed", None))
         yield {ui.preview: None, ui.video: None, ui.log: "", ui.memory_plot: None,
                ui.timings: "_Shown after the job._"}
         for batch in self.runner.stream(job, tick_s=TICK_S):
@@ -187,7 +187,8 @@ class RunPanel:
         updates = {}
         if watch is None or watch.job_id != job.id:
             request_ = job.request
-            watch = Watch(job.id, JobView(fps=getattr(request_, "fps", 30), mode=getattr(request_, "mode", "")), {})
+            watch = Watch(job.id, JobView(fps=getattr(request_, "fps", 30), mode=getattr(request_, "mode", ""),
+                                          seed=getattr(request_, "seed", None)), {})
             with self._lock:
                 self._watching[session] = watch
             updates[ui.end] = gr.update(interactive=True)

@@ -58,7 +58,8 @@ def progress_html(p: Progress | None, *, idle_text: str = "Idle: upload an image
             + (f'<div class="sf-progress-note">{html.escape(note)}</div>' if note else "") + '</div>')
 
 
-def done_status(done: Done, fps: int) -> str:
+def done_status(done: Done, fps: int, seed: int | None = None) -> str:
+    """The status of an ended job (with the seed it used, which "New seed for each job" chose)."""
     seconds = done.frames / fps if fps else 0.0
     # the job's id and the file's name, never the server's path (the page and the API answer clients)
     where = (f"`{done.job_dir.name}/{done.video.name}`" if done.job_dir is not None else f"`{done.video.name}`") \
@@ -69,13 +70,15 @@ def done_status(done: Done, fps: int) -> str:
         if done.video is None:
             return f"■ **Stopped** before the first section was finished{took}: no video was made."
         return f"■ **Stopped**: kept the video made so far, {done.frames} frames ({seconds:.1f} s){took} → {where}"
-    return f"✓ **Done**: {done.frames} frames ({seconds:.1f} s){took} → {where}"
+    used = f", seed {seed}" if isinstance(seed, int) and not isinstance(seed, bool) else ""
+    return f"✓ **Done**: {done.frames} frames ({seconds:.1f} s){took}{used} → {where}"
 
 
 @dataclass
 class JobView:
     fps: int = 30
     mode: str = ""
+    seed: int | None = None                      # the seed the job uses (said in Done)
     preview: np.ndarray | None = None
     video: str | None = None
     progress: Progress | None = None
@@ -124,7 +127,7 @@ class JobView:
             if event.video is not None:
                 self.video = str(event.video)
                 self._changed.add("video")
-            self.status = done_status(event, self.fps)
+            self.status = done_status(event, self.fps, self.seed)
             self._log("info", self.status.replace("**", "").replace("`", ""))
             self._finish_progress("stopped" if event.stopped else "done", event.timings.get("total"))
             self._changed.add("status")
