@@ -224,6 +224,6 @@ def _refusal(models, stages, budget: int, minimum: int, overhead: int, reserve: 
             f"({'; '.join(parts)}).")
     if not gpu:     # nothing is streamed or stored in fp8 on the CPU: the cap, preserved memory and --fp8 change nothing
         return (f"{head} Without a GPU only more RAM helps: raise --host-ram-gb if this computer has it (a CPU run "
-                f"of the real model is also very slow), or try the app with --preset tiny.")
+                f"of the real model is also very slow), or use --preset tiny (tiny random models, to try things out).")
     return (f"{head} Raise --host-ram-gb, or stream less (lower the preserved memory or raise the VRAM cap: fewer "
             f"blocks streamed), or store the weights in fp8 (--fp8, half the bytes).")
