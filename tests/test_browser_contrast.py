@@ -103,3 +103,28 @@ def test_past_jobs_captions_are_inside_their_buttons_and_say_the_seed(server, br
             assert left >= b_left - 1 and right <= b_right + 1, s
     finally:
         page.close()
+
+
+def test_on_a_phone_the_bar_stays_small_and_a_stale_error_goes_at_the_next_start(server, browser, tmp_path):
+    """Issue 44 item 5: on a phone (390×844) the bottom bar (Start, End, progress, status) takes under a quarter of
+    the screen while a job runs (26 % before), and a refused Start's error pop-up closes at the next Start (it
+    stayed on top of the new job's preview)."""
+    from tests.browser_helpers import fill_job, wait_status
+    from tests.conftest import make_image
+
+    make_image(96, 80).save(tmp_path / "start.png")
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    try:
+        page.goto(server.url)
+        page.wait_for_selector("#start-btn")
+        page.locator("#start-btn").click()                     # no image yet: refused, an error pop-up
+        page.wait_for_selector(".toast-close", timeout=30_000)
+        fill_job(page, tmp_path / "start.png", wait_image=True, seconds=2.4, steps=3)
+        page.locator("#start-btn").click()
+        page.wait_for_function("() => /sampling|VAE|Done/.test(document.querySelector('#progress').innerText)")
+        assert page.locator(".toast-close").count() == 0
+        share = page.evaluate("() => document.querySelector('#actions').getBoundingClientRect().height / innerHeight")
+        assert share < 0.25, share
+        assert "Done" in wait_status(page, "Done", "Failed")
+    finally:
+        page.close()

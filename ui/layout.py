@@ -43,6 +43,9 @@ body:not(.dark) button.stop {background: #b91c1c !important; color: #fff !import
   #actions {position: fixed; left: 0; right: 0; bottom: 0; z-index: 100; margin: 0 !important; padding: 6px 10px;
             background: var(--background-fill-primary); box-shadow: 0 -2px 10px rgba(0, 0, 0, 0.2);
             max-height: 40vh; overflow-y: auto;}
+  #actions button {min-height: 34px !important; padding: 4px 8px !important;}
+  #actions .sf-progress-note, #actions .sf-progress-detail {display: none;}    /* the bar: Start, End, one line */
+  #actions #status {font-size: 0.85em; min-height: 0;}
   .gradio-container {padding-bottom: 200px !important;}
   #jobs-gallery .grid-container {grid-template-columns: repeat(2, minmax(0, 1fr)) !important;}
 }
@@ -57,8 +60,10 @@ body:not(.dark) button.stop {background: #b91c1c !important; color: #fff !import
 PHONE_MAX_WIDTH = 768
 IMAGE_HEIGHT = 160                                   # the start and end images: the job fits one desktop screen
 SIZE_CONTROLS = ("resolution", "width", "height")     # Advanced's last controls: the memory plan follows them
-# After Start on a narrow screen: bring the preview into view (the bar at the bottom keeps Start, End and progress).
-SHOW_PREVIEW_JS = (f"() => {{ if (window.innerWidth <= {PHONE_MAX_WIDTH}) "
+# After Start: the last refusal's error pop-ups close (they covered the new job's preview); on a narrow screen the
+# preview comes into view (the bar at the bottom keeps Start, End and progress).
+SHOW_PREVIEW_JS = (f"() => {{ document.querySelectorAll('.toast-close').forEach(b => b.click()); "   # stale errors
+                   f"if (window.innerWidth <= {PHONE_MAX_WIDTH}) "
                    "document.querySelector('#preview')?.scrollIntoView({behavior: 'smooth', block: 'start'}); }")
 
 

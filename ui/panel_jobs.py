@@ -55,6 +55,22 @@ def reused_keyframes(entry, text: str) -> str:
     return keyframes.with_images(items, files)
 
 
+def reasoned_buttons(entry) -> tuple:
+    """Resume and Extend for a selected job: on, or greyed out with the reason on the button (issue 44 item 6: a
+    finished original-mode job's Extend was greyed out with no word of why)."""
+    if entry.resumable:
+        resume = gr.update(interactive=True, value="Resume")
+    elif entry.status == "done":
+        resume = gr.update(interactive=False, value="Resume: it is done")
+    else:
+        resume = gr.update(interactive=False, value="Resume: no finished section to go on from")
+    if entry.settings.get("mode") == "f1":
+        extend = gr.update(interactive=True, value="Extend")
+    else:
+        extend = gr.update(interactive=False, value="Extend: F1-mode jobs only (Reuse, switch to F1)")
+    return resume, extend
+
+
 class JobsPanel:
     def __init__(self, ctx: AppContext):
         self.ctx, self.ui = ctx, ctx.ui
@@ -106,7 +122,7 @@ class JobsPanel:
         if entry is None:
             return None, None, {"error": "this job is no longer there (or its job.json cannot be read)"}, off, off, off
         return (entry.id, published(entry.video), entry.details(), gr.update(interactive=True),
-                gr.update(interactive=entry.resumable), gr.update(interactive=entry.settings.get("mode") == "f1"))
+                *reasoned_buttons(entry))
 
     def select_job(self, job_ids, evt: gr.SelectData, request: gr.Request):
         index = evt.index
