@@ -128,3 +128,24 @@ def test_on_a_phone_the_bar_stays_small_and_a_stale_error_goes_at_the_next_start
         assert "Done" in wait_status(page, "Done", "Failed")
     finally:
         page.close()
+
+
+def test_reuse_shows_its_result_where_it_lands(server, browser):
+    """Issue 44 item 6: after Reuse the page shows the controls it filled (Resume and Extend likewise bring the
+    progress by Start and the filled "Extend a video" group into view: ui/panel_jobs.py); before, it happened at the
+    top of the page, out of view from Past jobs."""
+    assert server.jobs(), "a job of an earlier test of this module"
+    page = browser.new_page(viewport=LAPTOP)
+    try:
+        page.goto(server.url)
+        page.wait_for_selector("#start-btn")
+        page.locator("#past-jobs").get_by_text("Past jobs").click()
+        page.locator("#jobs-gallery button.thumbnail-item").first.click()
+        page.wait_for_function("() => !document.querySelector('#reuse-btn').disabled")
+        page.locator("#reuse-btn").scroll_into_view_if_needed()
+        assert page.evaluate("() => document.querySelector('#prompt').getBoundingClientRect().bottom < 0")
+        page.locator("#reuse-btn").click()
+        page.wait_for_function("""() => { const r = document.querySelector('#prompt').getBoundingClientRect();
+                                  return r.top >= 0 && r.bottom <= innerHeight; }""", timeout=10_000)
+    finally:
+        page.close()

@@ -55,6 +55,11 @@ def reused_keyframes(entry, text: str) -> str:
     return keyframes.with_images(items, files)
 
 
+def scroll_to(selector: str) -> str:
+    """Browser code that brings `selector` into view (the page's own script, no handler)."""
+    return f"() => {{ document.querySelector({selector!r})?.scrollIntoView({{behavior: 'smooth', block: 'center'}}); }}"
+
+
 def reasoned_buttons(entry) -> tuple:
     """Resume and Extend for a selected job: on, or greyed out with the reason on the button (issue 44 item 6: a
     finished original-mode job's Extend was greyed out with no word of why)."""
@@ -248,11 +253,14 @@ class JobsPanel:
             jobs_filter.change(self.filtered, jobs_filter, [ui.gallery, ui.jobs_state], show_progress="hidden",
                                trigger_mode="always_last")
         ui.gallery.select(self.select_job, ui.jobs_state, self.detail_outputs, show_progress="hidden")
-        ui.reuse.click(self.reuse_settings, ui.selected_job, ui.controls(), show_progress="hidden")
+        # each button's result is shown where it lands (issue 44 item 6: it happened at the top, out of view)
+        ui.reuse.click(self.reuse_settings, ui.selected_job, ui.controls(), show_progress="hidden") \
+            .then(None, js=scroll_to("#prompt"))
         opened = [ui.extend_group] if ui.extend_group is not None else []      # the group it fills, opened
         ui.extend.click(self.extend_opened if opened else self.extend, ui.selected_job,
                         [ui.source_job, ui.mode, ui.image, ui.input_video, *opened],
-                        show_progress="hidden")
+                        show_progress="hidden").then(None, js=scroll_to("#extend-group"))
+        ui.resume.click(None, js=scroll_to("#actions"))           # the resumed job's progress, by Start
         if ui.delete is not None:
             ui.delete.click(self.ask_delete, ui.selected_job, [ui.delete_note, ui.delete_confirm, ui.delete_pending],
                             show_progress="hidden")
