@@ -166,12 +166,12 @@ class RunPanel:
 
     # ---- the job any tab shows ---------------------------------------------------------------------------------
     def watch(self, request: gr.Request):
-        """The page is a view of the runner: a tab without a job of its own (a reloaded one, a second one, another
-        browser of the same user) shows the job running here, whatever door started it (page, queue, command
+        """The page is a view of the runner: a tab that has not started a job itself (a reloaded one, a second one,
+        another browser of the same user) shows the job running here, whatever door started it (page, queue, command
         line, API): its progress, preview, section videos and End; then its end. Called every WATCH_S."""
         session, ui = request.session_hash, self.ui
         own = self.runner.current(session)
-        if own is not None and not own.finished:       # this tab's own job streams through run()
+        if own is not None:        # this tab's own job streams through run(); once it ended, its result stays shown
             with self._lock:
                 self._watching.pop(session, None)
             return {ui.status: gr.skip()}
