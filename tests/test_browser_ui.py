@@ -365,7 +365,7 @@ def test_a_file_that_is_not_an_image_is_refused_on_upload(server, browser, image
             page.locator(f"{box} input[type=file]").set_input_files(str(images / "fake.png"))
             page.wait_for_function(f"() => document.querySelector('#status').innerText.includes('{label}:')")
             status = _status(page)
-            assert "fake.png is not a readable image" in status and "Upload a PNG, JPEG or WebP" in status, status
+            assert "fake.png is not a PNG, JPEG or WebP image" in status and "Upload a PNG, JPEG or WebP" in status, status
             assert not re.search(r"\w+(Error|Exception)\b", status), status
             page.wait_for_function(f"() => !document.querySelector('{box} img')")     # emptied, no broken icon
         _shot(page, "desktop_upload_refused", full=False)

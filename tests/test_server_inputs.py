@@ -71,15 +71,16 @@ def _file(files, name):
 
 # (id, changes to a good request, what the message must contain: the field first)
 REFUSED = [
-    ("random-bytes", {"image": "random.png"}, ["image:", "random.png is not a readable image"]),
+    ("random-bytes", {"image": "random.png"}, ["image:", "random.png is not a PNG, JPEG or WebP image",
+                                               "Upload a PNG, JPEG or WebP image"]),
     ("empty-file", {"image": "empty.png"}, ["image:", "empty.png is empty (0 bytes)"]),
     ("truncated-png", {"image": "truncated.png"}, ["image:", "not a readable image"]),
-    ("text-named-jpg", {"image": "text.jpg"}, ["image:", "not a readable image"]),
+    ("text-named-jpg", {"image": "text.jpg"}, ["image:", "text.jpg is not a PNG, JPEG or WebP image"]),
     ("9000x64", {"image": "wide.png"}, ["image:", "9000×64", "at most 8192 pixels"]),
     ("bomb-30000x30000", {"image": "bomb.png"}, ["image:", "decompression bomb guard"]),
     ("header-claims-9000x8000", {"image": "header_only.png"}, ["image:", "9000×8000 pixels", "limit is 8192×8192"]),
     ("63px", {"image": "small.png"}, ["image:", "63×100", "at least 64 pixels"]),
-    ("broken-end-image", {"end_image": "random.png"}, ["end image:", "not a readable image"]),
+    ("broken-end-image", {"end_image": "random.png"}, ["end image:", "random.png is not a PNG, JPEG or WebP image"]),
     ("no-image", {"image": None}, ["image:", "no image given"]),
     ("end-image-with-f1", {"end_image": "good.png", "mode": "f1"}, ["end image:", "only the original mode"]),
     ("seconds-0", {"seconds": 0}, ["seconds:", "out of range", "between 1 and 120"]),
