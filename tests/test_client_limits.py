@@ -143,7 +143,8 @@ def test_fresh_session_ids_do_not_raise_a_clients_queue_limit(tmp_path, tiny_ori
         api = {fn.api_name: fn.fn for fn in server.blocks.fns.values()}
         actions = api["queue_add_images"].__self__.actions
         release = threading.Event()
-        actions.add_images = lambda images, values, user=None: (release.wait(30), [])[1]
+        # held until all 24 calls are in (released in `finally`): a bound that cannot run out on a loaded machine
+        actions.add_images = lambda images, values, user=None: (release.wait(600), [])[1]
         event, = (e for e in fz.events(server.url) if e.name == "queue_add_images")
         status, body = fz.upload(server.url, "in.png", picture.read_bytes())
         image = {"path": json.loads(body)[0], "meta": {"_type": "gradio.FileData"}}
@@ -162,4 +163,29 @@ def test_fresh_session_ids_do_not_raise_a_clients_queue_limit(tmp_path, tiny_ori
                           "event_data": None, "trigger_id": None})
         status, text = fz._post(server.url + "gradio_api/queue/join", huge, 30)
         assert status == 413 and "request body over 1 MB" in text
+        # ... whatever it claims to be (only Gradio's upload routes take multipart bodies, bounded by their own
+        # limit), and sent without a length (chunked): a 413 too, not the route's own "error parsing the body"
+        for route in ("gradio_api/queue/join", "gradio_api/run/predict"):
+            status, text = fz._post(server.url + route, huge, 30, "multipart/form-data; boundary=x")
+            assert status == 413 and "request body over 1 MB" in text, (route, status, text[:200])
+            for chunk in (1 << 16, len(huge)):
+                status, text = _post_chunked(server.url + route, huge, chunk)
+                assert status == 413 and "request body over 1 MB" in text, (route, chunk, status, text[:200])
+        assert fz.upload(server.url, "big.png", b"\0" * (3 << 20))[0] == 200       # an upload over 1 MB is not capped
         assert fz._post(server.url + "gradio_api/queue/join", payload, 30)[0] in (200, 503)    # still serving
+
+
+def _post_chunked(url: str, body: bytes, chunk: int) -> tuple[int, str]:
+    """POST `body` without a Content-Length (Transfer-Encoding: chunked, `chunk` bytes a piece)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+    try:
+        connection.request("POST", where.path, body=(body[i:i + chunk] for i in range(0, len(body), chunk)),
+                           headers={"Content-Type": "application/json"}, encode_chunked=True)
+        response = connection.getresponse()
+        return response.status, response.read().decode("utf-8", "replace")
+    finally:
+        connection.close()

@@ -138,6 +138,8 @@ def test_api_through_gradio_client(client, data, tmp_path_factory):
     from gradio_client import handle_file
     from gradio_client.exceptions import AppError
 
+    from ui.launch import BODY_BYTES_MAX
+
     bad = tmp_path_factory.mktemp("bad") / data.draw(st.sampled_from(["a.png", "b.jpg", "c.webp", "d.txt"]))
     bad.write_bytes(data.draw(st.binary(max_size=2000), label="file bytes"))
     kwargs = {"image": handle_file(str(bad))}
@@ -147,8 +149,10 @@ def test_api_through_gradio_client(client, data, tmp_path_factory):
 
     with pytest.raises((AppError, ValueError, TypeError, httpx.HTTPStatusError)) as refused:
         client.predict(**kwargs, api_name="/video")
-    if isinstance(refused.value, httpx.HTTPStatusError):               # a body over 1 MB (ui/launch.py BodyCap)
+    if isinstance(refused.value, httpx.HTTPStatusError):               # a body over 1 MB (ui/launch.py BodyCap) ...
         assert refused.value.response.status_code == 413
+        sent = sum(len(fz.encode(v)) for k, v in kwargs.items() if k != "image")
+        assert sent > BODY_BYTES_MAX - (64 << 10), f"a {sent}-byte call refused as too large"    # ... and only that
     with pytest.raises(AppError):
         client.predict(data.draw(st.one_of(st.text(max_size=300), st.just("../" * 50)), label="job_id"),
                        api_name="/resume")

@@ -95,14 +95,20 @@ def host_budget_problem(config: Config, device_type: str) -> str | None:
 
 
 BODY_BYTES_MAX = 1 << 20        # a request's body other than an upload (JSON of a call: settings, prompts, LoRAs)
+UPLOAD_ROUTES = ("/gradio_api/upload", "/gradio_api/component_server", "/gradio_api/process_recording")
+#                 Gradio's multipart routes: each parses its body as a stream bounded by max_file_size
 DRAIN_BYTES_MAX = 64 << 20      # an oversized body up to this is read (and dropped) before the 413, so the client
                                 # hears it; a larger one is answered at once
 
 
 class BodyCap:
-    """ASGI middleware: a request body over `limit` bytes, other than an upload (multipart, which Gradio bounds by
-    max_file_size), is answered 413 before it is read whole; the body is counted as it arrives, so a missing or
-    false Content-Length does not pass either. Own code: Starlette and FastAPI have no body limit of their own."""
+    """ASGI middleware: a request body over `limit` bytes, other than a multipart upload to one of Gradio's upload
+    routes (UPLOAD_ROUTES, which parse it as a stream bounded by max_file_size), is answered 413 without being kept;
+    the body is counted as it arrives, so a missing or false Content-Length does not pass either. A body up to
+    DRAIN_BYTES_MAX is read and dropped first, so the client (which sends it whole before it reads) hears the 413
+    rather than a reset connection. The exemption is by route, not by the Content-Type alone: Gradio's call routes
+    (/queue/join, /run/predict, ...) read any body whole whatever it claims to be. Own code: Starlette and FastAPI
+    have no body limit of their own."""
 
     def __init__(self, app, limit: int = BODY_BYTES_MAX):
         self.app, self.limit = app, limit
@@ -111,7 +117,8 @@ class BodyCap:
         if scope.get("type") != "http":
             return await self.app(scope, receive, send)
         headers = {k.lower(): v for k, v in scope.get("headers") or ()}
-        if headers.get(b"content-type", b"").startswith(b"multipart/form-data"):
+        if headers.get(b"content-type", b"").startswith(b"multipart/form-data") \
+                and str(scope.get("path", "")).rstrip("/").endswith(UPLOAD_ROUTES):
             return await self.app(scope, receive, send)
         try:
             declared = int(headers.get(b"content-length", b"0"))
@@ -119,25 +126,35 @@ class BodyCap:
             declared = 0
         if declared > self.limit:
             if declared <= DRAIN_BYTES_MAX:                # read and drop it (nothing kept): a clean answer
-                while (await receive()).get("more_body"):
-                    pass
+                await _drain(receive, 0)
             return await self._refuse(send)
-        seen = 0
+        seen, rest, over, started = 0, True, False, False  # bytes read; more to come; over the limit; answered
 
         async def counted():
-            nonlocal seen
+            nonlocal seen, rest, over
             message = await receive()
             if message.get("type") == "http.request":
                 seen += len(message.get("body", b""))
+                rest = bool(message.get("more_body"))
                 if seen > self.limit:
+                    over = True
                     raise _TooLarge
             return message
 
+        async def answer(message):         # the app's own answer to a body cut off (FastAPI: 400) is replaced
+            nonlocal started
+            if over and not started:
+                return
+            started = started or message.get("type") == "http.response.start"
+            await send(message)
+
         try:
-            await self.app(scope, counted, send)
+            await self.app(scope, counted, answer)
         except _TooLarge:
-            while seen <= DRAIN_BYTES_MAX and (await receive()).get("more_body"):     # (dropped as it comes)
-                seen += 1 << 16
+            pass
+        if over and not started:
+            if rest:                       # (once the body has ended, receive() waits for the client to go)
+                await _drain(receive, seen)
             await self._refuse(send)
 
     async def _refuse(self, send):
@@ -149,6 +166,16 @@ class BodyCap:
 
 class _TooLarge(Exception):
     pass
+
+
+async def _drain(receive, seen: int) -> None:
+    """Read and drop the rest of a refused body (`seen` bytes of it read already), up to DRAIN_BYTES_MAX in all; it
+    stops at the body's end or when the client goes."""
+    while seen <= DRAIN_BYTES_MAX:
+        message = await receive()
+        if message.get("type") != "http.request" or not message.get("more_body"):
+            return
+        seen += len(message.get("body", b""))
 
 
 @dataclass(frozen=True)
