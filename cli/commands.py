@@ -500,7 +500,8 @@ def run_batch(command: Command, path: Path, new_seed: str | None = None) -> int:
                 for number, p in jobs]
     queued = command.open().submit_many([p for _, p in jobs], origin="batch", checked=True) if jobs else []
     for (number, prepared), job in zip(jobs, queued):
-        what = getattr(prepared.request, "prompt", None) or " ".join(s.text() for s in prepared.request.steps)
+        request = prepared.request
+        what = (" ".join(s.text() for s in request.steps) if isinstance(request, PostRequest) else request.prompt)
         print(f"line {number}: {what[:60]!r} (queued as {job.entry})")
     results = list(invalid)
     for (number, _), (code, last) in zip(jobs, command.run(queued) if queued else []):

@@ -71,8 +71,7 @@ def admitted(values: Mapping[str, Any], door: Door, table: tuple[Control, ...] =
     """`values` by control name (aliases turned into names), each file, job id and LoRA checked by `door`'s rules;
     a job id becomes the video to extend (its folder). Keys that are no control are kept (Request.from_mapping
     refuses or ignores them). Raises InputError naming the field."""
-    from pipeline.lora import listed_only, names_only          # (PIL and the request's checks: not at import, for the CLI)
-    from pipeline.request import canonical, shown
+    from pipeline.request import canonical, shown      # (PIL and the request's checks: not at import, for the CLI)
 
     out = canonical(values, table)
     names = {c.name for c in table}
@@ -96,6 +95,7 @@ def admitted(values: Mapping[str, Any], door: Door, table: tuple[Control, ...] =
         out["sources"] = [door.file(video, s) for s in source_values(out)]
         out.pop("source", None)
     if "loras" in names and _given(out.get("loras")) and not door.lora_paths:
+        from pipeline.lora import listed_only, names_only  # (torch: only where a door checks LoRA names)
         names_only(out["loras"])                # LoRA files by their names in the LoRA folder, never a path
         if door.lora_folder is not None:
             listed_only(out["loras"], door.lora_folder)
