@@ -72,11 +72,6 @@ def resume_request(job_dir: Path) -> tuple[Request, dict]:
         raise _damaged(job_dir, "no model preset")
     if info.get("status") == "done" and not incomplete(job_dir, info):
         raise AlreadyComplete(job_dir, info.get("final"))
-    checkpoint_problem(job_dir)
-    if not (job_dir / "input.png").is_file():    # the job's own start image (not the user's --image): its file named
-        uploads = sorted(p.name for p in job_dir.glob("upload.*"))
-        raise InputError("job folder", f"{job_dir / 'input.png'} is missing (the job's prepared start image); put it "
-                                       f"back, or start a new job" + (f" from {job_dir / uploads[0]}" if uploads else ""))
     end = job_dir / "end.png"
     given = {}
     if isinstance(info.get("keyframes"), list) and settings.get("keyframes"):     # the folder's copies
@@ -91,6 +86,13 @@ def resume_request(job_dir: Path) -> tuple[Request, dict]:
     if problems:       # a hand-edited job.json: refused here, before any model loads
         raise InputError("job folder", f"{job_dir.name}/job.json: {next(iter(problems.values()))}; fix that value "
                                        f"or start the job again")
+    # Then the folder's files, after job.json's own checks: a hand-edited value is named first (its fix may be all
+    # the folder needs), then a missing start image or the checkpoint to delete.
+    if not (job_dir / "input.png").is_file():    # the job's own start image (not the user's --image): its file named
+        uploads = sorted(p.name for p in job_dir.glob("upload.*"))
+        raise InputError("job folder", f"{job_dir / 'input.png'} is missing (the job's prepared start image); put it "
+                                       f"back, or start a new job" + (f" from {job_dir / uploads[0]}" if uploads else ""))
+    checkpoint_problem(job_dir)
     return request, info
 
 

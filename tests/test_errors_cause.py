@@ -6,12 +6,15 @@ import json
 
 import httpx
 import pytest
+import torch
 
 import pipeline.components as components
 import pipeline.resume
 from configs import PRESETS
 from common.errors import InputError, WeightsNotFound
-from pipeline.jobs import CHECKPOINT
+from pipeline.checkpoint import save_checkpoint
+from pipeline.jobs import Job
+from pipeline.sections import Section
 from tests.conftest import make_image
 from tests.cli_helpers import cli
 
@@ -42,7 +45,9 @@ def _resumable(folder, settings=None):
     make_image(64, 64).save(folder / "input.png")
     (folder / "job.json").write_text(json.dumps({"status": "stopped", "settings": settings or {"seed": 1},
                                                  "models": {"preset": "tiny"}}))
-    (folder / CHECKPOINT).write_bytes(b"x")
+    generator = torch.Generator().manual_seed(1)                           # a readable checkpoint (issue 47 checks it)
+    history, real, start = (torch.zeros(1, 16, 1, 8, 8) for _ in range(3))
+    save_checkpoint(Job(folder, {}), Section(0, 2, 0), history, real, start, None, generator)
     return folder
 
 
