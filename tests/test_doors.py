@@ -88,7 +88,7 @@ def test_every_door_refuses_every_spelling_of_a_server_path(tmp_path):
 
 
 PROBED = {"video", "queue_add", "queue_add_images", "queue_import", "queue_edit", "resume", "post",   # the API
-          "submit", "add", "add_images", "save", "import_jsonl", "import_studio", "run"}    # the page's handlers
+          "submit", "add", "add_images", "save", "import_jsonl", "import_studio", "run", "run_post"}    # the page's handlers
 # Handlers that take these controls but run no job: what they do with a file is checked in test_server_abuse.py
 # (memory_plan, check_image: uploads only, the same refusal), the LoRA box's handlers (test_lora_box below), and
 # frame_as_start (puts an exported frame, an upload, into the start image box, which Start then checks).
@@ -182,7 +182,7 @@ def test_two_users_cannot_reach_each_others_jobs_through_any_route_or_alias(tmp_
                     for path in (targets[2], str(bob / "nope.safetensors"), "/etc/hostname", "../x.safetensors")}
             assert len(said) == 1 and "name a file of the LoRA folder" in said.pop()
             post, = (fn.fn for fn in server.blocks.fns.values()           # the After the video panel's Run
-                     if getattr(fn.fn, "__qualname__", "") == "PostPanel.run")
+                     if getattr(fn.fn, "__qualname__", "") == "PostPanel.run_post")
             for job_id, video in ((bob.name, None), (None, str(bob / "final.mp4"))):
                 (answer, *_), = list(post(job_id, video, "off", 60, "off", None, 0, 0, 1, 1, False, False, "mp4", -1,
                                           request))

@@ -149,7 +149,7 @@ class PostPanel:
         outputs = [self.status, self.preview, self.video, self.download]
         self.refresh.click(self.jobs_choices, None, self.job, queue=False)
         app.load(self.jobs_choices, None, self.job, queue=False)
-        self.run_btn.click(self.run, inputs, outputs, concurrency_limit=None, show_progress="hidden")
+        self.run_btn.click(self.run_post, inputs, outputs, concurrency_limit=None, show_progress="hidden")
         self.stop_btn.click(self.stop, None, self.status, queue=False)
         self.use_frame.click(self.frame_as_start, self.download, self.ctx.ui.image, queue=False)
 
@@ -157,7 +157,7 @@ class PostPanel:
     def jobs_choices(self, request: gr.Request = None):
         return gr.update(choices=self.finished_jobs(self.access.user(request)))
 
-    def run(self, job_id, upload, interp, fps, upscale, upscaler, trim_start, trim_end, speed, loop, pingpong,
+    def run_post(self, job_id, upload, interp, fps, upscale, upscaler, trim_start, trim_end, speed, loop, pingpong,
             reverse, export, frame, request: gr.Request = None):
         user = self.access.user(request)
         session = (getattr(request, "session_hash", None) or "direct") + SESSION_SUFFIX
