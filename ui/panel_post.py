@@ -150,7 +150,7 @@ class PostPanel:
         self.refresh.click(self.jobs_choices, None, self.job, queue=False)
         app.load(self.jobs_choices, None, self.job, queue=False)
         self.run_btn.click(self.run_post, inputs, outputs, concurrency_limit=None, show_progress="hidden")
-        self.stop_btn.click(self.stop, None, self.status, queue=False)
+        self.stop_btn.click(self.stop_post, None, self.status, queue=False)
         self.use_frame.click(self.frame_as_start, self.download, self.ctx.ui.image, queue=False)
 
     # ---- handlers ---------------------------------------------------------------------------------------------------
@@ -198,7 +198,7 @@ class PostPanel:
         return (f"✓ Done: {done.frames} frames, job {done.job_dir.name}", preview, published(done.video),
                 published(download))
 
-    def stop(self, request: gr.Request = None):
+    def stop_post(self, request: gr.Request = None):
         session = (getattr(request, "session_hash", None) or "direct") + SESSION_SUFFIX
         return self.runner.cancel(session)
 
