@@ -88,7 +88,7 @@ def test_every_door_refuses_every_spelling_of_a_server_path(tmp_path):
 
 
 PROBED = {"video", "queue_add", "queue_add_images", "queue_import", "queue_edit", "resume", "post",   # the API
-          "submit", "add", "add_images", "save", "import_jsonl", "import_studio", "run", "run_post"}    # the page's handlers
+          "submit", "add", "add_images", "save", "import_jsonl", "import_studio", "run_post"}    # the page's handlers
 # Handlers that take these controls but run no job: what they do with a file is checked in test_server_abuse.py
 # (memory_plan, check_image: uploads only, the same refusal), the LoRA box's handlers (test_lora_box below), and
 # frame_as_start (puts an exported frame, an upload, into the start image box, which Start then checks).
