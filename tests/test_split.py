@@ -50,7 +50,10 @@ def _section(rank: int, size: int, port: int, out: str) -> None:
             results[f"{name} layout"] = split.layout(184, 256 + image_tokens).equal
             split.detach()
     if split is not None:
+        from jobs.split import _leave_group
+
         split.finish()
+        _leave_group()          # as a helper does (jobs/split.py): no gloo thread alive at the process's exit
     if rank == 0:
         torch.save(results, out)
 
