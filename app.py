@@ -23,16 +23,23 @@ from common.portable import STOP_SIGNALS, handle_signal, wait_for_stop  # noqa: 
 from configs import DEFAULTS, MEMORY, get_preset  # noqa: E402
 from configs.options import outputs_problem  # noqa: E402
 from configs.runtime import Config  # noqa: E402
+from farm.executor import queue_executor  # noqa: E402
 from jobs.preflight import preflight_for  # noqa: E402
 from jobs.runner import QueueCaps, Runner, exit_code_after, open_runner  # noqa: E402
 from ui.access import Access  # noqa: E402
 from ui.examples import write_examples  # noqa: E402
 from ui.guard import HeapKeeper, limit_queue_per_client  # noqa: E402
-from ui.launch import (PUBLIC_NOTICE, host_budget_problem, launch_options, parse_args,  # noqa: E402
-                       port_problem, public_without_login, security_warnings)
+from ui.launch import (  # noqa: E402
+    PUBLIC_NOTICE,
+    host_budget_problem,
+    launch_options,
+    parse_args,
+    port_problem,
+    public_without_login,
+    security_warnings,
+)
 from ui.prompt_tokens import TokenCounter  # noqa: E402
 from ui.settings import use_own_upload_folder  # noqa: E402
-from farm.executor import queue_executor  # noqa: E402
 
 log = logging.getLogger("steadyframe.app")
 QUEUE_MAX = 64          # events waiting in Gradio's queue at most (one GPU job runs at a time)
@@ -145,7 +152,7 @@ def main(argv=None) -> int:
     for warning in security_warnings(config):
         log.warning(warning)
 
-    from memory.device import chosen_device                      # torch only (the options are checked by now)
+    from memory.device import chosen_device  # torch only (the options are checked by now)
 
     try:
         device = chosen_device(config.device)                    # before any model: an unknown GPU stops here

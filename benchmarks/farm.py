@@ -84,11 +84,12 @@ def main(argv=None) -> int:
         args.steps, args.preserved_gb = min(args.steps, 2), 0.0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
-    from farm.dispatch import Farm
+    from PIL import Image
+
     from configs.options import parse_gpus
     from configs.runtime import Config, FarmOptions
+    from farm.dispatch import Farm
     from farm.workers import WorkerConfig
-    from PIL import Image
 
     with tempfile.TemporaryDirectory(prefix="farm-bench-") as tmp:
         outputs = (args.outputs or Path(tmp) / "outputs").resolve()

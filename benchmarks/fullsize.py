@@ -80,8 +80,14 @@ def _empty(build):
 
 def build_models(roles=ROLES, seed: int = 0) -> dict:
     from diffusers import AutoencoderKLHunyuanVideo, HunyuanVideoFramepackTransformer3DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, LlamaConfig, LlamaModel, SiglipVisionConfig, \
-        SiglipVisionModel
+    from transformers import (
+        CLIPTextConfig,
+        CLIPTextModel,
+        LlamaConfig,
+        LlamaModel,
+        SiglipVisionConfig,
+        SiglipVisionModel,
+    )
 
     from memory.plan import REAL_TRANSFORMER_CONFIG
 

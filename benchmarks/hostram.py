@@ -50,11 +50,11 @@ if not __package__:          # `python3 benchmarks/<this>.py`: run again as a mo
 
     _script.as_module(__file__)
 
-from common.environment import read_environment  # noqa: E402
-from common.units import GIB  # noqa: E402
-from benchmarks.machine_memory import Cgroup, drop_caches, evict_weight_files, sample_rss  # noqa: E402
 from benchmarks.hostram_report import report  # noqa: E402
 from benchmarks.hostram_weights import save_weights  # noqa: E402
+from benchmarks.machine_memory import Cgroup, drop_caches, evict_weight_files, sample_rss  # noqa: E402
+from common.environment import read_environment  # noqa: E402
+from common.units import GIB  # noqa: E402
 
 log = logging.getLogger("benchmarks.hostram")
 
@@ -145,8 +145,8 @@ def _arrange(memory, comps, cfg: Config, request) -> float:
     plan = sec.make_plan("original", request.seconds, request.latent_window)
     frames = plan.frame_counts()[-1]
     if cfg.budget_gb == "tight":            # the smallest budget this job's plan accepts, for a fixed overhead
-        from memory.hostpack import HostPack
         from memory.hostbudget import job_working_bytes, process_overhead
+        from memory.hostpack import HostPack
 
         held = sum(HostPack.of(m).host_bytes for m in comps.models().values())
         memory.host_overhead = (process_overhead(held, memory.device.type == "cuda")
@@ -221,8 +221,8 @@ def child(cfg: Config, model_dir: Path, result: Path, tiny: bool) -> None:
     started = _since_start()
     import torch
 
-    from pipeline.events import Done, Failed, Progress
     from pipeline.cancel import CancelToken
+    from pipeline.events import Done, Failed, Progress
     from pipeline.orchestrator import generate
     from pipeline.request import prepare
 

@@ -30,9 +30,8 @@ if not __package__:          # `python3 benchmarks/<this>.py`: run again as a mo
 
     _script.as_module(__file__)
 
-from common.units import GIB  # noqa: E402
-
 from benchmarks.transformer_step import build_transformer, run_config, section_inputs  # noqa: E402
+from common.units import GIB  # noqa: E402
 
 log = logging.getLogger("benchmarks.lora_step")
 

@@ -28,7 +28,6 @@ if not __package__:          # `python3 benchmarks/<this>.py`: run again as a mo
     _script.as_module(__file__)
 
 from common.units import GIB  # noqa: E402
-
 from rocm.allocator import synchronize  # noqa: E402
 
 log = logging.getLogger("benchmarks.transformer_step")
@@ -88,11 +87,11 @@ def run_config(name, tr, inputs, device, cap_gb, preserved_gb, depth, warmup, st
 def run_sync_swap(tr, inputs, device, cap_gb, preserved_gb, warmup, steps, pinned: bool = False) -> dict:
     """Baselines with the plan's resident blocks and no overlap for the others: `.to(device)` before /
     `.to("cpu")` after each block (`pinned=False`), or a blocking copy from the pinned host pack (`pinned=True`)."""
+    from memory.chunkload import load_chunks, unload_chunks
     from memory.hostpack import HostPack
     from memory.manager import MemoryManager
-    from rocm.sdpa import AttentionGuard
-    from memory.chunkload import load_chunks, unload_chunks
     from pipeline.denoiser import FramepackDenoiser
+    from rocm.sdpa import AttentionGuard
 
     mm = MemoryManager(device=device, cap_gb=cap_gb, preserved_gb=preserved_gb, plan_on_cpu=device.type == "cpu")
     mm.apply_cap()

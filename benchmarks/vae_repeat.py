@@ -37,8 +37,8 @@ if not __package__:          # `python3 benchmarks/<this>.py`: run again as a mo
 
     _script.as_module(__file__)
 
-from common.units import GIB, MIB  # noqa: E402
 from benchmarks.vae_decode import _levels, bench_vae  # noqa: E402  (the same VAE, shapes and uint8 levels)
+from common.units import GIB, MIB  # noqa: E402
 
 log = logging.getLogger("benchmarks.vae_repeat")
 SLACKS_MB = (8192, 2048, 1024, 512, 256, 128, 64, 0)

@@ -10,6 +10,7 @@ and says how they ended. A command line killed while its jobs run leaves them in
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
@@ -17,21 +18,21 @@ from pathlib import Path
 from typing import Any
 
 from cli import log as cli_log
+from common.environment import read_environment
+from common.errors import InputError
+from common.portable import handle_signal
 from configs.controls import CONTROLS, Control, control
 from configs.options import OneLineParser, add_process_options, config_from, outputs_problem
-from configs.runtime import Config
-from common.errors import InputError
-from jobs.doors import LOCAL, admitted
-from common.portable import handle_signal
-from pipeline.jobs import finished_video, load_job, result_of
 from configs.presets import get_preset
-from common.environment import read_environment
-import dataclasses
-from jobs.preflight import preflight_for
-from jobs.line import Waiting
-from post.steps import EXPORTS, PostRequest, is_post, request_from as post_request_from
+from configs.runtime import Config
 from jobs import jsonl
 from jobs import store as qs
+from jobs.doors import LOCAL, admitted
+from jobs.line import Waiting
+from jobs.preflight import preflight_for
+from pipeline.jobs import finished_video, load_job, result_of
+from post.steps import EXPORTS, PostRequest, is_post
+from post.steps import request_from as post_request_from
 
 log = logging.getLogger("cli.commands")
 
@@ -191,7 +192,7 @@ class Command:
     def device(self):
         """--device, checked (memory/device.py): raises InputError naming what is there; else the default."""
         if self.config.device:
-            from memory.device import chosen_device          # torch only: answered before the models' imports
+            from memory.device import chosen_device  # torch only: answered before the models' imports
 
             return chosen_device(self.config.device)
         from memory.manager import default_device
@@ -533,7 +534,7 @@ def _job_preset(folder) -> str | None:
 def _weights_problem(config: Config, mode: str) -> str | None:
     """The real weights missing where they cannot be downloaded (--model-dir given, or HF_HUB_OFFLINE): said before
     anything else is checked, since nothing else can help then. Online, they are downloaded at the job's start."""
-    from pipeline.availability import missing_weights_message        # (torch, through the loaders)
+    from pipeline.availability import missing_weights_message  # (torch, through the loaders)
 
     message = missing_weights_message(get_preset(config.preset), mode, config.model_dir)
     if message and (config.model_dir or read_environment().offline):
@@ -592,7 +593,7 @@ def run_resume(command: Command, job_dir: Path) -> int:
     except InputError as e:
         print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
         return EXIT_INPUT
-    from jobs.runner import SessionBusy         # (torch, through the runner's imports)
+    from jobs.runner import SessionBusy  # (torch, through the runner's imports)
 
     command.outputs_label = "job folder"
     command.config = _replace(command.config, preset=command.config.preset if command.preset_given else job.preset,

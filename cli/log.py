@@ -3,10 +3,10 @@ every message and every traceback, whatever the flags (the error line says where
 from __future__ import annotations
 
 import logging
+from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
 from common.environment import read_environment
-from logging.handlers import RotatingFileHandler
 
 log = logging.getLogger("cli.commands")
 

@@ -18,18 +18,18 @@ import sys
 import tempfile
 from pathlib import Path
 
+from cli import log as cli_log
+from cli.commands import Command, add_common, add_new_seed
 from common.errors import InputError
 from configs import PRESETS
-from cli.commands import Command, add_common, add_new_seed
-from cli import log as cli_log
 from configs.options import OneLineParser, config_from
 from jobs import jsonl
-from jobs.doors import LOCAL
 from jobs import store as qs
+from jobs.doors import LOCAL
 from jobs.runner import enqueue, with_new_seed_switch
-from post.steps import is_post
 from pipeline import studio
 from pipeline.request import Request
+from post.steps import is_post
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
 

@@ -13,6 +13,7 @@ from configs.memory import MEMORY
 from configs.presets import PRESETS
 from configs.runtime import Config, FarmOptions, WebOptions
 
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, whose errors are one line (a typo in a value: `--mode F1`, `--seconds five`), not the usage block
     before it: `prog: error: the problem (prog -h lists the options)`, exit 2."""

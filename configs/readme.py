@@ -3,9 +3,10 @@
 README's copy is out of date)."""
 from __future__ import annotations
 
-from configs.controls import CONTROLS, Control, control
 import argparse
 from pathlib import Path
+
+from configs.controls import CONTROLS, Control, control
 
 
 def _cell(text: str) -> str:

@@ -7,10 +7,10 @@ import dataclasses
 from typing import Iterator
 
 from configs.runtime import Config, WebOptions
-from jobs.split import executor_for
-from pipeline.events import Progress
 from farm.dispatch import Farm
 from farm.workers import WorkerConfig
+from jobs.split import executor_for
+from pipeline.events import Progress
 
 
 class FarmExecutor:

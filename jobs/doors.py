@@ -71,7 +71,7 @@ def admitted(values: Mapping[str, Any], door: Door, table: tuple[Control, ...] =
     """`values` by control name (aliases turned into names), each file, job id and LoRA checked by `door`'s rules;
     a job id becomes the video to extend (its folder). Keys that are no control are kept (Request.from_mapping
     refuses or ignores them). Raises InputError naming the field."""
-    from pipeline.request import canonical, shown      # (PIL and the request's checks: not at import, for the CLI)
+    from pipeline.request import canonical, shown  # (PIL and the request's checks: not at import, for the CLI)
 
     out = canonical(values, table)
     names = {c.name for c in table}

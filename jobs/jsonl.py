@@ -10,7 +10,8 @@ from typing import Any, Iterator, Mapping
 from common.errors import InputError
 from common.files import file_sha256
 from jobs.doors import Door, admitted
-from post.steps import is_post, request_from as post_request
+from post.steps import is_post
+from post.steps import request_from as post_request
 
 # (control, the name of its copy in the queue): the job's files, copied into the queue's folder when it is added
 IMAGE_FIELDS = (("image", "start"), ("end_image", "end"), ("input_video", "video"))

@@ -4,6 +4,7 @@ each one's remaining time (a running job's latest estimate) or expected time at 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from pipeline.eta import JobRates, frame_size
 
 

@@ -58,7 +58,7 @@ class LocalExecutor:
     def _device(self):
         """The device this executor's jobs run on: the one it was given, else the Config's --device (checked) or
         the GPU if there is one (memory/device.py)."""
-        from memory.device import chosen_device          # torch: only when a job runs
+        from memory.device import chosen_device  # torch: only when a job runs
 
         return self.device or chosen_device(self.config.device)
 

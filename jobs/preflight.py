@@ -19,11 +19,11 @@ from common.errors import InputError
 from configs.presets import get_preset
 from configs.runtime import Config
 from jobs.models import models_for
-from pipeline.resolution import check_fits
 from memory.estimate import nominal_plan
 from memory.hostplan import HostBudgetError
-from post.steps import PostRequest
 from memory.plan import Workload
+from pipeline.resolution import check_fits
+from post.steps import PostRequest
 
 
 def preflight_for(config: Config, device) -> "Preflight":
@@ -48,7 +48,8 @@ class Preflight:
         """The checked, prepared request (a PreparedRequest stays as it is; a post job's PostRequest becomes a
         CheckedPost: its videos read, its model files read and recognised). Raises InputError naming the field."""
         from pipeline.request import PreparedRequest, prepare
-        from post.job import CheckedPost, check as post_check, folders_of
+        from post.job import CheckedPost, folders_of
+        from post.job import check as post_check
 
         if isinstance(request, CheckedPost):
             return request

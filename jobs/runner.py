@@ -23,6 +23,7 @@ run from there, in line order, by the one process that holds the queue's lease.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -42,13 +43,14 @@ from jobs import jsonl
 from jobs import store as qs
 from jobs.line import Speed, Waiting
 from jobs.local import Work
+from jobs.preflight import Preflight
 from jobs.text import progress_line
 from pipeline.cancel import CancelToken
 from pipeline.events import Cancelled, Done, Failed, Preview, Progress, SectionVideo, Started
 from pipeline.jobs import mark_stopped
-import dataclasses
-from jobs.preflight import Preflight
-from post.job import folders_of, is_done as post_done, is_post_folder, prepare_resume as post_resume
+from post.job import folders_of, is_post_folder
+from post.job import is_done as post_done
+from post.job import prepare_resume as post_resume
 from post.steps import is_post, request_from
 
 log = logging.getLogger(__name__)

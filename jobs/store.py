@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -33,10 +34,9 @@ from typing import Any, Iterable, Mapping
 
 import psutil
 
-from common.files import atomic_copy, atomic_write_bytes, file_sha256
 from common.errors import InputError
+from common.files import atomic_copy, atomic_write_bytes, file_sha256
 from jobs.jsonl import FILE_NAMES, IMAGE_FIELDS, VIDEO_SHA256
-import io
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from common.units import GIB
 from configs.memory import MEMORY
 from memory.hostpack import Chunk, HostPack
-from common.units import GIB
-from memory.plan import (TEXT_RESERVE_BYTES, ResidencyPlan, Workload, text_residency,
-                         transformer_residency)
+from memory.plan import TEXT_RESERVE_BYTES, ResidencyPlan, Workload, text_residency, transformer_residency
 
 log = logging.getLogger(__name__)
 

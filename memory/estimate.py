@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from configs.memory import MEMORY
 from common.units import GB, GIB
+from configs.memory import MEMORY
 from memory.hostbudget import default_host_budget, job_working_bytes, rss_breakdown
 from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError, HostPlan, ModelHost, plan_host
-from memory.plan import (REAL_TRANSFORMER_CONFIG, ResidencyPlan, Workload, text_residency,
-                         transformer_residency)
+from memory.plan import REAL_TRANSFORMER_CONFIG, ResidencyPlan, Workload, text_residency, transformer_residency
 
 REAL_LLAMA_CONFIG = (("vocab_size", 128320), ("hidden_size", 4096), ("intermediate_size", 14336),
                      ("num_hidden_layers", 32), ("num_attention_heads", 32), ("num_key_value_heads", 8))

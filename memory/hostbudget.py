@@ -16,8 +16,8 @@ import os
 import sys
 from pathlib import Path
 
-from configs.memory import MEMORY, MemoryConfig
 from common.units import GIB
+from configs.memory import MEMORY, MemoryConfig
 
 log = logging.getLogger(__name__)
 

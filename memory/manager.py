@@ -27,8 +27,9 @@ from typing import Iterator
 
 import torch
 
+import rocm
+from common.units import GIB
 from configs.memory import MEMORY
-from rocm.sdpa import AttentionGuard
 from memory.budget import DEFAULT_PREFETCH_DEPTH, MemoryBudget, Placement, Workload, is_transformer
 from memory.chunkload import Staging, load_chunks, unload_chunks
 from memory.device import default_device  # noqa: F401  (one place: memory/device.py; callers import it from here)
@@ -37,13 +38,12 @@ from memory.hostplan import HostPlan, StageUse
 from memory.hostram import HostSettings, arrange, host_budget, pack_for
 from memory.lateload import LateLoader
 from memory.parking import ParkedBlocks
-from common.units import GIB
 from memory.snapshot import MemorySnapshot, host_rss_bytes, take_snapshot
 from memory.streaming import BlockStreamer
 from memory.vae import VaeDecodePolicy, cudnn_workspace_reserve, miopen_scratch_limit, streamed_decode
 from rocm.allocator import synchronize
 from rocm.conv_fallback import ConvFallback, new_conv_fallback
-import rocm
+from rocm.sdpa import AttentionGuard
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from common.units import GIB
 
+from common.units import GIB
 
 # Live tensors at the peak of a step, in units of tokens × hidden × dtype bytes (single block: input, norm, attention
 # output, MLP hidden 4×, the 5× concatenation, GELU temporaries; plus the section's constants). Measured on the H100

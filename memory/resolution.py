@@ -28,11 +28,12 @@ from functools import lru_cache
 from types import SimpleNamespace
 from typing import Callable, Iterable
 
+import torch
+
 from common.units import GIB
 from configs.memory import MEMORY
 from memory.plan import REAL_TRANSFORMER_CONFIG, activation_bytes, framepack_tokens, transformer_sizes
 from memory.vae import VaeDecodePolicy, VaeTiling, memory_estimate
-import torch
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 VAE_MARGIN = 512 << 20          # what memory.manager.decode_vae keeps back of the free memory

@@ -6,8 +6,8 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
-from common.units import GIB
 
+from common.units import GIB
 
 
 def host_rss_bytes() -> int:

@@ -28,8 +28,8 @@ from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 
 from common.units import GIB
-from memory.chunkload import finish_stored
 from memory.chunk import Chunk
+from memory.chunkload import finish_stored
 from memory.deltas import apply_deltas
 
 log = logging.getLogger(__name__)

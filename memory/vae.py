@@ -23,11 +23,11 @@ from typing import Callable
 
 import torch
 
+import rocm
 from common.units import GIB
+from configs.video import DECODE_SPEED
 from memory.vae_grid import GridTiling, grid_candidates, grid_decode
 from memory.vae_stream import CHUNK_BYTES
-from configs.video import DECODE_SPEED
-import rocm
 from rocm.conv_plan import conv_plan
 
 log = logging.getLogger(__name__)

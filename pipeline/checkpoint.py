@@ -5,12 +5,11 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save
 
 from common.files import atomic_write_bytes
 from pipeline.jobs import CHECKPOINT
-from safetensors import safe_open
-
 
 KEYFRAME_LATENT = "keyframe_latent_{}"       # the keyframes' VAE latents (pipeline/keyframes.py), in time order
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
-from configs.presets import ComponentSource, ModelPreset, get_preset
 from common.environment import read_environment
 from common.errors import WeightsNotFound
-from pipeline.text import template_crop_start
-from memory.loader import IncompatibleWeights, load_from_files
+from configs.presets import ComponentSource, ModelPreset, get_preset
 from memory.llama_trim import trim_llama
+from memory.loader import IncompatibleWeights, load_from_files
+from pipeline.text import template_crop_start
 from pipeline.tiny import build_tiny_models
 
 log = logging.getLogger(__name__)

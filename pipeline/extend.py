@@ -42,6 +42,7 @@ costs as many tokens as a generated one; 19 would more than double a section's t
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,12 +50,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from pipeline import sections as sec
 from common.errors import InputError
 from common.files import file_sha256
-from pipeline.video_input import FIELD, InputVideo, load_video
+from pipeline import sections as sec
 from pipeline.jobs import CHECKPOINT, finished_video, load_job
-import time
+from pipeline.video_input import FIELD, InputVideo, load_video
 
 F1_HISTORY = sum(sec.HISTORY_F1)             # 19 latents of clean context
 ORIGINAL_HISTORY = sum(sec.HISTORY_ORIGINAL)  # 19 as well: 1x 1, 2x 2, 4x 16

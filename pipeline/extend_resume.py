@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.files import atomic_copy, file_sha256
 from common.errors import InputError
+from common.files import atomic_copy, file_sha256
 from pipeline.extend import FORWARD, TO_END, ExtendSource, direction, job_source, min_frames
 from pipeline.video_input import VIDEO_SUFFIXES, load_video
 

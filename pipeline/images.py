@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from common.errors import InputError
 from common.units import MIB
 from configs.generation import LIMITS
 from pipeline.buckets import bucket_table
-from common.errors import InputError
 
 log = logging.getLogger(__name__)
 

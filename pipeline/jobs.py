@@ -8,6 +8,7 @@ job is in: running, done, stopped or failed.
 """
 from __future__ import annotations
 
+import io
 import json
 import platform
 import secrets
@@ -18,7 +19,6 @@ from importlib import metadata
 from pathlib import Path
 
 from common.files import atomic_copy, atomic_write_bytes, atomic_write_json, file_sha256, rename_new
-import io
 
 CHECKPOINT = "latents.safetensors"       # the latest section's latents and random state (pipeline/checkpoint.py)
 PACKAGES = ("torch", "diffusers", "transformers", "accelerate", "huggingface_hub", "safetensors", "av", "gradio",
@@ -231,7 +231,7 @@ def video_problem(job_dir: Path, name: str, sha256: str | None, frames: int | No
         return None if file_sha256(path) == sha256 else f"{name} is damaged (not the bytes that were written)"
     if not isinstance(frames, int):
         return None                             # nothing recorded to check it against
-    from video.mp4 import decoded_frames       # (PyAV) an older record only
+    from video.mp4 import decoded_frames  # (PyAV) an older record only
 
     try:
         got = decoded_frames(path)

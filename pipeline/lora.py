@@ -44,12 +44,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from common.errors import InputError
 from common.files import file_sha256
 from configs.lora import LORA
 from memory.deltas import WeightDelta, clear_deltas, set_deltas
-from common.errors import InputError
-from memory.hostpack import HostPack
-from memory.hostpack import _ATTR
+from memory.hostpack import _ATTR, HostPack
 from pipeline import lora_keys
 
 log = logging.getLogger(__name__)

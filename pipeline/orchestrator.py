@@ -22,35 +22,33 @@ from typing import Callable, Generator, Iterator
 import torch
 
 import rocm
+from common.errors import InputError, JobStopped
 from common.files import file_sha256
 from common.units import MIB
 from configs.video import DECODE_SPEED
-from memory.manager import MemoryManager
 from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError
+from memory.manager import MemoryManager
 from memory.snapshot import host_rss_bytes
-from pipeline import extend, extend_resume
+from pipeline import compiled, extend, extend_resume, keyframes, lora, text_to_video, timeline
 from pipeline import sections as sec
+from pipeline.cancel import CancelToken
 from pipeline.checkpoint import save_checkpoint
 from pipeline.components import Components
 from pipeline.decode_speed import decode_speed
 from pipeline.denoiser import FramepackDenoiser
-from pipeline.cancel import CancelToken
-from pipeline import compiled, lora
-from common.errors import InputError, JobStopped
 from pipeline.eta import FINISHING, Remaining
 from pipeline.events import Done, Event, Failed, LogLine, Preview, Progress, SectionVideo, Started
 from pipeline.images import to_model_tensor
 from pipeline.jobs import Job
 from pipeline.logcapture import capture_logs
 from pipeline.preview import preview_image
-from pipeline import keyframes, text_to_video, timeline
-from video.loop import SEAM_FRAMES, seam_blend
-from video.mp4 import encode_segment, write_segments
 from pipeline.prompt_cache import cache_key, default_cache
 from pipeline.request import PreparedRequest
 from pipeline.sampling import sample_section
 from pipeline.text import encode_prompt
 from pipeline.timeline_text import SectionTexts, encode_texts
+from video.loop import SEAM_FRAMES, seam_blend
+from video.mp4 import encode_segment, write_segments
 from video.section_writer import SectionWriter, WrittenSection
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ import logging
 import os
 from pathlib import Path
 
-from common.files import atomic_path, unlink_if_possible
 from common.environment import read_environment
+from common.files import atomic_path, unlink_if_possible
 from common.units import MIB
 from configs.memory import MEMORY
 from pipeline.text import CLIP_MAX_TOKENS, LLAMA_MAX_TOKENS, PROMPT_TEMPLATE, TextEmbeddings

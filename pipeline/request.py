@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from PIL import Image
 
+from common.errors import InputError
 from configs.controls import CONTROLS, Control, control
 from configs.generation import LIMITS
 from pipeline import keyframes, magcache, text_to_video, timeline
-from common.errors import InputError
 from pipeline.images import load_image, resize_center_crop
 from pipeline.resolution import job_size
 
@@ -244,7 +244,7 @@ def setting_problems(settings: dict, default_resolution: int = 640) -> dict[str,
 def _prepare_extension(request, warnings: list[str]) -> PreparedRequest:
     """`prepare` for a request with a video (its settings already checked): the input read and checked once, the
     start image its last frame (a job folder: its own start image). Raises InputError naming the field."""
-    from pipeline import extend          # torch and PyAV: imported when a request extends a video (this stays light)
+    from pipeline import extend  # torch and PyAV: imported when a request extends a video (this stays light)
 
     extend.check_request(request)
     source, image = extend.load_source(request, request.resolution)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.errors import InputError
 from configs.memory import MEMORY
 from pipeline.buckets import MIN_SIDE, nearest_bucket, scaled_sizes
-from common.errors import InputError
 
 WIDTH, HEIGHT, RESOLUTION = "custom width", "custom height", "resolution"      # the fields the messages name
 

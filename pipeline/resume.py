@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Generator
 
 from common.errors import InputError
-from pipeline import keyframes
-from pipeline.jobs import CHECKPOINT, damaged_sections, incomplete, load_job
-from pipeline.request import PreparedRequest, Request, prepare, setting_problems
 from configs import PRESETS
+from pipeline import keyframes
 from pipeline.cancel import CancelToken
 from pipeline.events import Failed
-from pipeline.jobs import Job
+from pipeline.jobs import CHECKPOINT, Job, damaged_sections, incomplete, load_job
+from pipeline.request import PreparedRequest, Request, prepare, setting_problems
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +101,7 @@ def checkpoint_problem(job_dir: Path) -> None:
     path = Path(job_dir) / CHECKPOINT
     if not path.is_file():
         return
-    from safetensors import SafetensorError, safe_open        # (reads the header only)
+    from safetensors import SafetensorError, safe_open  # (reads the header only)
 
     try:
         with safe_open(str(path), "pt") as f:

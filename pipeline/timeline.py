@@ -292,7 +292,7 @@ def check_request(settings: dict) -> None:
     prompt = settings.get("prompt")
     if not is_timeline(prompt):
         return
-    from pipeline.sections import make_plan        # (torch): a plain prompt's request is checked without it
+    from pipeline.sections import make_plan  # (torch): a plain prompt's request is checked without it
 
     plan = make_plan(settings["mode"], settings["seconds"], settings["latent_window"], settings["fps"])
     schedule(prompt, plan.mode, plan.window, plan.count, settings["fps"], settings.get("prompt_blend") or 0)
@@ -392,7 +392,7 @@ def relax_request(settings: dict) -> Relaxed:
     prompt = settings.get("prompt")
     if not is_timeline(prompt):
         return Relaxed(prompt)
-    from pipeline.sections import make_plan        # (torch), as check_request
+    from pipeline.sections import make_plan  # (torch), as check_request
 
     plan = make_plan(settings["mode"], settings["seconds"], settings["latent_window"], settings["fps"])
     return relax(prompt, plan.mode, plan.window, plan.count, settings["fps"])

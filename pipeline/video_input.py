@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from common.errors import InputError
 from common.files import file_sha256
 from configs.generation import LIMITS
-from common.errors import InputError
 from pipeline.buckets import nearest_bucket
 from pipeline.images import resize_center_crop
 

@@ -13,8 +13,9 @@ import json
 import logging
 import os
 import sys
-from rocm.env import apply_env_profile
+
 from rocm.doctor_text import render_text
+from rocm.env import apply_env_profile
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+
 from common.environment import read_environment
 from common.units import GIB
 

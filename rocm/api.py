@@ -27,9 +27,9 @@ import sys
 import threading
 
 from configs.rocm_profiles import CPU
+from rocm import safe_conv
 from rocm.conv_fallback import ConvFallback, new_conv_fallback
 from rocm.policy import BypassConfig, BypassStrategy, Conv2dBypassConfig, FallbackStrategy
-from rocm import safe_conv
 from rocm.safe_conv import bypass_report, patched_layers, unpatch_model
 
 logger = logging.getLogger(__name__)

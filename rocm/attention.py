@@ -54,7 +54,7 @@ def _case(device, dtype, tokens, heads, head_dim, masked, reps, warmup, budget_b
     import torch.nn.functional as F
     from torch.nn.attention import sdpa_kernel
 
-    from rocm.sdpa import MATH_BYTES_PER_SCORE, AttentionGuard   # the app's own choice (lazy import)
+    from rocm.sdpa import MATH_BYTES_PER_SCORE, AttentionGuard  # the app's own choice (lazy import)
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     q, k, v = (torch.randn(1, heads, tokens, head_dim, generator=gen).to(device, dtype) for _ in range(3))

@@ -24,12 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from common import patches
 from rocm import tiers as tier_ops
 from rocm.arch import Runtime, detect_runtime
 from rocm.conv_plan import conv_plan
+from rocm.env import apply_torch_settings
 from rocm.errors import ConvFallbackExhausted, GpuFault, ProbeUndecided, classify_error, last_line
 from rocm.faults import FaultPlan
 from rocm.paths import cache_dir as default_cache_dir
@@ -38,8 +40,6 @@ from rocm.probe import HangProbe, ProbeJob
 from rocm.signature import ConvSignature, ConvSpec, normalize_call
 from rocm.stats import FallbackStats, StatsCollector
 from rocm.verdicts import VerdictStore, build_of, verdict_path
-import torch.nn.functional as F
-from rocm.env import apply_torch_settings
 
 logger = logging.getLogger(__name__)
 _NATIVE = {"conv2d": torch.conv2d, "conv3d": torch.conv3d}

@@ -22,7 +22,6 @@ from rocm.errors import TierDeclined
 from rocm.signature import ConvSpec
 
 
-
 def _check_dtype(x: torch.Tensor, weight: torch.Tensor) -> None:
     if not x.is_floating_point() or x.is_complex() or weight.dtype != x.dtype:
         raise TierDeclined(f"decomposition handles real floating inputs of one dtype, got {x.dtype}/{weight.dtype}")

@@ -16,20 +16,23 @@ import os
 import platform
 import sys
 
-from rocm.arch import detect_arch, device_facts as torch_device_facts, resolve_runtime, visible_devices_note
-from rocm.conv_plan import conv_plan
+import torch
+
+from common.units import GIB
 from configs.rocm_profiles import DEFAULTS
+from rocm import fallbacks
+from rocm.arch import detect_arch, resolve_runtime, visible_devices_note
+from rocm.arch import device_facts as torch_device_facts
 from rocm.attention import attention_check
-from rocm.sdpa import aotriton_note
+from rocm.conv_plan import conv_plan
 from rocm.env import apply_env_profile, apply_late_profile, check_environment
 from rocm.paths import cache_dir
-from rocm.tiers import TIER_NAMES
-from rocm import fallbacks
-from rocm.verdicts import list_files, reset as reset_verdicts, verdict_path
-from common.units import GIB
-from rocm.signature import ConvSignature
-import torch
 from rocm.probe import HangProbe, ProbeJob
+from rocm.sdpa import aotriton_note
+from rocm.signature import ConvSignature
+from rocm.tiers import TIER_NAMES
+from rocm.verdicts import list_files, verdict_path
+from rocm.verdicts import reset as reset_verdicts
 
 logger = logging.getLogger(__name__)
 

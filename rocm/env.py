@@ -15,16 +15,22 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import MutableMapping, Mapping
+from typing import Mapping, MutableMapping
 
 from common.environment import ROCM_PROFILE, ROCM_PROFILE_SET, read_environment
-from configs.rocm_profiles import (ALLOC_CONF_VAR, ALLOC_CONF_VARS, AOTRITON_EXPERIMENTAL_ARCH_PREFIXES,
-                                   AOTRITON_EXPERIMENTAL_VAR, MIOPEN_KERNEL_CACHE_VAR, PROFILES,
-                                   RocmProfile)
+from configs.memory import MEMORY
+from configs.rocm_profiles import (
+    ALLOC_CONF_VAR,
+    ALLOC_CONF_VARS,
+    AOTRITON_EXPERIMENTAL_ARCH_PREFIXES,
+    AOTRITON_EXPERIMENTAL_VAR,
+    MIOPEN_KERNEL_CACHE_VAR,
+    PROFILES,
+    RocmProfile,
+)
 from rocm import env_facts as facts
 from rocm.arch import arch_family, detect_arch, visible_devices_note
 from rocm.paths import build_tag, cache_dir, installed_torch_version
-from configs.memory import MEMORY
 
 logger = logging.getLogger(__name__)
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -20,8 +22,6 @@ from typing import Mapping
 
 from common.environment import CONV_FAULTS, read_environment
 from rocm.errors import HIP_OOM_TEXT, ILLEGAL_ACCESS_TEXT, MIOPEN_UNKNOWN_TEXT, NO_ALGORITHM_TEXT
-import subprocess
-import sys
 
 logger = logging.getLogger(__name__)
 KINDS = ("miopen_unknown", "no_algorithm", "hip_oom", "oom", "hang", "crash", "illegal_access", "error")
@@ -99,7 +99,7 @@ class FaultPlan:
         if fault.kind == "crash":
             if in_child:
                 try:
-                    import resource          # "Availability: Unix" (docs.python.org/3/library/resource.html)
+                    import resource  # "Availability: Unix" (docs.python.org/3/library/resource.html)
                 except ImportError:          # Windows: no core file to keep small
                     logger.debug("no resource module here: the crash fault aborts without a core-size limit")
                 else:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
+from importlib import metadata
 from pathlib import Path
 from typing import Mapping
 
 from common.environment import read_environment
 from configs.rocm_profiles import DEFAULTS
-from importlib import metadata
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:

@@ -30,10 +30,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from common.environment import PROBE_LIFELINE
 from configs.rocm_profiles import CPU, DEFAULTS
 from rocm.errors import is_oom_text, last_line
 from rocm.faults import FaultPlan
-from common.environment import PROBE_LIFELINE
 from rocm.probe_child import PREFIX
 from rocm.signature import ConvSignature
 

@@ -27,9 +27,9 @@ import time
 
 from common.environment import read_environment
 from configs.rocm_profiles import CPU
-from rocm.signature import ConvSignature
 from rocm.errors import classify_error
 from rocm.faults import FaultPlan
+from rocm.signature import ConvSignature
 
 PREFIX = "SFPROBE "
 _PR_SET_PDEATHSIG = 1       # linux/prctl.h

@@ -29,8 +29,8 @@ from common import patches
 from common.patches import Patch
 from common.units import GIB
 from configs.rocm_profiles import AOTRITON_EXPERIMENTAL_VAR
-from rocm.env import aotriton_gated
 from rocm.arch import detect_runtime
+from rocm.env import aotriton_gated
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,18 @@ from __future__ import annotations
 
 import torch
 
+from configs.rocm_profiles import (  # noqa: F401
+    CPU,
+    DECOMPOSED,
+    DECOMPOSED_VENDOR_OFF,
+    NATIVE,
+    TIER_NAMES,
+    TIERS,
+    VENDOR_OFF,
+)
 from rocm import vendor_free
 from rocm.decompose import conv2d_as_gemm, conv3d_as_conv2d_sum
 from rocm.signature import ConvSpec
-from configs.rocm_profiles import (CPU, DECOMPOSED, DECOMPOSED_VENDOR_OFF, NATIVE, TIER_NAMES, TIERS,  # noqa: F401
-                                   VENDOR_OFF)
-
 
 
 def same_as_previous(tier: int, op: str, vendor_in_decomposition: bool) -> bool:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from configs.rocm_profiles import DEFAULTS
-from rocm.allocator import memory_status as default_memory_status, synchronize
+from rocm.allocator import memory_status as default_memory_status
+from rocm.allocator import synchronize
 
 _logger = logging.getLogger(__name__)
 

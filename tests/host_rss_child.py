@@ -17,11 +17,11 @@ def main(folder: str) -> None:
     from transformers import LlamaModel
 
     from configs.memory import MEMORY
-    from memory.hostpack import HostPack
-    from memory.manager import MemoryManager
     from memory.hostbudget import process_overhead, rss_breakdown
+    from memory.hostpack import HostPack
     from memory.hostplan import StageUse
     from memory.loader import load_from_files
+    from memory.manager import MemoryManager
     from pipeline.text import encode_llama
     from pipeline.tiny import build_llama_tokenizer
 

@@ -6,13 +6,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from configs import DEFAULTS, MEMORY, get_preset
 from common.errors import InputError
+from configs import DEFAULTS, MEMORY, get_preset
+from jobs.text import format_seconds
 from pipeline.events import Cancelled, Done, Failed, LogLine, MemoryReport, Preview, Progress, SectionVideo
 from tests.conftest import make_image, uploaded
 from ui import hints, plots
 from ui import settings as st
-from jobs.text import format_seconds
 from ui.view import JobView, enlarge, progress_html
 
 

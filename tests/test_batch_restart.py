@@ -13,8 +13,10 @@ import time
 import pytest
 
 from pipeline.checkpoint import load_checkpoint
-from tests.conftest import ROOT, make_image, job_folders
-from tests.cli_helpers import cli, cli_env as _env, sections_done as _sections_done
+from tests.cli_helpers import cli
+from tests.cli_helpers import cli_env as _env
+from tests.cli_helpers import sections_done as _sections_done
+from tests.conftest import ROOT, job_folders, make_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

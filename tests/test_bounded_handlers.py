@@ -189,8 +189,8 @@ def test_job_records_are_read_with_bounds(tmp_path):
 
 
 def test_resume_refuses_a_hand_edited_job_before_loading_anything(tmp_path):
-    from pipeline.checkpoint import CHECKPOINT
     from common.errors import InputError
+    from pipeline.checkpoint import CHECKPOINT
     from pipeline.resume import resume_request
 
     job = _job(tmp_path, "20250101-000000-dddddd", {"seconds": 1e12, "seed": 1})

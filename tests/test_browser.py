@@ -11,10 +11,10 @@ CI sets it, so a missing browser fails there instead of skipping silently.
 """
 from __future__ import annotations
 
-
 import pytest
 
-from tests.browser_helpers import require_browser, fill_job, wait_status as _wait_status
+from tests.browser_helpers import fill_job, require_browser
+from tests.browser_helpers import wait_status as _wait_status
 from tests.server_helpers import ROOT, app_process
 
 ARTIFACTS = ROOT / "test-artifacts" / "browser"

@@ -39,6 +39,7 @@ def server(tmp_path_factory, tiny_original, folder):
 
 def test_choose_a_lora_on_the_page(server, browser, folder, tmp_path):
     import hashlib
+
     from tests.conftest import make_image
 
     make_image(96, 80).save(tmp_path / "start.png")

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from jobs import store as qs
-from tests.browser_helpers import fill_job, queue_table as _table, require_browser, set_number
+from tests.browser_helpers import fill_job, require_browser, set_number
+from tests.browser_helpers import queue_table as _table
 from tests.server_helpers import Gate, job_info, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from jobs import store as qs
-from video.mp4 import read_frames
 from tests.browser_helpers import fill_job, queue_table, require_browser, wait_status
 from tests.server_helpers import Gate, job_info, wait_for
+from video.mp4 import read_frames
 
 pytestmark = pytest.mark.timeout(600)
 expect = require_browser()

@@ -13,7 +13,9 @@ import time
 
 import pytest
 
-from tests.browser_helpers import chromium, require_browser, fill_job, set_number, status as _status, wait_status as _wait_status
+from tests.browser_helpers import chromium, fill_job, require_browser, set_number
+from tests.browser_helpers import status as _status
+from tests.browser_helpers import wait_status as _wait_status
 from tests.server_helpers import ROOT, Gate, job_info, wait_for
 
 pytestmark = pytest.mark.slow

@@ -7,15 +7,15 @@ import json
 
 import pytest
 
+from common.errors import InputError
 from configs.generation import BUCKETS_640
 from configs.presets import HUNYUAN, TINY
 from memory.plan import framepack_tokens
 from memory.resolution import model_figures, resolution_cost
 from pipeline.buckets import BUCKET_TARGETS, bucket_table, nearest_bucket, scaled_sizes
-from common.errors import InputError
 from pipeline.request import Request, prepare
 from pipeline.resolution import JobSize, check_fits, custom_size, job_size, refusal
-from tests.conftest import make_image, job_folders
+from tests.conftest import job_folders, make_image
 
 ASPECTS = {"16:9": (1080, 1920), "9:16": (1920, 1080), "4:3": (600, 800), "square": (1000, 1000),
            "21:9": (900, 2100)}
@@ -199,8 +199,8 @@ FAST = dict(prompt="a boat", seconds=1.2, steps=2, seed=3, teacache=0.0)
 @pytest.mark.parametrize("size", [dict(resolution=128), dict(width=144, height=80)], ids=["bucket-128", "custom"])
 def test_a_tiny_job_at_another_size_makes_frames_of_that_size(tiny_original, tmp_path, size):
     from pipeline.events import Done
-    from video.mp4 import read_frames
     from tests.conftest import run_job
+    from video.mp4 import read_frames
 
     events, last = run_job(Request(image=make_image(96, 80), **FAST, **size), tiny_original, tmp_path)
     assert isinstance(last, Done), last
@@ -213,8 +213,8 @@ def test_a_tiny_job_at_another_size_makes_frames_of_that_size(tiny_original, tmp
 
 # ---- the command line and the page's runner (the /video API goes through it too) -------------------------------------
 def test_cli_custom_size_and_refusal_before_models_load(tmp_path):
-    from video.mp4 import read_frames
     from tests.cli_helpers import cli
+    from video.mp4 import read_frames
 
     image = tmp_path / "in.png"
     make_image(160, 120).save(image)

@@ -5,10 +5,10 @@ import json
 import os
 
 from pipeline.sections import make_plan
-from video.mp4 import read_frames
-from tests.conftest import ROOT, make_image, job_folders
 from tests.cli_helpers import cli
+from tests.conftest import ROOT, job_folders, make_image
 from tests.kill_helpers import shared
+from video.mp4 import read_frames
 
 
 def test_generate_writes_a_playable_mp4_with_the_planned_frames(tmp_path):

@@ -124,9 +124,8 @@ def test_a_tiny_job_compiled_streamed_and_guarded_matches_eager_and_a_second_job
 
 
 def test_blocks_are_set_up_between_stages_only(tiny_original):
-    from diffusers.hooks import HookRegistry, ModelHook
-
     from diffusers import HunyuanVideoFramepackTransformer3DModel
+    from diffusers.hooks import HookRegistry, ModelHook
 
     cfg = dict(tiny_original.preset.tiny_configs["transformer"])
     tr = HunyuanVideoFramepackTransformer3DModel(**cfg).eval()

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from cli import commands as cli
+from common.errors import InputError
 from configs import DEFAULTS, LIMITS
 from configs.controls import CONTROLS, Control, control
 from configs.readme import README_BEGIN, README_END, markdown_table, readme_with_table
-from cli import commands as cli
-from common.errors import InputError
 from pipeline.request import Request, check_settings, check_value, request_class, setting_problems
 
 ROOT = Path(__file__).resolve().parents[1]

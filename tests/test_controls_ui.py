@@ -10,11 +10,11 @@ import pytest
 
 from configs import get_preset
 from configs.controls import CONTROLS, Control
+from tests.conftest import make_image, uploaded
 from ui import settings as st
 from ui.api import JobApi, video_endpoint, video_signature
 from ui.layout import build_layout
 from ui.messages import input_error
-from tests.conftest import make_image, uploaded
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = Control("fake_knob", "int", 7, (2, 40), label="Fake knob", widget="slider", step=1, advanced=True,

@@ -10,13 +10,13 @@ import torch
 
 import pipeline.components as components
 import pipeline.resume
-from configs import PRESETS
 from common.errors import InputError, WeightsNotFound
+from configs import PRESETS
 from pipeline.checkpoint import save_checkpoint
 from pipeline.jobs import Job
 from pipeline.sections import Section
-from tests.conftest import make_image
 from tests.cli_helpers import cli
+from tests.conftest import make_image
 
 
 def test_the_cli_logs_the_loading_traceback_always_and_shows_it_with_verbose(tmp_path, monkeypatch):

@@ -21,18 +21,18 @@ import numpy as np
 import pytest
 import torch
 
+from common.errors import InputError
+from common.files import file_sha256
 from pipeline import sections as sec
 from pipeline.checkpoint import load_checkpoint
-from common.errors import InputError
 from pipeline.extend import load_source, min_frames
 from pipeline.orchestrator import generate
 from pipeline.request import Request, prepare
-from video.mp4 import encode_segment, read_frames
-from video.buffer import VideoBuffer
-from common.files import file_sha256
 from pipeline.video_input import resample
-from tests.conftest import make_image, job_folders
 from tests.cli_helpers import cli
+from tests.conftest import job_folders, make_image
+from video.buffer import VideoBuffer
+from video.mp4 import encode_segment, read_frames
 
 W = 9                                                   # the default latent window
 OVERLAP = sec.overlap_frames(W)                         # 33 frames cross-faded at the seam

@@ -8,16 +8,16 @@ import json
 import pytest
 import torch
 
+from common.errors import InputError
 from pipeline.cancel import CancelToken
 from pipeline.checkpoint import load_checkpoint
-from common.errors import InputError
 from pipeline.events import Done, Progress
 from pipeline.orchestrator import generate
 from pipeline.request import Request, prepare
 from pipeline.resume import prepare_resume, resume
-from video.mp4 import read_frames
 from tests.conftest import make_image
 from tests.test_extend import COMMON, W, moving_frames, run, write_video
+from video.mp4 import read_frames
 
 
 def stopped_after_first_section(request, components, outputs):

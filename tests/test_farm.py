@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.events import Done, LogLine, MemoryReport, Progress, SectionVideo
 from pipeline.request import Request, prepare
-from tests.conftest import ROOT, make_image, job_folders
+from tests.conftest import ROOT, job_folders, make_image
 
 SETTINGS = dict(prompt="a lighthouse in a storm", seconds=3.6, steps=3, teacache=0.0, resolution=64)   # 3 sections
 
@@ -249,8 +249,8 @@ def test_the_app_with_cpu_workers_runs_api_and_batch_jobs_on_its_workers(tmp_pat
     builds its own farm with the same function, farm.executor.queue_executor, when no app runs the queue)."""
     from gradio_client import Client
 
-    from tests.server_helpers import api_job, app_process, job_info, saved_image
     from tests.cli_helpers import cli
+    from tests.server_helpers import api_job, app_process, job_info, saved_image
 
     image = saved_image(tmp_path_factory, 96, 80, seed=4)
     outputs = tmp_path_factory.mktemp("app-farm")

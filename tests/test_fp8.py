@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from memory import fp8
 from memory.hostpack import HostPack
-from memory.manager import MemoryManager
 from memory.hostplan import StageUse
+from memory.manager import MemoryManager
 from pipeline.components import load_components
 from pipeline.events import Done
 from pipeline.request import Request

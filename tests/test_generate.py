@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.checkpoint import load_checkpoint
 from pipeline.cancel import CancelToken
+from pipeline.checkpoint import load_checkpoint
 from pipeline.events import Done, Failed, LogLine, Preview, Progress, SectionVideo
 from pipeline.orchestrator import generate
 from pipeline.request import Request, prepare
 from pipeline.sections import make_plan
-from video.mp4 import read_frames, read_metadata, write_mp4
 from tests.conftest import make_image, run_job
+from video.mp4 import read_frames, read_metadata, write_mp4
 
 FAST = dict(steps=3, teacache=0.0, resolution=64)
 

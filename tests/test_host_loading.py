@@ -11,15 +11,16 @@ import sys
 import pytest
 import torch
 
-from memory.hostpack import HostPack
-from memory.manager import MemoryManager
-from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError, StageUse
 from common.units import GIB
+from memory.hostpack import HostPack
+from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError, StageUse
+from memory.manager import MemoryManager
 from pipeline.components import MODEL_ROLES, load_components
 from pipeline.events import Done, Failed
 from pipeline.request import Request
 from tests.conftest import ROOT, make_image, run_job
-from tests.model_helpers import HOST_OVERHEAD as OVERHEAD, HUNYUAN_FP32, frames_hash, step_inputs, two_steps
+from tests.model_helpers import HOST_OVERHEAD as OVERHEAD
+from tests.model_helpers import HUNYUAN_FP32, frames_hash, step_inputs, two_steps
 
 RESERVE = int(1.5 * GIB)                 # configs/memory.py host_reserve_gb
 

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from configs.presets import HUNYUAN, TINY
-from memory.hostbudget import cgroup_memory_limit, default_host_budget, job_working_bytes
-from memory.estimate import nominal_models
-from memory.hostplan import FRAMEPACK_STAGES, PER_JOB, HostBudgetError, ModelHost, StageUse, plan_host
 from common.units import GIB
-from memory.estimate import describe_preserved
+from configs.presets import HUNYUAN, TINY
+from memory.estimate import describe_preserved, nominal_models
+from memory.hostbudget import cgroup_memory_limit, default_host_budget, job_working_bytes
+from memory.hostplan import FRAMEPACK_STAGES, PER_JOB, HostBudgetError, ModelHost, StageUse, plan_host
 
 OVERHEAD, RESERVE = int(3.0 * GIB), int(1.5 * GIB)
 

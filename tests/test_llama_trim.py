@@ -12,17 +12,15 @@ from transformers import LlamaConfig, LlamaModel
 
 from common.units import GIB
 from configs.presets import HUNYUAN, TINY
-from memory.hostpack import HostPack
-from memory.manager import MemoryManager
 from memory.chunk import _align
 from memory.estimate import REAL_LLAMA_CONFIG, _chunk_sizes, _items, nominal_models, nominal_plan
+from memory.hostpack import HostPack
 from memory.hostplan import PER_JOB, StageUse
+from memory.llama_trim import EMBED_NAME, LLAMA_SKIP_LAYERS, TRIMMED_ATTR, FileEmbedding, trim_llama
 from memory.loader import load_from_files
+from memory.manager import MemoryManager
 from pipeline.components import _load_role, load_components
-from memory.llama_trim import EMBED_NAME, FileEmbedding, trim_llama
-from memory.llama_trim import LLAMA_SKIP_LAYERS, TRIMMED_ATTR
-from pipeline.text import (LLAMA_MAX_TOKENS, PROMPT_TEMPLATE, encode_llama,
-                           encode_prompt, template_crop_start)
+from pipeline.text import LLAMA_MAX_TOKENS, PROMPT_TEMPLATE, encode_llama, encode_prompt, template_crop_start
 from pipeline.tiny import build_llama_tokenizer, build_tiny_llama
 from tests.model_helpers import HUNYUAN_FP32, save_like_repos
 

@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from configs.presets import HUNYUAN
-from pipeline.components import load_components
 from common.errors import WeightsNotFound
+from configs.presets import HUNYUAN
 from memory.llama_trim import EMBED_NAME
+from pipeline.components import load_components
 from tests.conftest import make_image, run_job
 from tests.model_helpers import HUNYUAN_FP32, save_like_repos
+
 
 def make_hf_cache(components, cache: Path) -> dict[str, str]:
     """Lay the saved repos out as a Hugging Face hub cache: models--owner--name/{refs/main, snapshots/<hash>/}."""

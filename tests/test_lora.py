@@ -10,14 +10,21 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from common.errors import InputError
 from common.units import GIB
 from memory.hostpack import HostPack
 from memory.manager import MemoryManager
 from pipeline import lora
-from common.errors import InputError
 from tests.conftest import make_image
-from tests.lora_helpers import (RANK, WRITERS, merged_by_hand, weights_in_stage, write_comfy, write_diffusers,
-                                write_musubi)
+from tests.lora_helpers import (
+    RANK,
+    WRITERS,
+    merged_by_hand,
+    weights_in_stage,
+    write_comfy,
+    write_diffusers,
+    write_musubi,
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +64,9 @@ def test_streamed_blocks_get_the_lora_too(tiny_original, tmp_path):
     copy whose weights were merged by hand and which runs fully resident."""
     import copy
 
-    from tests.model_helpers import step_inputs, two_steps
-
     from diffusers import HunyuanVideoFramepackTransformer3DModel
+
+    from tests.model_helpers import step_inputs, two_steps
 
     cfg = {k: v for k, v in tiny_original.transformer.config.items() if not k.startswith("_")}
     cfg.update(num_layers=2, num_single_layers=2)

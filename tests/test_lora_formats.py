@@ -18,9 +18,21 @@ from torch import nn
 from common.errors import InputError
 from pipeline import lora
 from pipeline.logcapture import capture_logs
-from tests.lora_helpers import (COMFY_NAMES, RANK, TEXT_ENCODER_KEYS, merged_as_loaded, merged_by_hand,
-                                weights_in_stage, worst_difference, write_comfy_native, write_fastvideo_diffs,
-                                write_musubi_other, write_onetrainer, write_onetrainer_omi, write_with_text_encoder)
+from tests.lora_helpers import (
+    COMFY_NAMES,
+    RANK,
+    TEXT_ENCODER_KEYS,
+    merged_as_loaded,
+    merged_by_hand,
+    weights_in_stage,
+    worst_difference,
+    write_comfy_native,
+    write_fastvideo_diffs,
+    write_musubi_other,
+    write_onetrainer,
+    write_onetrainer_omi,
+    write_with_text_encoder,
+)
 
 
 @pytest.fixture(scope="module")

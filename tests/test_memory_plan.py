@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from configs.presets import HUNYUAN, TINY
 from common.units import GIB
+from configs.presets import HUNYUAN, TINY
 from memory.estimate import describe_preserved
-from memory.plan import (REAL_TRANSFORMER_CONFIG, activation_bytes, framepack_tokens,
-                         plan_residency, transformer_sizes)
+from memory.plan import REAL_TRANSFORMER_CONFIG, activation_bytes, framepack_tokens, plan_residency, transformer_sizes
 
 
 @pytest.fixture(scope="module")

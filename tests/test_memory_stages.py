@@ -112,8 +112,7 @@ def test_the_pinning_flag_decides_whether_host_copies_are_pinned(tiny_original, 
 
 
 def test_prepare_packs_ahead():
-    from memory.hostpack import HostPack
-    from memory.hostpack import _ATTR
+    from memory.hostpack import _ATTR, HostPack
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
     assert _ATTR not in model.__dict__                     # not packed yet

@@ -5,10 +5,9 @@ import pytest
 import torch
 from diffusers import HunyuanVideoFramepackTransformer3DModel
 
-from memory.hostpack import HostPack
-from memory.manager import MemoryManager
-from memory.hostpack import block_list
 from common.units import GIB
+from memory.hostpack import HostPack, block_list
+from memory.manager import MemoryManager
 from memory.streaming import BlockStreamer
 from pipeline.text import encode_prompt
 from tests.model_helpers import step_inputs, two_steps

@@ -132,8 +132,8 @@ def test_manager_decode_records_attempts(tiny_original):
 def test_the_miopen_3d_scratch_limit_applies_only_where_conv3d_reaches_miopen_3d(gfx, limited):
     """Issue 31, item 9: RDNA starts conv3d at the 2D decomposition (tier 3; RDNA1 keeps MIOpen off): the 3D scratch
     limit only cut their streamed decoder's chunks. CDNA (gfx942) runs conv3d on MIOpen: the limit holds there."""
-    from rocm.arch import Runtime, arch_family
     from memory.vae import MIOPEN_SCRATCH_LIMIT, miopen_scratch_limit
+    from rocm.arch import Runtime, arch_family
 
     runtime = Runtime("rocm", gfx, arch_family(gfx), "2.11.0+rocm7.0", "7.0", None, "AMD GPU", 24 * 2**30, (gfx,))
     assert miopen_scratch_limit(runtime) == (MIOPEN_SCRATCH_LIMIT if limited else None)

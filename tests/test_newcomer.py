@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from configs import LIMITS, get_preset
-from tests.conftest import ROOT, make_image, uploaded
 from tests.cli_helpers import cli
+from tests.conftest import ROOT, make_image, uploaded
 
 README = (ROOT / "README.md").read_text("utf-8")
 

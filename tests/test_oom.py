@@ -12,8 +12,8 @@ from memory.manager import MemoryManager
 from pipeline.checkpoint import load_checkpoint
 from pipeline.events import Done, Failed, LogLine
 from pipeline.request import Request
-from video.mp4 import read_frames
 from tests.conftest import make_image, run_job
+from video.mp4 import read_frames
 
 
 def _request(**kw):

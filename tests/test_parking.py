@@ -12,8 +12,16 @@ from memory.hostpack import HostPack
 from memory.parking import ParkedBlocks
 from memory.vae import VaeDecodePolicy, memory_estimate
 from pipeline.components import load_components
-from tests.model_helpers import file_transformer, frames_hash, oom_above, resident_manager, step_inputs, two_steps
-from tests.model_helpers import HOST_OVERHEAD as OVERHEAD, HUNYUAN_FP32
+from tests.model_helpers import HOST_OVERHEAD as OVERHEAD
+from tests.model_helpers import (
+    HUNYUAN_FP32,
+    file_transformer,
+    frames_hash,
+    oom_above,
+    resident_manager,
+    step_inputs,
+    two_steps,
+)
 
 
 def test_the_next_transformer_stage_binds_the_parked_blocks_instead_of_reading_them(saved):  # noqa: F811
@@ -110,9 +118,9 @@ def test_room_is_the_first_tilings_peak_and_its_workspace():
 
 def test_a_job_binds_the_parked_blocks_in_its_next_section_and_gives_the_same_video(saved, tmp_path,  # noqa: F811
                                                                                    monkeypatch):
+    from common.units import GIB
     from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError
     from memory.manager import MemoryManager
-    from common.units import GIB
     from pipeline.events import Done
     from pipeline.request import Request
     from tests.conftest import make_image, run_job

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 
 from common import patches
 from memory.manager import MemoryManager
-from rocm.sdpa import AttentionGuard
 from memory.vae import VaeDecodePolicy
 from pipeline.events import Done, Failed
 from pipeline.request import Request
+from rocm.sdpa import AttentionGuard
 from tests.conftest import make_image, run_job
 
 ORIGINAL = {"conv2d": F.conv2d, "conv3d": F.conv3d, "scaled_dot_product_attention": F.scaled_dot_product_attention}

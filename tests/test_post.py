@@ -23,6 +23,7 @@ from post.process import interpolate, upscale
 from post.steps import chunks, make_plan, parse_step, request_from
 from video.mp4 import write_mp4
 
+
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """The tiny networks on one CPU thread: with the suite's two workers on two cores, more threads only wait for

@@ -9,8 +9,8 @@ import pytest
 
 from jobs import store as qs
 from tests.conftest import make_image, uploaded
-from ui.queue_api import QueueActions, QueueApi
 from tests.server_helpers import tiny_runner
+from ui.queue_api import QueueActions, QueueApi
 
 
 @pytest.fixture

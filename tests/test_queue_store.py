@@ -15,8 +15,8 @@ import pytest
 from common.errors import InputError
 from configs.runtime import Config
 from jobs import jsonl
-from jobs.doors import LOCAL
 from jobs import store as qs
+from jobs.doors import LOCAL
 from jobs.preflight import Preflight
 from tests.conftest import make_image
 

@@ -17,11 +17,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from common.units import GIB
 from configs.presets import HUNYUAN
 from memory.hostpack import HostPack
-from memory.manager import MemoryManager
 from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError
-from common.units import GIB
+from memory.manager import MemoryManager
 from pipeline.components import _dtype, load_components
 from pipeline.events import Done
 from pipeline.request import Request

@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from pipeline.checkpoint import CHECKPOINT, load_checkpoint
+from tests.cli_helpers import cli
+from tests.cli_helpers import cli_env as _env
+from tests.cli_helpers import sections_done as _sections_done
+from tests.conftest import ROOT, job_folders, make_image
 from video.mp4 import read_frames
-from tests.conftest import ROOT, make_image, job_folders
-from tests.cli_helpers import cli, cli_env as _env, sections_done as _sections_done
 
 SETTINGS = ["--preset", "tiny", "--prompt", "a lighthouse in a storm", "--seconds", "4.8", "--steps", "4",
             "--seed", "11", "--teacache", "0.1"]

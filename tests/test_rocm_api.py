@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from rocm_helpers import assert_close_scaled
 from torch import nn
 
-from rocm_helpers import assert_close_scaled
 from rocm import api
 from rocm.conv_fallback import ConvFallback
 from rocm.faults import Fault, FaultPlan

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from rocm_helpers import make_topology
+
 from rocm.arch import DeviceFacts, detect_arch, resolve_runtime
 from rocm.conv_fallback import ConvFallback
 from rocm.signature import ConvSpec

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import rocm_helpers  # noqa: F401  (puts the repo on sys.path)
 import torch
 import torch.nn.functional as F
 
-import rocm_helpers  # noqa: F401  (puts the repo on sys.path)
-from rocm.sdpa import AttentionGuard
 from rocm.attention import attention_check
-from rocm.sdpa import aotriton_note
+from rocm.sdpa import AttentionGuard, aotriton_note
 
 VAR = "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"
 

@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
-
 from rocm_helpers import assert_close_scaled
+
 from rocm.conv_fallback import ConvFallback
 
 

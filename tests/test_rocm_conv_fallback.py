@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from rocm_helpers import assert_close_scaled
+
 from rocm.conv_fallback import ConvFallback
 from rocm.errors import ConvFallbackExhausted
 from rocm.faults import Fault, FaultPlan

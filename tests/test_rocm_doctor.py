@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import time
 
+import pytest
 import torch
-
 from rocm_helpers import run_python
 
 DOCTOR = "import sys; from rocm.__main__ import main; sys.exit(main(sys.argv[1:]))"
@@ -88,6 +86,7 @@ def test_probe_rows_never_claim_a_verdict_the_table_did_not_write():
 
 def test_rdna1_probe_table_skips_tier_1(tmp_path):
     from rocm_helpers import make_topology
+
     from rocm.arch import DeviceFacts, detect_arch, resolve_runtime
     from rocm.conv_plan import conv_plan
     from rocm.doctor import planned_probe_tiers
@@ -151,6 +150,7 @@ def test_an_override_on_cards_reported_to_page_fault_is_warned(gfx):
 def test_the_doctor_probes_only_the_tiers_the_app_uses_for_3d_convolutions(tmp_path, gfx, tiers):
     """Issue 31, item 6: on RDNA2-4 the app starts conv3d at tier 3; the doctor ran MIOpen 3D and vol2col anyway."""
     from rocm_helpers import make_topology
+
     from rocm.arch import DeviceFacts, detect_arch, resolve_runtime
     from rocm.conv_plan import conv_plan
     from rocm.doctor import planned_probe_tiers
@@ -177,10 +177,11 @@ def test_the_doctor_on_simulated_machines(tmp_path, monkeypatch, machine):
     import os
     import platform
 
+    from rocm_helpers import make_topology
+
     from rocm.arch import driver_version
     from rocm.doctor import collect
     from rocm.doctor_text import render_text
-    from rocm_helpers import make_topology
 
     env = {"STEADYFRAME_CACHE_DIR": str(tmp_path / "c")}
     nodes = tmp_path / "no-kfd"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from rocm_helpers import UNIQUE_ID, make_topology, run_python
 
 # Allow-list written from docs/FACTS.md (ROCm) ("Variables" table and "PyTorch on ROCm"): the variables that

@@ -10,7 +10,6 @@ import json
 import sys
 
 import pytest
-
 from rocm_helpers import run_python
 
 CHILD = """

@@ -7,8 +7,8 @@ import time
 
 import pytest
 import torch
-
 from rocm_helpers import live_group_members
+
 from rocm.conv_fallback import ConvFallback
 from rocm.faults import Fault, FaultPlan
 from rocm.probe import HangProbe, ProbeJob

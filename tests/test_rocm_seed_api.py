@@ -8,11 +8,11 @@ from __future__ import annotations
 import io
 
 import pytest
+import rocm_helpers  # noqa: F401  (puts the repo on sys.path)
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-import rocm_helpers  # noqa: F401  (puts the repo on sys.path)
 import rocm
 from rocm.conv_fallback import ConvFallback
 from rocm.faults import Fault, FaultPlan

@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 
 import pytest
+import rocm_helpers  # noqa: F401  (puts the repo on sys.path)
 import torch
 from torch import nn
 
-import rocm_helpers  # noqa: F401  (puts the repo on sys.path)
 from rocm import memory_status, trim, vae_decode_log
 from rocm.conv_fallback import ConvFallback
 from rocm.faults import Fault, FaultPlan

@@ -7,8 +7,8 @@ import json
 from dataclasses import replace
 
 import torch
-
 from rocm_helpers import run_python
+
 from rocm.arch import Runtime
 from rocm.conv_fallback import ConvFallback
 from rocm.faults import Fault, FaultPlan

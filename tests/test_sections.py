@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from pipeline import sections as sec
-from video.mp4 import pixels_to_frames
 from video.buffer import VideoBuffer
+from video.mp4 import pixels_to_frames
 
 
 @pytest.mark.parametrize("seconds,window,expected", [

@@ -7,16 +7,15 @@ import threading
 
 import pytest
 
-from pipeline.checkpoint import CHECKPOINT, load_checkpoint
 from common.errors import InputError
+from jobs.runner import SessionBusy
+from pipeline.checkpoint import CHECKPOINT, load_checkpoint
 from pipeline.events import Done, SectionVideo
 from pipeline.request import Request
 from pipeline.sections import make_plan
-from video.mp4 import read_frames
 from tests.conftest import make_image
-from tests.server_helpers import (CHROMIUM_ARGS, Gate, api_job, browser_or_skip, job_info, saved_image,
-                                  tiny_runner)
-from jobs.runner import SessionBusy
+from tests.server_helpers import CHROMIUM_ARGS, Gate, api_job, browser_or_skip, job_info, saved_image, tiny_runner
+from video.mp4 import read_frames
 
 SETTINGS = dict(prompt="a lighthouse in a storm", seconds=3.6, steps=2, seed=11, teacache=0.1)
 PLANNED = make_plan("original", 3.6, 9).frame_counts()[-1]        # 3 sections

@@ -6,7 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.server_helpers import (CHROMIUM_ARGS, Fault, Gate, api_job, browser_or_skip, job_info, temp_leftovers, wait_for)
+from tests.server_helpers import (
+    CHROMIUM_ARGS,
+    Fault,
+    Gate,
+    api_job,
+    browser_or_skip,
+    job_info,
+    temp_leftovers,
+    wait_for,
+)
 
 
 def _job(image, **kw):

@@ -9,8 +9,8 @@ from common.errors import InputError
 from pipeline.checkpoint import load_checkpoint
 from pipeline.events import Done, LogLine
 from pipeline.request import Request, prepare
-from video.mp4 import read_frames
 from tests.conftest import make_image, run_job
+from video.mp4 import read_frames
 
 FAST = dict(prompt="a lighthouse at dusk", seconds=1.2, steps=2, teacache=0.0, resolution=64)
 

@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
+from common.errors import InputError
 from pipeline import timeline as tl
 from pipeline.cancel import CancelToken
 from pipeline.checkpoint import load_checkpoint
 from pipeline.denoiser import FramepackDenoiser
-from common.errors import InputError
 from pipeline.events import Done, Progress
 from pipeline.orchestrator import generate
 from pipeline.request import Request, prepare

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from configs import get_preset
 from common.errors import InputError
+from configs import get_preset
 from tests.conftest import make_image, uploaded
 
 
@@ -89,7 +89,7 @@ def test_preserved_memory_text_says_when_a_value_cannot_work():
 
 def test_the_progress_clock_moves_between_events():
     from pipeline.events import Progress
-    from ui.view import JobView, ORIGINAL_NOTE
+    from ui.view import ORIGINAL_NOTE, JobView
 
     view = JobView(mode="original")
     view.apply(Progress("VAE decode", 1, 3, 4, 4, 10.0, 20.0, "decoding"))

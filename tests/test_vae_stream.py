@@ -7,8 +7,16 @@ import torch
 from diffusers import AutoencoderKLHunyuanVideo
 
 import configs.presets as presets
-from memory.vae import (STREAM_CHUNKS, STREAM_FACTOR, STREAM_FIXED, VaeDecodePolicy, VaeTiling, memory_estimate,
-                        streamed_decode, work)
+from memory.vae import (
+    STREAM_CHUNKS,
+    STREAM_FACTOR,
+    STREAM_FIXED,
+    VaeDecodePolicy,
+    VaeTiling,
+    memory_estimate,
+    streamed_decode,
+    work,
+)
 from memory.vae_grid import MIN_TILE, OVERLAP, GridTiling, axis_weights, cuts, grid_candidates, grid_decode
 from memory.vae_stream import StreamedDecoder, attention, decode, layer_stats
 

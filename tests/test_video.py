@@ -16,10 +16,10 @@ import torch
 
 from configs.video import ENCODING
 from pipeline import sections as sec
-from video.mp4 import encode_segment, read_frames, write_segments
-from video.buffer import VideoBuffer
-from video.section_writer import SectionWriter, segment_groups
 from tests.conftest import ROOT
+from video.buffer import VideoBuffer
+from video.mp4 import encode_segment, read_frames, write_segments
+from video.section_writer import SectionWriter, segment_groups
 
 
 def moving_frames(n: int, h: int = 96, w: int = 128, seed: int = 0) -> np.ndarray:

@@ -77,11 +77,10 @@ def test_new_seed_gives_each_queued_job_a_fresh_seed_recorded_with_the_switch_of
 
 
 def test_new_seed_through_the_queue_and_the_command_line(tmp_path):
+    from cli import queue as cli_queue
     from cli.commands import build_parser
     from jobs import store as qs
     from jobs.runner import enqueue
-
-    from cli import queue as cli_queue
 
     for argv in (["generate", "--image", "a.png", "--new-seed", "on"], ["batch", "jobs.jsonl", "--new-seed", "on"]):
         assert build_parser().parse_args(argv).new_seed == "on"

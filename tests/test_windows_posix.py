@@ -19,10 +19,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import ROOT
-
 import common.files as files
 import common.portable as portable
+from tests.conftest import ROOT
 
 
 def _windows(monkeypatch):
@@ -258,8 +257,8 @@ def test_the_crash_fault_needs_no_resource_module(monkeypatch):
 
 # ---- memory/hostbudget.py: cgroups and /proc -------------------------------------------------------------------------
 def test_the_host_budget_reads_no_proc_or_cgroup_off_linux(monkeypatch):
-    from memory import hostbudget
     from common.units import GIB
+    from memory import hostbudget
 
     def read(path):
         raise AssertionError(f"read {path} on Windows")

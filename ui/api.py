@@ -46,17 +46,18 @@ import logging
 
 import gradio as gr
 
-from configs.controls import CONTROLS as TABLE, Control
 from common.errors import InputError
+from configs.controls import CONTROLS as TABLE
+from configs.controls import Control
 from jobs.line import Waiting
 from jobs.runner import QueuedJob, Runner, SessionBusy
 from jobs.text import progress_line, waiting_text
 from pipeline.events import Cancelled, Done, Failed, LogLine, Progress
+from ui import doors
 from ui import settings as st
 from ui.access import Access
 from ui.media import published
 from ui.view import done_status
-from ui import doors
 
 log = logging.getLogger(__name__)
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from configs.runtime import Config
 from jobs.runner import Runner
+from ui import hints
 from ui.access import Access
 from ui.guard import HandlerGuard, HeapKeeper
 from ui.layout import Layout
-from ui.prompt_tokens import TokenCounter
-import torch
-from ui import hints
 from ui.memory_plan import size_line
+from ui.prompt_tokens import TokenCounter
 
 # Un-queued handlers running at once (a call beyond that returns at once, ui/guard.py): the expensive ones (memory
 # plan, token count: up to ~0.5 s each), one per tab; the cheap ones (hints, random seed, LoRA picker: < 50 ms)

@@ -26,6 +26,7 @@ import threading
 import time
 from collections import OrderedDict
 from typing import Callable
+
 from rocm.allocator import release_host_heap
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import math
 
-from configs import DEFAULTS, LIMITS, MEMORY
 from common.errors import InputError
+from configs import DEFAULTS, LIMITS, MEMORY
 from memory.estimate import describe_preserved
 from ui.messages import input_error, label
 

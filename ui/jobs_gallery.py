@@ -7,14 +7,14 @@ again when the video is newer), else the last latent preview of a job stopped be
 """
 from __future__ import annotations
 
+import io
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from pipeline.jobs import load_job
+
+from pipeline.jobs import atomic_write_bytes, load_job
 from post.steps import CHUNKS_DIR, is_post
-import io
-from pipeline.jobs import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

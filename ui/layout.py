@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from configs.controls import CONTROLS as TABLE, Control
+from configs.controls import CONTROLS as TABLE
+from configs.controls import Control
 from ui import panel_keyframes, panel_lora, panel_saved
 from ui import settings as st
 from ui.view import progress_html

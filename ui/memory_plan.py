@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 
 from common.errors import InputError
+from pipeline.resolution import job_size, plan_text
 from ui import hints, messages
 from ui import settings as st
-from pipeline.resolution import job_size, plan_text
 
 log = logging.getLogger(__name__)
 

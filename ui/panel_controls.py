@@ -5,13 +5,13 @@ from __future__ import annotations
 import gradio as gr
 
 from configs import DEFAULTS
+from pipeline import sections
+from pipeline.request import Request
 from ui import hints
 from ui import settings as st
 from ui.context import AppContext, preserved_text
 from ui.uploads import check_upload
 from ui.view import format_seconds
-from pipeline.request import Request
-from pipeline import sections
 
 SCROLL_LOG_JS = "() => { const t = document.querySelector('#log textarea'); if (t) t.scrollTop = t.scrollHeight; }"
 LONG_JOB_SECTIONS = 20          # more sections than this: Start asks for a confirmation, with the expected time

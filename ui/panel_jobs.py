@@ -13,17 +13,16 @@ from collections import OrderedDict
 from pathlib import Path
 
 import gradio as gr
+from PIL import Image
 
 from common.errors import InputError
 from jobs.doors import admitted
 from pipeline import keyframes, studio
-from ui import jobs_gallery
-from ui import messages
+from pipeline.jobs import PARTIAL_SUFFIX, atomic_write_bytes
+from ui import jobs_gallery, messages
 from ui import settings as st
 from ui.context import AppContext
 from ui.media import published
-from PIL import Image
-from pipeline.jobs import PARTIAL_SUFFIX, atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import gradio as gr
 
+from common.errors import InputError
 from configs.lora import LORA
 from pipeline import lora
-from common.errors import InputError
 from ui import messages
-
 
 SLOTS = LORA.max_count   # strength sliders: one for every LoRA the box may hold (hidden beyond the box's LoRAs)
 

@@ -14,9 +14,9 @@ import gradio as gr
 
 from common.errors import InputError
 from configs.controls import control
+from jobs.line import Waiting
 from jobs.runner import SessionBusy
 from jobs.text import progress_line, waiting_text
-from jobs.line import Waiting
 from pipeline.events import Cancelled, Done, Failed, Preview, Progress
 from pipeline.jobs import finished_video, load_job
 from post.modelfiles import SUFFIXES

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from jobs import store as qs
 from common.errors import InputError
+from jobs import store as qs
 from ui import messages
 from ui import settings as st
 from ui.context import AppContext

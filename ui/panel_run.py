@@ -11,8 +11,10 @@ from dataclasses import dataclass
 import gradio as gr
 
 from common.errors import InputError
+from jobs.runner import SessionBusy
+from jobs.text import waiting_text
 from pipeline.events import Failed
-from ui import messages, plots
+from ui import doors, messages, plots
 from ui import settings as st
 from ui.context import AppContext
 from ui.guard import HandlerGuard
@@ -20,10 +22,7 @@ from ui.layout import SHOW_PREVIEW_JS
 from ui.media import published
 from ui.panel_controls import LONG_JOB_SECTIONS, expected_time, section_count
 from ui.panel_jobs import JobsPanel
-from jobs.runner import SessionBusy
-from jobs.text import waiting_text
 from ui.view import QUEUED_TEXT, JobView, progress_html
-from ui import doors
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ from collections import OrderedDict
 
 from PIL import Image, ImageDraw, ImageFont
 
-from common.units import GIB as GB   # memory figures are binary (common/units.py)
+from common.units import GIB as GB  # memory figures are binary (common/units.py)
+
 SIZE = (960, 340)
 MARGIN = dict(left=64, right=24, top=76, bottom=44)
 COLORS = {"allocated": (37, 99, 235), "reserved": (234, 88, 12), "host RSS": (120, 120, 120), "cap": (220, 38, 38)}

@@ -9,10 +9,9 @@ import logging
 import threading
 from pathlib import Path
 
-from configs import LIMITS
-from pipeline.timeline import is_timeline
 from common.errors import InputError
-from pipeline.timeline import parse
+from configs import LIMITS
+from pipeline.timeline import is_timeline, parse
 
 log = logging.getLogger(__name__)
 

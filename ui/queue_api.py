@@ -13,19 +13,19 @@ from typing import Any, Mapping
 
 import gradio as gr
 
+from common.errors import InputError
+from common.files import unlink_if_possible
 from configs.controls import CONTROLS as TABLE
 from jobs import jsonl
 from jobs import store as qs
-from common.errors import InputError
-from common.files import unlink_if_possible
+from jobs.doors import Door
+from jobs.doors import admitted as admit
 from jobs.runner import Runner
+from pipeline import keyframes
+from pipeline.request import Request, canonical
+from ui import doors
 from ui import settings as st
 from ui.access import Access
-from pipeline.request import Request
-from jobs.doors import Door, admitted as admit
-from pipeline import keyframes
-from pipeline.request import canonical
-from ui import doors
 from ui.api import VIDEO_DOC, video_endpoint
 
 log = logging.getLogger(__name__)

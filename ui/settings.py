@@ -11,8 +11,9 @@ import random
 from pathlib import Path
 from typing import Any, Mapping
 
-from configs.controls import CONTROLS as TABLE, Control
 from common.errors import InputError
+from configs.controls import CONTROLS as TABLE
+from configs.controls import Control
 from jobs.doors import Door, admitted
 
 # Request field names of the page's controls, in the order the handlers receive their values.

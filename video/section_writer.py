@@ -26,8 +26,8 @@ import torch
 
 from common.portable import usable_cpus
 from configs.video import ENCODING, VideoEncoding
-from video.mp4 import encode_segment, write_segments
 from video.buffer import VideoBuffer, frames_sha256
+from video.mp4 import encode_segment, write_segments
 
 log = logging.getLogger(__name__)
 
