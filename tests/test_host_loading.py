@@ -147,7 +147,7 @@ def test_app_flags_and_the_check_at_start():
                                                                               "100"]):
         cpu = host_budget_problem(parse_args(argv), "cpu")
         assert "too small" in cpu and "--preset tiny" in cpu and "--fp8" not in cpu and "preserved" not in cpu
-        assert "the app" not in cpu          # issue 44 item 8: the same line for the CLI ("try the app" was wrong there)
+        assert "try the app" not in cpu         # issue 44 item 8: the same line for the CLI ("try the app" was wrong there)
 
 
 def test_a_model_gives_its_ram_back_after_its_stage(tmp_path):

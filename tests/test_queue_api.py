@@ -143,7 +143,7 @@ def test_the_readmes_queue_example_runs_against_the_app(server, client, image, t
     with Gate(tiny_original.vae.decoder) as gate:
         hold_first_job(server, client, image, tiny_original, gate)
         exported = qs.Path(client.predict(api_name="/queue_export"))     # an exported queue names its own copies
-        (tmp_path / "jobs.jsonl").write_text(exported.read_text())
+        (tmp_path / "waiting.jsonl").write_text(exported.read_text())   # the README imports what it exported
         monkeypatch.chdir(tmp_path)
         names: dict = {}
         exec(_readme_example().replace("http://127.0.0.1:7860/", server.url), names)      # noqa: S102

@@ -28,6 +28,10 @@ range; use a value between 1 and 120` (a file over 64 MB is refused by the clien
 sent); a job that fails raises it with the reason and what to change, e.g. `Out of GPU memory in
 transformer … Try: more preserved memory …` (the job folder keeps what was made).
 
+One `Client` has one job at a time (it is one session, as a tab is): a second `/video` or `/resume` of the same
+`Client` while its first runs or waits is refused ("already has a job running or waiting"); for several jobs at
+once use one `Client` each, or `/queue_add` (the limits per client above count calls, not jobs).
+
 Long jobs: `job = client.submit(..., api_name="/video")`; `job.status()` has the progress
 (`progress_data[0].desc`, e.g. "sampling · section 2/4 · step 7/25 · elapsed 3 min 10 s · ETA 6 min", or while it
 waits "Waiting for the GPU: you are 2nd in line (1 job ahead of yours). …");
