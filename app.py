@@ -194,9 +194,8 @@ class _StopNow(Exception):
 
 def serve_until_stopped(app) -> int:
     """Sleep in the main thread until Ctrl-C or SIGTERM (Windows: also Ctrl-Break), then close the server (its
-    shutdown deletes the temporary files); returns the signal's number. The wait costs no CPU where signal.pause
-    exists (Linux, macOS); Windows has none, and there it looks twice a second (common/portable.py). Gradio's own
-    wait wakes ten times a second."""
+    shutdown deletes the temporary files); returns the signal's number. The wait looks twice a second
+    (common/portable.py says why not signal.pause); Gradio's own wait wakes ten times a second."""
     stopping = []
 
     def on_stop(signum, frame):

@@ -1,6 +1,6 @@
 """What differs between Linux, macOS and Windows for a process (no torch): the signals it handles, its wait for
 them, the CPUs it may use. Each function looks at the platform when called, never at import, so a test can take a
-POSIX-only call away (`monkeypatch.delattr(signal, "pause")`) and see the portable way taken.
+POSIX-only call away (`monkeypatch.delattr(os, "sched_getaffinity")`) and see the portable way taken.
 
 What exists where (https://docs.python.org/3/library/signal.html): signal.pause is "Availability: Unix"; "On
 Windows, signal() can only be called with SIGABRT, SIGFPE, SIGILL, SIGINT, SIGSEGV, SIGTERM, or SIGBREAK"; "only the
@@ -52,14 +52,14 @@ def handle_signal(name: str, handler) -> Callable[[], None]:
 
 def wait_for_stop(stopped: Callable[[], bool]) -> None:
     """Sleep in the main thread until `stopped()` (a signal handler makes it true); Ctrl-C raises
-    KeyboardInterrupt as usual. signal.pause (Unix) wakes only for a signal; Windows has none, so there the wait
-    looks again every WAIT_S (time.sleep, which Ctrl-C interrupts on Windows too)."""
+    KeyboardInterrupt as usual. The wait looks again every WAIT_S on every platform (time.sleep, which a signal
+    delivered to the main thread interrupts at once, Ctrl-C on Windows too). It does not use signal.pause: pause
+    waits for the *next* signal, so a SIGTERM whose handler ran just before the call (between the check and the
+    pause), or one the kernel delivered to another of the process's threads, left the app serving with its stop
+    lost (CI saw a SIGTERM'd app finish its whole job and exit 0 only at the next signal). Two looks a second cost
+    nothing."""
     while not stopped():
-        pause = getattr(signal, "pause", None)
-        if pause is not None:
-            pause()
-        else:
-            time.sleep(WAIT_S)
+        time.sleep(WAIT_S)
 
 
 def usable_cpus() -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -42,7 +43,10 @@ def test_sigterm_stops_the_apps_running_job_cleanly(tmp_path):
         entry = store.add({**LONG_JOB, "image": str(image)}, origin="queue")     # the running app takes it up
         _wait_for("first section", lambda: _section_made(out), lambda: proc.poll() is None, log)
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(60)
+        try:
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the app did not end within 60 s of SIGTERM:\n{tail(log)}")
     text = log.read_text()
     assert code == 143, text[-3000:]
     assert "terminate called" not in text and "Traceback" not in text
