@@ -505,6 +505,22 @@ class Runner:
         self._renewed = now
         return self._leased
 
+    def _still_runs_the_queue(self) -> bool:
+        """A running job's question before each write to its folder (pipeline/cancel.py `fence`): does this process
+        still hold the lease? It may have been taken since the loop's last renewal; then every job here is lost. A
+        database that cannot be read now does not stop a job (the loop's next renewal decides)."""
+        try:
+            if self.store.holds_lease(self.token):
+                return True
+        except Exception as e:  # a locked or damaged database: the renewal, every RENEW_S, decides
+            log.warning("queue lease not checked: %s", e)
+            return True
+        with self._lock:
+            lost, self._leased = self._leased, False
+        if lost:
+            self._lost_lease()
+        return False
+
     def _lost_lease(self) -> None:
         """Another process took the queue's lease (this one stopped renewing it for longer than a holder on another
         computer may): it runs the queue's jobs now, so those running here stop at once and write nothing more
@@ -531,6 +547,7 @@ class Runner:
                     job = QueuedJob(entry.id, entry.origin, owner=entry.owner)
                     self._jobs[entry.id] = job
                 job.started = True
+                job.cancel.fence = self._still_runs_the_queue
                 self._running[entry.id] = job
                 thread = self._job_threads[entry.id] = threading.Thread(target=self._run, args=(job, entry),
                                                                         name=f"job-{entry.id}", daemon=True)

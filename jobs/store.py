@@ -632,6 +632,11 @@ class QueueStore:
             db.execute("UPDATE meta SET value = ? WHERE key = 'runner'", (json.dumps(_lease(token, time.time())),))
         return True
 
+    def holds_lease(self, token: str) -> bool:
+        """Is `token` still the queue's runner? (A read only: a job asks it before each write to its folder.)"""
+        row = self._db().execute("SELECT value FROM meta WHERE key = 'runner'").fetchone()
+        return row is not None and json.loads(row[0]).get("token") == token
+
     def release_lease(self, token: str) -> None:
         with self._write() as db:
             row = db.execute("SELECT value FROM meta WHERE key = 'runner'").fetchone()

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Callable
 
 from common.files import atomic_copy, atomic_write_bytes, atomic_write_json, file_sha256, rename_new
 
@@ -69,6 +70,13 @@ class Job:
     dir: Path
     info: dict = field(default_factory=dict)
     detached: bool = False          # another process runs this job now: this one writes nothing more (`detach`)
+    owner: Callable[[], bool] | None = None     # asked before each write: does this process still run the job?
+
+    def writable(self) -> bool:
+        """May this process still write the job's record (not detached, and `owner` still says so)?"""
+        if not self.detached and self.owner is not None and not self.owner():
+            self.detached = True
+        return not self.detached
 
     @property
     def id(self) -> str:
@@ -114,7 +122,7 @@ class Job:
         return self.dir / name
 
     def save(self) -> None:
-        if not self.detached:
+        if self.writable():
             atomic_write_json(self.dir / "job.json", self.info)
 
     def detach(self) -> None:
@@ -147,7 +155,7 @@ class Job:
     def finish(self, status: str, final: Path | None, *, error: str | None = None, timings: dict | None = None,
                memory: dict | None = None, frames: int = 0) -> None:
         """The job's end in job.json: its status, its final video and how many frames it has (`frames`)."""
-        if self.detached:
+        if not self.writable():
             return
         if final is not None and final.name != "final.mp4":
             final = atomic_copy(final, self.path("final.mp4"))

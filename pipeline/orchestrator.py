@@ -186,6 +186,7 @@ class JobRun:
                 # LoRA files read and checked against the transformer before the job folder and any stage
                 self.loras = lora.load_set(self.request.loras, self.lora_dir, self.models.transformer)
                 self._open_job()
+                self.job.owner = self.cancel.may_write      # a runner that lost the queue's lease writes no more
                 if self.on_open is not None:
                     self.on_open(self.job)
                 yield Started(self.job.dir, resumed=self.resume is not None)
@@ -216,6 +217,8 @@ class JobRun:
                 log.error("writing the video failed: %s", e, exc_info=True, extra={"terminal": False})
                 if error is None:
                     status, error, detail = "failed", e, traceback.format_exc()
+            if status == "done" and self.job is not None and not self.job.writable():
+                status = "stopped"                     # the lease went while the job ended: the taker finishes it
             ending = self._fail(error, detail) if error is not None else self._finish(status)
             error = None                               # (its traceback holds the failed stage's tensors)
             self.memory.release_parked("the job ended")
@@ -304,6 +307,8 @@ class JobRun:
     def _submit(self, section: sec.Section, pixels: torch.Tensor, path: Path | None = None) -> None:
         """Hand a decoded section to the writer (with `path`, its file is written). An extension toward an end
         frame puts the input video's frames before its last section (pipeline/extend.py)."""
+        if path is not None and not self.job.writable():
+            raise JobStopped()                         # the queue's lease was lost: the taker writes this section
         lead = extend.lead_frames(self.prepared.source, section)
         if lead is not None:
             self.writer.submit(pixels)

@@ -14,8 +14,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from jobs import store as qs
 from tests.conftest import ROOT, make_image
 from tests.kill_helpers import job_folder, shared, tail
@@ -82,8 +80,6 @@ def test_a_paused_runner_keeps_its_job_from_a_second_queue_run(tmp_path):
     assert info["status"] == "done" and "resumed" not in info          # one runner ran it, once
 
 
-@pytest.mark.xfail(strict=False, reason="issue 47 is open on this: in some full-suite runs the runner that lost its "
-                   "lease still finished the job (job.json 'done', expected 'running') -- a race left to fix")
 def test_a_runner_that_lost_its_lease_stops_its_job_and_writes_nothing(tmp_path):
     out, proc = _running_job(tmp_path)
     folder = job_folder(out)
