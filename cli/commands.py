@@ -115,7 +115,9 @@ def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentP
                                              "(several: joined in this order)")
     s.add_argument("--steps", nargs="*", default=[], metavar="STEP",
                    help="in order: trim=A:B (seconds), speed=S, reverse, pingpong, loop=N, interpolate=2|4|fps:F[:FILE] "
-                        "(RIFE), upscale=2|4[:FILE] (ESRGAN-family file in --upscaler-dir; default Real-ESRGAN)")
+                        "(RIFE), faces[=S][:FILE] (GFPGAN face restoration, strength S 0.05-1; file in --upscaler-dir; "
+                        "default GFPGAN v1.4), upscale=2|4[:FILE] (ESRGAN-family file in --upscaler-dir; default "
+                        "Real-ESRGAN)")
     s.add_argument("--export", choices=sorted(EXPORTS), default="mp4",
                    help="what to write besides the H.264 final.mp4: h265, webm (VP9), gif (with its own palette), "
                         "zip (PNG frames), frame (one frame as PNG, see --frame)")

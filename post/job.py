@@ -63,11 +63,15 @@ class CheckedPost:
         return make_plan(self.request, [i.frames for i in self.infos], first.fps, first.width, first.height)
 
 
+MODEL_KINDS = ("interpolator", "face", "upscaler")          # the model steps' files, in the order they run
+
+
 def _model_ref(request: PostRequest, kind: str) -> mf.ModelRef | None:
-    step = request.interpolation if kind == "interpolator" else request.upscale
+    step = {"interpolator": request.interpolation, "face": request.faces, "upscaler": request.upscale}[kind]
     if step is None:
         return None
-    default = mf.DEFAULT_RIFE if kind == "interpolator" else mf.DEFAULT_UPSCALER[step.value]
+    default = {"interpolator": mf.DEFAULT_RIFE, "face": mf.DEFAULT_FACE}.get(kind) \
+        or mf.DEFAULT_UPSCALER[step.value]
     return mf.ModelRef(kind, step.model or default)
 
 
@@ -76,7 +80,7 @@ def check(request: PostRequest, folders: PostFolders, job_dir: Path | None = Non
     and of a known architecture (InputError naming the field)."""
     infos = tuple(probe(p) for p in request.sources)
     models = {}
-    for kind in ("interpolator", "upscaler"):
+    for kind in MODEL_KINDS:
         ref = _model_ref(request, kind)
         if ref is None:
             continue
@@ -123,18 +127,16 @@ def prepare_resume(job_dir: Path, folders: PostFolders) -> CheckedPost:
 
 
 def _load_models(checked: CheckedPost, folders: PostFolders):
-    """(interpolator or None, upscaler or None, the models' records with the sha256 of downloaded files)."""
-    from post import esrgan, rife
+    """({kind: model} of the request's model steps, the models' records with the sha256 of downloaded files)."""
+    from post import esrgan, faces, rife
 
     records = {k: dict(v) for k, v in checked.models.items()}
-    interp = upscaler = None
+    loaded = {}
     request = checked.request
     for kind in records:
         if folders.tiny:
-            if kind == "interpolator":
-                interp = rife.tiny_ifnet()
-            else:
-                upscaler = esrgan.tiny_upscaler(request.upscale.value)[0]
+            loaded[kind] = {"interpolator": rife.tiny_ifnet, "face": faces.tiny_face_model,
+                            "upscaler": lambda: esrgan.tiny_upscaler(request.upscale.value)[0]}[kind]()
             continue
         ref = _model_ref(request, kind)
         path = mf.fetch(ref, ref.folder(folders.upscalers, folders.interpolators))
@@ -143,14 +145,14 @@ def _load_models(checked: CheckedPost, folders: PostFolders):
             raise InputError(mf.model_field(kind), f"{{file}} changed since the job was queued (sha256 {sha[:12]}… "
                                                    f"instead of {records[kind]['sha256'][:12]}…)", path=path)
         records[kind]["sha256"] = sha
-        if kind == "interpolator":
-            interp = mf.load_interpolator(path)
-        else:
-            upscaler, spec = mf.load_upscaler(path)
+        if kind == "upscaler":
+            loaded[kind], spec = mf.load_upscaler(path)
             if spec.scale != request.upscale.value:
                 raise InputError("upscaler", f"{{file}} upscales ×{spec.scale}, not ×{request.upscale.value}; choose "
                                              f"upscale={spec.scale} or another file", path=path)
-    return interp, upscaler, records
+        else:
+            loaded[kind] = mf.LOADERS[kind](path)
+    return loaded, records
 
 
 def _new_job(checked: CheckedPost, outputs: Path, owner: str | None) -> Job:
@@ -194,7 +196,7 @@ def _metadata(source: Path, request: PostRequest) -> dict:
 def run_post(checked: CheckedPost, memory, *, cancel=None, outputs: Path, folders: PostFolders,
              owner: str | None = None) -> Iterator:
     """The job's events: Started, Progress and Preview per chunk, then Done (or Failed)."""
-    from post.process import dtype_for, interpolate, upscale
+    from post.process import dtype_for, interpolate, restore_faces, upscale
     from video.mp4 import encode_segment, write_segments
 
     t0 = time.monotonic()
@@ -210,14 +212,15 @@ def run_post(checked: CheckedPost, memory, *, cancel=None, outputs: Path, folder
         parts = chunks(plan)
         (job.dir / CHUNKS_DIR).mkdir(exist_ok=True)
         yield Progress("loading post models", 0, len(parts), 0, 1, 0.0, None, "post-processing: loading models")
-        interp, upscaler, records = _load_models(checked, folders)
+        loaded, records = _load_models(checked, folders)
         job.update(models=records)
         memory.apply_cap()
         device = memory.device
         dtype = dtype_for(device)
         fps = int(plan.out_fps) if plan.out_fps.denominator == 1 else plan.out_fps
         scale = request.upscale.value if request.upscale else 1
-        models = {k: m.to(dtype) for k, m in (("interpolator", interp), ("upscaler", upscaler)) if m is not None}
+        models = {k: m.to(dtype_for(device, k)) for k, m in loaded.items()}
+        interp, face, upscaler = (models.get(k) for k in MODEL_KINDS)
         done, ran, t_first = 0, 0, time.monotonic()
         with memory.stage("post", **models):
             for n, (start, end) in enumerate(parts):
@@ -235,6 +238,8 @@ def run_post(checked: CheckedPost, memory, *, cancel=None, outputs: Path, folder
                 frames = [source[p] for p in wanted]
                 if interp is not None:
                     frames = interpolate(interp, frames, times, first, device, dtype)
+                if face is not None:
+                    frames = restore_faces(face, frames, request.faces.value, device, dtype_for(device, "face"))
                 if upscaler is not None:
                     free = _free_bytes(memory)
                     frames = upscale(upscaler, scale, frames, device, dtype, free)

@@ -6,6 +6,8 @@ checked, and the hash job.json records for each.
   into that folder on first use.
 - Interpolation: RIFE 4.25 (`flownet.pkl`, a state dict), in the interpolators folder (`--interpolator-dir`,
   default `interpolators/`); downloaded there on first use as `rife-4.25.pth` unless a file is given.
+- Face restoration: a GFPGAN v1.3 / v1.4 file (post/faces.py) in the upscalers folder; the default is GFPGAN's own
+  release `GFPGANv1.4.pth`, downloaded there on first use.
 - The tiny preset's models are built in code (random, same classes): nothing is read or downloaded.
 
 Files are read with `torch.load(..., weights_only=True)` (tensors only, never code) or safetensors. The one
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 SUFFIXES = (".pth", ".pt", ".pkl", ".safetensors")
 FILE_BYTES_MAX = 2 << 30            # an upscaler or flow network is well under this; larger is not one of them
 DEFAULT_RIFE = "rife-4.25.pth"
+DEFAULT_FACE = "GFPGANv1.4.pth"
 
 
 @dataclass(frozen=True)
@@ -48,21 +51,27 @@ DOWNLOADS = {
     DEFAULT_RIFE: Download(DEFAULT_RIFE, "https://github.com/styler00dollar/VSGAN-tensorrt-docker/releases/download/"
                                          "models/rife425.pth"),
 }
+DOWNLOADS[DEFAULT_FACE] = Download(DEFAULT_FACE, "https://github.com/TencentARC/GFPGAN/releases/download/v1.3.4/"
+                                                "GFPGANv1.4.pth")
 DEFAULT_UPSCALER = {2: "RealESRGAN_x2plus.pth", 4: "RealESRGAN_x4plus.pth"}
 
 
 @dataclass(frozen=True)
 class ModelRef:
-    """A step's model: its kind ("upscaler" | "interpolator"), its file name ("" for the tiny preset's twin)."""
+    """A step's model: its kind ("upscaler" | "interpolator" | "face"), its file name. Face models live in the
+    upscalers folder (image-to-image files, as ComfyUI's upscale_models folder holds GFPGAN too)."""
     kind: str
     name: str
 
     def folder(self, upscaler_dir: Path, interpolator_dir: Path) -> Path:
-        return Path(upscaler_dir if self.kind == "upscaler" else interpolator_dir)
+        return Path(interpolator_dir if self.kind == "interpolator" else upscaler_dir)
+
+
+FIELDS = {"upscaler": "upscaler", "interpolator": "interpolation model", "face": "face model"}
 
 
 def model_field(kind: str) -> str:
-    return "upscaler" if kind == "upscaler" else "interpolation model"
+    return FIELDS[kind]
 
 
 def resolve(ref: ModelRef, folder: Path) -> Path:
@@ -124,6 +133,21 @@ def load_interpolator(path: Path):
         raise InputError("interpolation model", f"{{file}}: {e}", path=path) from None
 
 
+def load_face_model(path: Path):
+    """The face model of a file (GFPGAN v1.3 / v1.4); InputError naming "face model" for any other architecture
+    (never run)."""
+    from post.esrgan import UnknownArchitecture
+    from post.faces import face_model_from_state
+
+    try:
+        return face_model_from_state(read_state(path, "face model"))
+    except UnknownArchitecture as e:
+        raise InputError("face model", f"{{file}}: {e}", path=path) from None
+
+
+LOADERS = {"upscaler": load_upscaler, "interpolator": load_interpolator, "face": load_face_model}
+
+
 def fetch(ref: ModelRef, folder: Path) -> Path:
     """The model's file, downloaded into its folder first if it is a default that is not there yet."""
     path = resolve(ref, folder)
@@ -148,5 +172,5 @@ def check_file(ref: ModelRef, folder: Path) -> str | None:
     path = resolve(ref, folder)
     if not path.is_file():
         return None
-    (load_upscaler if ref.kind == "upscaler" else load_interpolator)(path)
+    LOADERS[ref.kind](path)
     return file_sha256(path)

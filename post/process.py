@@ -1,5 +1,6 @@
-"""The two model steps on frames (RGB uint8 arrays), a chunk at a time: RIFE interpolation and ESRGAN-family
-upscaling, batched, fp16 on GPUs (fp32 on the CPU), tiled where a frame does not fit."""
+"""The model steps on frames (RGB uint8 arrays), a chunk at a time: RIFE interpolation, GFPGAN face restoration and
+ESRGAN-family upscaling, batched, fp16 on GPUs (bf16 for the face model, whose StyleGAN2 decoder overflows fp16;
+fp32 on the CPU), tiled where a frame does not fit."""
 from __future__ import annotations
 
 import math
@@ -16,8 +17,11 @@ TILE_OVERLAP = 32           # input pixels each tile sees beyond its own part (c
 UPSCALE_BYTES_PER_PIXEL = 3 * 1024      # an RRDBNet's live activations per input pixel in fp16 (measured bound)
 
 
-def dtype_for(device: torch.device) -> torch.dtype:
-    return torch.float16 if device.type == "cuda" else torch.float32
+def dtype_for(device: torch.device, kind: str = "") -> torch.dtype:
+    """The dtype a post model runs in on a device (`kind`: "face" for the GFPGAN model)."""
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if kind == "face" else torch.float16
 
 
 def _to_tensor(frames: list[np.ndarray], device, dtype) -> torch.Tensor:
@@ -104,4 +108,40 @@ def upscale(model, scale: int, frames: list[np.ndarray], device, dtype, free_byt
         x = _to_tensor(frames[b:b + batch], device, dtype)
         y = _upscale_tiled(model, x, scale, tile) if tile else model(_even(x, model))
         out += _to_frames(y[:, :, :h * scale, :w * scale])
+    return out
+
+
+def face_box(height: int, width: int) -> tuple[int, int, int]:
+    """(top, left, side) of the square the face model sees: the frame's centred square (post/faces.py: aligned
+    mode, no detector)."""
+    side = min(height, width)
+    return (height - side) // 2, (width - side) // 2, side
+
+
+def _feather(side: int, device, dtype) -> torch.Tensor:
+    """1 inside the square, falling linearly to 0 over its outer sixteenth: the restored square's edge does not
+    show against the frame around it."""
+    ramp = max(1, side // 16)
+    pos = torch.arange(side, device=device, dtype=torch.float32)
+    edge = torch.minimum(pos + 1, side - pos).div(ramp).clamp(max=1.0)
+    return (edge.view(-1, 1) * edge.view(1, -1)).to(dtype)
+
+
+@torch.inference_mode()
+def restore_faces(model, frames: list[np.ndarray], strength: float, device, dtype) -> list[np.ndarray]:
+    """Every frame with its centred square restored by the face model at the model's size (resized there and
+    back, antialiased), blended in by `strength` under a feathered edge; the frame size is kept."""
+    h, w = frames[0].shape[:2]
+    top, left, side = face_box(h, w)
+    size = model.spec.size
+    mask = _feather(side, device, dtype).mul_(float(strength))
+    out: list[np.ndarray] = []
+    for b in range(0, len(frames), BATCH):
+        x = _to_tensor(frames[b:b + BATCH], device, dtype)
+        crop = x[:, :, top:top + side, left:left + side]
+        face = F.interpolate(crop, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+        restored = model(face.mul(2.0).sub_(1.0)).clamp_(-1.0, 1.0).add_(1.0).div_(2.0)
+        back = F.interpolate(restored, size=(side, side), mode="bilinear", align_corners=False, antialias=True)
+        x[:, :, top:top + side, left:left + side] = crop + mask * (back - crop)
+        out += _to_frames(x)
     return out

@@ -6,8 +6,11 @@ Steps are written as short texts (the command line, batch lines, the API and job
     reverse       backwards                    pingpong     forward then back (a seamless loop)
     loop=N        N times over                 interpolate=2|4|fps:F   RIFE frames between (×2, ×4, or F frames/s)
     upscale=2|4[:FILE]  ESRGAN-family ×2/×4 (FILE in the upscalers folder; default Real-ESRGAN)
+    faces[=S][:FILE]    face restoration, GFPGAN (S: strength 0.05-1, default 1; FILE in the upscalers folder;
+                        default GFPGAN v1.4)
 The edits (trim, speed, reverse, pingpong, loop) are applied in the order given and make an index map over the
-source frames (several sources are joined first, in order); then interpolation, then upscaling (each at most once),
+source frames (several sources are joined first, in order); then interpolation, face restoration, then upscaling
+(each at most once),
 whatever their place in the list: interpolating the edited sequence makes a loop's seam as smooth as the rest.
 """
 from __future__ import annotations
@@ -21,20 +24,23 @@ from common.errors import InputError
 
 FIELD = "steps"
 EDITS = ("trim", "speed", "reverse", "pingpong", "loop")
-KINDS = EDITS + ("interpolate", "upscale")
+MODEL_STEPS = ("interpolate", "faces", "upscale")          # in the order they run, each at most once
+KINDS = EDITS + MODEL_STEPS
 EXPORTS = {"mp4": "MP4 (H.264)", "h265": "MP4 (H.265)", "webm": "WebM (VP9)", "gif": "GIF (palette)",
            "zip": "PNG frames (zip)", "frame": "one frame (PNG)"}
 FPS_MAX = 240
 LOOPS_MAX = 20
 SPEED_RANGE = (0.1, 10.0)
+FACE_STRENGTH = (0.05, 1.0)          # how much of the restored face replaces the original
 OUT_FRAMES_MAX = 20_000
 
 
 @dataclass(frozen=True)
 class Step:
     kind: str
-    value: object = None        # trim: (a, b) s; speed: float; loop: int; interpolate: int factor or Fraction fps
-    model: str = ""             # upscale/interpolate: the model file's name ("" = the default)
+    value: object = None        # trim: (a, b) s; speed: float; loop: int; interpolate: int factor or Fraction fps;
+                                # faces: the strength (float)
+    model: str = ""             # upscale/interpolate/faces: the model file's name ("" = the default)
 
     def text(self) -> str:
         if self.kind == "trim":
@@ -44,8 +50,8 @@ class Step:
         if self.kind == "interpolate":
             v = f"fps:{self.value}" if isinstance(self.value, Fraction) else str(self.value)
             return f"interpolate={v}" + (f":{self.model}" if self.model else "")
-        if self.kind == "upscale":
-            return f"upscale={self.value}" + (f":{self.model}" if self.model else "")
+        if self.kind in ("upscale", "faces"):
+            return f"{self.kind}={self.value:g}" + (f":{self.model}" if self.model else "")
         return f"{self.kind}={self.value:g}" if isinstance(self.value, float) else f"{self.kind}={self.value}"
 
 
@@ -66,6 +72,8 @@ def parse_step(text: str) -> Step:
     kind = kind.strip().lower()
     if kind not in KINDS:
         raise InputError(FIELD, f"{raw[:40]!r} is not a step; use one of {', '.join(KINDS)} (e.g. interpolate=2)")
+    if kind == "faces" and not arg:
+        return Step(kind, 1.0)
     if kind in ("reverse", "pingpong"):
         if arg:
             raise InputError(FIELD, f"{kind} takes no value")
@@ -100,6 +108,12 @@ def parse_step(text: str) -> Step:
         if factor not in (2, 4):
             raise InputError(FIELD, f"interpolate={value}: choose 2, 4 or fps:F (a frame rate)")
         return Step(kind, factor, model)
+    if kind == "faces":
+        strength = _number(value, "faces strength")
+        if not FACE_STRENGTH[0] <= strength <= FACE_STRENGTH[1]:
+            raise InputError(FIELD, f"faces={value}: choose a strength from {FACE_STRENGTH[0]:g} to "
+                                    f"{FACE_STRENGTH[1]:g} (e.g. faces=0.7, or faces=1:GFPGANv1.3.pth)")
+        return Step(kind, float(strength), model)
     factor = _number(value, "upscale", int)
     if factor not in (2, 4):
         raise InputError(FIELD, f"upscale={value}: choose 2 or 4")
@@ -129,6 +143,10 @@ class PostRequest:
     @property
     def interpolation(self) -> Step | None:
         return next((s for s in self.steps if s.kind == "interpolate"), None)
+
+    @property
+    def faces(self) -> Step | None:
+        return next((s for s in self.steps if s.kind == "faces"), None)
 
     @property
     def upscale(self) -> Step | None:
@@ -161,7 +179,7 @@ def request_from(values: dict, base: Path | None = None) -> PostRequest:
     if isinstance(steps, str):
         steps = [s for s in steps.replace(",", " ").split() if s]
     parsed = tuple(parse_step(s) for s in steps)
-    for kind in ("interpolate", "upscale"):
+    for kind in MODEL_STEPS:
         if sum(s.kind == kind for s in parsed) > 1:
             raise InputError(FIELD, f"{kind} is given twice; give it once")
     export = str(values.get("export") or "mp4").lower()

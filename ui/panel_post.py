@@ -30,6 +30,7 @@ from ui.media import published
 log = logging.getLogger(__name__)
 
 DEFAULT_UPSCALER = "default (Real-ESRGAN)"
+DEFAULT_FACE = "default (GFPGAN v1.4)"
 INTERPOLATION = ("off", "×2", "×4", "to fps")
 UPSCALE = ("off", "×2", "×4")
 JOBS_LISTED = 50
@@ -37,8 +38,9 @@ SESSION_SUFFIX = ":post"          # a tab's post job is its own, beside its gene
 
 
 def steps_of(interp: str, fps, upscale: str, upscaler: str | None, trim_start, trim_end, speed, loop,
-             pingpong: bool, reverse: bool) -> list[str]:
-    """The panel's controls as step texts (post/steps.py), edits first."""
+             pingpong: bool, reverse: bool, faces=0, face_model: str | None = None) -> list[str]:
+    """The panel's controls as step texts (post/steps.py), edits first (`faces`: the restoration's strength, 0 =
+    off)."""
     steps = []
     start, end = float(trim_start or 0), float(trim_end or 0)
     if start > 0 or end > 0:
@@ -55,6 +57,9 @@ def steps_of(interp: str, fps, upscale: str, upscaler: str | None, trim_start, t
         steps.append(f"interpolate={interp[1]}")
     elif interp == "to fps":
         steps.append(f"interpolate=fps:{float(fps or 0):g}")
+    if faces and float(faces) > 0:
+        model = "" if not face_model or face_model == DEFAULT_FACE else f":{face_model}"
+        steps.append(f"faces={float(faces):g}{model}")
     if upscale in ("×2", "×4"):
         model = "" if not upscaler or upscaler == DEFAULT_UPSCALER else f":{upscaler}"
         steps.append(f"upscale={upscale[1]}{model}")
@@ -97,16 +102,17 @@ class PostPanel:
         return [e.id for e in list_jobs(self.ctx.outputs, JOBS_LISTED, sees=lambda o: self.access.sees(user, o))
                 if e.status == "done"]
 
-    def upscalers(self) -> list[str]:
+    def upscalers(self, default: str = DEFAULT_UPSCALER) -> list[str]:
+        """The upscalers folder's model files (upscalers and face models), the default first."""
         folder = Path(self.ctx.config.upscaler_dir)
         files = sorted(p.name for p in folder.glob("*") if p.suffix.lower() in SUFFIXES) if folder.is_dir() else []
-        return [DEFAULT_UPSCALER, *files]
+        return [default, *files]
 
     def build(self, app) -> None:
-        with gr.Accordion("After the video: interpolate, upscale, loop, export", open=False, elem_id="post-panel"):
+        with gr.Accordion("After the video: interpolate, upscale, restore faces, loop, export", open=False, elem_id="post-panel"):
             gr.Markdown("Runs on a finished job's video or a video you upload, as a job of the queue (Stop keeps "
                         "what was made; Resume in Past jobs continues it). RIFE 4.25 makes the frames between, "
-                        "ESRGAN-family files in the upscalers folder enlarge them.")
+                        "ESRGAN-family files in the upscalers folder enlarge them, GFPGAN restores faces.")
             with gr.Row():
                 self.job = gr.Dropdown(label="Finished job", choices=[], value=None, elem_id="post-job",
                                        allow_custom_value=False)
@@ -120,6 +126,12 @@ class PostPanel:
                 self.upscale = gr.Radio(list(UPSCALE), value="off", label="Upscale", elem_id="post-upscale")
                 self.upscaler = gr.Dropdown(self.upscalers(), value=DEFAULT_UPSCALER, label="Upscaler file",
                                             elem_id="post-upscaler")
+            with gr.Row():
+                self.faces = gr.Slider(0, 1, 0, step=0.05, label="Restore faces (GFPGAN strength; 0 = off)",
+                                       info="the centred square of each frame, for close-ups and portraits",
+                                       elem_id="post-faces")
+                self.face_model = gr.Dropdown(self.upscalers(DEFAULT_FACE), value=DEFAULT_FACE,
+                                              label="Face model file", elem_id="post-face-model")
             with gr.Row():
                 self.trim_start = gr.Number(0, label="Trim from (s)", elem_id="post-trim-start")
                 self.trim_end = gr.Number(0, label="to (s; 0 = the end)", elem_id="post-trim-end")
@@ -145,7 +157,8 @@ class PostPanel:
 
     def wire(self, app) -> None:
         inputs = [self.job, self.upload, self.interp, self.fps, self.upscale, self.upscaler, self.trim_start,
-                  self.trim_end, self.speed, self.loop, self.pingpong, self.reverse, self.export, self.frame]
+                  self.trim_end, self.speed, self.loop, self.pingpong, self.reverse, self.export, self.frame,
+                  self.faces, self.face_model]
         outputs = [self.status, self.preview, self.video, self.download]
         self.refresh.click(self.jobs_choices, None, self.job, queue=False)
         app.load(self.jobs_choices, None, self.job, queue=False)
@@ -158,11 +171,12 @@ class PostPanel:
         return gr.update(choices=self.finished_jobs(self.access.user(request)))
 
     def run_post(self, job_id, upload, interp, fps, upscale, upscaler, trim_start, trim_end, speed, loop, pingpong,
-            reverse, export, frame, request: gr.Request = None):
+            reverse, export, frame, faces=0, face_model=None, request: gr.Request = None):
         user = self.access.user(request)
         session = (getattr(request, "session_hash", None) or "direct") + SESSION_SUFFIX
         try:
-            steps = steps_of(interp, fps, upscale, upscaler, trim_start, trim_end, speed, loop, pingpong, reverse)
+            steps = steps_of(interp, fps, upscale, upscaler, trim_start, trim_end, speed, loop, pingpong, reverse,
+                             faces, face_model)
             post = post_request({"job_id": job_id, "video": upload, "steps": steps, "export": export,
                                  "frame": frame}, self.ctx.outputs, self.access, user)
             job = self.runner.submit(post, session=session, owner=user, origin="page")      # the one pre-flight
@@ -232,7 +246,8 @@ def register_post_api(runner, access: Access, *, concurrency_id: str = "gpu", co
         Args:
             job_id: a finished job's id (its folder under outputs/), or empty with a video
             video: an uploaded video (gradio_client.handle_file), or None with a job_id
-            steps: space-separated steps, e.g. "trim=0:3 loop=2 interpolate=2 upscale=2" (README: After the video)
+            steps: space-separated steps, e.g. "trim=0:3 loop=2 interpolate=2 faces=0.7 upscale=2" (README: After
+                the video)
             export: mp4, h265, webm, gif, zip or frame
             frame: with export "frame": which frame (-1: the last)
         """

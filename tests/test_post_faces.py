@@ -1,0 +1,165 @@
+"""Face restoration as a post step (post/faces.py, GFPGAN v1.3/v1.4's network): the tiny twin restores the centred
+square and leaves the rest bit for bit; the published layout (87.1 M parameters, GFPGANv1.4.pth's 348 MB) is
+recognised; a file in the real layout is read and run; other architectures, unreadable and missing files are refused
+naming the "face model" field before anything runs; the step reaches the queue from the pre-flight, the command line
+and the page's controls."""
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from common.errors import InputError
+from post import faces
+from post.job import PostFolders, prepare, run_post
+from post.modelfiles import LOADERS, ModelRef, check_file
+from post.process import restore_faces
+from post.steps import parse_step, request_from
+from tests.test_post import _count, _video
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    return _video(tmp_path_factory.mktemp("faces") / "src.mp4", frames=6)
+
+
+def _save_twin(folder: Path, name: str = "face.safetensors") -> Path:
+    """The tiny twin saved in the published layout (flat names; a .pth wrapped in params_ema as BasicSR saves)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in faces.tiny_face_model().state_dict().items()}
+    if name.endswith(".safetensors"):
+        save_file(state, str(folder / name))
+    else:
+        torch.save({"params_ema": state}, folder / name)
+    return folder / name
+
+
+def test_the_face_step_restores_the_centred_square_and_keeps_the_rest_bit_for_bit():
+    model = faces.tiny_face_model()
+    rng = np.random.default_rng(5)
+    frames = [rng.integers(0, 256, (40, 56, 3), dtype=np.uint8) for _ in range(3)]
+    out = restore_faces(model, frames, 1.0, CPU, torch.float32)
+    assert [f.shape for f in out] == [(40, 56, 3)] * 3 and all(f.dtype == np.uint8 for f in out)
+    for a, b in zip(frames, out):
+        assert np.array_equal(a[:, :8], b[:, :8]) and np.array_equal(a[:, 48:], b[:, 48:])   # outside the square
+        assert np.abs(a[10:30, 18:38].astype(int) - b[10:30, 18:38]).mean() > 5               # the model's work
+    again = restore_faces(faces.tiny_face_model(), frames, 1.0, CPU, torch.float32)
+    assert all(np.array_equal(a, b) for a, b in zip(out, again))                             # same bytes each run
+    half = restore_faces(model, frames, 0.5, CPU, torch.float32)
+    d_full = np.abs(out[0][20, 28].astype(int) - frames[0][20, 28]).sum()
+    d_half = np.abs(half[0][20, 28].astype(int) - frames[0][20, 28]).sum()
+    assert abs(d_half - d_full / 2) <= 3
+
+
+def test_the_published_gfpgan_layout_is_recognised_at_full_size():
+    with torch.device("meta"):
+        full = faces.GFPGAN()
+    state = full.state_dict()
+    assert sum(v.numel() for v in state.values()) == 87_143_276          # × 4 bytes: GFPGANv1.4.pth's 348 MB
+    assert tuple(state["conv_body_first.weight"].shape) == (32, 3, 1, 1)
+    assert tuple(state["final_linear.weight"].shape) == (16 * 512, 256 * 16)
+    assert tuple(state["stylegan_decoder.noises.noise14"].shape) == (1, 1, 512, 512)
+    assert faces.detect({"params_ema": state})[0] == faces.FaceSpec()
+
+
+@pytest.mark.parametrize("name", ["face.safetensors", "face.pth"])
+def test_a_face_model_file_in_the_real_layout_is_read_checked_and_run(tmp_path, name):
+    path = _save_twin(tmp_path, name)
+    assert check_file(ModelRef("face", name), tmp_path) and len(check_file(ModelRef("face", name), tmp_path)) == 64
+    loaded = LOADERS["face"](path)
+    x = torch.rand(1, 3, 32, 32) * 2 - 1
+    assert torch.equal(loaded(x), faces.tiny_face_model()(x))
+
+
+def test_other_architectures_and_bad_files_are_refused_naming_the_face_model_and_never_run(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(torch.nn.Module, "__call__", lambda *a, **k: ran.append(a) or None)
+    save_file({"quantize.embedding.weight": torch.zeros(4, 4), "encoder.conv_in.weight": torch.zeros(4, 3, 3, 3)},
+              str(tmp_path / "codeformer.safetensors"))
+    save_file({"conv_first.weight": torch.zeros(8, 3, 3, 3)}, str(tmp_path / "esrgan.safetensors"))
+    state = faces.tiny_face_model().state_dict()
+    del state["condition_shift.0.0.weight"]
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "cut.safetensors"))
+
+    class Payload:                      # a pickle that would run code when unpickled unsafely
+        def __reduce__(self):
+            return (ran.append, ("executed",))
+
+    (tmp_path / "evil.pth").write_bytes(pickle.dumps({"toRGB.0.weight": Payload()}))
+    for name, words in (("codeformer.safetensors", "RestoreFormer / CodeFormer) is not supported"),
+                        ("esrgan.safetensors", "not a GFPGAN face model"),
+                        ("cut.safetensors", "does not fit GFPGAN v1.3/v1.4"),
+                        ("evil.pth", "could not be read as a model file"),
+                        ("mine.pth", "there is no mine.pth in"),
+                        ("../x.pth", "is not a model file name")):
+        with pytest.raises(InputError) as e:
+            check_file(ModelRef("face", name), tmp_path)
+        assert e.value.field == "face model" and words in str(e.value), (name, str(e.value))
+    assert not ran
+
+
+def test_the_faces_step_text():
+    assert parse_step("faces").value == 1.0 and parse_step("faces").text() == "faces=1"
+    step = parse_step("faces=0.7:GFPGANv1.3.pth")
+    assert (step.value, step.model, step.text()) == (0.7, "GFPGANv1.3.pth", "faces=0.7:GFPGANv1.3.pth")
+    for text, words in (("faces=2", "choose a strength from 0.05 to 1"), ("faces=x", "is not a number")):
+        with pytest.raises(InputError) as e:
+            parse_step(text)
+        assert e.value.field == "steps" and words in str(e.value)
+    with pytest.raises(InputError) as e:
+        request_from({"source": "a.mp4", "steps": "faces faces=0.5"})
+    assert "faces is given twice" in str(e.value)
+
+
+def test_a_post_job_restores_faces_with_a_file_and_records_its_hash(tmp_path, source):
+    from memory.manager import MemoryManager
+    from pipeline.events import Done
+
+    folders = PostFolders(tmp_path / "upscalers", tmp_path / "interpolators", tiny=False)
+    with pytest.raises(InputError) as e:                             # refused at the pre-flight, naming the field
+        prepare({"source": str(source), "steps": "faces=1:none.pth"}, folders)
+    assert e.value.field == "face model" and "there is no none.pth in upscalers/" in str(e.value)
+    path = _save_twin(tmp_path / "upscalers")
+    checked = prepare({"source": str(source), "steps": "reverse faces=0.8:face.safetensors"}, folders)
+    events = list(run_post(checked, MemoryManager(device=CPU), outputs=tmp_path / "out", folders=folders))
+    assert isinstance(events[-1], Done) and not events[-1].stopped, events[-1]
+    assert _count(events[-1].video)[:3] == (6, 64, 48)
+    info = json.loads((events[-1].job_dir / "job.json").read_text())
+    from common.files import file_sha256
+
+    assert info["models"]["face"] == {"file": "face.safetensors", "sha256": file_sha256(path)}
+    assert info["settings"]["steps"] == ["reverse", "faces=0.8:face.safetensors"]
+
+
+def test_the_command_line_and_the_page_controls_make_the_faces_step(tmp_path, source, capsys):
+    from cli.commands import main
+    from ui.panel_post import DEFAULT_FACE, steps_of
+
+    out = tmp_path / "out"
+    assert main(["post", str(source), "--steps", "faces=3", "--outputs", str(out), "--preset", "tiny"]) == 2
+    assert "--steps: faces=3: choose a strength from 0.05 to 1" in capsys.readouterr().err
+    assert main(["post", str(source), "--steps", "faces=1:none.pth", "--outputs", str(out),
+                 "--upscaler-dir", str(tmp_path / "ups")]) == 2
+    assert "face model: there is no none.pth in ups/" in capsys.readouterr().err
+    assert not out.exists() or not any(d.is_dir() and not d.name.startswith(".") for d in out.iterdir())
+    assert main(["post", str(source), "--steps", "faces=0.5", "--outputs", str(out), "--preset", "tiny", "-q"]) == 0
+    (job,) = [d for d in out.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    assert _count(job / "final.mp4")[:3] == (6, 64, 48)
+    assert steps_of("off", 60, "×2", None, 0, 0, 1, 1, False, False, 0.6, DEFAULT_FACE) == ["faces=0.6", "upscale=2"]
+    assert steps_of("off", 60, "off", None, 0, 0, 1, 1, False, False, 1, "mine.pth") == ["faces=1:mine.pth"]
+    assert steps_of("off", 60, "off", None, 0, 0, 1, 1, True, False, 0, "mine.pth") == ["pingpong"]
