@@ -51,7 +51,7 @@ DOWNLOADS = {
     DEFAULT_RIFE: Download(DEFAULT_RIFE, "https://github.com/styler00dollar/VSGAN-tensorrt-docker/releases/download/"
                                          "models/rife425.pth"),
 }
-DOWNLOADS[DEFAULT_FACE] = Download(DEFAULT_FACE, "https://github.com/TencentARC/GFPGAN/releases/download/v1.3.4/"
+DOWNLOADS[DEFAULT_FACE] = Download(DEFAULT_FACE, "https://github.com/TencentARC/GFPGAN/releases/download/v1.3.0/"
                                                 "GFPGANv1.4.pth")
 DEFAULT_UPSCALER = {2: "RealESRGAN_x2plus.pth", 4: "RealESRGAN_x4plus.pth"}
 
