@@ -34,25 +34,48 @@ DEFAULT_FACE = "GFPGANv1.4.pth"
 
 @dataclass(frozen=True)
 class Download:
-    name: str                       # the file's name in its folder
-    url: str
+    """A default model file: its name in its folder, where it is published (tried in order), and its sha256 where
+    it is known (checked before the file is kept)."""
+    name: str
+    urls: tuple[str, ...]
+    sha256: str | None = None
+
+    @property
+    def url(self) -> str:
+        return self.urls[0]
 
 
+# Each default checked against its source (the `search` / `fetch` tools, 2026-11-28; the commits read are named):
+# - RealESRGAN_x2plus.pth / RealESRGAN_x4plus.pth: xinntao/Real-ESRGAN (BSD-3-Clause, LICENSE), the addresses that
+#   its inference_realesrgan.py downloads (commit a4abfb2, lines 62 and 74) and docs/model_zoo.md lists; RRDBNet,
+#   64 features, 23 blocks, scale 2 / 4. Real-ESRGAN publishes no checksum; the sha256 below are the ones that
+#   other projects pin for these exact addresses (ten files of several projects for each, all agreeing; 67,040,989
+#   and 67,061,725 bytes).
+# - GFPGANv1.4.pth: TencentARC/GFPGAN (Apache-2.0, LICENSE), the address of its README's model list and of
+#   inference_gfpgan.py's `--version 1.4` (commit 7552a77, line 101: the v1.3.0 release, not v1.3.4); arch "clean",
+#   channel multiplier 2 (post/faces.py). No checksum published upstream; the sha256 is the one two independent
+#   projects pin for that address.
+# - rife-4.25.pth: Practical-RIFE 4.25 (hzwer/Practical-RIFE, MIT; README at commit 17d8c7a: "4.25 - 2024.09.19",
+#   published only on Google Drive / Baidu as flownet.pkl, which no program can fetch without a session). The
+#   GitHub mirrors that RIFE tools download it from as rife425.pth: NevermindNilas/TAS-Models-Host's `main` release
+#   (TheAnimeScripter's model registry, src/model/registry.py at cf75789: TASURL + "rife425.pth") first, then
+#   styler00dollar/VSGAN-tensorrt-docker's `models` release (the address used before; VSGAN's own tree does not name
+#   this file, only third-party downloaders do). No checksum is published for either; the file is run only if it
+#   loads strictly as RIFE 4.25's IFNet (post/rife.py).
 DOWNLOADS = {
-    # Real-ESRGAN's releases (xinntao/Real-ESRGAN, BSD-3): RRDBNet, 64 features, 23 blocks
-    "RealESRGAN_x2plus.pth": Download("RealESRGAN_x2plus.pth",
-                                      "https://github.com/xinntao/Real-ESRGAN/releases/download/v0.2.1/"
-                                      "RealESRGAN_x2plus.pth"),
-    "RealESRGAN_x4plus.pth": Download("RealESRGAN_x4plus.pth",
-                                      "https://github.com/xinntao/Real-ESRGAN/releases/download/v0.1.0/"
-                                      "RealESRGAN_x4plus.pth"),
-    # Practical-RIFE 4.25 (hzwer, MIT; published on Google Drive as flownet.pkl), from the model mirror that RIFE
-    # tools download it from
-    DEFAULT_RIFE: Download(DEFAULT_RIFE, "https://github.com/styler00dollar/VSGAN-tensorrt-docker/releases/download/"
-                                         "models/rife425.pth"),
+    "RealESRGAN_x2plus.pth": Download(
+        "RealESRGAN_x2plus.pth", ("https://github.com/xinntao/Real-ESRGAN/releases/download/v0.2.1/RealESRGAN_x2plus.pth",),
+        "49fafd45f8fd7aa8d31ab2a22d14d91b536c34494a5cfe31eb5d89c2fa266abb"),
+    "RealESRGAN_x4plus.pth": Download(
+        "RealESRGAN_x4plus.pth", ("https://github.com/xinntao/Real-ESRGAN/releases/download/v0.1.0/RealESRGAN_x4plus.pth",),
+        "4fa0d38905f75ac06eb49a7951b426670021be3018265fd191d2125df9d682f1"),
+    DEFAULT_FACE: Download(
+        DEFAULT_FACE, ("https://github.com/TencentARC/GFPGAN/releases/download/v1.3.0/GFPGANv1.4.pth",),
+        "e2cd4703ab14f4d01fd1383a8a8b266f9a5833dacee8e6a79d3bf21a1b6be5ad"),
+    DEFAULT_RIFE: Download(
+        DEFAULT_RIFE, ("https://github.com/NevermindNilas/TAS-Models-Host/releases/download/main/rife425.pth",
+                       "https://github.com/styler00dollar/VSGAN-tensorrt-docker/releases/download/models/rife425.pth")),
 }
-DOWNLOADS[DEFAULT_FACE] = Download(DEFAULT_FACE, "https://github.com/TencentARC/GFPGAN/releases/download/v1.3.0/"
-                                                "GFPGANv1.4.pth")
 DEFAULT_UPSCALER = {2: "RealESRGAN_x2plus.pth", 4: "RealESRGAN_x4plus.pth"}
 
 
@@ -149,21 +172,33 @@ LOADERS = {"upscaler": load_upscaler, "interpolator": load_interpolator, "face":
 
 
 def fetch(ref: ModelRef, folder: Path) -> Path:
-    """The model's file, downloaded into its folder first if it is a default that is not there yet."""
+    """The model's file, downloaded into its folder first if it is a default that is not there yet: each published
+    address in turn, to a temporary name, kept only when its sha256 is the recorded one (where one is recorded)."""
     path = resolve(ref, folder)
     if path.is_file():
         return path
     download = DOWNLOADS[ref.name]
     Path(folder).mkdir(parents=True, exist_ok=True)
-    log.info("downloading %s from %s (first use)", download.name, download.url)
-    try:
-        from torch.hub import download_url_to_file
+    from torch.hub import download_url_to_file
 
-        download_url_to_file(download.url, str(path), progress=False)     # to a temporary name, then renamed
-    except Exception as e:  # noqa: BLE001 — no network, a moved file: one message says what to do
-        raise WeightsNotFound(f"{model_field(ref.kind)}: {download.name} is not in {Path(folder)} and could not be "
-                              f"downloaded ({type(e).__name__}); download it from {download.url} into that folder")
-    return path
+    partial = path.with_name(f".{path.name}.download")
+    failures = []
+    for url in download.urls:
+        log.info("downloading %s from %s (first use)", download.name, url)
+        try:
+            download_url_to_file(url, str(partial), progress=False)
+        except Exception as e:  # noqa: BLE001 — no network, a moved file: the next address, then one message
+            failures.append(f"{url}: {type(e).__name__}")
+            continue
+        sha = file_sha256(partial)
+        if download.sha256 is not None and sha != download.sha256:
+            partial.unlink(missing_ok=True)
+            failures.append(f"{url}: sha256 {sha[:12]}… is not the published file's {download.sha256[:12]}…")
+            continue
+        partial.replace(path)
+        return path
+    raise WeightsNotFound(f"{model_field(ref.kind)}: {download.name} is not in {Path(folder)} and could not be "
+                          f"downloaded ({'; '.join(failures)}); download it from {download.url} into that folder")
 
 
 def check_file(ref: ModelRef, folder: Path) -> str | None:

@@ -163,3 +163,29 @@ def test_the_command_line_and_the_page_controls_make_the_faces_step(tmp_path, so
     assert steps_of("off", 60, "×2", None, 0, 0, 1, 1, False, False, 0.6, DEFAULT_FACE) == ["faces=0.6", "upscale=2"]
     assert steps_of("off", 60, "off", None, 0, 0, 1, 1, False, False, 1, "mine.pth") == ["faces=1:mine.pth"]
     assert steps_of("off", 60, "off", None, 0, 0, 1, 1, True, False, 0, "mine.pth") == ["pingpong"]
+
+
+def test_a_default_download_tries_each_address_and_keeps_only_the_published_bytes(tmp_path, monkeypatch):
+    """fetch() through file:// addresses (urllib, no network): a failing address is skipped, a file whose sha256 is
+    not the recorded one is not kept, the right one is; each default names its verified source."""
+    from common.errors import WeightsNotFound
+    from common.files import file_sha256
+    from post import modelfiles as mf
+
+    assert mf.DOWNLOADS["GFPGANv1.4.pth"].url.endswith("/TencentARC/GFPGAN/releases/download/v1.3.0/GFPGANv1.4.pth")
+    assert all(d.sha256 for n, d in mf.DOWNLOADS.items() if n != mf.DEFAULT_RIFE)
+    good = _save_twin(tmp_path / "src", "good.pth")
+    bad = tmp_path / "src" / "bad.pth"
+    bad.write_bytes(good.read_bytes()[:-1] + b"x")
+    folder = tmp_path / "upscalers"
+    missing = (tmp_path / "src" / "none.pth").as_uri()
+    monkeypatch.setitem(mf.DOWNLOADS, "GFPGANv1.4.pth",
+                        mf.Download("GFPGANv1.4.pth", (missing, bad.as_uri()), file_sha256(good)))
+    with pytest.raises(WeightsNotFound) as e:
+        mf.fetch(ModelRef("face", "GFPGANv1.4.pth"), folder)
+    assert "is not the published file's" in str(e.value) and "URLError" in str(e.value)
+    assert sorted(p.name for p in folder.iterdir()) == []                   # nothing half-written is left
+    monkeypatch.setitem(mf.DOWNLOADS, "GFPGANv1.4.pth",
+                        mf.Download("GFPGANv1.4.pth", (missing, bad.as_uri(), good.as_uri()), file_sha256(good)))
+    path = mf.fetch(ModelRef("face", "GFPGANv1.4.pth"), folder)
+    assert path.read_bytes() == good.read_bytes() and sorted(p.name for p in folder.iterdir()) == ["GFPGANv1.4.pth"]
