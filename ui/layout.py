@@ -97,6 +97,7 @@ class Layout:
     selected_job: gr.State
     lora: panel_lora.LoraPicker | None = None
     extend: gr.Button | None = None             # Past jobs: extend the selected job (ui/source_job.py)
+    post_job: gr.Button | None = None           # Past jobs: the selected job's video to "After the video" (panel_post)
     studio_import: gr.UploadButton | None = None    # Past jobs: a FramePack-Studio job's settings (pipeline/studio.py)
     studio_report: gr.Markdown | None = None        # what that import could not map
     delete: gr.Button | None = None                 # Past jobs: delete the selected job (asks first)
@@ -216,6 +217,7 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                     reuse = gr.Button("Reuse settings", interactive=False, elem_id="reuse-btn")
                     resume = gr.Button("Resume", interactive=False, elem_id="resume-btn")
                     extend = gr.Button("Extend", interactive=False, elem_id="extend-btn")
+                    post_job = gr.Button("After the video", interactive=False, elem_id="post-from-job-btn")
                     delete = gr.Button("Delete", variant="stop", size="sm", elem_id="delete-job-btn")
                 delete_note = gr.Markdown("", elem_id="delete-job-note")
                 delete_confirm = gr.Button("Confirm delete", variant="stop", size="sm", visible=False,
@@ -232,7 +234,7 @@ def build_layout(preset, device_text: str, preserved_text: str, notice: str | No
                   preview=preview, video=video, log=log, report=report, memory_plot=memory_plot, timings=timings,
                   gallery=gallery, refresh=refresh, job_details=job_details, job_video=job_video, reuse=reuse,
                   resume=resume, jobs_state=gr.State([]), selected_job=gr.State(None), lora=picker,
-                  extend=extend, studio_import=studio_import, studio_report=studio_report, delete=delete,
+                  extend=extend, post_job=post_job, studio_import=studio_import, studio_report=studio_report, delete=delete,
                   delete_note=delete_note, delete_confirm=delete_confirm, delete_pending=gr.State(None),
                   extend_note=extend_note, extend_group=extend_group, jobs_filter=jobs_filter,
                   keyframe_rows=keyframe_rows, saved=saved)

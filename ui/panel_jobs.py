@@ -75,6 +75,13 @@ def reasoned_buttons(entry) -> tuple:
     return resume, extend
 
 
+def post_button(entry) -> dict:
+    """"After the video" for a selected job: on for a finished job with its video, else greyed out saying why."""
+    if entry is not None and entry.status == "done" and entry.video is not None:
+        return gr.update(interactive=True, value="After the video")
+    return gr.update(interactive=False, value="After the video: finished jobs only")
+
+
 class JobsPanel:
     def __init__(self, ctx: AppContext):
         self.ctx, self.ui = ctx, ctx.ui
@@ -84,7 +91,8 @@ class JobsPanel:
     @property
     def detail_outputs(self) -> list:
         ui = self.ui
-        return [ui.selected_job, ui.job_video, ui.job_details, ui.reuse, ui.resume, ui.extend]
+        extra = [ui.post_job] if getattr(ui, "post_job", None) is not None else []
+        return [ui.selected_job, ui.job_video, ui.job_details, ui.reuse, ui.resume, ui.extend, *extra]
 
     def refresh(self, request: gr.Request = None):
         """The gallery (the session's filter applied, whoever refreshes it: a finished job, Delete, Refresh)."""
@@ -120,13 +128,15 @@ class JobsPanel:
     def select_id(self, job_id, request: gr.Request = None) -> tuple:
         """(selected job, its video, its details, Reuse, Resume, Extend) for the job `job_id` as it is now."""
         off = gr.update(interactive=False)
+        entry = self._entry(job_id, request) if job_id else None
+        post = (post_button(entry),) if getattr(self.ui, "post_job", None) is not None else ()
         if not job_id:
-            return None, None, None, off, off, off
-        entry = self._entry(job_id, request)
+            return None, None, None, off, off, off, *post
         if entry is None:
-            return None, None, {"error": "this job is no longer there (or its job.json cannot be read)"}, off, off, off
+            return (None, None, {"error": "this job is no longer there (or its job.json cannot be read)"}, off, off,
+                    off, *post)
         return (entry.id, published(entry.video), entry.details(), gr.update(interactive=True),
-                *reasoned_buttons(entry))
+                *reasoned_buttons(entry), *post)
 
     def select_job(self, job_ids, evt: gr.SelectData, request: gr.Request):
         index = evt.index

@@ -109,7 +109,8 @@ class PostPanel:
         return [default, *files]
 
     def build(self, app) -> None:
-        with gr.Accordion("After the video: interpolate, upscale, restore faces, loop, export", open=False, elem_id="post-panel"):
+        with gr.Accordion("After the video: interpolate, upscale, restore faces, loop, export", open=False,
+                          elem_id="post-panel") as self.accordion:
             gr.Markdown("Runs on a finished job's video or a video you upload, as a job of the queue (Stop keeps "
                         "what was made; Resume in Past jobs continues it). RIFE 4.25 makes the frames between, "
                         "ESRGAN-family files in the upscalers folder enlarge them, GFPGAN restores faces.")
@@ -165,10 +166,33 @@ class PostPanel:
         self.run_btn.click(self.run_post, inputs, outputs, concurrency_limit=None, show_progress="hidden")
         self.stop_btn.click(self.stop_post, None, self.status, queue=False)
         self.use_frame.click(self.frame_as_start, self.download, self.ctx.ui.image, queue=False)
+        from_jobs = getattr(self.ctx.ui, "post_job", None)          # Past jobs' "After the video" button
+        if from_jobs is not None:
+            from ui.panel_jobs import scroll_to
+
+            from_jobs.click(self.from_past_job, self.ctx.ui.selected_job,
+                            [self.job, self.upload, self.accordion, self.status], queue=False) \
+                .then(None, js=scroll_to("#post-panel"))
 
     # ---- handlers ---------------------------------------------------------------------------------------------------
     def jobs_choices(self, request: gr.Request = None):
         return gr.update(choices=self.finished_jobs(self.access.user(request)))
+
+    def from_past_job(self, job_id, request: gr.Request = None):
+        """Past jobs' "After the video": the selected job's final video becomes the panel's source (the job chosen,
+        an upload cleared), the panel opened. Only a finished job the user may see (the same door as Run's)."""
+        user = self.access.user(request)
+        try:
+            if not job_id:
+                raise InputError("job", "select a finished job in Past jobs first")
+            _, name = source_of(job_id, None, self.ctx.outputs, self.access, user)
+        except InputError as e:
+            raise gr.Error(str(e), title="After the video", print_exception=False) from None
+        choices = self.finished_jobs(user)
+        if name not in choices:                   # older than the list's newest jobs: still the one chosen
+            choices.insert(0, name)
+        return (gr.update(choices=choices, value=name), None, gr.update(open=True),
+                f"Job **{name}**'s video is chosen: pick the steps and press Run.")
 
     def run_post(self, job_id, upload, interp, fps, upscale, upscaler, trim_start, trim_end, speed, loop, pingpong,
             reverse, export, frame, faces=0, face_model=None, request: gr.Request = None):
