@@ -88,3 +88,31 @@ def test_the_post_api_runs_on_a_finished_job_and_names_a_bad_field(server, tmp_p
     from PIL import Image
 
     assert Image.open(result).size == (128, 96)
+
+
+def test_a_finished_job_goes_from_past_jobs_to_the_post_panel(server, browser, tmp_path):
+    """Past jobs' "After the video": the newest finished job (made here, so the test stands alone) is selected in
+    the gallery; the button chooses its video in the post panel, opened. Every step waits on what it needs."""
+    from memory.manager import MemoryManager
+    from post.job import PostFolders, prepare, run_post
+
+    clip = write_mp4(np.zeros((4, 48, 64, 3), np.uint8), tmp_path / "still.mp4", fps=10)
+    folders = PostFolders(tmp_path / "ups", tmp_path / "ips", tiny=True)
+    done = list(run_post(prepare({"source": str(clip), "steps": "reverse"}, folders),
+                         MemoryManager(device=torch.device("cpu")), outputs=server.outputs, folders=folders))[-1]
+    job = done.job_dir.name
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(120_000)
+    try:
+        page.goto(server.url)
+        page.wait_for_selector("#start-btn")
+        page.locator("#past-jobs").get_by_text("Past jobs").click()
+        page.locator("#jobs-refresh").click()
+        page.locator("#jobs-gallery button.thumbnail-item").first.click()
+        page.wait_for_function(f"() => document.querySelector('#job-details')?.innerText.includes('{job}')")
+        expect(page.locator("#post-from-job-btn")).to_be_enabled()
+        page.locator("#post-from-job-btn").click()
+        expect(page.locator("#post-status")).to_contain_text(f"{job}'s video is chosen", timeout=60_000)
+        expect(page.locator("#post-job input")).to_have_value(job)
+    finally:
+        page.close()
