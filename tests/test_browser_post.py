@@ -1,7 +1,8 @@
 """The "After the video" panel (issue 42) in headless Chromium against the app on the tiny preset: a tiny video is
 uploaded, interpolated ×2 and exported as a GIF; the download is that GIF, with the interpolated frame count; the
 job is in Past jobs' folder with its steps in job.json. The same clip reversed, its last frame exported as a PNG, becomes
-the start image. The /post API on the first job: bad input names the field, a frame export comes back."""
+the start image. The /post API on the first job: bad input names the field, a frame export comes back. Past
+jobs' "After the video" button puts a finished job's video into the panel."""
 from __future__ import annotations
 
 import json

@@ -78,8 +78,8 @@ def test_another_users_job_is_refused_naming_the_job(outputs):
 def test_the_page_wires_the_button_to_the_post_panel():
     """The real layout: Past jobs' button exists next to Resume, and its click fills the post panel's job,
     upload, panel and status (the function above), then brings the panel into view."""
-    from ui.layout import build_layout
     from configs.presets import get_preset
+    from ui.layout import build_layout
 
     with gr.Blocks() as app:
         ui = build_layout(get_preset("tiny"), "CPU", "")
