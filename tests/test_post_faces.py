@@ -70,7 +70,7 @@ def test_the_published_gfpgan_layout_is_recognised_at_full_size():
     with torch.device("meta"):
         full = faces.GFPGAN()
     state = full.state_dict()
-XX
+    assert sum(v.numel() for v in state.values()) == 87_143_276     # × 4 bytes: GFPGANv1.4.pth's 332 MiB (listed)
     assert tuple(state["conv_body_first.weight"].shape) == (32, 3, 1, 1)
     assert tuple(state["final_linear.weight"].shape) == (16 * 512, 256 * 16)
     assert tuple(state["stylegan_decoder.noises.noise14"].shape) == (1, 1, 512, 512)
