@@ -130,17 +130,18 @@ def _feather(side: int, device, dtype) -> torch.Tensor:
 @torch.inference_mode()
 def restore_faces(model, frames: list[np.ndarray], strength: float, device, dtype) -> list[np.ndarray]:
     """Every frame with its centred square restored by the face model at the model's size (resized there and
-    back, antialiased), blended in by `strength` under a feathered edge; the frame size is kept."""
+    back, antialiased), blended in by `strength` under a feathered edge; the frame size is kept. The model runs in
+    `dtype`; the resizing and blending in fp32 (antialiased resizing has no bf16 kernel on the CPU)."""
     h, w = frames[0].shape[:2]
     top, left, side = face_box(h, w)
     size = model.spec.size
-    mask = _feather(side, device, dtype).mul_(float(strength))
+    mask = _feather(side, device, torch.float32).mul_(float(strength))
     out: list[np.ndarray] = []
     for b in range(0, len(frames), BATCH):
-        x = _to_tensor(frames[b:b + BATCH], device, dtype)
+        x = _to_tensor(frames[b:b + BATCH], device, torch.float32)
         crop = x[:, :, top:top + side, left:left + side]
         face = F.interpolate(crop, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
-        restored = model(face.mul(2.0).sub_(1.0)).clamp_(-1.0, 1.0).add_(1.0).div_(2.0)
+        restored = model(face.mul(2.0).sub_(1.0).to(dtype)).float().clamp_(-1.0, 1.0).add_(1.0).div_(2.0)
         back = F.interpolate(restored, size=(side, side), mode="bilinear", align_corners=False, antialias=True)
         x[:, :, top:top + side, left:left + side] = crop + mask * (back - crop)
         out += _to_frames(x)

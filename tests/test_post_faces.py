@@ -60,6 +60,8 @@ def test_the_face_step_restores_the_centred_square_and_keeps_the_rest_bit_for_bi
         assert np.abs(a[10:30, 18:38].astype(int) - b[10:30, 18:38]).mean() > 5               # the model's work
     again = restore_faces(faces.tiny_face_model(), frames, 1.0, CPU, torch.float32)
     assert all(np.array_equal(a, b) for a, b in zip(out, again))                             # same bytes each run
+    bf16 = restore_faces(faces.tiny_face_model().to(torch.bfloat16), frames, 1.0, CPU, torch.bfloat16)   # GPUs'
+    assert all(f.shape == (40, 56, 3) and np.array_equal(a[:, :8], f[:, :8]) for a, f in zip(frames, bf16))
     half = restore_faces(model, frames, 0.5, CPU, torch.float32)
     d_full = np.abs(out[0][20, 28].astype(int) - frames[0][20, 28]).sum()
     d_half = np.abs(half[0][20, 28].astype(int) - frames[0][20, 28]).sum()
