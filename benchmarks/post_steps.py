@@ -1,5 +1,6 @@
-"""After the video (issue 42): ×2 frame interpolation (RIFE 4.25, full size) and ×2 upscaling (RRDBNet as
-Real-ESRGAN x2plus: 64 features, 23 blocks) with random weights, on the frames of a 5 s 608×640 video (129 frames),
+"""After the video (issue 42): ×2 frame interpolation (RIFE 4.25, full size), ×2 upscaling (RRDBNet as
+Real-ESRGAN x2plus: 64 features, 23 blocks) and face restoration (GFPGAN v1.4's network, 512×512, bf16 on the GPU)
+with random weights, on the frames of a 5 s 608×640 video (129 frames),
 through the job's own code (post/process.py: uint8 frames in and out, batches of 8, fp16 on the GPU, a chunk of 16
 frames at a time as the post job runs it) under the VRAM cap. Decoding and encoding the video (PyAV, on the CPU) are
 not in these figures.
@@ -25,8 +26,8 @@ import numpy as np
 import torch
 
 from common.units import GIB
-from post import esrgan, rife
-from post.process import dtype_for, interpolate, upscale
+from post import esrgan, faces, rife
+from post.process import dtype_for, interpolate, restore_faces, upscale
 from post.steps import CHUNK
 
 PEAK_FP16 = {"H100": 989.4e12, "H200": 989.4e12}     # dense fp16/bf16 tensor-core FLOP/s (NVIDIA SXM datasheets)
@@ -63,6 +64,13 @@ def run_upscale(model, frames, device, dtype, free) -> int:
     made = 0
     for start in range(0, len(frames), CHUNK):
         made += len(upscale(model, 2, frames[start:start + CHUNK], device, dtype, free))
+    return made
+
+
+def run_faces(model, frames, device, dtype) -> int:
+    made = 0
+    for start in range(0, len(frames), CHUNK):
+        made += len(restore_faces(model, frames[start:start + CHUNK], 1.0, device, dtype))
     return made
 
 
@@ -111,11 +119,23 @@ def main() -> None:
     if device.type == "cuda":
         free = int(args.cap_gb * GIB) - torch.cuda.memory_allocated(device)
     run_upscale(model, frames[:8], device, dtype, free)                           # warm-up
-    made, seconds, peak = _timed(device, lambda: run_upscale(model, frames, device, dtype, free))
+    made, seconds, peak = _timed(device, functools.partial(run_upscale, model, frames, device, dtype, free))
     flop = esrgan.flop_per_frame(spec, h, w)
     result["upscale_x2"] = {
         "frames": made, "seconds": round(seconds, 3), "fps": round(made / seconds, 2),
         "out_size": [2 * h, 2 * w], "peak_allocated_gib": round(peak / GIB, 2),
+        "gflop_per_frame": round(flop / 1e9, 1), "bound_fps": round(peak_flops / flop, 1) if peak_flops else None}
+    del model
+    torch.cuda.empty_cache() if device.type == "cuda" else None
+
+    face_dtype = dtype_for(device, "face")
+    face = (faces.tiny_face_model() if args.tiny else faces.GFPGAN().eval()).to(device, face_dtype)
+    run_faces(face, frames[:8], device, face_dtype)                                # warm-up
+    made, seconds, peak = _timed(device, functools.partial(run_faces, face, frames, device, face_dtype))
+    flop = faces.flop_per_face(face.spec)
+    result["faces"] = {
+        "frames": made, "seconds": round(seconds, 3), "fps": round(made / seconds, 2), "dtype": str(face_dtype),
+        "face_size": face.spec.size, "peak_allocated_gib": round(peak / GIB, 2),
         "gflop_per_frame": round(flop / 1e9, 1), "bound_fps": round(peak_flops / flop, 1) if peak_flops else None}
     print(json.dumps(result, indent=1))
 
