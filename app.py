@@ -146,6 +146,40 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     config = parse_args(argv)
+
+    def starting(signum, frame):
+        raise _StoppedWhileStarting(signum)
+
+    restore = [handle_signal(name, starting) for name in ("SIGINT", *STOP_SIGNALS)]
+    made: list = []                          # the app once built (its runner runs): a stop then ends it cleanly
+    try:
+        code = _start(config, made)
+    except _StoppedWhileStarting as e:        # Ctrl-C or SIGTERM before the app served: one line, no traceback
+        log.info("stopped while starting")
+        if not made:
+            return 128 + e.signum
+        made[0].close()
+        return stop_runner(made[0].runner, e.signum)
+    finally:
+        for undo in restore:
+            undo()
+    if code:
+        return code
+    signum = serve_until_stopped(made[0])
+    return stop_runner(made[0].runner, signum)
+
+
+class _StoppedWhileStarting(Exception):
+    """Ctrl-C or SIGTERM (Windows: Ctrl-Break) before the app served its page."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = int(signum)
+
+
+def _start(config: Config, made: list) -> int:
+    """From the checked options to a served app (put in `made` as soon as it is built): 0, or the exit code after
+    one line."""
     for line in ROCM_ENV.lines():
         log.info(line)
     log.info("%s", rocm.configure_host_heap())
@@ -175,17 +209,17 @@ def main(argv=None) -> int:
         return 2
     use_own_upload_folder()
     try:
-        app = build_app(config, device=device)
+        made.append(build_app(config, device=device))
     except (RuntimeError, ConnectionError, ValueError) as e:      # the farm: no cluster there, no GPUs in it
         log.error("the app could not start: %s", e)
         return 2
+    app = made[0]
     app.launch(**launch_options(config).kwargs(), prevent_thread_lock=True)
     log.info("serving on %s (preset %s, outputs %s); Ctrl-C stops the app", app.local_url, config.preset,
              config.outputs.resolve())
     if app.share_url:
         log.info("public link: %s", app.share_url)
-    signum = serve_until_stopped(app)
-    return stop_runner(app.runner, signum)
+    return 0
 
 
 class _StopNow(Exception):

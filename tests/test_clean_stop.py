@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from jobs import store as qs
 from tests.conftest import ROOT, make_image
 from tests.kill_helpers import job_folder, shared, tail
-from tests.server_helpers import app_process
+from tests.server_helpers import app_process, free_port
 
 LONG_JOB = {"prompt": "a long walk", "seconds": 30, "steps": 6, "seed": 3}      # ~10 sections: seconds on the CPU
 
@@ -87,3 +88,26 @@ def test_a_stop_signal_stops_the_command_lines_job_cleanly(tmp_path, sig):
     assert entry.status == qs.STOPPED and not store.runner_alive()
     store.close()
 
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stop_signal_while_the_app_starts_ends_it_in_one_line(tmp_path, sig):
+    """Ctrl-C while the app loaded Gradio and the models printed a traceback (KeyboardInterrupt from deep inside an
+    import); a signal after the runner started could kill a job it had just taken up."""
+    log = tmp_path / "app.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen([sys.executable, "app.py", "--preset", "tiny", "--port", str(free_port()),
+                                 "--outputs", str(tmp_path / "out")], cwd=ROOT, env=env, stdout=log_file,
+                                stderr=subprocess.STDOUT)
+        try:
+            _wait_for("start-up", lambda: " INFO " in log.read_text(), lambda: proc.poll() is None, log)
+            proc.send_signal(getattr(signal, sig))
+            code = proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = log.read_text()
+    assert code == 128 + getattr(signal, sig), text[-3000:]
+    assert "Traceback" not in text and "stopped while starting" in text and "serving on" not in text
