@@ -7,7 +7,9 @@ when its turn comes.
 - the host-RAM budget can hold it (memory/estimate.py: the nominal plan, nothing loaded);
 - its LoRAs: each file read and checked against the transformer's layers (its config: nothing loaded);
 - a post-processing job (post/): its videos read, its steps planned, each model file read and its architecture
-  recognised (post/job.py `check`).
+  recognised (post/job.py `check`);
+- "fp8 attention" on: the device can run it (rocm/fp8_attention.py `unavailable`: an NVIDIA GPU of compute
+  capability 9.0 or newer, the cuDNN frontend installed), else the job is refused naming the setting.
 
 `preflight_for(config, device)` builds it, the same way for the app (its runner: Start, the API, the queue panel),
 the command line (generate, batch, resume) and `python -m cli queue add`: from the process's Config (cap, host RAM,
@@ -30,15 +32,17 @@ def preflight_for(config: Config, device) -> "Preflight":
     """The one pre-flight of a process whose jobs run on `device` (a torch.device), with its models (not loaded:
     jobs/models.py; their transformer's config is what LoRAs are checked against). Raises RuntimeError
     (pipeline.compiled.Fp8ComputeUnavailable) when --fp8-compute cannot run on `device`."""
-    return Preflight(config, models_for(config, device), device.type)
+    return Preflight(config, models_for(config, device), device.type, device=device)
 
 
 class Preflight:
-    def __init__(self, config: Config, models=None, device_type: str = "cpu"):
+    def __init__(self, config: Config, models=None, device_type: str = "cpu", *, device=None):
         self.config = config
         self.preset = get_preset(config.preset)
         self.models = models                    # jobs.models.ComponentCache: a loaded transformer for LoRA checks
         self.device_type = device_type
+        self.device = device                    # the torch.device jobs run on (None: the first of device_type)
+        self._fp8_attention: list[str | None] = []     # why fp8 attention cannot run here, once asked
 
     @property
     def default_resolution(self) -> int:
@@ -72,7 +76,21 @@ class Preflight:
         problem = self.host_problem(prepared)
         if problem:
             raise InputError("host RAM", problem)
+        if getattr(request, "fp8_attention", "off") == "on":
+            problem = self.fp8_attention_problem()
+            if problem:
+                raise InputError("fp8 attention", problem)
         self.check_loras(request.mode, request.loras)
+
+    def fp8_attention_problem(self) -> str | None:
+        """Why this process's device cannot run fp8 attention (None: it can); asked once."""
+        if not self._fp8_attention:
+            import torch
+
+            from rocm.fp8_attention import unavailable
+
+            self._fp8_attention.append(unavailable(self.device or torch.device(self.device_type)))
+        return self._fp8_attention[0]
 
     def host_problem(self, prepared) -> str | None:
         """Why the host-RAM budget cannot hold the prepared job (its mode, preserved memory, bucket and window;

@@ -47,6 +47,7 @@ from pipeline.request import PreparedRequest
 from pipeline.sampling import sample_section
 from pipeline.text import encode_prompt
 from pipeline.timeline_text import SectionTexts, encode_texts
+from rocm.sdpa import fp8_attention
 from video.loop import SEAM_FRAMES, seam_blend
 from video.mp4 import encode_segment, write_segments
 from video.section_writer import SectionWriter, WrittenSection
@@ -271,7 +272,7 @@ class JobRun:
             yield self.progress("sampling", n, 0, f"section {n}/{self.plan.count}: loading the transformer")
             t_stage = time.monotonic()
             with self.memory.stage("transformer", transformer=c.transformer), \
-                    self.fallback.guarded("transformer"):
+                    self.fallback.guarded("transformer"), fp8_attention(r.fp8_attention == "on"):
                 yield from drain()
                 section_texts = texts.for_section(section.index)
                 lengths = tuple(sorted((b, int(t.mask.sum())) for b, t in section_texts.items()))

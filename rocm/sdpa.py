@@ -14,12 +14,21 @@ operator, `steadyframe::attention`: dynamo does not trace the guard's kernel cho
 fused kernel takes fake tensors), the compiled graph stays whole around it, and at run time the operator runs the
 guard's eager path (the same kernel, or the same chunks). The function patched in is always `_dispatch` (one
 object), so a compiled block traced under one stage's guard is reused under the next one's without recompiling.
+
+**fp8 attention** (the job's "fp8 attention" setting; rocm/fp8_attention.py): inside `fp8_attention(True)` (the
+orchestrator's transformer sampling), a call that fits cuDNN's fp8 kernel has q/k/v quantized (K and V smoothed,
+q/k balanced per head) and runs through the cuDNN frontend. In compiled blocks the quantization is traced into the
+block's graph (Inductor fuses it with what comes before) and the kernel is a second opaque operator,
+`steadyframe::fp8_attention`; dynamo guards on the switch, so each setting has its graph (compiled once per
+process, reused by every later job). A call that does not fit, and every call after the frontend failed once in
+the process (one warning), runs in bf16 as without the setting.
 """
 from __future__ import annotations
 
 import logging
 import os
-from typing import Mapping, Optional
+from contextlib import contextmanager
+from typing import Iterator, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -29,12 +38,18 @@ from common import patches
 from common.patches import Patch
 from common.units import GIB
 from configs.rocm_profiles import AOTRITON_EXPERIMENTAL_VAR
+from rocm import fp8_attention as fa
 from rocm.arch import detect_runtime
 from rocm.env import aotriton_gated
 
 log = logging.getLogger(__name__)
 
 FUSED = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION)
+# The fused kernels, fastest first, where several take a call: at FramePack's shape (bf16, 24 heads x 18,485 tokens x
+# head 128) cuDNN's flash kernel took 6.65 ms, PyTorch's flash kernel 11.9, memory-efficient 24.0 on an H200 (and
+# 6.67 / 11.44 / 23.30 on an H100; BENCHMARKS.md). Where cuDNN's does not take a call (another GPU, a mask it
+# refuses, ROCm), PyTorch's next choice runs, as before.
+PREFERRED = (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)
 _NAMES = {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "memory-efficient",
           SDPBackend.CUDNN_ATTENTION: "cudnn", SDPBackend.MATH: "math"}
 MATH_BYTES_PER_SCORE = 12        # fp32 scores, their softmax and a cast, per (query, key) pair and head
@@ -84,11 +99,35 @@ def chunked_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
 
 _ATEN_SDPA = torch._C._nn.scaled_dot_product_attention     # PyTorch's own, whatever is patched over it
 _ACTIVE: list["AttentionGuard"] = []                          # the guards inside their stage, innermost last
+_FP8 = False                    # inside fp8_attention(True): calls that fit run in fp8 (dynamo guards on it)
+_FP8_FAILED: list[str] = []     # why the fp8 kernel failed in this process (then bf16 for the rest of it)
+FP8_CHOICE = "fp8 (cuDNN frontend; K and V smoothed, q/k balanced per head, per-tensor scales)"
+
+
+@contextmanager
+def fp8_attention(on: bool) -> Iterator[None]:
+    """Attention calls that fit cuDNN's fp8 kernel run in fp8 inside this block when `on` (the job's setting,
+    checked against the device before the job was queued: rocm.fp8_attention.unavailable)."""
+    global _FP8
+    before, _FP8 = _FP8, bool(on)
+    try:
+        yield
+    finally:
+        _FP8 = before
+
+
+def fp8_requested() -> bool:
+    """Is the code running inside fp8_attention(True)?"""
+    return _FP8
 
 
 def _dispatch(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """What `F.scaled_dot_product_attention` is while a guard holds it."""
     if torch.compiler.is_compiling():
+        if _FP8 and fa.fits(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+            z = fa.quantize(query, key, value)       # traced: fused into the compiled block
+            return torch.ops.steadyframe.fp8_attention(query, key, value, z.q, z.k, z.v, z.descale_q, z.descale_k,
+                                                       z.descale_v, z.v_mean, scale)
         return torch.ops.steadyframe.attention(query, key, value, attn_mask, float(dropout_p), bool(is_causal),
                                                scale, bool(enable_gqa))
     return _checked(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
@@ -125,10 +164,45 @@ def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     return _out_like(query, value)
 
 
+def _run_fp8(query: torch.Tensor, z: fa.Quantized, scale: Optional[float]) -> torch.Tensor | None:
+    """cuDNN's fp8 attention of quantized inputs, or None once it has failed in this process (said once)."""
+    if _FP8_FAILED:
+        return None
+    try:
+        out = fa.run(z, query.dtype, scale)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:      # the frontend or cuDNN refused this graph or this GPU: bf16 from here on
+        _FP8_FAILED.append(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+        log.warning("fp8 attention failed (%s); attention runs in bf16 for the rest of this process",
+                    _FP8_FAILED[0])
+        return None
+    if _ACTIVE:
+        _ACTIVE[-1]._note_fp8(query)
+    return out
+
+
+@torch.library.custom_op("steadyframe::fp8_attention", mutates_args=())
+def _fp8_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q8: torch.Tensor, k8: torch.Tensor,
+            v8: torch.Tensor, descale_q: torch.Tensor, descale_k: torch.Tensor, descale_v: torch.Tensor,
+            v_mean: torch.Tensor, scale: Optional[float]) -> torch.Tensor:
+    out = _run_fp8(query, fa.Quantized(q8, k8, v8, descale_q, descale_k, descale_v, v_mean), scale)
+    if out is None:             # bf16, as the guard would have run it without the setting
+        out = _checked(query, key, value, None, 0.0, False, scale, False)
+    shaped = _out_like(query, value)
+    return out if out.stride() == shaped.stride() else shaped.copy_(out)
+
+
+@_fp8_op.register_fake
+def _(query, key, value, q8, k8, v8, descale_q, descale_k, descale_v, v_mean, scale):
+    return _out_like(query, value)
+
+
 def _fused_choice(args) -> SDPBackend | None:
-    """The fused kernel PyTorch would pick for this call with math excluded, or None if none applies."""
+    """The fused kernel for this call, math excluded, in the order of PREFERRED (the fastest measured first), or None
+    if none applies."""
     q, k, v, mask, dropout_p, is_causal, scale, enable_gqa = args
-    with sdpa_kernel(list(FUSED)):
+    with sdpa_kernel(list(PREFERRED), set_priority=True):
         try:
             choice = torch._fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, scale=scale,
                                              enable_gqa=enable_gqa)
@@ -184,6 +258,10 @@ class AttentionGuard:
     def _sdpa(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
               enable_gqa=False):
         original = self._original
+        if _FP8 and not _FP8_FAILED and fa.fits(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+            out = _run_fp8(query, fa.quantize(query, key, value), scale)
+            if out is not None:
+                return out
         sig = self._signature(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
         if sig not in self._decided:
             args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
@@ -206,6 +284,12 @@ class AttentionGuard:
                             scale=scale, enable_gqa=enable_gqa)
         return chunked_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, rows=rows,
                             sdpa=original)
+
+    def _note_fp8(self, query: torch.Tensor) -> None:
+        what = f"{str(query.dtype).replace('torch.', '')}, head dim {query.shape[-1]}, no mask"
+        if self.choices.get(what) != FP8_CHOICE:
+            self.choices[what] = FP8_CHOICE
+            log.info("attention%s (%s): %s", f" in {self.label}" if self.label else "", what, FP8_CHOICE)
 
     def _log(self, sig: tuple, choice: SDPBackend | None, query, key) -> None:
         dtype = str(sig[1]).replace("torch.", "")

@@ -1,0 +1,248 @@
+"""fp8 attention through NVIDIA's cuDNN frontend (the job's "fp8 attention" setting; opt-in).
+
+The attention product runs in float8 e4m3 in cuDNN's fused flash-attention kernel (`sdpa_fp8` of the cuDNN frontend,
+`nvidia-cudnn-frontend` on PyPI, the optional extra `fp8-attention`: a maintained library made for the job, no
+hand-written kernel). This module prepares its inputs and reads its output; rocm/sdpa.py (the attention guard, the
+one place that picks a kernel) sends a call here when the job asked for fp8 attention and the call fits (a CUDA GPU
+of compute capability 9.0 or newer with the frontend installed; half-precision q/k/v; head size ≤ 128 and a
+multiple of 16; no mask, no dropout, not causal: FramePack's transformer attends so, its text tokens cut to the
+prompt's length instead of masked). Any other call, and every call where the frontend is absent, runs in bf16 as
+before.
+
+**The quantization** (`quantize`), after SageAttention's observations on video DiTs (HunyuanVideo among them), with
+the per-tensor descales that cuDNN's Hopper fp8 kernel takes (one float32 per tensor; its block-scaled MXFP8 form is
+Blackwell-only):
+
+- *K is smoothed*: its mean over the tokens is subtracted (per batch, head and channel). Every score of a query
+  changes by the same amount (q·mean), which softmax ignores, so the result is exact in real arithmetic, while the
+  large shared channels real models have (outliers that would take e4m3's 3 mantissa bits) are gone before rounding.
+- *V is smoothed* the same way and its mean added back to the output (each output row is a convex combination of
+  V's rows, so O = P·(V − m) + m exactly): the fp8 output (Hopper's kernel writes e4m3) only carries the deviation.
+- *Per-head scales*: each head's q and k are multiplied by r and 1/r (r = √(amax k / amax q) of that head), which
+  leaves q·kᵀ unchanged and gives both the same range; then one scale per tensor maps its largest value to 448
+  (e4m3's largest). fp8 is floating point, so heads of smaller range keep their relative precision down to 2^-15 of
+  the largest (e4m3's normal range).
+- The softmax's probabilities are rounded to e4m3 inside the kernel at scale 448 (they lie in [0, 1]: the bound
+  cuDNN's documentation gives), the output at 448 / amax(V − m) (|O − m| ≤ amax(V − m)).
+
+`emulate` runs the same arithmetic in float32 with every rounding the kernel makes (tests compare it against the
+float reference on the CPU, outlier channels included); `attention` runs it on the GPU. The quantization is
+written here, not taken from a library, because the frontend takes already quantized tensors and leaves the
+choice of scales to its caller (SageAttention's kernels, which do both, are not installable here).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8).max)          # 448
+P_SCALE = FP8_MAX                               # the probabilities (≤ 1) are stored × 448 inside the kernel
+MIN_CAPABILITY = (9, 0)                         # Hopper: cuDNN's fp8 flash attention forward (sm_90 and newer)
+MIN_CUDNN = 90100                               # cuDNN 9.1: fp8 SDPA forward on Hopper
+EXTRA = 'pip install nvidia-cudnn-frontend (or pip install -e ".[fp8-attention]")'
+_TINY = torch.finfo(torch.float32).tiny
+
+
+@dataclass
+class Quantized:
+    """q, k, v in e4m3 (the caller's shapes (batch, heads, tokens, dim)), their descales (float32 (1, 1, 1, 1) each:
+    real value = stored × descale) and V's mean over tokens (float32, added back to the output). The output is
+    stored at V's scale (|O − m| ≤ amax(V − m)): scale_o = 1 / descale_v."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    descale_q: torch.Tensor
+    descale_k: torch.Tensor
+    descale_v: torch.Tensor
+    v_mean: torch.Tensor
+
+    @property
+    def scale_o(self) -> torch.Tensor:
+        return 1.0 / self.descale_v
+
+    @property
+    def descale_o(self) -> torch.Tensor:
+        return self.descale_v
+
+
+def _scale(x: torch.Tensor) -> torch.Tensor:
+    """The per-tensor descale that maps the largest |x| to e4m3's largest value, shaped (1, 1, 1, 1)."""
+    return (x.abs().amax().float() / FP8_MAX).clamp(min=_TINY).reshape(1, 1, 1, 1)
+
+
+def _to_fp8(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    return (x / descale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, smooth: bool = True,
+             per_head: bool = True) -> Quantized:
+    """q, k, v (batch, heads, tokens, dim) in e4m3 with their descales: K and V smoothed and q/k balanced per head
+    (the module's docstring); `smooth` / `per_head` False: plain per-tensor scales (the comparison in tests). The
+    e4m3 tensors keep the memory layout of the inputs (diffusers' (batch, tokens, heads, dim) seen transposed)."""
+    qf, kf, vf = q.float(), k.float(), v.float()
+    if smooth:
+        kf = kf - kf.mean(dim=-2, keepdim=True)
+        v_mean = vf.mean(dim=-2, keepdim=True)
+        vf = vf - v_mean
+    else:
+        v_mean = vf.new_zeros((*vf.shape[:-2], 1, vf.shape[-1]))
+    if per_head:
+        aq = qf.abs().amax(dim=(-2, -1), keepdim=True).clamp(min=_TINY)
+        ak = kf.abs().amax(dim=(-2, -1), keepdim=True).clamp(min=_TINY)
+        r = (ak / aq).sqrt()
+        qf, kf = qf * r, kf / r
+    dq, dk, dv = _scale(qf), _scale(kf), _scale(vf)
+    out = [_to_fp8(x, d) for x, d in ((qf, dq), (kf, dk), (vf, dv))]
+    laid = [torch.empty_strided(t.shape, t.stride(), dtype=FP8, device=t.device).copy_(x)
+            for t, x in zip((q, k, v), out)]
+    return Quantized(laid[0], laid[1], laid[2], dq, dk, dv, v_mean)
+
+
+def emulate(z: Quantized, scale: float | None = None, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The fp8 kernel's arithmetic in float32 (every rounding it makes: inputs, probabilities, output): what
+    `attention` computes, up to the order of the sums. For tests and the CPU."""
+    q = z.q.float() * z.descale_q
+    k = z.k.float() * z.descale_k
+    v = z.v.float() * z.descale_v
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-2, -1)) * scale
+    p = torch.exp(s - s.amax(dim=-1, keepdim=True))              # unnormalised, as flash attention keeps it
+    denom = p.sum(dim=-1, keepdim=True)
+    p8 = (p * P_SCALE).to(FP8).float() / P_SCALE
+    o = (p8 @ v) / denom
+    o8 = (o * z.scale_o).clamp(-FP8_MAX, FP8_MAX).to(FP8).float() * z.descale_o
+    return (o8 + z.v_mean).to(out_dtype)
+
+
+# ---- availability -------------------------------------------------------------------------------------------------
+def _frontend() -> Any | None:
+    """The cuDNN frontend's Python module, or None when it is not installed."""
+    try:
+        import cudnn  # the optional extra "fp8-attention" (nvidia-cudnn-frontend)
+    except ImportError:
+        return None
+    return cudnn
+
+
+def unavailable(device: torch.device | str) -> str | None:
+    """Why fp8 attention cannot run on `device` (None: it can), with what to do. Cheap: no graph is built."""
+    device = torch.device(device)
+    need = "fp8 attention needs an NVIDIA GPU with cuDNN's fp8 flash attention (Hopper: H100/H200, or newer)"
+    if device.type != "cuda" or torch.version.hip:
+        where = "an AMD GPU (ROCm)" if device.type == "cuda" else f"the {device.type.upper()}"
+        return f"{need}; this job runs on {where}. Leave fp8 attention off"
+    if not torch.cuda.is_available():
+        return f"{need}; PyTorch sees no CUDA GPU here. Leave fp8 attention off"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MIN_CAPABILITY:
+        name = torch.cuda.get_device_name(device)
+        return (f"{need}; {name} has compute capability {capability[0]}.{capability[1]}. Leave fp8 attention off "
+                f"(--fp8-compute's fp8 products still work from 8.9)")
+    cudnn = _frontend()
+    if cudnn is None:
+        return f"{need} and NVIDIA's cuDNN frontend, which is not installed: {EXTRA}"
+    try:
+        version = int(cudnn.backend_version())
+    except Exception as e:          # the frontend found no usable libcudnn: say so, whatever it raised
+        return f"{need}; the cuDNN frontend found no cuDNN library ({type(e).__name__}). Leave fp8 attention off"
+    if version < MIN_CUDNN:
+        return f"{need} and cuDNN 9.1 or newer; this PyTorch loads cuDNN {version}. Leave fp8 attention off"
+    return None
+
+
+def fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask, dropout_p: float,
+         is_causal: bool, enable_gqa: bool) -> bool:
+    """Does this attention call fit the fp8 kernel (the module's docstring)? Others run in bf16."""
+    d = query.shape[-1]
+    return (query.dim() == 4 and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16)
+            and key.dtype == query.dtype and value.dtype == query.dtype and attn_mask is None
+            and not dropout_p and not is_causal and not enable_gqa and not query.requires_grad
+            and d == key.shape[-1] == value.shape[-1] and d <= 128 and d % 16 == 0
+            and key.shape[:2] == query.shape[:2] == value.shape[:2] and key.shape[-2] == value.shape[-2]
+            and all(t.stride(-1) == 1 for t in (query, key, value)))
+
+
+# ---- the cuDNN graph ----------------------------------------------------------------------------------------------
+class _Graph:
+    """One built cuDNN fp8 SDPA graph for a set of shapes and strides, with its workspace."""
+
+    def __init__(self, cudnn, handle, z: Quantized, out: torch.Tensor, scale: float):
+        e4m3, fp32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+        graph = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=fp32, compute_data_type=fp32,
+                              handle=handle)
+
+        def tensor(name: str, t: torch.Tensor, dtype):
+            return graph.tensor(name=name, dim=list(t.shape), stride=list(t.stride()), data_type=dtype)
+
+        q, k, v = (tensor(n, t, e4m3) for n, t in (("q", z.q), ("k", z.k), ("v", z.v)))
+        scalars = {n: graph.tensor(name=n, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=fp32)
+                   for n in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")}
+        o, _, amax_s, amax_o = graph.sdpa_fp8(q=q, k=k, v=v, **scalars, attn_scale=scale, generate_stats=False,
+                                              use_causal_mask=False)
+        o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride())).set_data_type(e4m3)
+        for amax in (amax_s, amax_o):
+            amax.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(fp32)
+        graph.validate()
+        graph.build_operation_graph()
+        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        graph.check_support()
+        graph.build_plans()
+        device = out.device
+        self.graph, self.handle = graph, handle
+        self.tensors = (q, k, v, scalars, o, amax_s, amax_o)
+        self.workspace = torch.empty(max(int(graph.get_workspace_size()), 1), dtype=torch.uint8, device=device)
+        self.amax = torch.empty((2, 1, 1, 1, 1), dtype=torch.float32, device=device)
+        self.p_scales = (torch.full((1, 1, 1, 1), 1.0 / P_SCALE, device=device),
+                         torch.full((1, 1, 1, 1), P_SCALE, device=device))
+
+    def run(self, cudnn, z: Quantized, out: torch.Tensor) -> None:
+        q, k, v, scalars, o, amax_s, amax_o = self.tensors
+        values = {"descale_q": z.descale_q, "descale_k": z.descale_k, "descale_v": z.descale_v,
+                  "descale_s": self.p_scales[0], "scale_s": self.p_scales[1], "scale_o": z.scale_o}
+        pack = {q: z.q, k: z.k, v: z.v, o: out, amax_s: self.amax[0], amax_o: self.amax[1]}
+        pack.update({scalars[n]: t.contiguous() for n, t in values.items()})
+        cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream(out.device).cuda_stream)
+        self.graph.execute(pack, self.workspace, handle=self.handle)
+
+
+_HANDLES: dict[int, Any] = {}
+_GRAPHS: dict[tuple, _Graph] = {}
+
+
+def _graph_for(z: Quantized, out: torch.Tensor, scale: float) -> _Graph:
+    key = (out.device.index, tuple(z.q.shape), z.q.stride(), z.k.stride(), z.v.stride(), tuple(z.k.shape),
+           out.stride(), float(scale))
+    graph = _GRAPHS.get(key)
+    if graph is None:
+        cudnn = _frontend()
+        index = out.device.index if out.device.index is not None else torch.cuda.current_device()
+        with torch.cuda.device(index):
+            handle = _HANDLES.get(index) or _HANDLES.setdefault(index, cudnn.create_handle())
+            graph = _GRAPHS[key] = _Graph(cudnn, handle, z, out, scale)
+        log.info("fp8 attention: cuDNN graph built for q %s, k %s", tuple(z.q.shape), tuple(z.k.shape))
+    return graph
+
+
+def run(z: Quantized, dtype: torch.dtype, scale: float | None = None) -> torch.Tensor:
+    """softmax(q kᵀ · scale) v of quantized inputs through cuDNN's fp8 kernel, back in `dtype` and in the fused
+    kernels' layout ((batch, heads, tokens, dim) stored token-major). Raises what the frontend raises when cuDNN
+    cannot build or run the graph."""
+    b, h, n, d = z.q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    out = torch.empty((b, n, h, d), dtype=FP8, device=z.q.device).transpose(1, 2)
+    _graph_for(z, out, scale).run(_frontend(), z, out)
+    result = torch.empty((b, n, h, d), dtype=dtype, device=z.q.device).transpose(1, 2)
+    return result.copy_(out.float() * z.descale_o + z.v_mean)
+
+
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """`run` of `quantize`: the whole fp8 attention of one call that `fits`, eagerly (compiled blocks quantize
+    inside their graph instead: rocm/sdpa.py)."""
+    return run(quantize(query, key, value), query.dtype, scale)
