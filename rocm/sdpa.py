@@ -45,11 +45,12 @@ from rocm.env import aotriton_gated
 log = logging.getLogger(__name__)
 
 FUSED = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION)
-# The fused kernels, fastest first, where several take a call: at FramePack's shape (bf16, 24 heads x 18,485 tokens x
-# head 128) cuDNN's flash kernel took 6.65 ms, PyTorch's flash kernel 11.9, memory-efficient 24.0 on an H200 (and
-# 6.67 / 11.44 / 23.30 on an H100; BENCHMARKS.md). Where cuDNN's does not take a call (another GPU, a mask it
-# refuses, ROCm), PyTorch's next choice runs, as before.
+# The fused kernels, fastest first, on the GPUs where they were measured (Hopper, compute capability 9.x): at
+# FramePack's shape (bf16, 24 heads x 18,485 tokens x head 128) cuDNN's flash kernel took 6.65 ms, PyTorch's flash
+# kernel 11.9, memory-efficient 24.0 on an H200 (and 6.67 / 11.44 / 23.30 on an H100; BENCHMARKS.md). Where cuDNN's
+# does not take a call (a mask it refuses), the next one runs; on other GPUs (not measured) PyTorch's own order.
 PREFERRED = (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)
+MEASURED_MAJOR = 9
 _NAMES = {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "memory-efficient",
           SDPBackend.CUDNN_ATTENTION: "cudnn", SDPBackend.MATH: "math"}
 MATH_BYTES_PER_SCORE = 12        # fp32 scores, their softmax and a cast, per (query, key) pair and head
@@ -199,10 +200,12 @@ def _(query, key, value, q8, k8, v8, descale_q, descale_k, descale_v, v_mean, sc
 
 
 def _fused_choice(args) -> SDPBackend | None:
-    """The fused kernel for this call, math excluded, in the order of PREFERRED (the fastest measured first), or None
-    if none applies."""
+    """The fused kernel for this call, math excluded (on Hopper in the order of PREFERRED, the fastest measured first;
+    elsewhere PyTorch's choice), or None if none applies."""
     q, k, v, mask, dropout_p, is_causal, scale, enable_gqa = args
-    with sdpa_kernel(list(PREFERRED), set_priority=True):
+    measured = (q.is_cuda and not torch.version.hip
+                and torch.cuda.get_device_capability(q.device)[0] == MEASURED_MAJOR)
+    with sdpa_kernel(list(PREFERRED if measured else FUSED), set_priority=measured):
         try:
             choice = torch._fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, scale=scale,
                                              enable_gqa=enable_gqa)
