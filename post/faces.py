@@ -22,10 +22,9 @@ parameter names of the published files so they load as they are:
 The stored noise buffers are used, never fresh noise, so the same frames give the same bytes every run (GFPGAN's own
 inference draws new noise each call). RestoreFormer / CodeFormer files are recognised only to be refused by name.
 
-Faces are restored in GFPGAN's "aligned" mode: the model sees one square crop of the frame (the centred square, for
-the close-ups and portraits this app makes) at its 512×512 size, and its output is blended back with a feathered
-edge (post/process.py). There is no face detector: the maintained one (facexlib's RetinaFace) needs torchvision and
-OpenCV 5's wheel no longer ships its Haar cascades, so a wide shot with a small face is not what this step is for.
+Faces are found by RetinaFace (post/facedetect.py), aligned by their five landmarks to GFPGAN's template at the
+model's 512×512 size, restored, and pasted back through the inverse transform under a feathered mask, as GFPGAN's own
+helper does (post/process.py `restore_faces`).
 """
 from __future__ import annotations
 

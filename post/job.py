@@ -9,6 +9,7 @@ only on its frames, so a job stopped and resumed writes the same final.mp4, byte
 """
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import time
@@ -63,13 +64,16 @@ class CheckedPost:
         return make_plan(self.request, [i.frames for i in self.infos], first.fps, first.width, first.height)
 
 
-MODEL_KINDS = ("interpolator", "face", "upscaler")          # the model steps' files, in the order they run
+MODEL_KINDS = ("interpolator", "detector", "face", "upscaler")     # the model steps' files, in the order they run
 
 
 def _model_ref(request: PostRequest, kind: str) -> mf.ModelRef | None:
-    step = {"interpolator": request.interpolation, "face": request.faces, "upscaler": request.upscale}[kind]
+    step = {"interpolator": request.interpolation, "face": request.faces, "detector": request.faces,
+            "upscaler": request.upscale}[kind]
     if step is None:
         return None
+    if kind == "detector":                      # the face step's detector: always the default file
+        return mf.ModelRef(kind, mf.DEFAULT_DETECTOR)
     default = {"interpolator": mf.DEFAULT_RIFE, "face": mf.DEFAULT_FACE}.get(kind) \
         or mf.DEFAULT_UPSCALER[step.value]
     return mf.ModelRef(kind, step.model or default)
@@ -128,7 +132,7 @@ def prepare_resume(job_dir: Path, folders: PostFolders) -> CheckedPost:
 
 def _load_models(checked: CheckedPost, folders: PostFolders):
     """({kind: model} of the request's model steps, the models' records with the sha256 of downloaded files)."""
-    from post import esrgan, faces, rife
+    from post import esrgan, facedetect, faces, rife
 
     records = {k: dict(v) for k, v in checked.models.items()}
     loaded = {}
@@ -136,6 +140,7 @@ def _load_models(checked: CheckedPost, folders: PostFolders):
     for kind in records:
         if folders.tiny:
             loaded[kind] = {"interpolator": rife.tiny_ifnet, "face": faces.tiny_face_model,
+                            "detector": facedetect.tiny_detector,
                             "upscaler": lambda: esrgan.tiny_upscaler(request.upscale.value)[0]}[kind]()
             continue
         ref = _model_ref(request, kind)
@@ -196,6 +201,7 @@ def _metadata(source: Path, request: PostRequest) -> dict:
 def run_post(checked: CheckedPost, memory, *, cancel=None, outputs: Path, folders: PostFolders,
              owner: str | None = None) -> Iterator:
     """The job's events: Started, Progress and Preview per chunk, then Done (or Failed)."""
+    from post.facedetect import find_faces
     from post.process import dtype_for, interpolate, restore_faces, upscale
     from video.mp4 import encode_segment, write_segments
 
@@ -220,7 +226,7 @@ def run_post(checked: CheckedPost, memory, *, cancel=None, outputs: Path, folder
         fps = int(plan.out_fps) if plan.out_fps.denominator == 1 else plan.out_fps
         scale = request.upscale.value if request.upscale else 1
         models = {k: m.to(dtype_for(device, k)) for k, m in loaded.items()}
-        interp, face, upscaler = (models.get(k) for k in MODEL_KINDS)
+        interp, detector, face, upscaler = (models.get(k) for k in MODEL_KINDS)
         done, ran, t_first = 0, 0, time.monotonic()
         with memory.stage("post", **models):
             for n, (start, end) in enumerate(parts):
@@ -239,7 +245,8 @@ def run_post(checked: CheckedPost, memory, *, cancel=None, outputs: Path, folder
                 if interp is not None:
                     frames = interpolate(interp, frames, times, first, device, dtype)
                 if face is not None:
-                    frames = restore_faces(face, frames, request.faces.value, device, dtype_for(device, "face"))
+                    frames = restore_faces(face, frames, request.faces.value, device, dtype_for(device, "face"),
+                                           functools.partial(find_faces, detector, device=device))
                 if upscaler is not None:
                     free = _free_bytes(memory)
                     frames = upscale(upscaler, scale, frames, device, dtype, free)

@@ -7,7 +7,8 @@ checked, and the hash job.json records for each.
 - Interpolation: RIFE 4.25 (`flownet.pkl`, a state dict), in the interpolators folder (`--interpolator-dir`,
   default `interpolators/`); downloaded there on first use as `rife-4.25.pth` unless a file is given.
 - Face restoration: a GFPGAN v1.3 / v1.4 file (post/faces.py) in the upscalers folder; the default is GFPGAN's own
-  release `GFPGANv1.4.pth`, downloaded there on first use.
+  release `GFPGANv1.4.pth`, downloaded there on first use, as is the face detector it needs
+  (`detection_mobilenet0.25_Final.pth`, facexlib's RetinaFace: post/facedetect.py).
 - The tiny preset's models are built in code (random, same classes): nothing is read or downloaded.
 
 Files are read with `torch.load(..., weights_only=True)` (tensors only, never code) or safetensors. The one
@@ -30,6 +31,7 @@ SUFFIXES = (".pth", ".pt", ".pkl", ".safetensors")
 FILE_BYTES_MAX = 2 << 30            # an upscaler or flow network is well under this; larger is not one of them
 DEFAULT_RIFE = "rife-4.25.pth"
 DEFAULT_FACE = "GFPGANv1.4.pth"
+DEFAULT_DETECTOR = "detection_mobilenet0.25_Final.pth"      # the face step's face finder (post/facedetect.py)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,10 @@ class Download:
 #   inference_gfpgan.py's `--version 1.4` (commit 7552a77, line 101: the v1.3.0 release, not v1.3.4); arch "clean",
 #   channel multiplier 2 (post/faces.py). No checksum published upstream; the sha256 is the one two independent
 #   projects pin for that address.
+# - detection_mobilenet0.25_Final.pth: facexlib's RetinaFace MobileNet-0.25 (xinntao/facexlib, MIT, LICENSE), the
+#   address facexlib's init_detection_model downloads it from (facexlib/detection/__init__.py at commit 260620a);
+#   1,789,735 bytes as another project records it; no checksum published: it is run only if it loads strictly
+#   (post/facedetect.py).
 # - rife-4.25.pth: Practical-RIFE 4.25 (hzwer/Practical-RIFE, MIT; README at commit 17d8c7a: "4.25 - 2024.09.19",
 #   published only on Google Drive / Baidu as flownet.pkl, which no program can fetch without a session). The
 #   GitHub mirrors that RIFE tools download it from as rife425.pth: NevermindNilas/TAS-Models-Host's `main` release
@@ -72,6 +78,9 @@ DOWNLOADS = {
     DEFAULT_FACE: Download(
         DEFAULT_FACE, ("https://github.com/TencentARC/GFPGAN/releases/download/v1.3.0/GFPGANv1.4.pth",),
         "e2cd4703ab14f4d01fd1383a8a8b266f9a5833dacee8e6a79d3bf21a1b6be5ad"),
+    DEFAULT_DETECTOR: Download(
+        DEFAULT_DETECTOR, ("https://github.com/xinntao/facexlib/releases/download/v0.1.0/"
+                           "detection_mobilenet0.25_Final.pth",)),
     DEFAULT_RIFE: Download(
         DEFAULT_RIFE, ("https://github.com/NevermindNilas/TAS-Models-Host/releases/download/main/rife425.pth",
                        "https://github.com/styler00dollar/VSGAN-tensorrt-docker/releases/download/models/rife425.pth")),
@@ -90,7 +99,8 @@ class ModelRef:
         return Path(interpolator_dir if self.kind == "interpolator" else upscaler_dir)
 
 
-FIELDS = {"upscaler": "upscaler", "interpolator": "interpolation model", "face": "face model"}
+FIELDS = {"upscaler": "upscaler", "interpolator": "interpolation model", "face": "face model",
+          "detector": "face detector"}
 
 
 def model_field(kind: str) -> str:
@@ -168,7 +178,19 @@ def load_face_model(path: Path):
         raise InputError("face model", f"{{file}}: {e}", path=path) from None
 
 
-LOADERS = {"upscaler": load_upscaler, "interpolator": load_interpolator, "face": load_face_model}
+def load_detector(path: Path):
+    """The face detector of a file (facexlib's RetinaFace MobileNet-0.25); InputError naming "face detector"."""
+    from post.esrgan import UnknownArchitecture
+    from post.facedetect import detector_from_state
+
+    try:
+        return detector_from_state(read_state(path, "face detector"))
+    except UnknownArchitecture as e:
+        raise InputError("face detector", f"{{file}}: {e}", path=path) from None
+
+
+LOADERS = {"upscaler": load_upscaler, "interpolator": load_interpolator, "face": load_face_model,
+           "detector": load_detector}
 
 
 def fetch(ref: ModelRef, folder: Path) -> Path:

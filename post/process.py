@@ -19,7 +19,7 @@ UPSCALE_BYTES_PER_PIXEL = 3 * 1024      # an RRDBNet's live activations per inpu
 
 def dtype_for(device: torch.device, kind: str = "") -> torch.dtype:
     """The dtype a post model runs in on a device (`kind`: "face" for the GFPGAN model)."""
-    if device.type != "cuda":
+    if device.type != "cuda" or kind == "detector":        # the detector is small: fp32 everywhere
         return torch.float32
     return torch.bfloat16 if kind == "face" else torch.float16
 
@@ -111,15 +111,45 @@ def upscale(model, scale: int, frames: list[np.ndarray], device, dtype, free_byt
     return out
 
 
-def face_box(height: int, width: int) -> tuple[int, int, int]:
-    """(top, left, side) of the square the face model sees: the frame's centred square (post/faces.py: aligned
-    mode, no detector)."""
-    side = min(height, width)
-    return (height - side) // 2, (width - side) // 2, side
+FACE_TEMPLATE = np.array([[192.98138, 239.94708], [318.90277, 240.1936], [256.63416, 314.01935],
+                          [201.26117, 371.41043], [313.08905, 371.15118]])     # GFPGAN's 5 points in a 512×512 face
+
+
+def similarity(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """The 2×3 similarity transform (rotation, uniform scale, shift) that maps the points `src` onto `dst` best in
+    least squares (Umeyama's closed form; a reflection is never chosen)."""
+    src, dst = np.asarray(src, np.float64), np.asarray(dst, np.float64)
+    ms, md = src.mean(0), dst.mean(0)
+    s, d = src - ms, dst - md
+    u, sig, vt = np.linalg.svd(d.T @ s / len(src))
+    flip = np.diag([1.0, np.sign(np.linalg.det(u) * np.linalg.det(vt)) or 1.0])
+    rot = u @ flip @ vt
+    scale = float((sig * np.diag(flip)).sum() / max((s ** 2).sum() / len(src), 1e-12))
+    return np.hstack((scale * rot, (md - scale * rot @ ms)[:, None]))
+
+
+def _invert(m: np.ndarray) -> np.ndarray:
+    a = np.linalg.inv(m[:, :2])
+    return np.hstack((a, (-a @ m[:, 2])[:, None]))
+
+
+def _sample(image: torch.Tensor, m: np.ndarray, height: int, width: int, top: int = 0, left: int = 0,
+            padding: str = "border") -> torch.Tensor:
+    """`image` (N×C×h×w) sampled at `m` @ (x, y, 1) for the pixels (x, y) of a height×width window whose corner is
+    (left, top): bilinear, pixel centres at whole coordinates (as OpenCV's warpAffine)."""
+    h, w = image.shape[-2:]
+    ys, xs = torch.meshgrid(torch.arange(top, top + height, device=image.device, dtype=torch.float32),
+                            torch.arange(left, left + width, device=image.device, dtype=torch.float32), indexing="ij")
+    mt = torch.tensor(m, device=image.device, dtype=torch.float32)
+    sx = mt[0, 0] * xs + mt[0, 1] * ys + mt[0, 2]
+    sy = mt[1, 0] * xs + mt[1, 1] * ys + mt[1, 2]
+    grid = torch.stack((sx * (2.0 / max(w - 1, 1)) - 1.0, sy * (2.0 / max(h - 1, 1)) - 1.0), -1)
+    return F.grid_sample(image, grid[None].expand(image.shape[0], -1, -1, -1).to(image.dtype), mode="bilinear",
+                         padding_mode=padding, align_corners=True)
 
 
 def _feather(side: int, device, dtype) -> torch.Tensor:
-    """1 inside the square, falling linearly to 0 over its outer sixteenth: the restored square's edge does not
+    """1 inside the square, falling linearly to 0 over its outer sixteenth: the restored face's edge does not
     show against the frame around it."""
     ramp = max(1, side // 16)
     pos = torch.arange(side, device=device, dtype=torch.float32)
@@ -128,21 +158,38 @@ def _feather(side: int, device, dtype) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def restore_faces(model, frames: list[np.ndarray], strength: float, device, dtype) -> list[np.ndarray]:
-    """Every frame with its centred square restored by the face model at the model's size (resized there and
-    back, antialiased), blended in by `strength` under a feathered edge; the frame size is kept. The model runs in
-    `dtype`; the resizing and blending in fp32 (antialiased resizing has no bf16 kernel on the CPU)."""
-    h, w = frames[0].shape[:2]
-    top, left, side = face_box(h, w)
+def restore_faces(model, frames: list[np.ndarray], strength: float, device, dtype, find) -> list[np.ndarray]:
+    """Every frame with each face `find(frame)` gives (its five landmarks, pixels: eyes, nose, mouth corners)
+    aligned to GFPGAN's template at the model's size, restored, and pasted back through the inverse transform under
+    a feathered mask, blended in by `strength`; frames without a face are returned as they are (the same array).
+    The model runs in `dtype`, the warps and the blending in fp32."""
     size = model.spec.size
-    mask = _feather(side, device, torch.float32).mul_(float(strength))
-    out: list[np.ndarray] = []
-    for b in range(0, len(frames), BATCH):
-        x = _to_tensor(frames[b:b + BATCH], device, torch.float32)
-        crop = x[:, :, top:top + side, left:left + side]
-        face = F.interpolate(crop, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
-        restored = model(face.mul(2.0).sub_(1.0).to(dtype)).float().clamp_(-1.0, 1.0).add_(1.0).div_(2.0)
-        back = F.interpolate(restored, size=(side, side), mode="bilinear", align_corners=False, antialias=True)
-        x[:, :, top:top + side, left:left + side] = crop + mask * (back - crop)
-        out += _to_frames(x)
+    template = FACE_TEMPLATE * (size / 512.0)
+    mask = _feather(size, device, torch.float32)[None, None]
+    todo = [(n, similarity(points, template)) for n, frame in enumerate(frames) for points in find(frame)]
+    out = list(frames)
+    if not todo:
+        return out
+    restored: list[torch.Tensor] = []
+    for b in range(0, len(todo), BATCH):
+        part = todo[b:b + BATCH]
+        crops = torch.cat([_sample(_to_tensor([frames[n]], device, torch.float32), _invert(m), size, size)
+                           for n, m in part])
+        faces = model(crops.mul(2.0).sub_(1.0).to(dtype)).float().clamp_(-1.0, 1.0).add_(1.0).div_(2.0)
+        restored += list(faces[:, None])
+    tensors: dict[int, torch.Tensor] = {}
+    for (n, m), face in zip(todo, restored):
+        x = tensors.setdefault(n, _to_tensor([frames[n]], device, torch.float32))
+        h, w = x.shape[-2:]
+        corners = _invert(m) @ np.array([[0, 0, 1], [size - 1, 0, 1], [0, size - 1, 1], [size - 1, size - 1, 1]]).T
+        x0, y0 = (max(0, int(np.floor(v))) for v in corners.min(1))
+        x1, y1 = min(w, int(np.ceil(corners[0].max())) + 1), min(h, int(np.ceil(corners[1].max())) + 1)
+        if x1 <= x0 or y1 <= y0:
+            continue
+        back = _sample(face, m, y1 - y0, x1 - x0, y0, x0)
+        weight = _sample(mask, m, y1 - y0, x1 - x0, y0, x0, padding="zeros").mul_(float(strength))
+        window = x[:, :, y0:y1, x0:x1]
+        x[:, :, y0:y1, x0:x1] = window + weight * (back - window)
+    for n, x in tensors.items():
+        out[n] = _to_frames(x)[0]
     return out

@@ -1,8 +1,9 @@
-"""Face restoration as a post step (post/faces.py, GFPGAN v1.3/v1.4's network): the tiny twin restores the centred
-square and leaves the rest bit for bit; the published layout (87.1 M parameters, GFPGANv1.4.pth's 348 MB) is
-recognised; a file in the real layout is read and run; other architectures, unreadable and missing files are refused
-naming the "face model" field before anything runs; the step reaches the queue from the pre-flight, the command line
-and the page's controls."""
+"""Face restoration as a post step (post/faces.py, GFPGAN v1.3/v1.4's network; post/facedetect.py, RetinaFace):
+each face found is aligned, restored by the tiny twin and pasted back, the rest of the frame kept bit for bit; the
+published layouts (GFPGAN: 87.1 M parameters, GFPGANv1.4.pth's 332 MiB; the detector's) are recognised; a file in
+the real layout is read and run; other architectures, unreadable and missing files are refused naming the field
+before anything runs; the step reaches the queue from the pre-flight, the command line and the page's controls; a
+default download is kept only with its recorded sha256."""
 from __future__ import annotations
 
 import json
@@ -15,10 +16,10 @@ import torch
 from safetensors.torch import save_file
 
 from common.errors import InputError
-from post import faces
+from post import facedetect, faces
 from post.job import PostFolders, prepare, run_post
 from post.modelfiles import LOADERS, ModelRef, check_file
-from post.process import restore_faces
+from post.process import FACE_TEMPLATE, restore_faces, similarity
 from post.steps import parse_step, request_from
 from tests.test_post import _count, _video
 
@@ -49,23 +50,69 @@ def _save_twin(folder: Path, name: str = "face.safetensors") -> Path:
     return folder / name
 
 
-def test_the_face_step_restores_the_centred_square_and_keeps_the_rest_bit_for_bit():
+def _face_at(x: float, y: float, side: float) -> np.ndarray:
+    """The five landmarks of an upright face `side` pixels wide centred at (x, y), where GFPGAN's template has them."""
+    return (FACE_TEMPLATE / 512.0 - 0.5) * side + np.array([x, y])
+
+
+def test_each_found_face_is_aligned_restored_and_pasted_back_and_the_rest_kept_bit_for_bit():
     model = faces.tiny_face_model()
     rng = np.random.default_rng(5)
-    frames = [rng.integers(0, 256, (40, 56, 3), dtype=np.uint8) for _ in range(3)]
-    out = restore_faces(model, frames, 1.0, CPU, torch.float32)
-    assert [f.shape for f in out] == [(40, 56, 3)] * 3 and all(f.dtype == np.uint8 for f in out)
-    for a, b in zip(frames, out):
-        assert np.array_equal(a[:, :8], b[:, :8]) and np.array_equal(a[:, 48:], b[:, 48:])   # outside the square
-        assert np.abs(a[10:30, 18:38].astype(int) - b[10:30, 18:38]).mean() > 5               # the model's work
-    again = restore_faces(faces.tiny_face_model(), frames, 1.0, CPU, torch.float32)
+    frames = [rng.integers(0, 256, (64, 80, 3), dtype=np.uint8) for _ in range(3)]
+    spots = {0: [_face_at(24, 28, 32)], 1: [], 2: [_face_at(24, 28, 32), _face_at(60, 40, 24)]}
+    ids = {id(f): n for n, f in enumerate(frames)}
+
+    def find(frame):
+        return spots[ids[id(frame)]]
+
+    out = restore_faces(model, frames, 1.0, CPU, torch.float32, find)
+    assert [f.shape for f in out] == [(64, 80, 3)] * 3 and all(f.dtype == np.uint8 for f in out)
+    assert out[1] is frames[1]                                             # no face: the frame as it was
+    for n in (0, 2):
+        assert np.array_equal(out[n][:, 48:] if n == 0 else out[n][:, 76:], frames[n][:, 48:] if n == 0 else
+                              frames[n][:, 76:])                          # away from the faces: bit for bit
+        assert np.abs(out[n][20:36, 16:32].astype(int) - frames[n][20:36, 16:32]).mean() > 5   # the model's work
+    assert not np.array_equal(out[2][34:46, 54:66], frames[2][34:46, 54:66])                  # the second face
+    again = restore_faces(faces.tiny_face_model(), frames, 1.0, CPU, torch.float32, find)
     assert all(np.array_equal(a, b) for a, b in zip(out, again))                             # same bytes each run
-    bf16 = restore_faces(faces.tiny_face_model().to(torch.bfloat16), frames, 1.0, CPU, torch.bfloat16)   # GPUs'
-    assert all(f.shape == (40, 56, 3) and np.array_equal(a[:, :8], f[:, :8]) for a, f in zip(frames, bf16))
-    half = restore_faces(model, frames, 0.5, CPU, torch.float32)
-    d_full = np.abs(out[0][20, 28].astype(int) - frames[0][20, 28]).sum()
-    d_half = np.abs(half[0][20, 28].astype(int) - frames[0][20, 28]).sum()
+    bf16 = restore_faces(faces.tiny_face_model().to(torch.bfloat16), frames, 1.0, CPU, torch.bfloat16, find)
+    assert all(f.shape == (64, 80, 3) and np.array_equal(a[:, 76:], f[:, 76:]) for a, f in zip(frames, bf16))
+    half = restore_faces(model, frames, 0.5, CPU, torch.float32, find)
+    d_full = np.abs(out[0][28, 24].astype(int) - frames[0][28, 24]).sum()
+    d_half = np.abs(half[0][28, 24].astype(int) - frames[0][28, 24]).sum()
     assert abs(d_half - d_full / 2) <= 3
+
+
+def test_the_alignment_recovers_a_similarity_transform():
+    angle, scale, shift = 0.3, 1.7, np.array([12.0, -5.0])
+    rot = scale * np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    src = _face_at(40, 30, 20)
+    m = similarity(src, src @ rot.T + shift)
+    assert np.allclose(m, np.hstack((rot, shift[:, None])), atol=1e-9)
+
+
+def test_the_detector_loads_from_facexlibs_layout_and_finds_the_tiny_faces(tmp_path):
+    """RetinaFace MobileNet-0.25 with facexlib's names ("module." prefixes as in its file: 426,608 parameters, its
+    1.79 MB); another file is refused naming the face detector; the tiny twin finds faces whose five points are
+    where GFPGAN's template has them."""
+    net = facedetect.tiny_detector()
+    state = net.state_dict()
+    assert sum(v.numel() for k, v in state.items() if "running" not in k and "num_batches" not in k) == 426_608
+    assert {"body.stage1.0.0.weight", "fpn.output1.0.weight", "ssh3.conv7x7_3.1.running_var",
+            "LandmarkHead.2.conv1x1.weight"} <= set(state)
+    torch.save({"module." + k: v for k, v in state.items()}, tmp_path / "detection_mobilenet0.25_Final.pth")
+    assert len(check_file(ModelRef("detector", "detection_mobilenet0.25_Final.pth"), tmp_path)) == 64
+    save_file({"conv_first.weight": torch.zeros(8, 3, 3, 3)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(InputError) as e:
+        check_file(ModelRef("detector", "other.safetensors"), tmp_path)
+    assert e.value.field == "face detector" and "RetinaFace" in str(e.value)
+    frame = np.random.default_rng(2).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    found = facedetect.detect(LOADERS["detector"](tmp_path / "detection_mobilenet0.25_Final.pth"), frame, CPU)
+    assert 1 <= len(found) <= 8 and all(f.score > facedetect.THRESHOLD for f in found)
+    first = found[0]
+    side = first.box[2] - first.box[0]
+    centre = np.array([(first.box[0] + first.box[2]) / 2, (first.box[1] + first.box[3]) / 2])
+    assert np.allclose(first.landmarks, _face_at(*centre, side), atol=0.05 * side)
 
 
 def test_the_published_gfpgan_layout_is_recognised_at_full_size():
@@ -137,6 +184,7 @@ def test_a_post_job_restores_faces_with_a_file_and_records_its_hash(tmp_path, so
         prepare({"source": str(source), "steps": "faces=1:none.pth"}, folders)
     assert e.value.field == "face model" and "there is no none.pth in upscalers/" in str(e.value)
     path = _save_twin(tmp_path / "upscalers")
+    torch.save(facedetect.tiny_detector().state_dict(), tmp_path / "upscalers" / "detection_mobilenet0.25_Final.pth")
     checked = prepare({"source": str(source), "steps": "reverse faces=0.8:face.safetensors"}, folders)
     events = list(run_post(checked, MemoryManager(device=CPU), outputs=tmp_path / "out", folders=folders))
     assert isinstance(events[-1], Done) and not events[-1].stopped, events[-1]
@@ -145,6 +193,7 @@ def test_a_post_job_restores_faces_with_a_file_and_records_its_hash(tmp_path, so
     from common.files import file_sha256
 
     assert info["models"]["face"] == {"file": "face.safetensors", "sha256": file_sha256(path)}
+    assert info["models"]["detector"]["file"] == "detection_mobilenet0.25_Final.pth"
     assert info["settings"]["steps"] == ["reverse", "faces=0.8:face.safetensors"]
 
 
@@ -175,7 +224,7 @@ def test_a_default_download_tries_each_address_and_keeps_only_the_published_byte
     from post import modelfiles as mf
 
     assert mf.DOWNLOADS["GFPGANv1.4.pth"].url.endswith("/TencentARC/GFPGAN/releases/download/v1.3.0/GFPGANv1.4.pth")
-    assert all(d.sha256 for n, d in mf.DOWNLOADS.items() if n != mf.DEFAULT_RIFE)
+    assert all(d.sha256 for n, d in mf.DOWNLOADS.items() if n not in (mf.DEFAULT_RIFE, mf.DEFAULT_DETECTOR))
     good = _save_twin(tmp_path / "src", "good.pth")
     bad = tmp_path / "src" / "bad.pth"
     bad.write_bytes(good.read_bytes()[:-1] + b"x")

@@ -129,7 +129,7 @@ class PostPanel:
                                             elem_id="post-upscaler")
             with gr.Row():
                 self.faces = gr.Slider(0, 1, 0, step=0.05, label="Restore faces (GFPGAN strength; 0 = off)",
-                                       info="the centred square of each frame, for close-ups and portraits",
+                                       info="each face found in each frame",
                                        elem_id="post-faces")
                 self.face_model = gr.Dropdown(self.upscalers(DEFAULT_FACE), value=DEFAULT_FACE,
                                               label="Face model file", elem_id="post-face-model")
