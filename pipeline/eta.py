@@ -9,6 +9,15 @@ holds loading the transformer, preparing compiled kernels (the first section) an
 it is kept apart (`start_times`); a later section is expected to cost that much more than its steps only once a
 later section's start has been measured (the first one's is mostly one-time work).
 
+Once a section has been measured whole (from its start to the next section's start: its steps, its saving, the
+wait for the previous section's file, its decode), the estimate is at least what the sections still to run take at
+that measured time (`section_s`): the parts above are each measured alone and miss what runs beside them, above all
+the video writer of the previous section, which shares the CPU with every section after the first (with one core
+busy, section 1 ran 1.5-3x faster than the later ones, and the parts alone said 'ETA 3 s' with 10.5 s left). Section
+1's time is taken less the one-time work in it (its start beyond a later section's, the first decode's extra as an
+earlier job of this process measured it) and plus the writer's time on a file (as measured in this job, else in an
+earlier one), which it did not share the machine with.
+
 Until the first decode of the job has finished, the decode time per frame is the one measured on an earlier job
 (`decode_prior`, when the caller has one), else a latent frame's decode is assumed to take `DECODE_PRIOR` sampling
 steps (BENCHMARKS.md, the 3-section job on an H100: 0.29–0.36 s a latent frame at 1.3 s a step; assuming instead a
@@ -76,6 +85,9 @@ class Remaining:
     write_s: float = 0.0                   # the writer's time on the latest section file
     note: str = ""                         # why the estimate went up (while it holds), else ""
     finishing_at: float | None = None      # when the finishing stage began (elapsed)
+    write_prior: float = 0.0               # the writer's time on a section file in an earlier job of this process
+    section_starts: dict[int, float] = field(default_factory=dict)    # section -> elapsed at its first progress
+    _now: float = 0.0                      # elapsed at the latest update
     _last: tuple | None = None             # (stage, section, step, elapsed) of the previous update
     _shown: tuple | None = None            # (estimate, elapsed, rates) of the last one that counted down
     _note_section: int = 0                 # the section in which `note` was set
@@ -91,7 +103,7 @@ class Remaining:
             decode_prior = per_pixel * pixels
         return cls(plan.count, steps, decode_frames(plan), decode_prior=decode_prior,
                    first_extra=float(warm.get("first decode extra per pixel", 0.0)) * max(pixels, 0),
-                   finish_prior=float(warm.get("finishing", 0.0)))
+                   finish_prior=float(warm.get("finishing", 0.0)), write_prior=float(warm.get("section file", 0.0)))
 
     def keep(self, warm: dict, pixels: int, elapsed_s: float) -> None:
         """The job ended at `elapsed_s`: keep its steady decode speed (per latent frame and pixel, on the decodes
@@ -105,6 +117,8 @@ class Remaining:
                 warm["first decode extra per pixel"] = max(extra, 0.0) / pixels
         if self.finishing_at is not None:
             warm["finishing"] = max(elapsed_s - self.finishing_at, 0.0)
+        if self.write_s > 0:
+            warm["section file"] = self.write_s
 
     def update(self, stage: str, section: int, step: int, elapsed_s: float) -> float | None:
         """Record a progress point and return the estimated seconds left (None before sampling has timed a step).
@@ -132,7 +146,9 @@ class Remaining:
                 self.encode_s += spent
         if stage == FINISHING and self.finishing_at is None:
             self.finishing_at = elapsed_s
-        self._last = (stage, section, step, elapsed_s)
+        if stage == "sampling" and section >= 1:
+            self.section_starts.setdefault(section, elapsed_s)
+        self._last, self._now = (stage, section, step, elapsed_s), elapsed_s
         rates = self.rates()
         if rates is None:
             return None
@@ -195,6 +211,23 @@ class Remaining:
         # slow next to a step (the CPU, the tiny preset) that bound, not the GPU's ratio, is what holds
         return max(DECODE_PRIOR * per_step, self.encode_s / max(min(self.frames), 1))
 
+    def section_s(self) -> float:
+        """A whole section's time as measured in this job: the latest section from its start to the next one's (0
+        before one is measured). The job's first sampled section is taken less its one-time work (its start beyond
+        a later section's and the first decode's extra, as an earlier job measured it) and plus the writer's time
+        on one file (it ran alone; every later section shares the machine with the previous section's writer)."""
+        starts = self.section_starts
+        whole = [n for n in sorted(starts) if n + 1 in starts]
+        if not whole:
+            return 0.0
+        n = whole[-1]
+        seconds = starts[n + 1] - starts[n]
+        if n == min(starts):
+            start = next((t for section, t in self.start_times if section == n), 0.0)
+            one_time = max(start - (self.per_step or 0.0) - self.start_extra(), 0.0) + self.first_extra
+            seconds = max(seconds - one_time, 0.0) + (self.write_s or self.write_prior)
+        return seconds
+
     @property
     def decode_measured(self) -> bool:
         return self.first_decode is not None
@@ -206,18 +239,21 @@ class Remaining:
         if per_step is None or per_frame is None:
             return None
         return {"steps": per_step, "decodes": per_frame, "starts": self.start_extra(), "saving": self.gap(),
-                "finishing": self.finish_prior or self.write_s,
-                "first decode": self.first_extra if self.first_decode is None else 0.0}
+                "finishing": max(self.finish_prior, self.write_s),
+                "first decode": self.first_extra if self.first_decode is None else 0.0,
+                "sections": self.section_s()}
 
     def parts(self, stage: str, section: int, step: int, rates: dict | None = None) -> dict[str, float] | None:
         """The time left in its parts: "steps", "starts" (of the later sections), "decodes", "saving" (a section's
-        last step to its decode) and "finishing" (after the last decode), at `rates` (default: `rates()`); None
-        before sampling has timed a step."""
+        last step to its decode), "finishing" (after the last decode) and "sections" (what the sections left take
+        at the measured time of a whole section, `section_s`, more than the other parts say), at `rates` (default:
+        `rates()`); None before sampling has timed a step."""
         rates = rates or self.rates()
         if rates is None:
             return None
         if stage == FINISHING:
-            return {"steps": 0.0, "starts": 0.0, "decodes": 0.0, "saving": 0.0, "finishing": rates["finishing"]}
+            return {"steps": 0.0, "starts": 0.0, "decodes": 0.0, "saving": 0.0, "finishing": rates["finishing"],
+                    "sections": 0.0}
         n = min(max(section, 1), self.sections)
         if stage == "sampling":
             steps_left = (self.steps - step) + (self.sections - n) * self.steps
@@ -230,9 +266,14 @@ class Remaining:
             first_undecoded = n if stage == "VAE decode" else n + 1
             gaps_left = self.sections - n
         frames_left = sum(self.frames[first_undecoded - 1:])
-        return {"steps": steps_left * rates["steps"], "starts": starts_left * rates["starts"],
-                "decodes": frames_left * rates["decodes"] + (rates["first decode"] if frames_left else 0.0),
-                "saving": gaps_left * rates["saving"], "finishing": rates["finishing"]}
+        out = {"steps": steps_left * rates["steps"], "starts": starts_left * rates["starts"],
+               "decodes": frames_left * rates["decodes"] + (rates["first decode"] if frames_left else 0.0),
+               "saving": gaps_left * rates["saving"], "finishing": rates["finishing"], "sections": 0.0}
+        whole, began = rates.get("sections", 0.0), self.section_starts.get(n)
+        if whole > 0 and began is not None and (stage, first_undecoded) in {("sampling", n), ("VAE decode", n)}:
+            by_sections = max(whole - (self._now - began), 0.0) + (self.sections - n) * whole + rates["finishing"]
+            out["sections"] = max(by_sections - sum(out.values()), 0.0)
+        return out
 
     def estimate(self, stage: str, section: int, step: int) -> float | None:
         parts = self.parts(stage, section, step)
@@ -252,7 +293,15 @@ class Remaining:
                 else "up: the decodes got slower",
                 "saving": "up: a section's saving and video file were timed",
                 "finishing": "up: the last video file was timed",
-                "first decode": "up: the first decode was timed"}[grew]
+                "first decode": "up: the first decode was timed",
+                "sections": self._section_note()}[grew]
+
+    def _section_note(self) -> str:
+        """Why the measured time of a whole section raised the estimate."""
+        whole = [n for n in sorted(self.section_starts) if n + 1 in self.section_starts]
+        if len(whole) <= 1:
+            return "up: a whole section (its decode and file too) was timed"
+        return f"up: section {whole[-1]} took longer than section {whole[-2]}"
 
 
 RAISE_S = 1.0          # an estimate this much (or RAISE_PART of it) above the previous one, less the time since: a

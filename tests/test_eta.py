@@ -200,9 +200,11 @@ TINY_LIKE = {"step": 0.01, "first start": 0.5, "start": 0.02, "saving": 0.1, "fr
              "write": 0.3, "finishing": 0.6}       # seconds, as the tiny preset on this CPU: the steps are the least
 
 
-def _simulate(eta, plan, steps, t, slow=lambda n: 1.0):
+def _simulate(eta, plan, steps, t, slow=lambda n: 1.0, file_wait=0.0):
     """Drive `eta` through a job as the orchestrator reports it (pipeline/orchestrator.py: each section's start,
-    steps, its last step to its decode, the decode, the finishing stage), each duration TINY_LIKE × slow(section).
+    steps, its last step to its decode, the decode, the finishing stage), each duration TINY_LIKE × slow(section);
+    `file_wait`: × the section file's write, what each section after the first waits more for the previous file
+    (the writer shares the CPU with the sampling, as with one core busy).
     Returns [(stage, section, step, elapsed, estimate, note)] and the job's end."""
     points = []
 
@@ -216,7 +218,7 @@ def _simulate(eta, plan, steps, t, slow=lambda n: 1.0):
         for step in range(1, steps + 1):
             at.t += TINY_LIKE["step"] * k
             at("sampling", n, step)
-        at.t += TINY_LIKE["saving"] * k
+        at.t += (TINY_LIKE["saving"] + (file_wait * TINY_LIKE["write"] if n > 1 else 0.0)) * k
         if n > 1:
             eta.written(TINY_LIKE["write"] * k)          # the previous section's file, recorded before the decode
         at("VAE decode", n, steps)
@@ -247,10 +249,33 @@ def test_on_a_machine_at_half_speed_the_estimate_holds_from_the_end_of_section_o
         ratios = _ratios_from_section_two(points, end)
         if job == 1:
             assert len(ratios) > 3 * steps
-            assert all(0.9 < r < 1.1 for r in ratios), [round(r, 2) for r in ratios]
+            # (within 20 %: section 1's measured time counts the writer's time on a file, which here runs beside)
+            assert all(0.9 < r < 1.2 for r in ratios), [round(r, 2) for r in ratios]
             section_one = [left / (end - el) for stage, n, step, el, left, _ in points if n == 1 and step >= 2]
             assert all(2 / 3 < r < 1.5 for r in section_one), [round(r, 2) for r in section_one]
-    assert set(warm) == {"decode per frame and pixel", "first decode extra per pixel", "finishing"}
+    assert set(warm) == {"decode per frame and pixel", "first decode extra per pixel", "finishing", "section file"}
+
+
+def test_with_one_core_busy_the_sections_after_the_first_are_counted_at_their_measured_time():
+    """Issue 44 item 3 (the page said 'ETA 3 s' with 10.5 s left in section 2, one core busy): the app's first job
+    ran on a quiet machine; this one runs at a third of its speed and, from section 2 on, each section waits for the
+    previous one's file (the video writer shares the one free core with the sampling). From section 2's start the
+    estimate is within 1.5x of the time left: it counts the sections still to run at the measured time of a whole
+    section (with its decode and the wait for its file), not only at the separately timed steps and decodes and the
+    quiet job's speeds. Before, the estimate was 2.4x too low at section 2's start."""
+    plan, steps = sections.make_plan("original", 4.8, 9, 30), 30
+    warm: dict = {}
+    eta = Remaining.for_plan(plan, steps, warm=warm, pixels=64 * 48)
+    _, end = _simulate(eta, plan, steps, t=1.0)
+    eta.keep(warm, 64 * 48, end)
+    eta = Remaining.for_plan(plan, steps, warm=warm, pixels=64 * 48)
+    points, end = _simulate(eta, plan, steps, t=3.0, file_wait=1.5)
+    later = [(left, end - elapsed) for stage, n, step, elapsed, left, _ in points
+             if (n, stage) >= (2, "sampling") and left is not None and end > elapsed]
+    assert len(later) > 3 * steps
+    off = [(round(left, 2), round(real, 2)) for left, real in later     # the browser test's rule (test_browser_ui)
+           if not (real / 1.5 <= left <= real * 1.5 if real >= 4 else abs(left - real) <= 2)]
+    assert not off, off
 
 
 def test_an_estimate_that_goes_up_says_why():
@@ -277,7 +302,7 @@ def test_an_estimate_that_goes_up_says_why():
                 raised.append(note)
                 floor = None
         floor = (floor or []) + [(elapsed, left)]
-    assert raised and "up: the steps got slower" in raised, raised
+    assert raised and {"up: the steps got slower", "up: section 3 took longer than section 2"} & set(raised), raised
     last_of_three = next(left / (end - el) for stage, n, step, el, left, _ in points if (n, step) == (3, steps))
     assert 2 / 3 < last_of_three < 1.5
     line = progress_line(Progress("sampling", 3, 4, 5, 30, 10.0, 12.0, "", "up: the steps got slower"))
