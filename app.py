@@ -39,6 +39,7 @@ from ui.launch import (  # noqa: E402
     security_warnings,
 )
 from ui.prompt_tokens import TokenCounter  # noqa: E402
+from ui.sessions import Sessions  # noqa: E402
 from ui.settings import use_own_upload_folder  # noqa: E402
 
 log = logging.getLogger("steadyframe.app")
@@ -104,7 +105,8 @@ def build_app(config: Config, runner: Runner | None = None, device=None):
         access = Access.of(config.web.auth, config.web.admins)
         keeper = HeapKeeper()
         live, quick = AppContext.guards(keeper, forwarded=config.web.share)
-        ctx = AppContext(config, preset, device, outputs, runner, ui, top, live, quick,
+        sessions = Sessions(runner)                    # the tabs' and API calls' jobs on it (ui/sessions.py)
+        ctx = AppContext(config, preset, device, outputs, runner, sessions, ui, top, live, quick,
                          TokenCounter(preset, config.model_dir), access, public, keeper)
         panel_controls.wire(app, ctx)
         if ui.lora is not None:
@@ -118,10 +120,10 @@ def build_app(config: Config, runner: Runner | None = None, device=None):
         jobs = JobsPanel(ctx)
         RunPanel(ctx, jobs).wire(app, gr.State(None))
         jobs.wire(app)
-        JobApi(runner, access).register(ui.controls(), concurrency_id="gpu", concurrency_limit=JOBS_MAX)
+        JobApi(sessions, access).register(ui.controls(), concurrency_id="gpu", concurrency_limit=JOBS_MAX)
         wire_queue(ctx, app, warning)                  # the queue panel and the /queue_* API (ui/panel_queue.py)
         PostPanel(ctx).build(app)                      # "After the video" and the /post API (ui/panel_post.py)
-        register_post_api(runner, access, concurrency_id="gpu", concurrency_limit=JOBS_MAX)
+        register_post_api(sessions, access, concurrency_id="gpu", concurrency_limit=JOBS_MAX)
 
     hide_ui_endpoints(app, PUBLIC_ENDPOINTS + QUEUE_ENDPOINTS + panel_saved.ENDPOINTS)
     # api_open=False: queued events (jobs, gallery) cannot be called around the queue and its limits
@@ -129,7 +131,7 @@ def build_app(config: Config, runner: Runner | None = None, device=None):
     limit_queue_per_client(app, QUEUED_PER_LOGIN, QUEUED_PER_ADDRESS, forwarded=config.web.share)
     idle_quietly(app)
     runner.caps = QueueCaps()                         # clients cannot fill the queue on disk (README: Limits)
-    app.runner = runner.start()
+    app.runner, app.sessions = runner.start(), sessions
     return app
 
 

@@ -173,6 +173,7 @@ class Command:
         self.config, self.quiet, self.verbose = config, quiet, verbose
         self.preset_given = preset_given            # resume: else the job's own preset
         self.runner: Any = None                   # jobs.runner.Runner, once opened
+        self.line: Any = None                     # jobs.follow.QueueLine: its jobs followed, their waits
         self.aborted = False          # a second Ctrl-C: the job was not waited for
         self.signal: int | None = None            # the stop signal that came (SIGINT, SIGTERM), once one did
         self.outputs_label = "--out"             # what names the outputs folder to the user (resume: its job folder)
@@ -204,6 +205,7 @@ class Command:
     def open(self):
         """The queue's runner (not started): its jobs run on the farm of --ray/--gpus/--cpu-workers, or here."""
         from farm.executor import queue_executor
+        from jobs.follow import QueueLine
         from jobs.runner import open_runner
 
         problem = outputs_problem(self.config.outputs, create=True)      # read-only, a file: said before anything
@@ -222,6 +224,7 @@ class Command:
             print(f"error: the job farm could not start: {e}", file=sys.stderr)
             raise SystemExit(EXIT_FAILED) from None
         self.runner, warning = open_runner(self.config, executor, device_type=device.type, preflight=preflight)
+        self.line = QueueLine(self.runner)
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
         return self.runner
@@ -324,7 +327,7 @@ class Command:
         bar = None if self.quiet else _progress_bar()
         last, said = None, ""
         try:
-            batches = self.runner.stream(job, tick_s=FOLLOW_S)
+            batches = ([] if ev is None else [ev] for ev in self.line.follow(job, tick_s=FOLLOW_S))
             for batch in batches:
                 if not batch and not job.started:          # waiting, or run by another process
                     entry = self.runner.store.get(job.entry)
@@ -595,7 +598,7 @@ def run_resume(command: Command, job_dir: Path) -> int:
     except InputError as e:
         print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
         return EXIT_INPUT
-    from jobs.runner import SessionBusy  # (torch, through the runner's imports)
+    from jobs.runner import Busy  # (torch, through the runner's imports)
 
     command.outputs_label = "job folder"
     command.config = _replace(command.config, preset=command.config.preset if command.preset_given else job.preset,
@@ -609,7 +612,7 @@ def run_resume(command: Command, job_dir: Path) -> int:
     except InputError as e:
         print(f"error: {cli_message(e, OPTION_OF_FIELD)}", file=sys.stderr)
         return EXIT_INPUT
-    except SessionBusy as e:                     # its runner (this queue's, in another process) has it
+    except Busy as e:                            # its runner (this queue's, in another process) has it
         print(f"error: job folder: {e}; wait for it to end, or stop it where it runs", file=sys.stderr)
         return EXIT_INPUT
     return command.run([queued])[0][0]

@@ -2,9 +2,9 @@
 run from there, in line order, by the one process that holds the queue's lease.
 
     runner = Runner(store, executor, preflight).start()
-    job = runner.submit(request, session=..., owner=..., origin="page")     # pre-flight, then queued
-    for events in runner.stream(job):                                       # Waiting ..., then the job's events
-        ...
+    job = runner.submit(request, owner=..., origin="cli")       # pre-flight, then queued: a QueuedJob
+    job.events                                                  # its typed events (pipeline/events.py), then ENDED
+    runner.stop(job.entry)                                      # a typed answer (Stop)
 
 - **Adding** (`submit`, `submit_many`, `enqueue`): the one pre-flight (jobs/preflight.py) checks the job whole, then
   it is added to the store with its own copies of its files. What was prepared is kept with it when it runs in this
@@ -15,15 +15,20 @@ run from there, in line order, by the one process that holds the queue's lease.
   executor has slots (jobs/local.py: one, in this process; farm/executor.py: one per worker). Taking the lease puts
   the entries a dead holder left running back first in line; each continues in its job folder (pipeline/resume.py).
   The store follows each job: its folder as soon as it has one, its progress, its end.
-- **Streams**: a job started here (a page's Start, an API call) streams its events to whoever asked (`stream`: lists
-  of events, at most one SectionVideo per list, as its last item); while it waits, `Waiting` events say its place in
-  line and the expected wait. End (`cancel` for a session, `stop` for an entry) drops a waiting job at once and stops
-  a running one at its next step. A page's or API call's entry leaves the queue when its job ends (the caller has
-  the result); the queue's own, the command line's and a batch's stay with their status until they are cleared.
+- **Events**: a job followed here puts its typed events (pipeline/events.py) in its `QueuedJob.events`, ending with
+  its Done, Failed or Cancelled and then `ENDED`; `listeners` see each of them as it comes (jobs/follow.py's
+  `QueueLine` learns the speed and the running jobs' estimates from them). `stop` drops a waiting entry at once and
+  stops a running one at its next step, and says which it did (`Stop`). An entry someone waits on (`waited_on`: a
+  page's or API call's) leaves the queue when its job ends (the caller has the result); the queue's own, the command
+  line's and a batch's stay with their status until they are cleared.
+
+The runner knows nothing of pages: which tab started which job, its refusals and the batching of events for the
+page are ui/sessions.py's; where a waiting job stands in line and how long it waits are jobs/follow.py's.
 """
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import os
 import queue
@@ -34,14 +39,11 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Iterator
+from typing import Callable
 
 from common.errors import InputError
-from configs.generation import DEFAULTS
 from jobs import jsonl
 from jobs import store as qs
-from jobs.line import Speed, Waiting
 from jobs.local import Work
 from jobs.preflight import Preflight
 from jobs.text import progress_line
@@ -58,14 +60,22 @@ log = logging.getLogger(__name__)
 POLL_S = 1.0                # the dispatcher looks at the store this often (entries added by other processes)
 RENEW_S = 5.0               # the lease is renewed this often (jobs/store.py LEASE_STALE_S: taken over after 30 s)
 PROGRESS_EVERY_S = 0.5      # a job's progress written to the store at most this often
-WAIT_TICK_S = 1.0           # a waiting job's place and expected wait are looked at again this often
 LEAVES_WHEN_DONE = ("page", "api")       # origins whose entry leaves the queue when the job ends (caller has it)
 
-_END = object()
+ENDED = object()            # the last item of a job's `events`: its end is recorded (the store, `finished`)
 
 
-class SessionBusy(RuntimeError):
-    pass
+class Busy(RuntimeError):
+    """A job that cannot be added now: its folder has an entry waiting or running (ui/sessions.py's SessionBusy: a
+    tab's job is unfinished)."""
+
+
+class Stop(enum.Enum):
+    """What `Runner.stop` did to an entry."""
+    DROPPED = "dropped"          # it was waiting: it left the queue and will not run
+    STOPPING = "stopping"        # it runs here (or started meanwhile): it stops at its next step
+    ELSEWHERE = "elsewhere"      # another process (the app or a command line) runs it
+    NOTHING = "nothing"          # no such entry in the queue
 
 
 @dataclass
@@ -74,7 +84,6 @@ class QueuedJob:
     it has one: `job_dir`)."""
     entry: str
     origin: str = "queue"
-    session: str | None = None              # the page or API client that started it (None: none is waiting on it)
     owner: str | None = None
     work: Work | None = None                # prepared when it was added here (None: prepared when it runs)
     cancel: CancelToken = field(default_factory=CancelToken)
@@ -83,10 +92,8 @@ class QueuedJob:
     finished: bool = False
     result: object = None                   # its Done, Failed or Cancelled
     job_dir: Path | None = None             # its folder, once it has one
-    eta_s: float | None = None              # its latest estimate of the time left, and when it was made
-    eta_at: float = 0.0
-    events: queue.Queue = field(default_factory=queue.Queue)
-    streamed: bool = False
+    waited_on: bool = False                 # a page or API call waits on its result (it has the events)
+    events: queue.Queue = field(default_factory=queue.Queue)     # its typed events, then ENDED
     lost: bool = False                      # the lease was lost while it ran: the queue entry is the new holder's
     latest: dict = field(default_factory=dict)   # its newest Progress, Preview and SectionVideo (by type name):
     version: int = 0                             # what any page shows of it (ui/panel_run.py), and their count
@@ -167,12 +174,10 @@ class Runner:
     def __init__(self, store: qs.QueueStore, executor, preflight, *, poll_s: float = POLL_S):
         self.store, self.executor, self.preflight = store, executor, preflight
         self.poll_s = poll_s
-        self.speed = Speed(getattr(preflight, "default_resolution", None))   # a job's expected time
         self.token = secrets.token_hex(8)            # this process's name in the queue's lease
         self._jobs: dict[str, QueuedJob] = {}        # entry id -> the job followed here
-        self._sessions: dict[str, QueuedJob] = {}    # session -> its newest job
         self._running: dict[str, QueuedJob] = {}
-        self._errors: dict[str, str] = {}
+        self.listeners: list[Callable[[QueuedJob, object], None]] = []   # each sees every job's events (jobs/follow.py)
         self._lock = threading.RLock()     # re-entrant: a signal handler of the main thread may ask it
         self._wake = threading.Event()
         self._closing = threading.Event()
@@ -191,17 +196,17 @@ class Runner:
         return getattr(self.executor, "models", None)
 
     # ---- adding -----------------------------------------------------------------------------------------------------
-    def submit(self, job, *, session: str | None = None, owner: str | None = None, origin: str = "page",
-               checked: bool = False) -> QueuedJob:
+    def submit(self, job, *, owner: str | None = None, origin: str = "page", checked: bool = False,
+               waited_on: bool = False) -> QueuedJob:
         """Check and queue one job: `job` is a Request, a PreparedRequest or a ResumeRequest (a folder to continue;
-        `checked`: a PreparedRequest the pre-flight passed already). A session has at most one unfinished job
-        (SessionBusy). Raises InputError naming the field."""
+        `checked`: a PreparedRequest the pre-flight passed already). `waited_on`: the caller waits on its result (a
+        page or an API call). Raises InputError naming the field, Busy for a folder that has an entry already."""
         from pipeline.resume import ResumeRequest
 
         with self._lock:
-            left = self._busy_check(session, job.job_dir if isinstance(job, ResumeRequest) else None)
+            left = self._folder_check(job.job_dir if isinstance(job, ResumeRequest) else None)
         if left is not None:                # the folder's entry, left by a runner that is gone: it continues it
-            return self._follow(left, Work(left.id, resuming=job, owner=left.owner), session)
+            return self._follow(left, Work(left.id, resuming=job, owner=left.owner), waited_on)
         if self.caps is not None:
             self.caps.check(self.store, owner, 1)
         if isinstance(job, ResumeRequest):
@@ -210,7 +215,7 @@ class Runner:
         else:
             ((entry, work),) = enqueue(self.store, self.preflight, [job], owner=owner, origin=origin,
                                        checked=checked)
-        return self._follow(entry, work, session)
+        return self._follow(entry, work, waited_on)
 
     def submit_many(self, requests: list, *, owner: str | None = None, origin: str = "queue",
                     checked: bool = False) -> list[QueuedJob]:
@@ -218,13 +223,13 @@ class Runner:
         PreparedRequests the pre-flight passed already (jobs/jsonl.py prepare_lines)."""
         if self.caps is not None:
             self.caps.check(self.store, owner, len(requests))
-        return [self._follow(entry, work, None) for entry, work in
+        return [self._follow(entry, work, False) for entry, work in
                 enqueue(self.store, self.preflight, requests, owner=owner, origin=origin, checked=checked)]
 
-    def submit_resume(self, job_dir: Path, *, session: str | None = None, owner: str | None = None,
-                      origin: str = "page") -> QueuedJob:
+    def submit_resume(self, job_dir: Path, *, owner: str | None = None, origin: str = "page",
+                      waited_on: bool = False) -> QueuedJob:
         """Queue the continuation of a job folder of this runner's outputs. Raises InputError when it cannot be
-        resumed (the message says why), SessionBusy as `submit` does."""
+        resumed (the message says why), Busy as `submit` does."""
         from pipeline.resume import prepare_resume
 
         job_dir = Path(job_dir).resolve()
@@ -233,10 +238,10 @@ class Runner:
         if is_post_folder(job_dir):                # a post job continues at its next chunk
             checked = post_resume(job_dir, folders_of(self.preflight.config))
             with self._lock:
-                self._busy_check(session, job_dir)
+                self._folder_check(job_dir)
             entry = self.store.add(checked.request.settings(), owner=owner, origin=origin, job_dir=job_dir.name)
-            return self._follow(entry, Work(entry.id, checked, owner=owner), session)
-        return self.submit(prepare_resume(job_dir), session=session, owner=owner, origin=origin)
+            return self._follow(entry, Work(entry.id, checked, owner=owner), waited_on)
+        return self.submit(prepare_resume(job_dir), owner=owner, origin=origin, waited_on=waited_on)
 
     def edit(self, entry_id: str, request) -> qs.Entry:
         """Replace a waiting entry's job with `request`, checked whole by the pre-flight (InputError naming the
@@ -248,26 +253,20 @@ class Runner:
             job.work = Work(entry.id, with_copies(prepared, entry), owner=job.owner)
         return entry
 
-    def _busy_check(self, session: str | None, folder: Path | None) -> qs.Entry | None:
-        """(Lock held.) Refuses a second job of a session, and a second entry for a job folder (the folder's
-        unfinished entry, when no live process runs the queue to run it: to be continued here)."""
-        old = self._sessions.get(session) if session else None
-        if old is not None and not old.finished:
-            raise SessionBusy("this tab already has a job running or waiting; press End to stop it")
-        if folder is not None:
-            busy = [e for e in self.store.entries([qs.WAITING, qs.RUNNING]) if e.job_dir == Path(folder).name]
-            if busy and (self._leased or self.store.runner_alive() or busy[0].id in self._jobs):
-                raise SessionBusy(f"job {Path(folder).name} is already running or waiting to run")
-            return busy[0] if busy else None
-        return None
+    def _folder_check(self, folder: Path | None) -> qs.Entry | None:
+        """(Lock held.) Refuses a second entry for a job folder (Busy); returns the folder's unfinished entry when no
+        live process runs the queue to run it (to be continued here)."""
+        if folder is None:
+            return None
+        busy = [e for e in self.store.entries([qs.WAITING, qs.RUNNING]) if e.job_dir == Path(folder).name]
+        if busy and (self._leased or self.store.runner_alive() or busy[0].id in self._jobs):
+            raise Busy(f"job {Path(folder).name} is already running or waiting to run")
+        return busy[0] if busy else None
 
-    def _follow(self, entry: qs.Entry, work: Work, session: str | None) -> QueuedJob:
-        job = QueuedJob(entry.id, entry.origin, session, work.owner, work)
+    def _follow(self, entry: qs.Entry, work: Work, waited_on: bool) -> QueuedJob:
+        job = QueuedJob(entry.id, entry.origin, work.owner, work, waited_on=waited_on)
         with self._lock:
             self._jobs[entry.id] = job
-            if session:
-                self._sessions[session] = job
-                self._errors.pop(session, None)
         self.wake()
         return job
 
@@ -275,19 +274,6 @@ class Runner:
     def get(self, entry_id) -> QueuedJob | None:
         with self._lock:
             return self._jobs.get(entry_id) if isinstance(entry_id, str) else None
-
-    def current(self, session: str) -> QueuedJob | None:
-        """The session's newest job (finished or not)."""
-        with self._lock:
-            return self._sessions.get(session)
-
-    def remember_error(self, session: str, message: str) -> None:
-        with self._lock:
-            self._errors[session] = message
-
-    def last_error(self, session: str) -> str | None:
-        with self._lock:
-            return self._errors.get(session)
 
     def running(self) -> list[QueuedJob]:
         """The jobs running in this process now, in the order they started."""
@@ -309,50 +295,10 @@ class Runner:
         """Which worker runs which entry (a farm's)."""
         return self.executor.placements()
 
-    def expected_seconds(self, request) -> float | None:
-        return self.speed.expected_seconds(request)
-
-    def waiting(self, job: QueuedJob) -> Waiting | None:
-        """Where a waiting job stands in line (None once it runs, or when it is not in the queue any more)."""
-        if job.started or job.finished:
-            return None
-        entries = self.store.entries([qs.WAITING, qs.RUNNING])
-        ids = [e.id for e in entries]
-        if job.entry not in ids:
-            return None
-        mine = ids.index(job.entry)
-        if entries[mine].status == qs.RUNNING:          # another process (the app) runs it: it waits no more
-            return None
-        ahead = [e for i, e in enumerate(entries) if i != mine and (e.status == qs.RUNNING or
-                                                                    (i < mine and e.status == qs.WAITING))]
-        if not ahead:
-            return None
-        now = time.monotonic()
-        return self.speed.waiting([self._time_left(e, now) for e in ahead])
-
-    def _time_left(self, entry: qs.Entry, now: float) -> float | None:
-        job = self.get(entry.id)
-        if job is not None and job.started and job.eta_s is not None:
-            return max(job.eta_s - (now - job.eta_at), 0.0)
-        if is_post(entry.settings):             # a post job's time is known once it runs (its chunks' pace)
-            return None
-        expected = self.speed.expected_seconds(_settings_request(entry.settings))
-        if expected is None:
-            return None
-        if entry.status == qs.RUNNING:
-            return max(expected * (1.0 - entry.progress), 0.0)
-        return expected
-
     # ---- End ---------------------------------------------------------------------------------------------------------
-    def cancel(self, session: str) -> str:
-        """End: stop the session's running job at its next step (keeping its video), or drop its waiting job."""
-        job = self.current(session)
-        if job is None or job.finished:
-            return "Nothing to stop."
-        return self.stop(job.entry)
-
-    def stop(self, entry_id: str) -> str:
-        """End for an entry: a waiting one is removed at once, a running one stops at its next step."""
+    def stop(self, entry_id: str) -> Stop:
+        """End for an entry: a waiting one is removed at once (its followers get Cancelled), a running one stops at
+        its next step."""
         job = self.get(entry_id)
         if job is not None:
             job.cancel.cancel()
@@ -361,58 +307,13 @@ class Runner:
             try:
                 self.store.remove(entry_id)
             except InputError:                      # it started meanwhile: the token stops it
-                return "Stopping at the next step; the video made so far is kept…"
+                return Stop.STOPPING
             if job is not None:
                 self._end(job, Cancelled(), announce=True)
-            return "Cancelled: the waiting job will not run." if job is not None and job.session else \
-                f"Removed job {entry_id} from the queue."
+            return Stop.DROPPED
         if entry is not None and (job is None or not (job.started or self._leased)):
-            return "That job runs in another process (the app or a command line); stop it there."
-        return "Stopping at the next step; the video made so far is kept…" if entry is not None else "Nothing to stop."
-
-    def drop_waiting(self, session: str) -> None:
-        """The tab was closed: its waiting job is dropped; a running one finishes (its video lands in outputs/)."""
-        job = self.current(session)
-        if job is not None and not job.started and not job.finished:
-            self.stop(job.entry)
-        with self._lock:
-            if job is not None and job.finished:
-                self._sessions.pop(session, None)
-            self._errors.pop(session, None)
-
-    # ---- streams ----------------------------------------------------------------------------------------------------
-    def stream(self, job: QueuedJob, tick_s: float | None = None) -> Iterator[list]:
-        """The job's events as they come, in lists (whatever piled up since the last list; at most one SectionVideo,
-        as the last item, so every section's video reaches a page): Waiting while it waits (when its place or the
-        expected wait changes), then the job's events, ending with Done, Failed or Cancelled. With `tick_s`, an
-        empty list after that long without events (a page moves its clock on). Closing the stream early leaves the
-        job running (a browser that went away: the job ends in outputs/)."""
-        job.streamed = True
-        last_wait, finished = None, False
-        while not finished:
-            timeout = tick_s if job.started or job.finished else min(tick_s or WAIT_TICK_S, WAIT_TICK_S)
-            try:
-                batch = [job.events.get(timeout=timeout)]
-            except queue.Empty:
-                if not job.started and not job.finished:
-                    place = self.waiting(job)
-                    if place is not None and place != last_wait:
-                        last_wait = place
-                        yield [place]
-                        continue
-                if tick_s is not None:
-                    yield []
-                continue
-            while batch[-1] is not _END and not isinstance(batch[-1], SectionVideo):
-                try:
-                    batch.append(job.events.get_nowait())
-                except queue.Empty:
-                    break
-            if batch[-1] is _END:
-                finished = True
-                batch.pop()
-            if batch:
-                yield batch
+            return Stop.ELSEWHERE
+        return Stop.STOPPING if entry is not None else Stop.NOTHING
 
     # ---- running ----------------------------------------------------------------------------------------------------
     def start(self) -> "Runner":
@@ -608,7 +509,12 @@ class Runner:
         return Work(entry.id, prepared, owner=entry.owner)
 
     def _note(self, job: QueuedJob, event, last: float) -> float:
-        """Follow a job's event in the store (its folder, its progress, its end) and in the runner."""
+        """Follow a job's event in the store (its folder, its progress, its end), in the runner and its listeners."""
+        for listener in self.listeners:
+            try:
+                listener(job, event)
+            except Exception as e:  # a listener's fault must not end the job; the details go to the log
+                log.warning("listener of job %s: %s", job.entry, e, exc_info=True)
         if isinstance(event, (Progress, Preview, SectionVideo)):
             job.latest[type(event).__name__] = event
             job.version += 1
@@ -616,17 +522,12 @@ class Runner:
             job.job_dir = event.job_dir
             self.store.update(job.entry, job_dir=event.job_dir.name)
         elif isinstance(event, Progress):
-            if event.eta_s is not None:
-                job.eta_s, job.eta_at = event.eta_s, time.monotonic()
             if time.monotonic() - last > PROGRESS_EVERY_S:
                 self.store.update(job.entry, progress=event.fraction, message=progress_line(event))
                 return time.monotonic()
         elif isinstance(event, (Done, Failed)):
             job.result = event
             job.job_dir = event.job_dir or job.job_dir
-            if isinstance(event, Done) and not event.stopped and job.work is not None \
-                    and job.work.resuming is None and job.work.post is None:
-                self.speed.learn(job.work.request, event.timings)
         return last
 
     def _end(self, job: QueuedJob, result, *, announce: bool = False) -> None:
@@ -645,7 +546,7 @@ class Runner:
         try:
             if job.lost:
                 pass                                  # the entry is run by the process that took the lease
-            elif status is None or (job.origin in LEAVES_WHEN_DONE and job.session is not None):
+            elif status is None or (job.origin in LEAVES_WHEN_DONE and job.waited_on):
                 self.store.forget(job.entry)
             else:
                 changes = dict(status=status, message=message, progress=1.0 if status == qs.DONE else 0.0)
@@ -657,16 +558,7 @@ class Runner:
             log.warning("queue record of job %s: %s", job.entry, e)
         if announce:
             job.events.put(result)
-        job.events.put(_END)
-
-
-def _settings_request(settings: dict):
-    """The parts of a stored entry's settings an estimate needs (pipeline/eta.py), with the defaults."""
-    return SimpleNamespace(mode=settings.get("mode", DEFAULTS.mode), seconds=settings.get("seconds", DEFAULTS.seconds),
-                           latent_window=settings.get("latent_window", DEFAULTS.latent_window),
-                           fps=settings.get("fps", DEFAULTS.fps), steps=settings.get("steps", DEFAULTS.steps),
-                           resolution=settings.get("resolution"), width=settings.get("width", 0),
-                           height=settings.get("height", 0))
+        job.events.put(ENDED)
 
 
 def exit_code_after(runner: Runner, code: int, reason: str) -> int:

@@ -91,7 +91,7 @@ def test_handlers_turn_a_job_into_updates(tmp_path, tiny_original):
     with pytest.raises(gr.Error) as e:
         submit(session, *[values[n] for n in st.CONTROLS])
     # the page names the field by its label
-    assert e.value.message.startswith("Start image:") and runner.last_error("tab-1") == e.value.message
+    assert e.value.message.startswith("Start image:") and blocks.sessions.last_error("tab-1") == e.value.message
 
     make_image().save(tmp_path / "start.png")
     values["image"] = {"path": uploaded(tmp_path / "start.png")}

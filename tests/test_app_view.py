@@ -204,7 +204,7 @@ def test_the_pages_expected_time_follows_the_resolution_controls():
     speed = Speed(default_resolution=64)
     speed.learn(Request(image=None, seconds=2.4, steps=4, resolution=128),
                 {"transformer": 8.0, "VAE decode": 2.0, "total": 12.0})
-    ctx = SimpleNamespace(runner=SimpleNamespace(expected_seconds=speed.expected_seconds))
+    ctx = SimpleNamespace(sessions=SimpleNamespace(expected_seconds=speed.expected_seconds))
     at = {r: expected_time(ctx, 2.4, 9, "original", 4, r) for r in (128, 64)}
     assert at[128] == "expected time about 12 s (at the speed of this app's last job)"
     assert "about 4 s" in at[64]            # the fixed 2 s + a quarter of the pixels and about of the tokens …

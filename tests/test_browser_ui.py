@@ -315,7 +315,7 @@ def test_queue_runs_in_click_order_and_tells_each_waiting_tab_its_place(server, 
             for page in tabs[1:]:                                       # said once: the progress line is other
                 progress = page.locator("#progress").inner_text()
                 assert "in line" not in progress and "Queued" in progress, progress
-            if server.runner.speed.rates is not None:                        # a job has been timed: a wait in seconds
+            if server.blocks.sessions.line.speed.rates is not None:      # a job has been timed: a wait in seconds
                 assert all("It should start in about" in w for w in waiting), waiting
             _shot(tabs[2], "desktop_third_in_line", full=False)
         for page in tabs:
@@ -454,7 +454,7 @@ def test_a_long_job_shows_its_expected_time_and_asks_before_it_starts(server, br
         page.locator("#start-btn").click()
         question = _wait_status(page, "Start again")
         assert re.search(r"This video has \d+ sections", question), question
-        if server.runner.speed.rates is not None:
+        if server.blocks.sessions.line.speed.rates is not None:
             assert "expected time about" in question, question
         time.sleep(1.0)
         assert set(server.jobs()) == before                     # nothing started

@@ -240,7 +240,7 @@ def test_the_runner_refuses_when_queued_and_the_page_plan_says_why(tmp_path, tin
 
     runner = tiny_runner(tmp_path / "outputs", tiny_original, cap_gb=2.0)
     with pytest.raises(InputError) as e:
-        runner.submit(Request(image=make_image(96, 80), width=1024, height=1024), session="s")
+        runner.submit(Request(image=make_image(96, 80), width=1024, height=1024), waited_on=True)
     assert e.value.field == "custom width" and "nearest size of the same shape that fits is" in e.value.message
     assert runner.store.entries() == [] and not any(runner.store.images_root.glob("*"))     # nothing queued
     assert not runner.models.is_loaded("original")

@@ -67,16 +67,17 @@ def test_a_job_another_process_runs_is_not_told_it_waits_behind_itself(tmp_path)
     from types import SimpleNamespace
 
     from jobs import store as qs
+    from jobs.follow import QueueLine
     from jobs.runner import QueuedJob, Runner
 
     store, _ = qs.QueueStore.open(tmp_path)
     first, mine, later = store.add_many([{"prompt": p} for p in ("first", "mine", "later")], origin="cli")
-    runner = Runner(store, SimpleNamespace(slots=1), SimpleNamespace(default_resolution=64))
+    line = QueueLine(Runner(store, SimpleNamespace(slots=1), SimpleNamespace(default_resolution=64)))
     job = QueuedJob(mine.id, "cli")
-    assert runner.waiting(job).ahead == 1                      # "first" waits ahead of it: 2nd in line
+    assert line.waiting(job).ahead == 1                      # "first" waits ahead of it: 2nd in line
     assert store.claim(first.id)                               # another process runs "first"
-    assert runner.waiting(job).ahead == 1
+    assert line.waiting(job).ahead == 1
     store.update(first.id, status=qs.DONE)
-    assert runner.waiting(job) is None                          # nothing ahead: no "2nd in line"
+    assert line.waiting(job) is None                          # nothing ahead: no "2nd in line"
     assert store.claim(mine.id)                                # the app runs it now
-    assert runner.waiting(job) is None and runner.waiting(QueuedJob(later.id, "cli")).ahead == 1
+    assert line.waiting(job) is None and line.waiting(QueuedJob(later.id, "cli")).ahead == 1

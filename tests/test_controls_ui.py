@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import inspect
 from pathlib import Path
+from types import SimpleNamespace
 
 import gradio as gr
 import pytest
@@ -86,7 +87,8 @@ def test_api_values_reach_validation_by_name(tmp_path):
             self.preflight.prepare(job)
             raise AssertionError("the job passed the checks")
 
-    api = JobApi(Checks())
+    checks = Checks()
+    api = JobApi(SimpleNamespace(runner=checks, submit=checks.submit))
     api.table = FAKE_TABLE
     endpoint = video_endpoint(api.video, FAKE_TABLE)
     page = st.default_values(64, FAKE_TABLE)            # Gradio sends every control's value (the page's default)

@@ -83,10 +83,12 @@ def test_the_apps_device_cuda_1_runs_the_job_on_gpu_1(tmp_path):
     hook = torch.nn.modules.module.register_module_forward_pre_hook(record)
     runner, _ = app_runner(config, device)
     try:
-        runner.start()
-        job = runner.submit(Request(image=make_image(), prompt="a cat walks", seconds=1.0, steps=2, seed=3),
-                            session="s")
-        events = [e for batch in runner.stream(job) for e in batch]
+        from ui.sessions import Sessions
+
+        sessions = Sessions(runner.start())
+        job = sessions.submit(Request(image=make_image(), prompt="a cat walks", seconds=1.0, steps=2, seed=3),
+                              session="s")
+        events = [e for batch in sessions.stream(job) for e in batch]
     finally:
         hook.remove()
         runner.close(timeout=60)

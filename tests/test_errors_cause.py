@@ -70,11 +70,11 @@ def test_the_runner_does_not_call_a_bug_a_damaged_job_json(tmp_path, monkeypatch
     job = _resumable(tmp_path / "20250101-000000-abcdef")
     monkeypatch.setattr(pipeline.resume, "prepare", lambda *a, **k: (_ for _ in ()).throw(TypeError("a bug")))
     with pytest.raises(TypeError, match="a bug"):
-        runner.submit_resume(job, session="tab")
+        runner.submit_resume(job, waited_on=True)
     (tmp_path / "damaged").mkdir()
     (tmp_path / "damaged" / "job.json").write_text('{"settings": ')
     with pytest.raises(InputError, match="damaged or incomplete"):
-        runner.submit_resume(tmp_path / "damaged", session="tab")
+        runner.submit_resume(tmp_path / "damaged", waited_on=True)
     assert runner.store.entries() == []
 
 

@@ -16,6 +16,7 @@ import pytest
 from pipeline.events import Done, LogLine, MemoryReport, Progress, SectionVideo
 from pipeline.request import Request, prepare
 from tests.conftest import ROOT, job_folders, make_image
+from ui.sessions import Sessions
 
 SETTINGS = dict(prompt="a lighthouse in a storm", seconds=3.6, steps=3, teacache=0.0, resolution=64)   # 3 sections
 
@@ -67,8 +68,9 @@ def runner(farm):
 
 def _stream(runner, session, request, record):
     """Run one job through the runner as the page does; record (time, event) pairs."""
-    job = runner.submit(request, session=session)
-    for batch in runner.stream(job):
+    sessions = Sessions(runner)
+    job = sessions.submit(request, session=session)
+    for batch in sessions.stream(job):
         record.extend((time.monotonic(), e) for e in batch)
 
 
@@ -160,13 +162,14 @@ def test_worker_killed_mid_job_continues_elsewhere_with_the_same_video(farm, run
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_end_stops_a_job_on_a_worker(runner):
-    job = runner.submit(_request(31), session="stopper")
+    sessions = Sessions(runner)
+    job = sessions.submit(_request(31), session="stopper")
     events = []
-    for batch in runner.stream(job):
+    for batch in sessions.stream(job):
         for e in batch:
             events.append(e)
             if isinstance(e, Progress) and e.stage == "sampling" and e.step == 1 and not job.cancel.cancelled:
-                assert runner.cancel("stopper").startswith("Stopping")
+                assert sessions.cancel("stopper").startswith("Stopping")
     done = events[-1]
     assert isinstance(done, Done) and done.stopped
     info = _info(done)
@@ -182,8 +185,9 @@ def test_a_post_job_runs_on_a_worker(runner, tmp_path):
 
     clip = write_mp4(np.zeros((6, 32, 48, 3), np.uint8) + np.arange(6, dtype=np.uint8)[:, None, None, None] * 40,
                      tmp_path / "clip.mp4", fps=30)
-    job = runner.submit(request_from({"source": str(clip), "steps": "interpolate=2"}), session="post")
-    events = [e for batch in runner.stream(job) for e in batch]
+    sessions = Sessions(runner)
+    job = sessions.submit(request_from({"source": str(clip), "steps": "interpolate=2"}), session="post")
+    events = [e for batch in sessions.stream(job) for e in batch]
     done = events[-1]
     assert isinstance(done, Done) and not done.stopped, events[-3:]
     assert read_frames(done.video).shape == (11, 32, 48, 3) and _info(done)["settings"]["kind"] == "post"
@@ -298,15 +302,16 @@ def test_the_queue_fills_every_worker_then_waits(tmp_path):
 
     farm = _HeldFarm(2, tmp_path)
     runner = _farm_runner(farm, tmp_path)
+    sessions = Sessions(runner)
     try:
-        jobs = [runner.submit(_request(i), session=f"s{i}") for i in range(3)]
-        streams = [runner.stream(j, tick_s=0.05) for j in jobs]
+        jobs = [sessions.submit(_request(i), session=f"s{i}") for i in range(3)]
+        streams = [sessions.stream(j, tick_s=0.05) for j in jobs]
         firsts = [next(s) for s in streams]                # two run at once; the third waits behind both
         assert sorted(e.message for f in firsts[:2] for e in f) == ["[worker-1] Sampling 1/1",
                                                                     "[worker-2] Sampling 1/1"]
         assert firsts[2] == [Waiting(2, None)] and runner.busy
         assert sorted(runner.placements().values()) == ["worker-1", "worker-2"]
-        assert runner.cancel("s2").startswith("Cancelled")     # End on a waiting job: it never runs
+        assert sessions.cancel("s2").startswith("Cancelled")     # End on a waiting job: it never runs
         farm.release.set()
         for s in streams[:2]:
             for _ in s:

@@ -21,6 +21,7 @@ from post.job import PostFolders, prepare, prepare_resume, run_post
 from post.modelfiles import ModelRef, check_file
 from post.process import interpolate, upscale
 from post.steps import chunks, make_plan, parse_step, request_from
+from ui.sessions import Sessions
 from video.mp4 import write_mp4
 
 
@@ -329,17 +330,18 @@ def test_a_post_job_stopped_in_the_queue_resumes_from_past_jobs_to_the_same_byte
     whole = _run(prepare(values, _folders(tmp_path)), tmp_path / "whole", _folders(tmp_path))[-1]
     runner = _runner(tmp_path / "out", "tiny").start()
     try:
-        job = runner.submit(request_from(values), session="tab", origin="page")
+        sessions = Sessions(runner)
+        job = sessions.submit(request_from(values), session="tab", origin="page")
         stopped = None
-        for batch in runner.stream(job):
+        for batch in sessions.stream(job):
             for event in batch:
                 if isinstance(event, Progress) and event.stage == "post-processing":
-                    runner.cancel("tab")
+                    sessions.cancel("tab")
                 if isinstance(event, Done):
                     stopped = event
         assert stopped is not None and stopped.stopped and not (stopped.job_dir / "final.mp4").exists()
-        again = runner.submit_resume(stopped.job_dir, session="tab", origin="page")
-        results = [e for batch in runner.stream(again) for e in batch]
+        again = sessions.submit_resume(stopped.job_dir, session="tab", origin="page")
+        results = [e for batch in sessions.stream(again) for e in batch]
         assert isinstance(results[-1], Done) and not results[-1].stopped
         assert 0 < sum(isinstance(e, Progress) and e.stage == "post-processing" for e in results) < 5
         assert (stopped.job_dir / "final.mp4").read_bytes() == (whole.job_dir / "final.mp4").read_bytes()

@@ -315,7 +315,7 @@ def test_queue_add_and_start_are_checked_by_the_same_pre_flight(tmp_path, image,
     runner, _ = app.app_runner(config_from(parser, parser.parse_args(options)), torch.device("cuda"))
     too_much = dict(prompt="x", seconds=1.2, preserved_gb=10)
     with pytest.raises(InputError) as start:
-        runner.submit(Request(image=str(image), **too_much), session="s")          # Start
+        runner.submit(Request(image=str(image), **too_much), waited_on=True)       # Start
     jobs = image.parent / "jobs.jsonl"
     jobs.write_text(json.dumps({"image": image.name, **too_much}) + "\n")
     assert cli.main(["add", str(jobs), *options]) == 2

@@ -12,11 +12,12 @@ from common.errors import WeightsNotFound
 from jobs import store as qs
 from jobs.line import Waiting
 from jobs.models import ComponentCache
-from jobs.runner import SessionBusy
+from jobs.runner import Stop
 from pipeline.events import Cancelled, Done, Failed, MemoryReport, Preview, Progress, SectionVideo
 from pipeline.request import Request
 from tests.conftest import make_image
 from tests.server_helpers import tiny_runner
+from ui.sessions import SessionBusy, Sessions
 
 
 @pytest.fixture
@@ -26,22 +27,27 @@ def runner(tmp_path, tiny_original):
     r.close(timeout=60)
 
 
+@pytest.fixture
+def sessions(runner):
+    return Sessions(runner)
+
+
 def _request(**kw):
     base = dict(image=make_image(), prompt="a cat", seconds=2.4, steps=2, seed=1)
     base.update(kw)
     return Request(**base)
 
 
-def _events(runner, job):
-    return [e for b in runner.stream(job) for e in b]
+def _events(sessions, job):
+    return [e for b in sessions.stream(job) for e in b]
 
 
-def test_runs_a_job_in_batches_through_the_queue(runner):
-    job = runner.submit(_request(), session="s1")
+def test_runs_a_job_in_batches_through_the_queue(runner, sessions):
+    job = sessions.submit(_request(), session="s1")
     entry = runner.store.get(job.entry)
     assert entry.status in (qs.WAITING, qs.RUNNING) and entry.origin == "page"
     assert Path(entry.images["image"]).is_file()               # the queue's own copy of the image (given as data)
-    batches = list(runner.stream(job))
+    batches = list(sessions.stream(job))
     events = [e for b in batches for e in b]
     for b in batches:                                   # at most one video per batch, and it comes last
         videos = [i for i, e in enumerate(b) if isinstance(e, SectionVideo)]
@@ -53,55 +59,55 @@ def test_runs_a_job_in_batches_through_the_queue(runner):
     assert isinstance(events[-1], Done) and not events[-1].stopped and events[-1].video.is_file()
     assert job.finished and not runner.busy
     assert runner.store.get(job.entry) is None                 # a page's job leaves the queue when it ends
-    runner.submit(_request(), session="s1")                     # the session may start again
+    sessions.submit(_request(), session="s1")                     # the session may start again
 
 
-def test_end_stops_the_running_job_and_keeps_the_video(runner):
-    job = runner.submit(_request(seconds=3.6), session="s1")
-    assert runner.cancel("s2") == "Nothing to stop."
+def test_end_stops_the_running_job_and_keeps_the_video(runner, sessions):
+    job = sessions.submit(_request(seconds=3.6), session="s1")
+    assert sessions.cancel("s2") == "Nothing to stop."
     events = []
     stopped = False
-    for batch in runner.stream(job):
+    for batch in sessions.stream(job):
         events += batch
         # End once section 2 samples (section 1's video is written meanwhile, on the writer thread)
         if not stopped and any(isinstance(e, Progress) and e.stage == "sampling" and e.section == 2 for e in batch):
-            assert runner.cancel("s1").startswith("Stopping at the next step")
+            assert sessions.cancel("s1").startswith("Stopping at the next step")
             stopped = True
     done = events[-1]
     assert isinstance(done, Done) and done.stopped and done.video is not None and done.video.is_file()
     assert sum(isinstance(e, SectionVideo) for e in events) == 1 and done.frames == 33
-    assert runner.cancel("s1") == "Nothing to stop."
+    assert sessions.cancel("s1") == "Nothing to stop."
 
 
-def test_end_on_a_waiting_job_drops_it_and_a_closed_tab_too(runner, tmp_path):
-    first = runner.submit(_request(seconds=3.6), session="s0")         # holds the runner
-    job = runner.submit(_request(), session="s1")
+def test_end_on_a_waiting_job_drops_it_and_a_closed_tab_too(runner, sessions, tmp_path):
+    first = sessions.submit(_request(seconds=3.6), session="s0")         # holds the runner
+    job = sessions.submit(_request(), session="s1")
     with pytest.raises(SessionBusy):
-        runner.submit(_request(), session="s1")
-    assert runner.cancel("s1").startswith("Cancelled")
+        sessions.submit(_request(), session="s1")
+    assert sessions.cancel("s1").startswith("Cancelled")
     assert job.finished and runner.store.get(job.entry) is None
-    events = _events(runner, job)
+    events = _events(sessions, job)
     assert len(events) == 1 and isinstance(events[0], Cancelled)
-    again = runner.submit(_request(), session="s1")                     # Start works again right away
-    runner.drop_waiting("s1")                                           # its tab was closed while it waited
+    again = sessions.submit(_request(), session="s1")                     # Start works again right away
+    sessions.drop_waiting("s1")                                           # its tab was closed while it waited
     assert again.finished and runner.store.get(again.entry) is None
-    runner.stop(first.entry)
-    assert isinstance(_events(runner, first)[-1], Done)
+    assert runner.stop(first.entry) is Stop.STOPPING and runner.stop("no-such-entry") is Stop.NOTHING   # typed
+    assert isinstance(_events(sessions, first)[-1], Done)
 
 
-def test_jobs_run_one_at_a_time_in_the_order_they_were_queued_and_waiting_ones_hear_their_place(runner):
+def test_jobs_run_one_at_a_time_in_the_order_they_were_queued_and_waiting_ones_hear_their_place(runner, sessions):
     """The streams are opened in the opposite order: the first queued job still runs first; a waiting job hears
     how many jobs are ahead and, once a job has been timed, the expected wait."""
-    first = runner.submit(_request(seconds=1.2, steps=2), session="tab-1")
-    _events(runner, first)                               # a finished job: the runner knows the speed now
-    assert runner.speed.rates is not None and runner.expected_seconds(_request(seconds=1.2, steps=2)) > 0
-    a = runner.submit(_request(seconds=1.2, steps=2), session="tab-a")
-    b = runner.submit(_request(seconds=1.2, steps=2, seed=2), session="tab-b")
-    c = runner.submit(_request(seconds=1.2, steps=2, seed=3), session="tab-c")
+    first = sessions.submit(_request(seconds=1.2, steps=2), session="tab-1")
+    _events(sessions, first)                               # a finished job: the runner knows the speed now
+    assert sessions.line.speed.rates is not None and sessions.expected_seconds(_request(seconds=1.2, steps=2)) > 0
+    a = sessions.submit(_request(seconds=1.2, steps=2), session="tab-a")
+    b = sessions.submit(_request(seconds=1.2, steps=2, seed=2), session="tab-b")
+    c = sessions.submit(_request(seconds=1.2, steps=2, seed=3), session="tab-c")
     log: list = []
 
     def consume(name, job):
-        for batch in runner.stream(job):
+        for batch in sessions.stream(job):
             for e in batch:
                 log.append((name, time.monotonic(), e))
 
@@ -134,13 +140,14 @@ def test_missing_weights_and_loader_crashes_end_the_job_not_the_runner(tmp_path,
     runner = tiny_runner(tmp_path, tiny_original)
     runner.executor.models = ComponentCache("tiny", loader=loader)
     runner.start()
+    sessions = Sessions(runner)
     try:
         for expected in ("Try --preset tiny", "RuntimeError: disk on fire"):
-            job = runner.submit(_request(), session="s")
-            events = _events(runner, job)
+            job = sessions.submit(_request(), session="s")
+            events = _events(sessions, job)
             assert isinstance(events[-1], Failed) and expected in events[-1].message
-        job = runner.submit(_request(seconds=1.2), session="s")
-        assert isinstance(_events(runner, job)[-1], Done)
+        job = sessions.submit(_request(seconds=1.2), session="s")
+        assert isinstance(_events(sessions, job)[-1], Done)
     finally:
         runner.close(timeout=60)
 
@@ -156,18 +163,18 @@ def test_component_cache_keeps_one_set_for_real_weights():
     assert tiny.loaded_modes() == ["original", "f1"]
 
 
-def test_the_images_are_copied_when_the_job_is_queued(runner, tmp_path):
+def test_the_images_are_copied_when_the_job_is_queued(runner, sessions, tmp_path):
     """A job's upload may be deleted (Gradio's temp sweeper) while the job waits: the job reads the queue's copy,
     and its folder keeps the user's file untouched."""
     upload = tmp_path / "upload-dir" / "photo.PNG"
     upload.parent.mkdir()
     make_image(100, 90, seed=4).save(upload, format="PNG")
-    job = runner.submit(_request(image=str(upload), seconds=1.2), session="s1")
+    job = sessions.submit(_request(image=str(upload), seconds=1.2), session="s1")
     copy = Path(runner.store.get(job.entry).images["image"])
     assert copy.is_file() and copy != upload and copy.read_bytes() == upload.read_bytes()
     original = upload.read_bytes()
     upload.unlink()                                                   # swept while waiting
-    done = _events(runner, job)[-1]
+    done = _events(sessions, job)[-1]
     assert isinstance(done, Done), done
     assert (done.job_dir / "upload.png").read_bytes() == original
     assert not copy.exists() and not copy.parent.exists()             # deleted with the entry

@@ -8,22 +8,23 @@ import threading
 import pytest
 
 from common.errors import InputError
-from jobs.runner import SessionBusy
+from jobs.runner import Busy
 from pipeline.checkpoint import CHECKPOINT, load_checkpoint
 from pipeline.events import Done, SectionVideo
 from pipeline.request import Request
 from pipeline.sections import make_plan
 from tests.conftest import make_image
 from tests.server_helpers import CHROMIUM_ARGS, Gate, api_job, browser_or_skip, job_info, saved_image, tiny_runner
+from ui.sessions import Sessions
 from video.mp4 import read_frames
 
 SETTINGS = dict(prompt="a lighthouse in a storm", seconds=3.6, steps=2, seed=11, teacache=0.1)
 PLANNED = make_plan("original", 3.6, 9).frame_counts()[-1]        # 3 sections
 
 
-def _events(runner, job, on_event=None):
+def _events(sessions, job, on_event=None):
     out = []
-    for batch in runner.stream(job):
+    for batch in sessions.stream(job):
         for event in batch:
             out.append(event)
             if on_event:
@@ -46,26 +47,27 @@ def _assert_same_as(resumed_dir, full_dir):
 
 def test_runner_resumes_a_stopped_job_to_the_uninterrupted_result(tmp_path, tiny_original):
     runner = tiny_runner(tmp_path / "out", tiny_original).start()
+    sessions = Sessions(runner)
     request = Request(image=make_image(128, 96, seed=5), **SETTINGS)
-    full = _events(runner, runner.submit(request, session="tab-a"))[-1]
+    full = _events(sessions, sessions.submit(request, session="tab-a"))[-1]
     assert isinstance(full, Done) and not full.stopped and full.frames == PLANNED
 
     with Gate(tiny_original.vae.decoder) as gate:                # End while section 1 is decoded
-        job = runner.submit(request, session="tab-b")
-        stopper = threading.Thread(target=lambda: (gate.wait(), runner.cancel("tab-b"), gate.release()))
+        job = sessions.submit(request, session="tab-b")
+        stopper = threading.Thread(target=lambda: (gate.wait(), sessions.cancel("tab-b"), gate.release()))
         stopper.start()
-        events = _events(runner, job)
+        events = _events(sessions, job)
         stopper.join()
     stopped = events[-1]
     assert isinstance(stopped, Done) and stopped.stopped and job.job_dir == stopped.job_dir
     assert sum(isinstance(e, SectionVideo) for e in events) == 1
     assert job_info(stopped.job_dir)["status"] == "stopped" and load_checkpoint(stopped.job_dir)[1]["sections_done"] == 1
 
-    job = runner.submit_resume(stopped.job_dir, session="tab-b")
+    job = sessions.submit_resume(stopped.job_dir, session="tab-b")
     assert job.work.folder == stopped.job_dir.resolve() and job.request.seed == 11
-    with pytest.raises(SessionBusy, match="already running or waiting"):    # one job per folder
-        runner.submit_resume(stopped.job_dir, session="tab-c")
-    events = _events(runner, job)
+    with pytest.raises(Busy, match="already running or waiting"):    # one job per folder
+        sessions.submit_resume(stopped.job_dir, session="tab-c")
+    events = _events(sessions, job)
     done = events[-1]
     assert isinstance(done, Done) and not done.stopped and done.frames == PLANNED, done
     assert done.job_dir == stopped.job_dir and sum(isinstance(e, SectionVideo) for e in events) == 2
@@ -79,12 +81,12 @@ def test_runner_resumes_a_stopped_job_to_the_uninterrupted_result(tmp_path, tiny
         (folder / "job.json").write_text(text)
         (folder / CHECKPOINT).write_bytes(b"not a checkpoint")
         with pytest.raises(InputError, match=f"{name}/job.json is damaged or incomplete; .*start the job again"):
-            runner.submit_resume(folder, session="tab-d")
+            sessions.submit_resume(folder, session="tab-d")
     for folder, reason in ((done.job_dir, "already complete"), (full.job_dir, "already complete"),
                            (tmp_path, "not a job folder of this app's outputs"),
                            (tmp_path / "out" / ".." / "out" / "nope", "not a job folder")):
         with pytest.raises(InputError, match=reason):
-            runner.submit_resume(folder, session="tab-d")
+            sessions.submit_resume(folder, session="tab-d")
     runner.close(timeout=30)
 
 

@@ -13,6 +13,7 @@ from pipeline.orchestrator import generate
 from pipeline.request import Request, prepare
 from tests.conftest import make_image
 from tests.server_helpers import tiny_runner
+from ui.sessions import Sessions
 
 
 @pytest.fixture
@@ -64,9 +65,10 @@ def test_a_batch_decodes_each_image_once(tmp_path, decodes):
 def test_the_runner_decodes_the_image_once_per_job(tiny_original, tmp_path, decodes):
     runner = tiny_runner(tmp_path, tiny_original).start()
     try:
-        job = runner.submit(Request(image=make_image(96, 80), seconds=1.2, steps=1), session="tab")
+        sessions = Sessions(runner)
+        job = sessions.submit(Request(image=make_image(96, 80), seconds=1.2, steps=1), session="tab")
         assert len(decodes) == 1                                   # when it is queued: bad input is refused there
-        events = [e for batch in runner.stream(job) for e in batch]
+        events = [e for batch in sessions.stream(job) for e in batch]
     finally:
         runner.close(timeout=60)
     assert isinstance(events[-1], Done)

@@ -54,13 +54,14 @@ from common.errors import InputError
 from configs.controls import CONTROLS as TABLE
 from configs.controls import Control
 from jobs.line import Waiting
-from jobs.runner import QueuedJob, Runner, SessionBusy
+from jobs.runner import Busy, QueuedJob
 from jobs.text import progress_line, waiting_text
 from pipeline.events import Cancelled, Done, Failed, LogLine, Progress
 from ui import doors
 from ui import settings as st
 from ui.access import Access
 from ui.media import published
+from ui.sessions import Sessions
 from ui.view import done_status
 
 log = logging.getLogger(__name__)
@@ -71,9 +72,13 @@ PUBLIC_ENDPOINTS = ("video", "resume", "stop", "post")      # post: ui/panel_pos
 class JobApi:
     """The endpoints' functions; `register()` wires them into the Blocks being built."""
 
-    def __init__(self, runner: Runner, access: Access = Access()):
-        self.runner = runner
+    def __init__(self, sessions: Sessions, access: Access = Access()):
+        self.sessions = sessions            # the callers' jobs on the runner (ui/sessions.py)
         self.access = access
+
+    @property
+    def runner(self):
+        return self.sessions.runner
 
     def register(self, controls: list, *, concurrency_id: str = "gpu", concurrency_limit: int = 1,
                  table: tuple[Control, ...] = TABLE) -> None:
@@ -99,7 +104,7 @@ class JobApi:
             job = st.request_from_values(values, getattr(self, "table", TABLE),       # the one door check
                                          doors.client(self.access, user, self.runner.outputs,
                                                       doors.lora_folder(self.runner)))
-            return self.runner.submit(job, session=session, owner=user, origin="api")    # the one pre-flight
+            return self.sessions.submit(job, session=session, owner=user, origin="api")  # the one pre-flight
 
         return self._run(self._submit(request, submit), progress)
 
@@ -110,7 +115,7 @@ class JobApi:
             job_id: the job's folder name under outputs/ (the summary's job_id), e.g. 20250101-120000-abc123
         """
         user = self.access.user(request)
-        return self._run(self._submit(request, lambda session: self.runner.submit_resume(
+        return self._run(self._submit(request, lambda session: self.sessions.submit_resume(
             self.access.job_folder(self.runner.outputs, job_id, user, "job_id"), session=session, owner=user,
             origin="api")), progress)
 
@@ -121,12 +126,12 @@ class JobApi:
         except InputError as e:
             log.info("API input rejected: %s", e)
             raise gr.Error(str(e), title="Please check the input", print_exception=False) from None
-        except SessionBusy as e:
+        except Busy as e:
             raise gr.Error(str(e), print_exception=False) from None
 
     def _run(self, job: QueuedJob, progress) -> tuple[str | None, dict]:
         result, warnings = None, []
-        for batch in self.runner.stream(job):
+        for batch in self.sessions.stream(job):
             for event in batch:
                 if isinstance(event, Progress):
                     progress(event.fraction, desc=progress_line(event))

@@ -1,4 +1,4 @@
-"""What the page's handlers share: the preset, the device, the runner, the layout's components, the guard of the
+"""What the page's handlers share: the preset, the device, the runner and the tabs' jobs on it, the layout's components, the guard of the
 un-queued handlers. app.py builds one per app; the panels (ui/panel_*.py) wire their events from it."""
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from ui.guard import HandlerGuard, HeapKeeper
 from ui.layout import Layout
 from ui.memory_plan import size_line
 from ui.prompt_tokens import TokenCounter
+from ui.sessions import Sessions
 
 # Un-queued handlers running at once (a call beyond that returns at once, ui/guard.py): the expensive ones (memory
 # plan, token count: up to ~0.5 s each), one per tab; the cheap ones (hints, random seed, LoRA picker: < 50 ms)
@@ -30,6 +31,7 @@ class AppContext:
     device: object                # torch.device
     outputs: Path
     runner: Runner
+    sessions: Sessions            # the tabs' jobs on the runner, their refusals and streams (ui/sessions.py)
     ui: Layout
     preserved_max_gb: float       # the preserved-memory slider's top: the cap, or the card's memory if smaller
     live: HandlerGuard            # the expensive live handlers

@@ -30,8 +30,8 @@ def expected_time(ctx: AppContext, seconds, window, mode, steps, resolution=None
     if cw is not None and ch is not None and 0 < cw <= 4096 and 0 < ch <= 4096:
         size.update(width=int(cw), height=int(ch))
     try:
-        expected = ctx.runner.expected_seconds(Request(image=None, seconds=s, latent_window=int(w), mode=mode,
-                                                       steps=int(n), **size))
+        expected = ctx.sessions.expected_seconds(Request(image=None, seconds=s, latent_window=int(w), mode=mode,
+                                                         steps=int(n), **size))
     except (TypeError, ValueError, OverflowError):
         return ""
     if expected is None:

@@ -15,7 +15,7 @@ import gradio as gr
 from common.errors import InputError
 from configs.controls import control
 from jobs.line import Waiting
-from jobs.runner import SessionBusy
+from jobs.runner import Busy
 from jobs.text import progress_line, waiting_text
 from pipeline.events import Cancelled, Done, Failed, Preview, Progress
 from pipeline.jobs import finished_video, load_job
@@ -26,6 +26,7 @@ from ui import settings as st
 from ui.access import Access
 from ui.jobs_gallery import list_jobs
 from ui.media import published
+from ui.sessions import Sessions
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def post_request(values: dict, outputs: Path, access: Access, user: str | None) 
 class PostPanel:
     def __init__(self, ctx):
         self.ctx = ctx
-        self.runner, self.access = ctx.runner, ctx.access
+        self.sessions, self.access = ctx.sessions, ctx.access
 
     def finished_jobs(self, user: str | None) -> list[str]:
         """The ids of the finished jobs the user may see (not post jobs' exports only: every done job), newest
@@ -203,15 +204,15 @@ class PostPanel:
                              faces, face_model)
             post = post_request({"job_id": job_id, "video": upload, "steps": steps, "export": export,
                                  "frame": frame}, self.ctx.outputs, self.access, user)
-            job = self.runner.submit(post, session=session, owner=user, origin="page")      # the one pre-flight
+            job = self.sessions.submit(post, session=session, owner=user, origin="page")    # the one pre-flight
         except InputError as e:
             yield f"⚠ {e}", None, None, None
             return
-        except SessionBusy as e:
+        except Busy as e:
             yield f"⚠ {e}", None, None, None
             return
         preview = None
-        for batch in self.runner.stream(job, tick_s=1.0):
+        for batch in self.sessions.stream(job, tick_s=1.0):
             for event in batch:
                 if isinstance(event, Waiting):
                     yield waiting_text(event), preview, None, None
@@ -238,7 +239,7 @@ class PostPanel:
 
     def stop_post(self, request: gr.Request = None):
         session = (getattr(request, "session_hash", None) or "direct") + SESSION_SUFFIX
-        return self.runner.cancel(session)
+        return self.sessions.cancel(session)
 
     def frame_as_start(self, download):
         try:
@@ -251,7 +252,8 @@ class PostPanel:
         return path
 
 
-def register_post_api(runner, access: Access, *, concurrency_id: str = "gpu", concurrency_limit: int = 1) -> None:
+def register_post_api(sessions: Sessions, access: Access, *, concurrency_id: str = "gpu",
+                      concurrency_limit: int = 1) -> None:
     """/post for scripts: `client.predict(job_id=..., video=handle_file(...), steps="interpolate=2 upscale=2",
     export="gif", frame=-1, api_name="/post")` -> (the export or final.mp4, a summary). Checked by the one
     pre-flight; bad input raises an AppError naming the field."""
@@ -277,15 +279,15 @@ def register_post_api(runner, access: Access, *, concurrency_id: str = "gpu", co
         """
         user = access.user(request)
         try:
-            job = runner.submit(post_request({"job_id": job_id, "video": video, "steps": steps or "",
+            job = sessions.submit(post_request({"job_id": job_id, "video": video, "steps": steps or "",
                                               "export": export or "mp4", "frame": int(frame if frame is not None
                                                                                       else -1)},
-                                             runner.outputs, access, user),
+                                             sessions.runner.outputs, access, user),
                                 session=getattr(request, "session_hash", None), owner=user, origin="api")
-        except (InputError, SessionBusy) as e:
+        except (InputError, Busy) as e:
             raise gr.Error(str(e), title="Please check the input", print_exception=False) from None
         result = None
-        for batch in runner.stream(job):
+        for batch in sessions.stream(job):
             for event in batch:
                 if isinstance(event, Progress):
                     progress(event.fraction, desc=progress_line(event))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from common.errors import InputError
-from jobs.runner import SessionBusy
+from jobs.runner import Busy
 from jobs.text import waiting_text
 from pipeline.events import Failed
 from ui import doors, messages, plots
@@ -49,7 +49,7 @@ NOT_STARTED = "Not started: change what the message above names, then press Star
 
 class RunPanel:
     def __init__(self, ctx: AppContext, jobs: JobsPanel):
-        self.ctx, self.jobs, self.runner, self.ui = ctx, jobs, ctx.runner, ctx.ui
+        self.ctx, self.jobs, self.runner, self.sessions, self.ui = ctx, jobs, ctx.runner, ctx.sessions, ctx.ui
         self._confirmed: dict[str, str] = {}            # session -> the long job it was asked to confirm
         self._watching: dict[str, Watch] = {}           # session -> the job it shows and did not start
         self._lock = threading.Lock()
@@ -57,13 +57,13 @@ class RunPanel:
     # ---- Start / Resume -------------------------------------------------------------------------------------------
     def refuse(self, session, error: Exception):
         text = messages.input_error(error) if isinstance(error, InputError) else messages.plain(str(error))
-        self.runner.remember_error(session, text)
+        self.sessions.remember_error(session, text)
         log.info("job refused: %s", error)
         title = "Please check the input" if isinstance(error, InputError) else None
         raise gr.Error(text, title=title, print_exception=False) from None
 
     def started(self, job):
-        place = self.runner.waiting(job)
+        place = self.sessions.waiting(job)
         text = waiting_text(place) if place is not None else "Starting…"
         return (job.id, gr.update(interactive=False), gr.update(interactive=True), text,
                 progress_html(None, idle_text=QUEUED_TEXT))     # one line in the status, not the same one twice
@@ -94,9 +94,9 @@ class RunPanel:
             question = self.needs_confirmation(request.session_hash, job)
             if question is not None:
                 return None, gr.skip(), gr.skip(), question, gr.skip()
-            return self.started(self.runner.submit(job, session=request.session_hash, owner=user,
-                                                   origin="page"))                # the one pre-flight
-        except (InputError, SessionBusy) as e:
+            return self.started(self.sessions.submit(job, session=request.session_hash, owner=user,
+                                                     origin="page"))                # the one pre-flight
+        except (InputError, Busy) as e:
             self.refuse(request.session_hash, e)
 
     def submit_resume(self, job_id, request: gr.Request):
@@ -105,14 +105,14 @@ class RunPanel:
             if not job_id:
                 raise InputError("job", "select a job in the gallery first")
             folder = self.ctx.access.job_folder(self.ctx.outputs, job_id, user, "job")
-            return self.started(self.runner.submit_resume(folder, session=request.session_hash, owner=user,
-                                                          origin="page"))
-        except (InputError, SessionBusy) as e:
+            return self.started(self.sessions.submit_resume(folder, session=request.session_hash, owner=user,
+                                                            origin="page"))
+        except (InputError, Busy) as e:
             self.refuse(request.session_hash, e)
 
     def show_submit_error(self, request: gr.Request):
         """The refusal in the status, and a progress line that agrees with it (not "Idle: … press Start")."""
-        message = self.runner.last_error(request.session_hash)
+        message = self.sessions.last_error(request.session_hash)
         if not message:
             return gr.skip(), gr.skip()
         return f"⚠ {message}", progress_html(None, idle_text=NOT_STARTED)
@@ -127,7 +127,7 @@ class RunPanel:
         view = JobView(fps=job.request.fps, mode=job.request.mode, seed=getattr(job.request, "seed", None))
         yield {ui.preview: None, ui.video: None, ui.log: "", ui.memory_plot: None,
                ui.timings: "_Shown after the job._"}
-        for batch in self.runner.stream(job, tick_s=TICK_S):
+        for batch in self.sessions.stream(job, tick_s=TICK_S):
             for event in batch:
                 view.apply(event)
             if not batch:
@@ -156,7 +156,7 @@ class RunPanel:
         return updates or {ui.status: gr.skip()}
 
     def finish(self, job_id, selected_job, request: gr.Request):
-        current = self.runner.current(request.session_hash)
+        current = self.sessions.current(request.session_hash)
         gallery, job_ids = self.jobs.refresh(request)
         details = self.jobs.select_id(selected_job, request)    # the selected job as it is now (after Resume)
         if job_id is None or current is not None and current.id != job_id and not current.finished:
@@ -169,7 +169,7 @@ class RunPanel:
         another browser of the same user) shows the job running here, whatever door started it (page, queue, command
         line, API): its progress, preview, section videos and End; then its end. Called every WATCH_S."""
         session, ui = request.session_hash, self.ui
-        own = self.runner.current(session)
+        own = self.sessions.current(session)
         if own is not None:        # this tab's own job streams through run(); once it ended, its result stays shown
             with self._lock:
                 self._watching.pop(session, None)
@@ -233,13 +233,13 @@ class RunPanel:
     def stop(self, request: gr.Request):
         with self._lock:
             watch = self._watching.get(request.session_hash)
-        own = self.runner.current(request.session_hash)
+        own = self.sessions.current(request.session_hash)
         if (own is None or own.finished) and watch is not None:          # End on the job this tab shows
             job = self.runner.get(watch.job_id)
             if job is not None and self.ctx.access.sees(self.ctx.access.user(request), job.owner):
-                return f"■ {self.runner.stop(job.id)}", gr.skip(), gr.skip()
-        message = self.runner.cancel(request.session_hash)
-        job = self.runner.current(request.session_hash)
+                return f"■ {self.sessions.stop(job.id)}", gr.skip(), gr.skip()
+        message = self.sessions.cancel(request.session_hash)
+        job = self.sessions.current(request.session_hash)
         if job is not None and job.finished:
             return f"■ {message}", gr.update(interactive=True), gr.update(interactive=False)
         return f"■ {message}", gr.skip(), gr.skip()
@@ -249,7 +249,7 @@ class RunPanel:
         return "■ The server is busy; press End again.", gr.skip(), gr.skip()
 
     def tab_closed(self, request: gr.Request):
-        self.runner.drop_waiting(request.session_hash)
+        self.sessions.drop_waiting(request.session_hash)
         with self._lock:
             self._confirmed.pop(request.session_hash, None)
             self._watching.pop(request.session_hash, None)

@@ -27,6 +27,7 @@ from ui import doors
 from ui import settings as st
 from ui.access import Access
 from ui.api import VIDEO_DOC, video_endpoint
+from ui.sessions import stop_in_words
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,7 @@ class QueueActions:
         return self.visible(user)
 
     def remove(self, entry_id, user: str | None = None) -> str:
-        return self.runner.stop(self._own(entry_id, user).id)
+        return stop_in_words(self.runner, self._own(entry_id, user).id)
 
     def listing(self, user: str | None = None, offset=0, limit=LIST_PAGE) -> list[dict]:
         """The user's entries in line order, `limit` (at most LIST_PAGE) from `offset`."""
