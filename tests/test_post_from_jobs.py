@@ -40,7 +40,7 @@ def outputs(tmp_path_factory):
 
 def _panels(out, access):
     ui = SimpleNamespace(post_job=object(), selected_job=None, image=None)
-    ctx = SimpleNamespace(outputs=out, access=access, runner=None, ui=ui,
+    ctx = SimpleNamespace(outputs=out, access=access, runner=None, sessions=None, ui=ui,
                           config=SimpleNamespace(upscaler_dir=out / "ups"))
     return JobsPanel(ctx), PostPanel(ctx)
 
@@ -83,7 +83,7 @@ def test_the_page_wires_the_button_to_the_post_panel():
 
     with gr.Blocks() as app:
         ui = build_layout(get_preset("tiny"), "CPU", "")
-        ctx = SimpleNamespace(outputs=None, access=Access.of(None), runner=None, ui=ui,
+        ctx = SimpleNamespace(outputs=None, access=Access.of(None), runner=None, sessions=None, ui=ui,
                               config=SimpleNamespace(upscaler_dir="/nonexistent"))
         panel = PostPanel(ctx)
         panel.build(app)
