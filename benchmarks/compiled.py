@@ -2,13 +2,17 @@
 
 `step`: one transformer step (the pipeline's FramepackDenoiser after `begin_section`, the first section's real
 context at 608×640, window 9) resident and under the 20 GB cap (preserved 6, prefetch 1, streamed as the app
-streams), for eager bf16, compiled blocks and fp8 compute (compiled, weights kept in fp8); the median of `--steps` steps after
-`--warmup`, the first compiled call timed apart (kernel preparation). Error against eager bf16 (relative Frobenius
-norm): one step's output, and a whole section's latents (25 sampling steps of the real sampler from the same noise).
+streams), for eager bf16, compiled blocks and fp8 compute (compiled, weights kept in fp8); with `--variants`, also
+attn8 (compiled + fp8 attention, rocm/fp8_attention.py) and fp8+attn8 (fp8 compute + fp8 attention; after fp8, which
+converts the transformer); the median of `--steps` steps after `--warmup`, the first compiled call timed apart
+(kernel preparation), the arithmetic floor beside each (block Linears 2.5e14 FLOP + attention 2.5e14 a step at the
+GPU's dense bf16 / fp8 peaks). Error against eager bf16 (relative Frobenius norm): one step's output, and a whole
+section's latents (25 sampling steps of the real sampler from the same noise).
 
 `jobs`: whole jobs through the orchestrator (all five full-size models, 20 GB cap, preserved 6) in one process, one
 per `--jobs` entry: eager | compiled | lora (compiled + one random rank-16 LoRA on every block Linear) | teacache
-(compiled + TeaCache 0.15) | fp8 (compiled + fp8 compute; converts the transformer, so it comes last). Per job: end
+(compiled + TeaCache 0.15) | attn8 (compiled + fp8 attention) | fp8 (compiled + fp8 compute; converts the
+transformer, so it and fp8+attn8 (fp8 compute + fp8 attention) come last). Per job: end
 to end, the transformer's sampling, the kernel preparation, the graphs dynamo compiled during the job (0 = no
 recompile). The final latents of each job are saved in `--latents` and compared with the first job's (and, with
 `--compare`, with the latents another process saved).
@@ -39,6 +43,15 @@ if not __package__:          # `python3 benchmarks/<this>.py`: run again as a mo
 from common.units import GIB  # noqa: E402
 
 log = logging.getLogger("benchmarks.compiled")
+LINEAR_FLOP, ATTENTION_FLOP = 2.5e14, 2.5e14      # one full-size step at 608×640, window 9 (issue 46)
+DENSE_PEAKS = (989e12, 1979e12)                    # H100 / H200 dense bf16, fp8 FLOP/s (the floor's peaks)
+
+
+def floor_s(variant: str) -> float:
+    """The step's arithmetic floor: its products at the dense peak of the precision they run in."""
+    bf16, fp8 = DENSE_PEAKS
+    return (LINEAR_FLOP / (fp8 if variant.startswith("fp8") else bf16)
+            + ATTENTION_FLOP / (fp8 if variant.endswith("attn8") else bf16))
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -71,9 +84,10 @@ def _section_latents(tr, inputs, device, steps: int) -> torch.Tensor:
 
 
 def step_main(args) -> None:
-    from benchmarks.transformer_step import run_config, section_inputs, transformer_on_device
+    from benchmarks.transformer_step import section_inputs, transformer_on_device
     from memory.hostpack import HostPack
     from pipeline import compiled
+    from rocm.sdpa import fp8_attention
 
     device, tr, height, width, image_tokens, build_s = transformer_on_device(args.tiny)
     pack = HostPack.of(tr)
@@ -88,26 +102,39 @@ def step_main(args) -> None:
     results, sections = [], {}
     variants = [v for v in args.variants.split(",") if v]
     for variant in variants:
-        if variant == "fp8":
+        if variant.startswith("fp8") and not any(isinstance(m, compiled.Fp8Linear) for m in tr.modules()):
             recipe = "rowwise" if args.tiny else compiled.fp8_recipe(device)
             compiled.use_fp8_compute(tr, recipe, device)
-        blocks.enabled = variant != "eager"
-        prepare_s = None
-        if blocks.enabled:        # the first call compiles (timed here, not in the steps)
-            before = compiled.compiled_graphs()
-            t = time.perf_counter()
-            run_config("warm-up", tr, inputs, device, *caps["resident"], 1, 0, 1)
-            prepare_s = time.perf_counter() - t
-            log.info("%s: kernels prepared in %.1f s (%d graphs)", variant, prepare_s,
-                     compiled.compiled_graphs() - before)
-        for name, (cap_gb, preserved) in caps.items():
-            before = compiled.compiled_graphs()
-            r = run_config(f"{variant}, {name}", tr, inputs, device, cap_gb, preserved, 1, args.warmup, args.steps)
-            r.update(variant=variant, where=name, prepare_s=prepare_s,
-                     graphs_compiled=compiled.compiled_graphs() - before)
-            results.append(r)
-        if args.section_steps:
-            sections[variant] = _section_latents(tr, inputs, device, args.section_steps)
+        with fp8_attention(variant.endswith("attn8")):
+            _step_variant(args, variant, tr, inputs, device, caps, blocks, results, sections)
+    _report(args, device, build_s, variants, results, sections)
+
+
+def _step_variant(args, variant, tr, inputs, device, caps, blocks, results, sections) -> None:
+    """One variant's kernel preparation, its steps at each place, and its section's latents (appended)."""
+    from benchmarks.transformer_step import run_config
+    from pipeline import compiled
+
+    blocks.enabled = variant != "eager"
+    prepare_s = None
+    if blocks.enabled:        # the first call compiles (timed here, not in the steps)
+        before = compiled.compiled_graphs()
+        t = time.perf_counter()
+        run_config("warm-up", tr, inputs, device, *caps["resident"], 1, 0, 1)
+        prepare_s = time.perf_counter() - t
+        log.info("%s: kernels prepared in %.1f s (%d graphs)", variant, prepare_s,
+                 compiled.compiled_graphs() - before)
+    for name, (cap_gb, preserved) in caps.items():
+        before = compiled.compiled_graphs()
+        r = run_config(f"{variant}, {name}", tr, inputs, device, cap_gb, preserved, 1, args.warmup, args.steps)
+        r.update(variant=variant, where=name, prepare_s=prepare_s, floor_s=floor_s(variant),
+                 graphs_compiled=compiled.compiled_graphs() - before)
+        results.append(r)
+    if args.section_steps:
+        sections[variant] = _section_latents(tr, inputs, device, args.section_steps)
+
+
+def _report(args, device, build_s, variants, results, sections) -> None:
     base = {r["where"]: r for r in results if r["variant"] == variants[0]}
     for r in results:
         ref = base[r["where"]]
@@ -123,13 +150,13 @@ def step_main(args) -> None:
             "section_steps": args.section_steps}
     args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1, default=str))
     print(f"\n{meta['device']}, torch {meta['torch']}")
-    print("| variant | where | s/step | × eager (same place) | × eager resident | kernels prepared s | "
+    print("| variant | where | s/step | floor s | × eager (same place) | × eager resident | kernels prepared s | "
           "graphs in timed steps | peak reserved GiB | step rel. err | section rel. err |\n"
-          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         sec_err = "–" if r["section_rel_err"] is None else f"{r['section_rel_err']:.2e}"
         prep = "–" if r["prepare_s"] is None else f"{r['prepare_s']:.1f}"
-        print(f"| {r['variant']} | {r['where']} | {r['s_per_step']:.3f} | {r['x_eager']:.3f} | "
+        print(f"| {r['variant']} | {r['where']} | {r['s_per_step']:.3f} | {r['floor_s']:.2f} | {r['x_eager']:.3f} | "
               f"{r['x_eager_resident']:.3f} | {prep} | {r['graphs_compiled']} | {r['peak_reserved'] / GIB:.2f} | "
               f"{r['step_rel_err']:.2e} | {sec_err} |")
 
@@ -177,7 +204,7 @@ def jobs_main(args) -> None:
         for n, variant in enumerate(v for v in args.jobs.split(",") if v):
             if variant == "lora" and lora_name is None:
                 lora_name = write_random_lora(comps.transformer, lora_dir)
-            if variant == "fp8":
+            if variant.startswith("fp8"):
                 recipe = "rowwise" if device.type == "cpu" else compiled.fp8_recipe(device)
                 if not any(isinstance(m, compiled.Fp8Linear) for m in comps.transformer.modules()):
                     compiled.use_fp8_compute(comps.transformer, recipe, device)
@@ -185,7 +212,8 @@ def jobs_main(args) -> None:
                               seconds=args.seconds if variant not in ("lora", "teacache") else args.short_seconds,
                               steps=args.steps, seed=31337, teacache=0.15 if variant == "teacache" else 0.0,
                               loras=f"{lora_name}:0.8" if variant == "lora" else "",
-                              compile="off" if variant == "eager" else "on")
+                              compile="off" if variant == "eager" else "on",
+                              fp8_attention="on" if variant.endswith("attn8") else "off")
             memory = MemoryManager(device=device, cap_gb=args.cap_gb, preserved_gb=args.preserved_gb)
             memory.set_workload(height, width, 9)
             memory.prepare(**comps.models())
