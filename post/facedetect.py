@@ -185,9 +185,14 @@ def detect(net: RetinaFace, frame: np.ndarray, device, threshold: float = THRESH
                  points[i].cpu().numpy()) for i in keep]
 
 
+EYES_MIN_PX = 5.0                       # a face whose eyes are closer than this is too small to restore (GFPGAN's)
+
+
 def find_faces(net: RetinaFace, frame: np.ndarray, device) -> list[np.ndarray]:
-    """The five landmarks of each face of a frame (what post/process.py restore_faces asks for)."""
-    return [face.landmarks for face in detect(net, frame, device)]
+    """The five landmarks of each face of a frame large enough to restore (what post/process.py restore_faces asks
+    for)."""
+    return [f.landmarks for f in detect(net, frame, device)
+            if float(np.linalg.norm(f.landmarks[0] - f.landmarks[1])) >= EYES_MIN_PX]
 
 
 def detector_from_state(state: dict) -> RetinaFace:

@@ -240,3 +240,14 @@ def test_a_default_download_tries_each_address_and_keeps_only_the_published_byte
                         mf.Download("GFPGANv1.4.pth", (missing, bad.as_uri(), good.as_uri()), file_sha256(good)))
     path = mf.fetch(ModelRef("face", "GFPGANv1.4.pth"), folder)
     assert path.read_bytes() == good.read_bytes() and sorted(p.name for p in folder.iterdir()) == ["GFPGANv1.4.pth"]
+
+
+def test_faces_too_small_to_restore_are_left_alone():
+    """The tiny detector sees a face at every anchor; those of the 16-pixel anchors have eyes 4 pixels apart, under
+    GFPGAN's 5: find_faces keeps only the larger ones."""
+    frame = np.random.default_rng(3).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    net = facedetect.tiny_detector()
+    everything = facedetect.detect(net, frame, CPU, limit=200)
+    kept = facedetect.find_faces(net, frame, CPU)
+    assert any(f.box[2] - f.box[0] < 20 for f in everything) and kept
+    assert all(np.linalg.norm(p[0] - p[1]) >= facedetect.EYES_MIN_PX for p in kept)
