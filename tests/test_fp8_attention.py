@@ -236,7 +236,7 @@ def test_the_switch_reaches_the_transformers_attention_in_a_job(tiny_original, t
 
     def job(name, setting):
         cpu_kernel.clear()
-        request = Request(image=make_image(), prompt="a cat walks", seconds=1.0, steps=2, seed=3,
+        request = Request(image=make_image(), prompt="a cat walks", seconds=1.0, steps=1, seed=3,
                           fp8_attention=setting)
         with sdpa.AttentionGuard("cpu", force_chunked=True, label="transformer") as guard:
             events = list(generate(prepare(request, 64), tiny_original, outputs=tmp_path / name))
