@@ -152,6 +152,52 @@ def test_a_live_display_ends_showing_the_newest_values_of_a_busy_tab():
     assert wrapped(4, tab) == "4 s" and seen[-1] == 4
 
 
+def test_a_live_display_refused_for_its_addresss_slots_still_shows_the_newest_values():
+    """Issue 44 (a second tab's load took the address's quick slots while the first tab's seconds changed, and its
+    hints kept the old plan: 'never said 8 sections'): a tab's hint call refused because another tab of the same
+    address holds the slots answers once a slot is free, with its values; before, it answered busy and nothing
+    came after it. A tab's call that waits too long, or beyond `limit` waiters, is still refused."""
+    from ui import guard as guard_module
+
+    guard = HandlerGuard(limit=8, per_session=1)
+    inside, release = threading.Semaphore(0), threading.Event()
+
+    def other(x):                                    # the other tab's call that holds the address's slot
+        inside.release()
+        release.wait(10)
+        return x
+
+    def tab_of(session):
+        return types.SimpleNamespace(session_hash=session, username=None,
+                                     client=types.SimpleNamespace(host="127.0.0.1"))
+
+    holder = threading.Thread(target=guard.wrap(other, lambda: "busy"), args=(1, tab_of("b")))
+    holder.start()
+    assert inside.acquire(timeout=10)
+    hint = guard.wrap(lambda seconds: f"{seconds} s", lambda: "busy", latest_wins=True)
+    answer = []
+    first = threading.Thread(target=lambda: answer.append(hint(9.6, tab_of("a"))))
+    first.start()
+    first.join(0.3)
+    assert first.is_alive() and not answer          # waiting for the address's slot, not answered busy
+    release.set()
+    first.join(10)
+    holder.join(10)
+    assert answer == ["9.6 s"] and guard.refused == 0
+    release.clear()
+    holder = threading.Thread(target=guard.wrap(other, lambda: "busy"), args=(1, tab_of("b")))
+    holder.start()
+    assert inside.acquire(timeout=10)
+    old, guard_module.LATEST_WAIT_S = guard_module.LATEST_WAIT_S, 0.2
+    try:
+        assert hint(4.8, tab_of("a")) == "busy"      # the slot stayed taken: refused after the wait
+    finally:
+        guard_module.LATEST_WAIT_S = old
+        release.set()
+        holder.join(10)
+    assert hint(2.4, tab_of("a")) == "2.4 s"
+
+
 def _job(tmp_path, name: str, settings) -> "object":
     d = tmp_path / name
     d.mkdir()

@@ -133,8 +133,6 @@ def test_broken_image_then_a_good_job_streams_previews_and_videos(server, browse
         page.close()
 
 
-@pytest.mark.xfail(strict=False, reason="issue 44 is open on this: under the full suite the second tab's hints "
-                   "sometimes keep the first tab's job ('never said 8 sections'), since tabs follow the running job")
 def test_end_stops_a_running_job_while_another_tab_waits(server, browser, images):
     url, _ = server
     a, b = _open(browser, url), _open(browser, url)

@@ -103,11 +103,13 @@ def test_a_client_is_its_login_or_its_address_never_its_session_id():
     assert client_key(req("10.0.0.5", **{"x-forwarded-for": "1.2.3.4"}), forwarded=True) == "address 10.0.0.5"
 
 
-def test_fresh_session_ids_neither_get_more_slots_nor_grow_the_guard():
+def test_fresh_session_ids_neither_get_more_slots_nor_grow_the_guard(monkeypatch):
     from types import SimpleNamespace as NS
 
+    from ui import guard as guard_module
     from ui.guard import KEPT_SESSIONS_MAX, HandlerGuard
 
+    monkeypatch.setattr(guard_module, "LATEST_WAIT_S", 0.5)   # the first refused call waits that long for a slot
     guard = HandlerGuard(limit=8, per_session=1)
     inside, release = threading.Event(), threading.Event()
 

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 KEPT_SESSIONS_MAX = 256          # refused calls' values kept for re-running (latest_wins), at most ...
 KEPT_S = 60.0                    # ... and for at most this long
+LATEST_WAIT_S = 5.0              # a live display's call (latest_wins) refused for want of a slot waits this long for one
 
 
 def client_key(request, username: str | None = None, *, forwarded: bool = False) -> str:
@@ -66,6 +67,11 @@ class HandlerGuard:
         self.keeper = keeper
         self.forwarded = forwarded              # --share: clients through the tunnel keyed by the forwarded address
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)      # a slot was given back
+        self._waiting = 0                                  # latest_wins calls waiting for a slot (at most `limit`)
+        self._waiters: dict[str | None, int] = {}          # ... of each client (at most one)
+        self._gave_up: OrderedDict = OrderedDict()         # clients whose last wait ran out: refused at once until
+                                                           # one of their calls gets a slot (bounded)
         self._running = 0
         self._sessions: dict[str, int] = {}
         self.refused = 0
@@ -80,6 +86,40 @@ class HandlerGuard:
                 self._sessions[session] = self._sessions.get(session, 0) + 1
             return True
 
+    def _enter_soon(self, session: str | None, timeout: float) -> bool:
+        """`_enter`, waiting up to `timeout` for a slot: at most `limit` callers wait at once and one of each client,
+        and a client whose wait ran out is refused at once until one of its calls gets a slot again (a client
+        making up session ids holds no more threads than that)."""
+        if self._enter(session):
+            with self._lock:
+                self._gave_up.pop(session, None)
+            return True
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            if self._waiting >= self.limit or self._waiters.get(session) or session in self._gave_up:
+                return False
+            self._waiting += 1
+            self._waiters[session] = 1
+            try:
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._gave_up[session] = None
+                        while len(self._gave_up) > KEPT_SESSIONS_MAX:
+                            self._gave_up.popitem(last=False)
+                        return False
+                    self._freed.wait(left)
+                    if self._running < self.limit and \
+                            not (session and self._sessions.get(session, 0) >= self.per_session):
+                        self.refused -= 1            # (counted by the `_enter` above) it ran after all
+                        self._running += 1
+                        if session:
+                            self._sessions[session] = self._sessions.get(session, 0) + 1
+                        return True
+            finally:
+                self._waiting -= 1
+                self._waiters.pop(session, None)
+
     def _leave(self, session: str | None) -> None:
         with self._lock:
             self._running -= 1
@@ -88,6 +128,7 @@ class HandlerGuard:
                 if left:
                     self._sessions[session] = left
             idle = self._running == 0
+            self._freed.notify_all()
         if idle and self.keeper is not None:
             self.keeper.worked()
 
@@ -100,7 +141,10 @@ class HandlerGuard:
         once done, runs again with the newest refused values and answers with that, so the display ends showing
         what the page holds now: refused calls answer `busy()` (a skip: the display keeps what it has), and no
         older answer can arrive after a newer one (on a busy machine the last change's answer was a skip, or an
-        earlier call's answer arrived last, and the hints stayed stale)."""
+        earlier call's answer arrived last, and the hints stayed stale). A call refused because the guard's slots
+        (or its client's: every tab of one address shares them) are taken waits up to LATEST_WAIT_S for one: no
+        later call of its tab may come to answer for it (a second tab's load took the address's slots while the
+        first tab's seconds changed, and its hints kept the old plan: issue 44)."""
         import gradio as gr
 
         params = list(inspect.signature(fn).parameters.values())
@@ -138,7 +182,7 @@ class HandlerGuard:
                         return busy()
                     running.add(session)
                     newest.pop(session, None)              # this call is newer than any refused before it
-            if not self._enter(client):
+            if not (self._enter_soon(client, LATEST_WAIT_S) if follows else self._enter(client)):
                 if follows:
                     with self._lock:
                         running.discard(session)
