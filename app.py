@@ -102,7 +102,7 @@ def build_app(config: Config, runner: Runner | None = None, device=None):
         ui = build_layout(preset, _device_text(device),
                           preserved_text(preset, config, device, min(MEMORY.preserved_gb, top), top),
                           notice=notice or None, preserved_max_gb=top, examples=examples, lora_dir=config.lora_dir)
-        access = Access.of(config.web.auth, config.web.admins)
+        access = Access.of(config.web.auth, config.web.admins, forwarded=config.web.share)
         keeper = HeapKeeper()
         live, quick = AppContext.guards(keeper, forwarded=config.web.share)
         sessions = Sessions(runner)                    # the tabs' and API calls' jobs on it (ui/sessions.py)

@@ -142,31 +142,44 @@ def with_new_seed_switch(prepared, value: str):
 
 @dataclass(frozen=True)
 class QueueCaps:
-    """How many jobs may wait in the queue on disk: in all, and of one owner (a login). The app sets them (clients
-    cannot fill the disk queue); the command line has none."""
+    """How many jobs may wait in the queue on disk: in all, and of one client (Entry.client: its login, else its
+    address, as ui/guard.py client_key keys it; so without --auth one address cannot fill the queue for the
+    others). The app sets them (clients cannot fill the disk queue); the command line has none."""
     total: int = 1000
-    per_owner: int = 200
+    per_client: int = 200
 
-    def check(self, store: qs.QueueStore, owner: str | None, adding: int) -> None:
-        """Raises InputError("queue") when `adding` more jobs of `owner` would pass a cap."""
+    def check(self, store: qs.QueueStore, client: str | None, adding: int) -> None:
+        """Raises InputError("queue") when `adding` more jobs of `client` would pass a cap."""
         waiting = store.entries([qs.WAITING])
         if len(waiting) + adding > self.total:
             raise InputError("queue", f"{len(waiting)} jobs are waiting and the queue takes at most {self.total}; "
                                       f"add these when some have run")
-        mine = sum(1 for e in waiting if e.owner == owner) if owner is not None else 0
-        if mine + adding > self.per_owner:
-            raise InputError("queue", f"you have {mine} jobs waiting and one user may have at most "
-                                      f"{self.per_owner}; add these when some have run")
+        mine = sum(1 for e in waiting if added_by(e) == client) if client is not None else 0
+        if mine + adding > self.per_client:
+            who = "one user" if client.startswith("login ") else "one address"
+            raise InputError("queue", f"you have {mine} jobs waiting and {who} may have at most "
+                                      f"{self.per_client}; add these when some have run")
+
+
+def client_of(owner: str | None, client: str | None) -> str | None:
+    """Who adds a job, as the queue's caps count it: the client the app named, else the login of its owner."""
+    return client if client is not None else (f"login {owner}" if owner else None)
+
+
+def added_by(entry: qs.Entry) -> str | None:
+    """The client an entry counts against (an entry of a queue older than Entry.client: its owner's login)."""
+    return client_of(entry.owner, entry.client)
 
 
 def enqueue(store: qs.QueueStore, preflight, requests: list, *, owner: str | None = None, origin: str = "queue",
-            checked: bool = False) -> list[tuple[qs.Entry, Work]]:
+            checked: bool = False, client: str | None = None) -> list[tuple[qs.Entry, Work]]:
     """Check every request (the one pre-flight; `checked`: they are PreparedRequests it passed already) and add
     them all, in order and in one transaction: [(its entry, what it will run)]. Raises InputError naming the field
     (nothing is added then)."""
     prepared = list(requests) if checked else [preflight.prepare(r) for r in requests]
     prepared = [with_new_seed(p) for p in prepared]
-    entries = store.add_many([entry_values(p.request) for p in prepared], owner=owner, origin=origin)
+    entries = store.add_many([entry_values(p.request) for p in prepared], owner=owner, origin=origin,
+                             client=client_of(owner, client))
     return [(e, Work(e.id, with_copies(p, e), owner=owner)) for e, p in zip(entries, prepared)]
 
 
@@ -197,37 +210,42 @@ class Runner:
 
     # ---- adding -----------------------------------------------------------------------------------------------------
     def submit(self, job, *, owner: str | None = None, origin: str = "page", checked: bool = False,
-               waited_on: bool = False) -> QueuedJob:
+               waited_on: bool = False, client: str | None = None) -> QueuedJob:
         """Check and queue one job: `job` is a Request, a PreparedRequest or a ResumeRequest (a folder to continue;
         `checked`: a PreparedRequest the pre-flight passed already). `waited_on`: the caller waits on its result (a
-        page or an API call). Raises InputError naming the field, Busy for a folder that has an entry already."""
+        page or an API call). `client`: who adds it (ui/guard.py client_key; the queue's caps count it). Raises
+        InputError naming the field, Busy for a folder that has an entry already."""
         from pipeline.resume import ResumeRequest
 
+        client = client_of(owner, client)
         with self._lock:
             left = self._folder_check(job.job_dir if isinstance(job, ResumeRequest) else None)
         if left is not None:                # the folder's entry, left by a runner that is gone: it continues it
             return self._follow(left, Work(left.id, resuming=job, owner=left.owner), waited_on)
         if self.caps is not None:
-            self.caps.check(self.store, owner, 1)
+            self.caps.check(self.store, client, 1)
         if isinstance(job, ResumeRequest):
-            entry = self.store.add(job.request.settings(), owner=owner, origin=origin, job_dir=job.job_dir.name)
+            entry = self.store.add(job.request.settings(), owner=owner, origin=origin, job_dir=job.job_dir.name,
+                                   client=client)
             work = Work(entry.id, resuming=job, owner=owner)
         else:
             ((entry, work),) = enqueue(self.store, self.preflight, [job], owner=owner, origin=origin,
-                                       checked=checked)
+                                       checked=checked, client=client)
         return self._follow(entry, work, waited_on)
 
     def submit_many(self, requests: list, *, owner: str | None = None, origin: str = "queue",
-                    checked: bool = False) -> list[QueuedJob]:
+                    checked: bool = False, client: str | None = None) -> list[QueuedJob]:
         """Check every job, then queue them all in this order (InputError: none is queued). `checked`: they are
         PreparedRequests the pre-flight passed already (jobs/jsonl.py prepare_lines)."""
+        client = client_of(owner, client)
         if self.caps is not None:
-            self.caps.check(self.store, owner, len(requests))
+            self.caps.check(self.store, client, len(requests))
         return [self._follow(entry, work, False) for entry, work in
-                enqueue(self.store, self.preflight, requests, owner=owner, origin=origin, checked=checked)]
+                enqueue(self.store, self.preflight, requests, owner=owner, origin=origin, checked=checked,
+                        client=client)]
 
     def submit_resume(self, job_dir: Path, *, owner: str | None = None, origin: str = "page",
-                      waited_on: bool = False) -> QueuedJob:
+                      waited_on: bool = False, client: str | None = None) -> QueuedJob:
         """Queue the continuation of a job folder of this runner's outputs. Raises InputError when it cannot be
         resumed (the message says why), Busy as `submit` does."""
         from pipeline.resume import prepare_resume
@@ -239,9 +257,14 @@ class Runner:
             checked = post_resume(job_dir, folders_of(self.preflight.config))
             with self._lock:
                 self._folder_check(job_dir)
-            entry = self.store.add(checked.request.settings(), owner=owner, origin=origin, job_dir=job_dir.name)
+            client = client_of(owner, client)
+            if self.caps is not None:
+                self.caps.check(self.store, client, 1)
+            entry = self.store.add(checked.request.settings(), owner=owner, origin=origin, job_dir=job_dir.name,
+                                   client=client)
             return self._follow(entry, Work(entry.id, checked, owner=owner), waited_on)
-        return self.submit(prepare_resume(job_dir), owner=owner, origin=origin, waited_on=waited_on)
+        return self.submit(prepare_resume(job_dir), owner=owner, origin=origin, waited_on=waited_on,
+                           client=client)
 
     def edit(self, entry_id: str, request) -> qs.Entry:
         """Replace a waiting entry's job with `request`, checked whole by the pre-flight (InputError naming the

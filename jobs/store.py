@@ -40,7 +40,7 @@ from jobs.jsonl import FILE_NAMES, IMAGE_FIELDS, VIDEO_SHA256
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2                      # 2: entries.owner and .origin (1 is brought up to it when opened)
+SCHEMA_VERSION = 3                      # 2: entries.owner and .origin; 3: .client (older ones are brought up to it)
 QUEUE_DIR = ".queue"                    # under outputs/: hidden from the gallery (its name starts with a dot)
 DB_NAME = "queue.db"                    # in QUEUE_DIR
 IMAGES_DIR = "images"                   # in QUEUE_DIR: <entry id>/start.png, end.png
@@ -54,8 +54,8 @@ BUSY_TIMEOUT_S = 2.0        # SQLite's own wait for a lock, each try
 LOCK_WAIT_S = 120.0         # how long a change waits for a database another process keeps locked, in all
 JOURNAL_NAME = "entries.json"   # in QUEUE_DIR: the unfinished entries as of the last change (the database's spare)
 COLUMNS = ("id", "position", "status", "settings", "images", "job_dir", "progress", "message", "created", "updated",
-           "owner", "origin")
-JOURNALED = ("id", "position", "status", "settings", "images", "job_dir", "created", "owner", "origin")
+           "owner", "origin", "client")
+JOURNALED = ("id", "position", "status", "settings", "images", "job_dir", "created", "owner", "origin", "client")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -71,7 +71,8 @@ CREATE TABLE IF NOT EXISTS entries (
     created   REAL NOT NULL,
     updated   REAL NOT NULL,
     owner     TEXT,
-    origin    TEXT NOT NULL DEFAULT 'queue'
+    origin    TEXT NOT NULL DEFAULT 'queue',
+    client    TEXT
 );
 CREATE INDEX IF NOT EXISTS entries_position ON entries (position);
 """
@@ -91,6 +92,8 @@ class Entry:
     updated: float = 0.0
     owner: str | None = None            # the app's user who added it (ui/access.py); None without logins
     origin: str = "queue"               # page, api, queue, cli, batch
+    client: str | None = None           # who added it, as the app's limits key a client (ui/guard.py client_key:
+                                        # "login NAME", else "address HOST"); None: the command line
 
     @property
     def interrupted(self) -> bool:
@@ -166,6 +169,13 @@ def _locked(error: sqlite3.OperationalError) -> bool:
     return getattr(error, "sqlite_errorcode", None) in (SQLITE_BUSY, SQLITE_LOCKED)
 
 
+def _selected(db) -> str:
+    """COLUMNS as a SELECT list of `db`'s entries table, NULL for those an older schema lacks (a reader that changes
+    nothing reads a database the next writer brings up to SCHEMA_VERSION)."""
+    have = {r[1] for r in db.execute("PRAGMA table_info(entries)")}
+    return ", ".join(c if c in have else f"NULL AS {c}" for c in COLUMNS)
+
+
 def _rows_of(path: Path) -> list[tuple]:
     """The entries' rows SQLite can still read from a damaged database, one row at a time (a damaged page loses its
     own rows only); [] when nothing can be read. Read-only: the file is not changed."""
@@ -176,9 +186,10 @@ def _rows_of(path: Path) -> list[tuple]:
         return rows
     try:
         rowids = [r[0] for r in db.execute("SELECT rowid FROM entries")]
+        selected = _selected(db)
         for rowid in rowids:
             try:
-                row = db.execute(f"SELECT {', '.join(COLUMNS)} FROM entries WHERE rowid = ?", (rowid,)).fetchone()
+                row = db.execute(f"SELECT {selected} FROM entries WHERE rowid = ?", (rowid,)).fetchone()
                 json.loads(row[3]), json.loads(row[4])
                 rows.append(tuple(row))
             except (sqlite3.Error, TypeError, ValueError):
@@ -194,7 +205,8 @@ def _journal_rows(folder: Path) -> list[tuple]:
     """The unfinished entries the journal copy (JOURNAL_NAME) kept as of the last change; [] when it has none."""
     try:
         data = json.loads((folder / JOURNAL_NAME).read_text("utf-8"))
-        defaults = {"progress": 0.0, "message": "recovered from the queue's journal"}
+        defaults = {"progress": 0.0, "message": "recovered from the queue's journal", "owner": None,
+                    "origin": "queue", "client": None}
         return [tuple(json.dumps(e[c]) if c in ("settings", "images") else e[c] if c in e else
                       defaults.get(c, e["created"]) for c in COLUMNS) for e in data["entries"]]
     except (OSError, ValueError, KeyError, TypeError):
@@ -245,7 +257,7 @@ class QueueStore:
                                                     timeout=BUSY_TIMEOUT_S)) as db:
                 if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
                     raise sqlite3.DatabaseError("integrity check failed")
-                rows = db.execute(f"SELECT {', '.join(COLUMNS)} FROM entries ORDER BY position").fetchall()
+                rows = db.execute(f"SELECT {_selected(db)} FROM entries ORDER BY position").fetchall()
                 lease = db.execute("SELECT value FROM meta WHERE key = 'runner'").fetchone()
             if rows or store.path.stat().st_size:
                 orphaned = lease is None or _lease_gone(json.loads(lease[0]), time.time())
@@ -304,12 +316,15 @@ class QueueStore:
         row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
         if row is None:
             db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-        elif row[0] == "1":                     # before owners: every entry is the app's (no owner), queued
+        elif row[0] in ("1", "2"):
             with self._write() as tx:           # (another process may have done it meanwhile)
-                if tx.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == "1":
+                found = tx.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0]
+                if found == "1":                # before owners: every entry is the app's (no owner), queued
                     tx.execute("ALTER TABLE entries ADD COLUMN owner TEXT")
                     tx.execute("ALTER TABLE entries ADD COLUMN origin TEXT NOT NULL DEFAULT 'queue'")
                     tx.execute("UPDATE entries SET status = ? WHERE status = 'in line'", (WAITING,))
+                if found in ("1", "2"):         # before clients: no entry counts against a client's cap
+                    tx.execute("ALTER TABLE entries ADD COLUMN client TEXT")
                     tx.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
         elif row[0] != str(SCHEMA_VERSION):
             raise sqlite3.DatabaseError(f"schema version {row[0]}; this version of the app reads {SCHEMA_VERSION}")
@@ -404,7 +419,7 @@ class QueueStore:
     @staticmethod
     def _entry(row) -> Entry:
         return Entry(row[0], row[1], row[2], json.loads(row[3]), json.loads(row[4]), row[5], row[6], row[7], row[8],
-                     row[9], row[10], row[11])
+                     row[9], row[10], row[11], row[12])
 
     def entries(self, statuses: Iterable[str] | None = None) -> list[Entry]:
         """Entries in line order (finished ones too unless `statuses` says which)."""
@@ -427,15 +442,16 @@ class QueueStore:
 
     # ---- changing ---------------------------------------------------------------------------------------------------
     def add(self, values: Mapping[str, Any], *, owner: str | None = None, origin: str = "queue",
-            job_dir: str | None = None) -> Entry:
+            job_dir: str | None = None, client: str | None = None) -> Entry:
         """Append a job (its values checked by `checked_values`) last in line; its images are copied into the
         queue's folder first. `job_dir`: it continues that job folder (a resume)."""
-        return self.add_many([values], owner=owner, origin=origin, job_dir=job_dir)[0]
+        return self.add_many([values], owner=owner, origin=origin, job_dir=job_dir, client=client)[0]
 
     def add_many(self, many: list[Mapping[str, Any]], *, job_dir: str | None = None, message: str = "",
-                 owner: str | None = None, origin: str = "queue") -> list[Entry]:
+                 owner: str | None = None, origin: str = "queue", client: str | None = None) -> list[Entry]:
         """Append several jobs in this order, in one transaction (another client's jobs never come between).
-        `owner`: the app's user who added them; `origin`: where they came from (ORIGINS)."""
+        `owner`: the app's user who added them; `origin`: where they came from (ORIGINS); `client`: who added them
+        (Entry.client: what the app's per-client cap counts)."""
         if origin not in ORIGINS:
             raise ValueError(f"origin: {origin!r} is not one of {ORIGINS}")
         staged = [(secrets.token_hex(6), *self._split(values)) for values in many]
@@ -448,9 +464,9 @@ class QueueStore:
                 top = db.execute("SELECT COALESCE(MAX(position), 0) FROM entries").fetchone()[0]
                 for n, (entry_id, settings, images) in enumerate(staged, 1):
                     db.execute("INSERT INTO entries (id, position, status, settings, images, job_dir, message, "
-                               "created, updated, owner, origin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                               "created, updated, owner, origin, client) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                (entry_id, top + n, WAITING, json.dumps(settings), json.dumps(images), job_dir,
-                                message, now, now, owner, origin))
+                                message, now, now, owner, origin, client))
                     ids.append(entry_id)
         except BaseException:
             for entry_id, _, _ in staged:

@@ -137,12 +137,22 @@ def lora_files(folder) -> list[str]:
 
 
 def resolve(name: str, folder) -> Path:
+    """The file of a LoRA choice: a bare name in the LoRA folder, else the path given. A missing one is refused
+    naming what was given and what to do, with the folder as it was configured (--lora-dir as its user gave it, or
+    the default's name): never the folder's absolute path, which the user did not give (the message may reach a
+    client of the app)."""
     folder = Path(folder) if folder else Path(LORA.folder)
     given = Path(name).expanduser()
-    path = given if given.is_absolute() or len(given.parts) > 1 else folder / given     # a bare name: the folder's
+    bare = not (given.is_absolute() or len(given.parts) > 1)
+    path = folder / given if bare else given           # a bare name: the folder's
     if path.is_file():
         return path
-    raise InputError(FIELD, f"{name}: no such file (looked in {path.parent.resolve()}); put it in the LoRA folder or give "
+    if not bare:                                       # the user's own path, as they gave it
+        raise InputError(FIELD, f"{name}: no such file; check the path (a file of the LoRA folder is named by its "
+                                f"file name alone)")
+    where = (f"the default LoRA folder, '{LORA.folder}' in the current folder" if folder == Path(LORA.folder)
+             else f"the LoRA folder, --lora-dir {folder}")
+    raise InputError(FIELD, f"{name}: not in {where}; put the file there, name its folder with --lora-dir, or give "
                             f"its path (./{name} for one in the current folder)")
 
 

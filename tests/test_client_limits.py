@@ -4,6 +4,7 @@ added jobs never hold the concurrency group of everyone's list, moves and remove
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 import time
 
 import pytest
@@ -26,7 +27,7 @@ def actions(tmp_path, tiny_original):
 def test_the_disk_queue_refuses_past_its_caps(actions, tmp_path):
     picture = tmp_path / "in.png"
     make_image(96, 80).save(picture)
-    actions.runner.caps = QueueCaps(total=5, per_owner=3)
+    actions.runner.caps = QueueCaps(total=5, per_client=3)
     assert len(actions.add_images([uploaded(picture)] * 3, {"prompt": "a"}, "alice")) == 3
     with pytest.raises(InputError, match="at most 3") as e:
         actions.add_images([uploaded(picture)], {"prompt": "a"}, "alice")
@@ -62,7 +63,7 @@ def test_checking_added_jobs_never_holds_the_queue_group(tmp_path, tiny_original
         actions = api["queue_add_images"].__self__.actions
         release, started = threading.Event(), []
 
-        def slow_checks(images, values, user=None):          # as 12 large images take to check
+        def slow_checks(images, values, user=None, client=None):     # as 12 large images take to check
             started.append(1)
             release.wait(30)
             return []
@@ -146,7 +147,7 @@ def test_fresh_session_ids_do_not_raise_a_clients_queue_limit(tmp_path, tiny_ori
         actions = api["queue_add_images"].__self__.actions
         release = threading.Event()
         # held until all 24 calls are in (released in `finally`): a bound that cannot run out on a loaded machine
-        actions.add_images = lambda images, values, user=None: (release.wait(600), [])[1]
+        actions.add_images = lambda images, values, user=None, client=None: (release.wait(600), [])[1]
         event, = (e for e in fz.events(server.url) if e.name == "queue_add_images")
         status, body = fz.upload(server.url, "in.png", picture.read_bytes())
         image = {"path": json.loads(body)[0], "meta": {"_type": "gradio.FileData"}}
@@ -191,3 +192,91 @@ def _post_chunked(url: str, body: bytes, chunk: int) -> tuple[int, str]:
         return response.status, response.read().decode("utf-8", "replace")
     finally:
         connection.close()
+
+
+def _from_address(monkeypatch, host: str) -> None:
+    """This test's HTTP calls (tests/fuzz_helpers.py) leave from `host` (another loopback address: another client
+    as the server sees it)."""
+    import functools
+    import http.client
+    import urllib.request
+
+    class Handler(urllib.request.HTTPHandler):
+        def http_open(self, req):
+            return self.do_open(functools.partial(http.client.HTTPConnection, source_address=(host, 0)), req)
+
+    monkeypatch.setattr(urllib.request, "urlopen", urllib.request.build_opener(Handler).open)
+
+
+def test_one_address_cannot_fill_the_disk_queue_and_its_export_names_no_server_path(tmp_path, tiny_original,
+                                                                                   monkeypatch):
+    """Without --auth: each queue entry records the address that added it and the per-client cap counts it, so one
+    address cannot fill the queue on disk while another can still add; the export of a job one client added
+    names the queue's copy of its image, never a server path, and imports again."""
+    import json
+
+    from jobs import store as qs
+    from jobs.runner import QueueCaps
+    from tests import fuzz_helpers as fz
+
+    outputs = tmp_path / "outputs"
+    picture = tmp_path / "in.png"
+    make_image(96, 80).save(picture)
+    elsewhere, _ = qs.QueueStore.open(outputs)
+    assert elsewhere.take_lease("another app")             # another live process runs the queue: jobs stay waiting
+    try:
+        with launched(outputs, tiny_original) as server:
+            server.runner.caps = QueueCaps(total=6, per_client=3)
+            events = {e.name: e for e in fz.events(server.url)}
+
+            def call(name, *data):                      # (ok, the answer's first 2000 characters)
+                answer = fz.call(server.url, events[name], list(data), timeout=60)
+                return answer.ok, answer.body
+
+            def upload(name: str, content: bytes) -> dict:
+                status, body = fz.upload(server.url, name, content)
+                assert status == 200, body
+                return {"path": json.loads(body)[0], "orig_name": name, "meta": {"_type": "gradio.FileData"}}
+
+            def jobs_file(n: int) -> dict:
+                return upload("jobs.jsonl", b'{"prompt": "p", "start_from": "noise"}\n' * n)
+
+            _from_address(monkeypatch, "127.0.0.2")                      # client A
+            ok, answer = call("queue_add_images", [upload("in.png", picture.read_bytes())], {"prompt": "a"})
+            assert ok, answer
+            (added,) = server.runner.store.entries()
+            ok, answer = call("queue_export")
+            assert ok, answer
+            text = Path(json.loads(answer)["output"]["data"][0]["path"]).read_text("utf-8")
+            (line,) = [json.loads(t) for t in text.splitlines()]
+            assert line["image"] == f"{added.id}/start.png"               # the queue's copy, by its name there
+            for server_path in (str(outputs), str(outputs.resolve()), qs.QUEUE_DIR, tempfile_root()):
+                assert server_path not in text, (server_path, text)
+            again = upload("again.jsonl", text.encode("utf-8"))        # what it exported imports again
+            ok, answer = call("queue_import", again)
+            assert ok and '"image": "start.png"' in answer, answer
+
+            ok, answer = call("queue_import", jobs_file(2))             # A's third and fourth: past its cap
+            assert not ok and "one address may have at most 3" in str(answer), answer
+            ok, answer = call("queue_import", jobs_file(1))             # its third
+            assert ok, answer
+            ok, answer = call("queue_add_images", [upload("in.png", picture.read_bytes())], {"prompt": "a"})
+            assert not ok and "you have 3 jobs waiting and one address may have at most 3" in str(answer)
+
+            _from_address(monkeypatch, "127.0.0.1")                      # client B still adds
+            ok, answer = call("queue_import", jobs_file(3))
+            assert ok, answer
+            ok, answer = call("queue_import", jobs_file(1))             # the queue's own cap, in all
+            assert not ok and "the queue takes at most 6" in str(answer), answer
+            clients = [e.client for e in server.runner.store.entries([qs.WAITING])]
+            assert clients == ["address 127.0.0.2"] * 3 + ["address 127.0.0.1"] * 3
+    finally:
+        elsewhere.release_lease("another app")
+        elsewhere.close()
+
+
+def tempfile_root() -> str:
+    """The folder Gradio's uploads and the exports are kept under (a server path a client must not see)."""
+    from gradio.utils import get_upload_folder
+
+    return str(Path(get_upload_folder()))

@@ -137,7 +137,7 @@ def test_resuming_a_job_that_runs_is_one_line(image, tmp_path):
 # ---- item 6: small ones -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv, line", [
     (["--seed", "-1"], "error: --seed: -1 is out of range; use a value between 0 and 9223372036854775807"),
-    (["--lora", "nope.safetensors"], "error: --lora: nope.safetensors: no such file (looked in "),
+    (["--lora", "nope.safetensors"], "error: --lora: nope.safetensors: not in the LoRA folder, --lora-dir "),
 ])
 def test_messages_name_the_option_and_whole_bounds(image, tmp_path, argv, line):
     r = cli("generate", "--image", image, *JOB, *argv, "--lora-dir", tmp_path / "loras", "--out", tmp_path / "out",

@@ -145,7 +145,7 @@ def test_refusals_name_the_file_and_the_first_bad_key(tr, tmp_path):
     _refused(tr, tmp_path, "old.ckpt", "old.ckpt is not a .safetensors file")
     (tmp_path / "fake.safetensors").write_bytes(b"this is not a safetensors file at all")
     _refused(tr, tmp_path, "fake.safetensors", "fake.safetensors is not a readable safetensors file")
-    _refused(tr, tmp_path, "missing.safetensors", "missing.safetensors: no such file")
+    _refused(tr, tmp_path, "missing.safetensors", "missing.safetensors: not in the LoRA folder")
 
 
 def test_size_limit(tr, tmp_path, monkeypatch):
@@ -202,7 +202,7 @@ def test_a_job_with_a_lora_records_it_and_the_next_job_is_as_before(tiny_origina
                               "layers": 8}]
     refused = _run(tiny_original, tmp_path, "style.safetensors:1, missing.safetensors", folder)
     assert isinstance(refused, Failed) and refused.job_dir is None       # refused before a job folder
-    assert refused.message.startswith("LoRAs: missing.safetensors: no such file")
+    assert refused.message.startswith("LoRAs: missing.safetensors: not in the LoRA folder")
     after = _run(tiny_original, tmp_path, "", folder)
     assert _frames(after)[0] == frames_plain                             # nothing left applied
     assert _frames(with_lora)[0] == _frames(_run(tiny_original, tmp_path, "style.safetensors:1.5", folder))[0]
@@ -273,9 +273,21 @@ def test_fp8_host_storage_gets_the_lora_on_its_loaded_weights(tr, tmp_path):
     assert all(torch.equal(h, c.host) for h, c in zip(hosts, pack.chunks))
 
 
-def test_a_missing_file_names_the_folder_looked_in_whole(tmp_path, monkeypatch):
-    """Issue 33 item 10: "looked in loras" (the default folder, relative) said nothing about where that was."""
+def test_a_missing_file_says_where_it_was_looked_for_without_a_path_nobody_gave(tmp_path, monkeypatch):
+    """Issue 33 item 10: "looked in loras" (the default folder, relative) said nothing about where that was; issue 41:
+    the folder's absolute path is not in the message (it reaches clients of the app; the user did not give it).
+    The message names the field, the folder as configured, and what to do."""
     monkeypatch.chdir(tmp_path)
+    for folder, where in (("loras", "not in the default LoRA folder, 'loras' in the current folder"),
+                          (tmp_path / "mine", f"not in the LoRA folder, --lora-dir {tmp_path / 'mine'}")):
+        with pytest.raises(InputError) as e:
+            lora.resolve("missing.safetensors", folder)
+        assert e.value.field == "LoRAs" and str(e.value).startswith(f"LoRAs: missing.safetensors: {where}; put the "
+                                                                    f"file there, name its folder with --lora-dir")
     with pytest.raises(InputError) as e:
         lora.resolve("missing.safetensors", "loras")
-    assert f"looked in {tmp_path / 'loras'})" in str(e.value)
+    assert str(tmp_path) not in str(e.value)                  # the default's absolute path: never
+    with pytest.raises(InputError) as e:
+        lora.resolve("sub/missing.safetensors", "loras")      # a path: as its user gave it
+    assert str(e.value) == ("LoRAs: sub/missing.safetensors: no such file; check the path (a file of the LoRA "
+                            "folder is named by its file name alone)")

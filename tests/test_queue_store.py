@@ -273,22 +273,29 @@ def test_python_m_pipeline_queue_runs(tmp_path):
     assert "queue" in help_text
 
 
-def test_a_queue_of_the_version_before_owners_is_brought_up_to_date(tmp_path, image):
-    """Schema 1 (no owners): opened by this version, its entries keep everything and have no owner."""
+@pytest.mark.parametrize("version", ["1", "2"])
+def test_a_queue_of_an_older_version_is_brought_up_to_date(tmp_path, image, version):
+    """Schema 1 (no owners) and 2 (no clients): a reader reads it as it is; opened by this version, its entries keep
+    everything and have no owner (1) and no client (1, 2)."""
     import sqlite3
 
     store, _ = qs.QueueStore.open(tmp_path)
-    entry = store.add({"image": str(image), "prompt": "old"})
+    entry = store.add({"image": str(image), "prompt": "old"}, owner="ann" if version == "2" else None)
     store.close()
     db = sqlite3.connect(qs.QueueStore(tmp_path).path)
-    db.executescript("ALTER TABLE entries DROP COLUMN owner; ALTER TABLE entries DROP COLUMN origin; "
-                     "UPDATE meta SET value = '1' WHERE key = 'schema';")
+    older = "ALTER TABLE entries DROP COLUMN owner; ALTER TABLE entries DROP COLUMN origin; " if version == "1" else ""
+    db.executescript(f"{older}ALTER TABLE entries DROP COLUMN client; "
+                     f"UPDATE meta SET value = '{version}' WHERE key = 'schema';")
     db.close()
+    (read,), warning = qs.QueueStore.read(tmp_path)
+    assert warning is None and read.id == entry.id and read.client is None
     store, found = qs.QueueStore.open(tmp_path)
     try:
         (kept,) = store.entries()
         assert found.warning is None and kept.id == entry.id and kept.settings["prompt"] == "old"
-        assert kept.owner is None and store.add({"image": str(image)}, owner="bob").owner == "bob"
+        assert kept.owner == ("ann" if version == "2" else None) and kept.client is None
+        added = store.add({"image": str(image)}, owner="bob", client="login bob")
+        assert (added.owner, added.client) == ("bob", "login bob")
     finally:
         store.close()
 
@@ -324,7 +331,7 @@ def test_queue_add_and_start_are_checked_by_the_same_pre_flight(tmp_path, image,
     for name, code in (("style.safetensors", 0), ("missing.safetensors", 2)):
         jobs.write_text(json.dumps({"image": image.name, "prompt": "x", "seconds": 1.2, "loras": f"{name}:1"}) + "\n")
         assert cli.main(["add", str(jobs), *options]) == code
-        assert (code == 0) == ("no such file" not in capsys.readouterr().err)
+        assert (code == 0) == ("not in the LoRA folder" not in capsys.readouterr().err)
     assert [e.settings["loras"] for e in runner.store.entries()] == ["style.safetensors:1"]
     runner.store.close()
 

@@ -242,3 +242,78 @@ def test_hostile_clients_cannot_starve_the_others(app, client, tmp_path):
         time.sleep(2)
     rss = server.memory_info().rss
     assert rss <= 1.2 * idle_rss, f"RSS {rss / 2**20:.0f} MiB a minute after the bursts; idle {idle_rss / 2**20:.0f}"
+
+
+PROMPT_BURST = 20                   # calls with a 20 MB prompt (issue 41: RSS 607 -> 1230 MB, not returned)
+
+
+def _settled_rss(server, seconds: float = 15) -> int:
+    """The process's RSS once two reads a second apart differ by less than 2 % (or after `seconds`)."""
+    before, deadline = server.memory_info().rss, time.monotonic() + seconds
+    while True:
+        time.sleep(1)
+        now = server.memory_info().rss
+        if abs(now - before) < 0.02 * before or time.monotonic() > deadline:
+            return now
+        before = now
+
+
+def test_a_burst_of_20_mb_prompts_leaves_the_memory_where_it_was(app):
+    """Twenty 20 MB prompts at once, to the live hints, the token count, /video and /queue_add, then twenty just
+    under the body cap to the hints and the token count: every oversized call is answered 413 and the smaller
+    ones are answered; the server's RSS is back within 20 % of its idle figure (issue 41: "RSS back within 20 %
+    of idle a minute after a burst"), well before a minute on an idle machine."""
+    import logging
+
+    url, proc, _, _, _ = app
+    events = {e.name: e for e in fz.events(url)}
+    server = psutil.Process(proc.pid)
+    idle = _settled_rss(server)
+    hint = ["original", None, 5, 9, 1, 0, "", 16, 0.15, 25, "x", 0, 0, 640, 0, 0]
+    big = "a cat " * (20 * 2**20 // 6)                                          # 20 MB of prompt
+    near = "a cat " * ((2**20 - 4096) // 6)                                     # just under the 1 MB cap
+    peak, sampling = [idle], threading.Event()
+
+    def sample():
+        while not sampling.is_set():
+            peak.append(server.memory_info().rss)
+            time.sleep(0.05)
+
+    def send(n: int, prompt: str):
+        name = ("show_hints", "tokens", "video", "queue_add")[n % 4] if prompt is big else \
+            ("show_hints", "tokens")[n % 2]
+        event = events[name]
+        data = [prompt] if name == "tokens" else hint[:10] + [prompt] + hint[11:] if name == "show_hints" else \
+            [{"prompt": prompt}]
+        route = "gradio_api/queue/join" if event.queued else "gradio_api/run/predict"
+        body = fz.encode({"data": data, "fn_index": event.fn_index, "session_hash": f"burst-{n}",
+                          "event_data": None, "trigger_id": None})
+        return fz._post(url + route, body, 120)
+
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    answers: dict = {}
+    try:
+        for prompt in (big, near):
+            threads = [threading.Thread(target=lambda n=n, p=prompt: answers.__setitem__((p is big, n), send(n, p)))
+                       for n in range(PROMPT_BURST)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+    finally:
+        sampling.set()
+        watcher.join(10)
+    oversized = [status for (was_big, _), (status, _) in answers.items() if was_big]
+    assert oversized == [413] * PROMPT_BURST, oversized
+    under = [(status, text[:120]) for (was_big, _), (status, text) in answers.items() if not was_big]
+    assert len(under) == PROMPT_BURST and all(status == 200 for status, _ in under), under
+    t0, deadline = time.monotonic(), time.monotonic() + 60
+    while server.memory_info().rss > 1.2 * idle and time.monotonic() < deadline:
+        time.sleep(1)
+    after = _settled_rss(server, 5)
+    logging.getLogger(__name__).info(
+        "20 MB prompt burst: idle RSS %.0f MiB, peak %.0f MiB, %.0f MiB %.0f s after the burst (%+.1f %%)",
+        idle / 2**20, max(peak) / 2**20, after / 2**20, time.monotonic() - t0, 100 * (after / idle - 1))
+    assert after <= 1.2 * idle, (f"RSS {after / 2**20:.0f} MiB after the burst (peak {max(peak) / 2**20:.0f}); "
+                                 f"idle {idle / 2**20:.0f}")

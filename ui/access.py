@@ -17,18 +17,20 @@ from pathlib import Path
 from common.errors import InputError
 from pipeline.jobs import load_job
 from pipeline.request import shown
+from ui.guard import client_key
 
 
 @dataclass(frozen=True)
 class Access:
     users: frozenset = frozenset()          # the --auth user names (empty: no login)
     admins: frozenset = frozenset()         # --admin names (and the only user, when there is one)
+    forwarded: bool = False                 # --share: a client through the share tunnel is its forwarded address
 
     @classmethod
-    def of(cls, auth_pairs, admins=()) -> "Access":
+    def of(cls, auth_pairs, admins=(), forwarded: bool = False) -> "Access":
         users = frozenset(user for user, _ in (auth_pairs or ()))
         admins = frozenset(admins or ()) | (users if len(users) == 1 else frozenset())
-        return cls(users, admins)
+        return cls(users, admins, forwarded)
 
     @property
     def login(self) -> bool:
@@ -40,6 +42,12 @@ class Access:
             return None
         name = getattr(request, "username", None)
         return name if isinstance(name, str) else ""
+
+    def client(self, request) -> str | None:
+        """Who a Gradio request comes from, as the app's limits key it (ui/guard.py client_key: "login NAME", else
+        "address HOST"): what a queue entry records and the queue's per-client cap counts. None without a request
+        (a call from inside the app)."""
+        return client_key(request, forwarded=self.forwarded) if request is not None else None
 
     def sees(self, user: str | None, owner) -> bool:
         """May `user` see and control what `owner` started?"""

@@ -104,7 +104,8 @@ class JobApi:
             job = st.request_from_values(values, getattr(self, "table", TABLE),       # the one door check
                                          doors.client(self.access, user, self.runner.outputs,
                                                       doors.lora_folder(self.runner)))
-            return self.sessions.submit(job, session=session, owner=user, origin="api")  # the one pre-flight
+            return self.sessions.submit(job, session=session, owner=user, origin="api",  # the one pre-flight
+                                        client=self.access.client(request))
 
         return self._run(self._submit(request, submit), progress)
 
@@ -117,7 +118,7 @@ class JobApi:
         user = self.access.user(request)
         return self._run(self._submit(request, lambda session: self.sessions.submit_resume(
             self.access.job_folder(self.runner.outputs, job_id, user, "job_id"), session=session, owner=user,
-            origin="api")), progress)
+            origin="api", client=self.access.client(request))), progress)
 
     # ---- helpers --------------------------------------------------------------------------------------------------
     def _submit(self, request: gr.Request, submit) -> QueuedJob:

@@ -38,8 +38,9 @@ def client(access: Access, user: str | None, outputs: Path, lora_folder: Path | 
 
 
 def queue_copies(store, access: Access, user: str | None) -> Door:
-    """A jobs file sent to the app: only the queue's copies of the user's own entries' files. Refused with one
-    message whatever the path is."""
+    """A jobs file sent to the app: only the queue's copies of the user's own entries' files, by their names in
+    the queue (<entry id>/<file>: what Export writes, ui/queue_api.py `exported`) or their paths; a job to extend
+    by its id, among the jobs the user may see. Refused with one message whatever the path is."""
 
     def file(c, value: Any) -> str:
         if c.name == "keyframes":                   # (not copied into the queue: the client's uploads)
@@ -51,7 +52,7 @@ def queue_copies(store, access: Access, user: str | None) -> Door:
             raise refused
         root = store.images_root.resolve()
         try:
-            real = Path(value).resolve()
+            real = (root / value).resolve()                 # a name in the queue (an absolute path: itself)
             inside = real.is_relative_to(root) and len(real.relative_to(root).parts) == 2
         except (OSError, ValueError, RuntimeError):
             inside = False
@@ -60,7 +61,8 @@ def queue_copies(store, access: Access, user: str | None) -> Door:
             raise refused
         return str(real)
 
-    return Door("jobs file", file)
+    return Door("jobs file", file,
+                job=lambda job_id, field: access.job_folder(store.outputs, job_id, user, field))
 
 
 def no_files() -> Door:

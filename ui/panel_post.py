@@ -204,7 +204,8 @@ class PostPanel:
                              faces, face_model)
             post = post_request({"job_id": job_id, "video": upload, "steps": steps, "export": export,
                                  "frame": frame}, self.ctx.outputs, self.access, user)
-            job = self.sessions.submit(post, session=session, owner=user, origin="page")    # the one pre-flight
+            job = self.sessions.submit(post, session=session, owner=user, origin="page",    # the one pre-flight
+                                       client=self.access.client(request))
         except InputError as e:
             yield f"⚠ {e}", None, None, None
             return
@@ -283,7 +284,8 @@ def register_post_api(sessions: Sessions, access: Access, *, concurrency_id: str
                                               "export": export or "mp4", "frame": int(frame if frame is not None
                                                                                       else -1)},
                                              sessions.runner.outputs, access, user),
-                                session=getattr(request, "session_hash", None), owner=user, origin="api")
+                                session=getattr(request, "session_hash", None), owner=user, origin="api",
+                                client=access.client(request))
         except (InputError, Busy) as e:
             raise gr.Error(str(e), title="Please check the input", print_exception=False) from None
         result = None

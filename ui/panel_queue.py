@@ -143,21 +143,22 @@ class QueuePanel:
         return self._after(text, request, picked)
 
     def add(self, request: gr.Request, *values):
-        user = self._user(request)
-        return self._do(lambda: self.actions.add(dict(zip(st.CONTROLS, values)), user),
+        user, client = self._user(request), self.actions.access.client(request)
+        return self._do(lambda: self.actions.add(dict(zip(st.CONTROLS, values)), user, client),
                         lambda e: f"Added job {e.id} to the queue.", request)
 
     def add_images(self, request: gr.Request, images, *values):
-        user = self._user(request)
+        user, client = self._user(request), self.actions.access.client(request)
 
         def add():
-            return self.actions.add_images(images, {**dict(zip(st.CONTROLS, values)), "image": None}, user)
+            return self.actions.add_images(images, {**dict(zip(st.CONTROLS, values)), "image": None}, user, client)
 
         return self._do(add, lambda added: f"Added {len(added)} job{'s' if len(added) != 1 else ''} (one per image).",
                         request)
 
     def import_jsonl(self, path, request: gr.Request):
-        return self._do(lambda: self.actions.import_jsonl(path, self._user(request)),
+        return self._do(lambda: self.actions.import_jsonl(path, self._user(request),
+                                                          self.actions.access.client(request)),
                         lambda added: f"Imported {len(added)} job{'s' if len(added) != 1 else ''}.", request)
 
     def export(self, request: gr.Request):

@@ -95,7 +95,8 @@ class RunPanel:
             if question is not None:
                 return None, gr.skip(), gr.skip(), question, gr.skip()
             return self.started(self.sessions.submit(job, session=request.session_hash, owner=user,
-                                                     origin="page"))                # the one pre-flight
+                                                     origin="page",                 # the one pre-flight
+                                                     client=self.ctx.access.client(request)))
         except (InputError, Busy) as e:
             self.refuse(request.session_hash, e)
 
@@ -106,7 +107,7 @@ class RunPanel:
                 raise InputError("job", "select a job in the gallery first")
             folder = self.ctx.access.job_folder(self.ctx.outputs, job_id, user, "job")
             return self.started(self.sessions.submit_resume(folder, session=request.session_hash, owner=user,
-                                                            origin="page"))
+                                                            origin="page", client=self.ctx.access.client(request)))
         except (InputError, Busy) as e:
             self.refuse(request.session_hash, e)
 

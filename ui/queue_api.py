@@ -4,6 +4,7 @@ the page's queue panel (ui/panel_queue.py) and the API endpoints registered here
 queue" shows them in use; tests/test_queue_api.py runs its example against the app."""
 from __future__ import annotations
 
+import json
 import logging
 import math
 import tempfile
@@ -20,7 +21,7 @@ from jobs import jsonl
 from jobs import store as qs
 from jobs.doors import Door
 from jobs.doors import admitted as admit
-from jobs.runner import Runner
+from jobs.runner import Runner, client_of
 from pipeline import keyframes
 from pipeline.request import Request, canonical
 from ui import doors
@@ -64,10 +65,11 @@ class QueueActions:
     def visible(self, user: str | None, statuses=None) -> list[qs.Entry]:
         return [e for e in self.store.entries(statuses) if self.access.sees(user, e.owner)]
 
-    def _room(self, user: str | None, adding: int) -> None:
-        """Refuse (InputError "queue") before any work when `adding` jobs would pass the queue's caps."""
+    def _room(self, user: str | None, client: str | None, adding: int) -> None:
+        """Refuse (InputError "queue") before any work when `adding` jobs of the client would pass the queue's caps
+        (`client`: who adds them, ui/access.py Access.client; else the user's login)."""
         if getattr(self.runner, "caps", None) is not None:
-            self.runner.caps.check(self.store, user, adding)
+            self.runner.caps.check(self.store, client_of(user, client), adding)
 
     def _queued(self, jobs) -> list[qs.Entry]:
         return [self.store.get(job.entry) for job in jobs]
@@ -80,20 +82,22 @@ class QueueActions:
         return {**request.settings(), "image": request.image, "end_image": request.end_image,
                 "input_video": request.input_video}
 
-    def add(self, values: Mapping[str, Any], user: str | None = None) -> qs.Entry:
-        """Add a job: a client's `values` by control name (settings and uploads)."""
+    def add(self, values: Mapping[str, Any], user: str | None = None, client: str | None = None) -> qs.Entry:
+        """Add a job: a client's `values` by control name (settings and uploads). `client` (here and below): who
+        adds it (ui/access.py Access.client), recorded in the entry and counted by the queue's caps."""
         request = Request.from_mapping(self.page_values(values, user))
-        (entry,) = self._queued(self.runner.submit_many([request], owner=user))
+        (entry,) = self._queued(self.runner.submit_many([request], owner=user, client=client))
         return entry
 
-    def add_images(self, images: list, values: Mapping[str, Any], user: str | None = None) -> list[qs.Entry]:
+    def add_images(self, images: list, values: Mapping[str, Any], user: str | None = None,
+                   client: str | None = None) -> list[qs.Entry]:
         if not isinstance(values, Mapping):
             raise InputError("settings", "give the jobs' settings as a JSON object, e.g. {\"prompt\": \"waves\"}")
         if not isinstance(images, (list, tuple)):
             images = [images] if images else []
         if len(images) > IMAGES_MAX:
             raise InputError("images", f"{len(images)} images; at most {IMAGES_MAX} at once (one job each)")
-        self._room(user, len(images))
+        self._room(user, client, len(images))
         paths = [st.client_file(i, "images") for i in images]
         if not paths or not all(paths):
             raise InputError("images", "upload one or more images: one job is added per image")
@@ -103,9 +107,9 @@ class QueueActions:
                                       "settings")
         page = {k: v for k, v in self.page_values(values, user).items() if k != "image"}
         requests = [Request.from_mapping({**page, "image": p}) for p in paths]
-        return self._queued(self.runner.submit_many(requests, owner=user))
+        return self._queued(self.runner.submit_many(requests, owner=user, client=client))
 
-    def import_jsonl(self, upload, user: str | None = None) -> list[qs.Entry]:
+    def import_jsonl(self, upload, user: str | None = None, client: str | None = None) -> list[qs.Entry]:
         path = st.client_file(upload, "jobs file")
         if path is None:
             raise InputError("jobs file", "upload a .jsonl file: one job's settings (a JSON object) a line")
@@ -122,9 +126,9 @@ class QueueActions:
             raise InputError("jobs file", f"{lines} lines; a jobs file sent to the app may have at most "
                                           f"{IMPORT_LINES_MAX} (use `python -m cli queue add` for more)")
         jobs = jsonl.read_lines(text, door=doors.queue_copies(self.store, self.access, user))
-        self._room(user, len(jobs))                         # (before any line's images are read)
+        self._room(user, client, len(jobs))                 # (before any line's images are read)
         prepared = jsonl.prepare_lines(jobs, self.runner.preflight)
-        return self._queued(self.runner.submit_many(prepared, owner=user, checked=True))
+        return self._queued(self.runner.submit_many(prepared, owner=user, checked=True, client=client))
 
     def export_path(self, user: str | None = None) -> str:
         """The user's waiting jobs as a JSON-lines file in a temporary folder (Gradio sends a copy; files older than
@@ -138,10 +142,11 @@ class QueueActions:
                 continue
             if stale:
                 unlink_if_possible(old)          # Windows: one still being sent stays until the next export
-        keep = {e.id for e in self.visible(user)}
+        lines = [json.dumps(exported(e, self.store.images_root), ensure_ascii=False) + "\n"
+                 for e in self.visible(user, (qs.WAITING, qs.RUNNING))]
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, prefix="queue-", suffix=".jsonl",
                                          delete=False) as f:
-            f.write(self.store.export_jsonl(keep=keep))
+            f.write("".join(lines))
         return f.name
 
     def edit(self, entry_id, values: Mapping[str, Any], user: str | None = None, from_page: bool = False) \
@@ -187,6 +192,35 @@ class QueueActions:
         """Take the finished, stopped and failed jobs the user may see out of the list (their job folders stay in
         Past jobs); returns how many."""
         return self.store.clear_finished(lambda owner: self.access.sees(user, owner))
+
+
+def exported(entry: qs.Entry, images_root: Path) -> dict:
+    """An entry as a line of a client's export (/queue_export, the panel's Export), what /queue_import takes back
+    (ui/doors.py queue_copies), never a server path: the queue's copies of its files by their names in the queue
+    (<entry id>/start.png), a job it extends by its id (source_job), a post job's videos by their file names;
+    keyframes as the client gave them (its uploads). The command line's `queue export` writes paths instead: its
+    user is on this computer."""
+    out: dict[str, Any] = {}
+    extends = None
+    root = Path(images_root)
+    for name, value in entry.values().items():
+        if value is None:
+            continue
+        if name in jsonl.FILE_NAMES and isinstance(value, str) and value:
+            path = Path(value)
+            if path.is_relative_to(root):
+                out[name] = path.relative_to(root).as_posix()
+            elif name == "input_video" and path.parent == root.parent.parent:    # a job folder of the outputs
+                extends = path.name
+            else:
+                out[name] = path.name
+        elif name == "sources" and isinstance(value, list):
+            out[name] = [Path(str(s)).name for s in value]
+        else:
+            out[name] = value
+    if extends is not None:
+        out["source_job"] = extends
+    return out
 
 
 def shown(entry: qs.Entry) -> dict:
@@ -252,20 +286,23 @@ class QueueApi:
     def _user(self, request) -> str | None:
         return self.actions.access.user(request)
 
+    def _client(self, request) -> str | None:
+        return self.actions.access.client(request)
+
     def add(self, values: dict, request: gr.Request = None, progress=None) -> dict:
         """Add a job (the /video parameters) to the queue on disk; returns the queued job."""
-        user = self._user(request)
-        return shown(self._call(lambda: self.actions.add(values, user)))
+        user, client = self._user(request), self._client(request)
+        return shown(self._call(lambda: self.actions.add(values, user, client)))
 
     def add_images(self, images, settings, request: gr.Request) -> list[dict]:
         """Add one job per image (at most 32), each with `settings` (a JSON object of /video parameters)."""
         if settings is not None and not isinstance(settings, dict):
             raise gr.Error("settings: give a JSON object of /video parameters, e.g. {\"prompt\": \"waves\"}",
                            title="Please check the input", print_exception=False)
-        user = self._user(request)
+        user, client = self._user(request), self._client(request)
 
         def add():
-            return self.actions.add_images(images, settings or {}, user)
+            return self.actions.add_images(images, settings or {}, user, client)
 
         return [shown(e) for e in self._call(add)]
 
@@ -294,7 +331,8 @@ class QueueApi:
     def import_jsonl(self, jobs_file, request: gr.Request) -> list[dict]:
         """Add the jobs of a JSON-lines file (one job's settings a line; at most 500 lines and 1 MB), all checked
         before any is added."""
-        return [shown(e) for e in self._call(self.actions.import_jsonl, jobs_file, self._user(request))]
+        return [shown(e) for e in self._call(self.actions.import_jsonl, jobs_file, self._user(request),
+                                             self._client(request))]
 
     def export_path(self, request: gr.Request) -> str:
         """Your waiting jobs as a JSON-lines file (what /queue_import reads)."""

@@ -54,19 +54,19 @@ class Sessions:
 
     # ---- adding -----------------------------------------------------------------------------------------------------
     def submit(self, job, *, session: str | None = None, owner: str | None = None, origin: str = "page",
-               checked: bool = False) -> QueuedJob:
+               checked: bool = False, client: str | None = None) -> QueuedJob:
         """`Runner.submit` for a tab: a session has at most one unfinished job (SessionBusy); its entry leaves the
         queue when the job ends (the tab has the result). Raises InputError naming the field."""
         self._refuse_second(session)
         return self._remember(session, self.runner.submit(job, owner=owner, origin=origin, checked=checked,
-                                                          waited_on=session is not None))
+                                                          waited_on=session is not None, client=client))
 
     def submit_resume(self, job_dir: Path, *, session: str | None = None, owner: str | None = None,
-                      origin: str = "page") -> QueuedJob:
-        """`Runner.submit_resume` for a tab (SessionBusy as `submit`)."""
+                      origin: str = "page", client: str | None = None) -> QueuedJob:
+        """`Runner.submit_resume` for a tab (SessionBusy as `submit`; `client`: who adds it, as `Runner.submit`)."""
         self._refuse_second(session)
         return self._remember(session, self.runner.submit_resume(job_dir, owner=owner, origin=origin,
-                                                                 waited_on=session is not None))
+                                                                 waited_on=session is not None, client=client))
 
     def _refuse_second(self, session: str | None) -> None:
         old = self.current(session) if session else None
