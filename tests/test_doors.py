@@ -64,6 +64,7 @@ def test_every_door_refuses_every_spelling_of_a_server_path(tmp_path):
     access = Access.of([("alice", "a"), ("bob", "b")])
 
     class Store:                                              # the queue: no entries (its copies' folder only)
+        outputs = tmp_path / "outputs"                            # (a job to extend: looked up there, as alice)
         images_root = outputs / ".queue" / "images"
 
         @staticmethod
