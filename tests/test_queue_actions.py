@@ -73,3 +73,31 @@ def test_a_jsonl_upload_may_name_only_the_queues_own_copies(api, image, tmp_path
     (again,) = handlers.import_jsonl(uploaded(jobs), None)
     assert again["prompt"] == "inside" and again["id"] != inside.id
     assert [e.settings["prompt"] for e in store.entries()] == ["inside", "inside"]
+
+
+def test_exports_and_answers_name_no_server_path(api, image, tmp_path):
+    """Issue 41: what a client gets of the queue (the export, the list) never carries a server path: the queue's
+    copies by their names in the queue (the export: <entry id>/start.png, which /queue_import takes back), a job
+    extended by its id, a post job's videos by their file names."""
+    import json
+    from pathlib import Path
+
+    handlers, store = api
+    job = store.outputs / "20250101-000000-abc123"
+    job.mkdir(parents=True)
+    extends = store.add({"input_video": str(job), "mode": "f1", "prompt": "more"})
+    pictured = store.add({"image": str(image), "prompt": "a cat"})
+    store.add({"kind": "post", "sources": [str(job / "final.mp4")], "steps": ["loop=2"], "export": "mp4"},
+              origin="api")
+    text = Path(handlers.actions.export_path(None)).read_text("utf-8")
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert lines[0]["source_job"] == job.name and "input_video" not in lines[0]
+    assert lines[1]["image"] == f"{pictured.id}/start.png" and lines[2]["sources"] == ["final.mp4"]
+    listed = json.dumps(handlers.actions.listing(None))
+    for said in (text, listed):
+        assert str(tmp_path) not in said and qs.QUEUE_DIR not in said, said
+    assert handlers.actions.listing(None)[0]["input_video"] == job.name and extends.images["input_video"] == str(job)
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(json.dumps(lines[1]) + "\n")
+    (again,) = handlers.import_jsonl(uploaded(jobs), None)               # the export's name of a copy: taken back
+    assert again["image"] == "start.png" and store.get(again["id"]).images["image"] != pictured.images["image"]

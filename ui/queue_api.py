@@ -230,6 +230,8 @@ def shown(entry: qs.Entry) -> dict:
     for name in jsonl.FILE_NAMES:
         if isinstance(out.get(name), str) and out[name]:
             out[name] = Path(out[name]).name
+    if isinstance(out.get("sources"), list):                # a post job's videos (post/steps.py)
+        out["sources"] = [Path(str(s)).name for s in out["sources"]]
     text = out.get("keyframes")
     if isinstance(text, str) and text.strip():
         try:
