@@ -186,7 +186,7 @@ def test_two_users_cannot_reach_each_others_jobs_through_any_route_or_alias(tmp_
                      if getattr(fn.fn, "__qualname__", "") == "PostPanel.run_post")
             for job_id, video in ((bob.name, None), (None, str(bob / "final.mp4"))):
                 (answer, *_), = list(post(job_id, video, "off", 60, "off", None, 0, 0, 1, 1, False, False, "mp4", -1,
-                                          request))
+                                          request=request))
                 assert any(r in answer for r in REFUSALS), answer
             assert len(server.runner.store.entries()) == 1
         finally:
