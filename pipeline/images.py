@@ -128,6 +128,19 @@ def _open(source, field: str, sides: tuple[int, int] | None = None) -> Image.Ima
     return img
 
 
+def header_pixels(path) -> int:
+    """An image file's pixels as its header says (nothing decoded; one of FORMATS only); 0 for a file that is not
+    one (its own check, `load_image`, refuses it with the reason)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(Path(os.fspath(path)), formats=FORMATS) as img:
+                w, h = img.size
+    except (OSError, SyntaxError, ValueError, TypeError, Image.DecompressionBombError):
+        return 0
+    return w * h
+
+
 def load_image(source, field: str = "image", check_size: bool = True) -> Image.Image:
     """Open and check an image; returns an RGB 8-bit PIL image with EXIF orientation applied."""
     if source is None:

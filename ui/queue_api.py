@@ -17,6 +17,7 @@ import gradio as gr
 from common.errors import InputError
 from common.files import unlink_if_possible
 from configs.controls import CONTROLS as TABLE
+from configs.generation import LIMITS
 from jobs import jsonl
 from jobs import store as qs
 from jobs.doors import Door
@@ -37,6 +38,10 @@ IMAGES_MAX = 32                 # images (jobs) one "one job per image" request 
 IMPORT_BYTES_MAX = 1 << 20      # a jobs file sent to the app: its size and lines at most (read before parsing)
 IMPORT_LINES_MAX = 500
 LIST_PAGE = 100                 # entries one /queue_list answer holds at most (offset: the next ones)
+# the images one adding call may check, in pixels (their headers summed before any is decoded): two of the largest
+# one job may have (a start and an end image of 8192×8192). Decoding and checking is ~25 Mpixels/s on one loaded
+# core, so no call holds a slot of the adding group (2 at once) for more than a few seconds
+REQUEST_PIXELS_MAX = 2 * LIMITS.image_pixels_max
 QUEUE_ENDPOINTS = ("queue_add", "queue_add_images", "queue_list", "queue_move", "queue_edit", "queue_remove",
                    "queue_import", "queue_export")
 
@@ -106,6 +111,7 @@ class QueueActions:
             raise InputError("image", "one job is added per image of 'images'; leave the start image out of the "
                                       "settings")
         page = {k: v for k, v in self.page_values(values, user).items() if k != "image"}
+        within_budget("images", paths + [page.get("end_image")] * len(paths))
         requests = [Request.from_mapping({**page, "image": p}) for p in paths]
         return self._queued(self.runner.submit_many(requests, owner=user, client=client))
 
@@ -127,6 +133,7 @@ class QueueActions:
                                           f"{IMPORT_LINES_MAX} (use `python -m cli queue add` for more)")
         jobs = jsonl.read_lines(text, door=doors.queue_copies(self.store, self.access, user))
         self._room(user, client, len(jobs))                 # (before any line's images are read)
+        within_budget("jobs file", [v.get(k) for _, v in jobs for k in ("image", "end_image")])
         prepared = jsonl.prepare_lines(jobs, self.runner.preflight)
         return self._queued(self.runner.submit_many(prepared, owner=user, checked=True, client=client))
 
@@ -192,6 +199,20 @@ class QueueActions:
         """Take the finished, stopped and failed jobs the user may see out of the list (their job folders stay in
         Past jobs); returns how many."""
         return self.store.clear_finished(lambda owner: self.access.sees(user, owner))
+
+
+def within_budget(field: str, paths) -> None:
+    """Refuse (InputError `field`) before any is decoded when the images one call would check have more than
+    REQUEST_PIXELS_MAX pixels in all (their headers: pipeline/images.py header_pixels)."""
+    from pipeline.images import header_pixels
+
+    given = [str(p) for p in paths if isinstance(p, (str, Path)) and str(p)]
+    pixels = {p: header_pixels(p) for p in set(given)}     # (each header read once; each use is checked)
+    total = sum(pixels[p] for p in given)
+    if total > REQUEST_PIXELS_MAX:
+        raise InputError(field, f"{total / 1e6:.0f} megapixels of images in one call; one call may check at most "
+                                f"{REQUEST_PIXELS_MAX / 1e6:.0f} (e.g. 32 images of 4 megapixels); add the others "
+                                f"in another call")
 
 
 def exported(entry: qs.Entry, images_root: Path) -> dict:
