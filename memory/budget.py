@@ -83,6 +83,7 @@ class MemoryBudget:
             pack = packs[name]
             if not pack.blocks:
                 continue
+            plan: ResidencyPlan | None
             if is_transformer(model):
                 plan = self.transformer_plan(model, pack)
             else:
@@ -93,6 +94,6 @@ class MemoryBudget:
                     continue
             for w in plan.warnings():
                 log.warning("%s: %s", name, w)
-            out[name].plan = plan if plan.streamed else None
+            out[name].plan = plan if plan is not None and plan.streamed else None
             log.info(out[name].describe())
         return out

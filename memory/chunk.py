@@ -201,6 +201,7 @@ class Chunk:
 
     def _host_view(self, entry: _Entry, host: torch.Tensor | None = None) -> torch.Tensor:
         host = self.host if host is None else host
+        assert host is not None                         # (a chunk with a host copy)
         raw = host[entry.h_offset:entry.h_offset + entry.h_nbytes]
         return raw.view(fp8.FP8 if self.is_fp8(entry) else entry.dtype).view(entry.shape)
 

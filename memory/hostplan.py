@@ -123,9 +123,10 @@ class HostPlan:
     def file_reads(self, name: str) -> tuple[int, int]:
         """(bytes read from the files per job, of which per section) for one model."""
         m = self.model(name)
-        if not m.file_backed:
+        file_bytes = m.file_bytes
+        if file_bytes is None:                          # not file-backed
             return 0, 0
-        once = sum(m.file_bytes[i] for i in range(len(m.chunk_bytes)) if (name, i) not in self.ram)
+        once = sum(file_bytes[i] for i in range(len(m.chunk_bytes)) if (name, i) not in self.ram)
         per_section = sum(1 for s in self.stages if name in s.models and s.per == PER_SECTION)
         return once * self.uses(name), once * per_section
 

@@ -35,7 +35,7 @@ ALLOC_ROUND = 512          # PyTorch's caching allocator rounds every block up t
 class ParkedBlocks:
     """Device buffers of file-homed resident blocks of one model, between that model's stages."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.model: str | None = None
         self._bufs: dict[int, tuple[int, Chunk, torch.Tensor]] = {}     # id(chunk) -> (block index, chunk, buffer)
         self.kept_bytes = 0            # read from the files and not read again thanks to parking (for the record)

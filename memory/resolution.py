@@ -34,6 +34,7 @@ from common.units import GIB
 from configs.memory import MEMORY
 from memory.plan import REAL_TRANSFORMER_CONFIG, activation_bytes, framepack_tokens, transformer_sizes
 from memory.vae import VaeDecodePolicy, VaeTiling, memory_estimate
+from memory.vae_grid import GridTiling
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 VAE_MARGIN = 512 << 20          # what memory.manager.decode_vae keeps back of the free memory
@@ -146,7 +147,8 @@ def resolution_cost(figures: ModelFigures, height: int, width: int, window: int,
                           figures.vae_bytes + smallest + VAE_MARGIN)
 
 
-def _first_tiling(policy: VaeDecodePolicy, vae, shape, available: int, dtype_bytes: int) -> VaeTiling:
+def _first_tiling(policy: VaeDecodePolicy, vae, shape, available: int,
+                  dtype_bytes: int) -> VaeTiling | GridTiling:
     """The tiling VaeDecodePolicy.plan starts with (its dtype read from the figures, not from a model)."""
 
     vae.dtype = {4: torch.float32, 2: torch.float16}[dtype_bytes]

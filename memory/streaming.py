@@ -22,6 +22,7 @@ synchronously and the prefetch restarts from there; `misses` counts it.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
@@ -77,7 +78,7 @@ class BlockStreamer:
         self._next_slot = 0
         self._next_issue = 0                                  # the chunk the next prefetch loads
         self._bound: dict[int, int] = {}                      # chunk index -> slot, while its block runs
-        self._stream = None
+        self._stream: Any = None                 # a torch.cuda.Stream on a GPU
         self._attached = False
 
     # ---- stage entry / exit -------------------------------------------------------------------------------

@@ -215,7 +215,7 @@ class VaeDecodePolicy:
 
     def pool(self, shape: tuple[int, int, int]) -> list[VaeTiling | GridTiling]:
         """The tilings this policy chooses from."""
-        return grid_candidates(shape, self.chunk_bytes) if self.streamed else candidates(shape)
+        return [*grid_candidates(shape, self.chunk_bytes)] if self.streamed else [*candidates(shape)]
 
     def _mem(self, vae, shape: tuple[int, int, int]) -> Callable[[VaeTiling | GridTiling], int]:
         size = torch.finfo(vae.dtype).bits // 8
@@ -241,7 +241,7 @@ class VaeDecodePolicy:
         pool.sort(key=lambda t: (work(t, shape), mem(t)))
         reserve = min(self.workspace_reserve, available // 4) if available is not None else 0
         fits = [t for t in pool if available is None or mem(t) + reserve <= available] \
-            or [t for t in pool if mem(t) <= available]
+            or [t for t in pool if available is not None and mem(t) <= available]
         order = [fits[0] if fits else min(pool, key=mem)]
         while True:
             smaller = [t for t in pool if mem(t) < 0.7 * mem(order[-1])]

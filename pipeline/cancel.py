@@ -11,7 +11,7 @@ from common.errors import JobStopped
 class CancelToken:
     """Set from any thread; the job stops at its next step and keeps what it made."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._event = threading.Event()
         self.lost = False
         # set by a queue's runner: "does this process still run the job?" (it holds the queue's lease); asked before

@@ -45,6 +45,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -283,7 +284,7 @@ def frames_to_model(frames: np.ndarray) -> torch.Tensor:
     return x.permute(3, 0, 1, 2).unsqueeze(0)
 
 
-def starting_point(run, drain):
+def starting_point(run: Any, drain: Any):
     """(start latent, end latent, history, sections done) of an extension; `run` is the orchestrator's JobRun. A
     job folder gives its checkpoint (and, with its own seed, its random state); a video is encoded. The random
     generator draws the VAE posteriors in this order: the encoded frames (F1: the tail; backward: the head; toward
@@ -299,6 +300,7 @@ def starting_point(run, drain):
     vae = run.models.vae
     t = time.monotonic()
     frames, end = source.frames, None
+    assert frames is not None                           # (a video to extend has its frames)
     with torch.no_grad(), run.memory.stage("VAE encode", vae=vae), run.fallback.guarded("VAE encode"):
         def encode(frames: np.ndarray) -> torch.Tensor:
             x = frames_to_model(frames).to(run.device, vae.dtype)

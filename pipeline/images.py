@@ -92,6 +92,7 @@ def _open(source, field: str, sides: tuple[int, int] | None = None) -> Image.Ima
         return InputError(field, template, path=path, advice=advice)
 
     readable = "Upload a PNG, JPEG or WebP image."
+    data: io.BytesIO | Path
     if path is None:
         data = io.BytesIO(source)
     else:

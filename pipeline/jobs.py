@@ -27,7 +27,7 @@ PACKAGES = ("torch", "diffusers", "transformers", "accelerate", "huggingface_hub
 
 
 def package_versions() -> dict[str, str | None]:
-    out = {"python": platform.python_version()}
+    out: dict[str, str | None] = {"python": platform.python_version()}
     for name in PACKAGES:
         try:
             out[name] = metadata.version(name)

@@ -317,7 +317,7 @@ class JobRun:
         self.writer.submit(pixels, section.index + 1 if path is not None else None, path)
 
     def _stream_steps(self, sampler, section: int, kernels: compiled.KernelTimer | None = None
-                      ) -> Iterator[Event]:
+                      ) -> Generator[Event, None, torch.Tensor | None]:
         """Drive the sampling generator, turning each step into progress and preview events."""
         try:
             while True:

@@ -71,7 +71,7 @@ class PromptCache:
             with safe_open(path, framework="pt") as f:
                 meta = f.metadata() or {}
                 tensors = {k: f.get_tensor(k) for k in f.keys()}
-            out = {kind: TextEmbeddings(*(tensors[f"{kind}.{n}"] for n in FIELDS),
+            out = {kind: TextEmbeddings(**{n: tensors[f"{kind}.{n}"] for n in FIELDS},
                                         truncated=meta.get(f"{kind}.truncated") == "1")
                    for kind in ("cond", "uncond")}
             os.utime(path)                                   # recently used

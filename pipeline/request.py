@@ -6,7 +6,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, cast
 
 from PIL import Image
 
@@ -22,6 +22,12 @@ log = logging.getLogger(__name__)
 
 _T2V_HINT = ("; for text-to-video without one choose start from noise, black, white or green "
              "(--start-from noise)")
+
+
+def _with(request: RequestBase, settings: Mapping[str, Any]) -> RequestBase:
+    """`request` with these settings: dataclasses.replace for a Request, a dataclass made at run time
+    (`request_class`: mypy cannot see that it is one)."""
+    return dataclasses.replace(cast(Any, request), **settings)
 
 
 class RequestBase:
@@ -99,7 +105,7 @@ def canonical(values: Mapping[str, Any], controls: tuple[Control, ...] = CONTROL
 
 def request_class(controls: tuple[Control, ...] = CONTROLS, name: str = "Request") -> type[RequestBase]:
     """A frozen dataclass with one field per control (the required ones first), defaults from the table."""
-    required = [(c.name, Any) for c in controls if c.required and not c.required_unless]
+    required: list[tuple] = [(c.name, Any) for c in controls if c.required and not c.required_unless]
     optional = [(c.name, Any, dataclasses.field(default=c.default)) for c in controls
                 if not c.required or c.required_unless]
     cls = dataclasses.make_dataclass(name, required + optional, bases=(RequestBase,), frozen=True,
@@ -283,14 +289,14 @@ def prepare(request: Request, default_resolution: int = 640, *, images_prepared:
         raise InputError("keyframes", "keyframes place images in a new video; extending a video has none: remove "
                                       "the keyframes, or the video to extend")
     if r.input_video is not None:                      # extending a video: its own checks and start image
-        return _prepare_extension(dataclasses.replace(r, **settings), warnings)
+        return _prepare_extension(_with(r, settings), warnings)
     if t2v and r.image is not None and not images_prepared:
         raise InputError("start from", f"{shown(settings['start_from'])} is text-to-video, which starts without an "
                                        f"image; remove the start image, or choose start from 'image' to use it")
     if t2v and r.image is None:              # text-to-video: the square bucket of the resolution, or the custom size
         size = job_size(settings["resolution"], settings["resolution"], settings["resolution"], settings["width"],
                         settings["height"])
-        r = dataclasses.replace(r, **settings)
+        r = _with(r, settings)
         if r.end_image is not None:
             raise InputError("end image", "text-to-video has no start image to pair an end frame with; remove "
                                           "the end image, or give a start image (start from 'image')")
@@ -316,7 +322,7 @@ def prepare(request: Request, default_resolution: int = 640, *, images_prepared:
     if r.end_image is not None:
         end = resize_center_crop(load_image(r.end_image, "end image", check_size=not images_prepared), height,
                                  width)
-    r = dataclasses.replace(r, **settings)
+    r = _with(r, settings)
     for w in warnings:
         log.warning(w)
     return PreparedRequest(r, image, end, height, width, r.prompt, tuple(warnings),

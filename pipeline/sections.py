@@ -148,7 +148,7 @@ class SectionPlan:
         return [self.frames_after(i) for i in range(self.count)]
 
 
-def _bounded(name: str, value, lo, hi, kind=float):
+def _bounded(name: str, value, lo, hi, *, kind=float):
     """`value` as `kind` if it is a finite number in [lo, hi]; ValueError naming `name` otherwise."""
     if isinstance(value, bool):
         raise ValueError(f"{name}: a number is required, got {value!r}")
@@ -161,15 +161,15 @@ def _bounded(name: str, value, lo, hi, kind=float):
     return kind(v)
 
 
-def make_plan(mode: str, seconds: float, window: int, fps: int = 30) -> SectionPlan:
+def make_plan(mode: str, seconds: float, window: float, fps: float = 30) -> SectionPlan:
     """The plan of a request's length; raises ValueError (naming the field) for values beyond the request
     limits, before building anything."""
     if mode not in ("original", "f1"):
         raise ValueError(f"mode: {str(mode)[:40]!r} is not one of 'original', 'f1'")
     seconds = _bounded("seconds", seconds, *LIMITS.seconds)
-    window = _bounded("latent window", window, *LIMITS.latent_window, kind=int)
-    fps = _bounded("fps", fps, *LIMITS.fps, kind=int)
-    return SectionPlan(mode, window, section_count(seconds, window, fps))
+    frames: int = _bounded("latent window", window, *LIMITS.latent_window, kind=int)
+    rate: int = _bounded("fps", fps, *LIMITS.fps, kind=int)
+    return SectionPlan(mode, frames, section_count(seconds, frames, rate))
 
 
 # ---- tensor bookkeeping (pure slicing; tensors are (B, C, T, H, W)) ---------------------------------------------

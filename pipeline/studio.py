@@ -286,7 +286,7 @@ def _video_and_start(meta, want) -> None:
     see, as SteadyFrame's context frames) and, without a start image, the latent it starts from (text-to-video)."""
     if str(meta.get("model_type", "")).startswith("Video"):
         frames = _number(meta.get("num_cleaned_frames"), "int")
-        if frames is not None and 1 <= frames <= control("context_frames").limits[1]:
+        if frames is not None and 1 <= frames <= (control("context_frames").limits or (0, 0))[1]:
             want("context_frames", int(frames), "num_cleaned_frames")
     if not _flag(meta.get("has_input_image", True)):
         latent = meta.get("latent_type")
@@ -383,7 +383,7 @@ def _loras(meta, out: StudioImport, want) -> None:
     if not isinstance(loras, Mapping):
         out.unmapped.append(("loras", "not a mapping of LoRA names to weights"))
         return
-    items = []
+    items: list[str] = []
     for name, weight in loras.items():
         name = str(name).strip()
         if not name:                                  # Studio's placeholder LoRA " "

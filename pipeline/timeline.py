@@ -118,7 +118,9 @@ def _times(raw: str, block: str) -> tuple[float, float | None]:
 
 def _blocks(prompt: str) -> tuple[list[_Block], str]:
     """The blocks in the order written, and the base text (the parts outside the blocks, joined by a space)."""
-    blocks, outside, pos = [], [], 0
+    blocks: list = []
+    outside: list[str] = []
+    pos = 0
     for m in _BLOCK.finditer(prompt):
         outside.append(_outside(prompt[pos:m.start()]))
         pos = m.end()

@@ -50,7 +50,8 @@ def encode_texts(texts: tuple[str, ...], key_of: Callable[[str], str], cache,
             if cache is not None:
                 cache.put(key_of(texts[i]), {k: TextEmbeddings(v.llama.cpu(), v.mask.cpu(), v.pooled.cpu(),
                                                                v.truncated) for k, v in got.items()})
-    return found, len(texts) - len(missing)
+    done = [f for f in found if f is not None]          # (all of them now)
+    return done, len(texts) - len(missing)
 
 
 class SectionTexts:

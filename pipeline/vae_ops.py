@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import types
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -93,7 +93,7 @@ def fast_decoder(vae, fast_pad: bool = True, fast_norm: bool = True) -> Iterator
     swapped: list[nn.Module] = []
     decoder = getattr(vae, "decoder", vae)
     try:
-        targets = []
+        targets: list[tuple[nn.Module, Callable]] = []
         if fast_pad:
             targets += [(m, _padded_conv_forward) for m in _causal_convs(decoder)]
         if fast_norm:

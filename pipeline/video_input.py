@@ -116,7 +116,8 @@ def load_video(source, resolution: int, fps: int = 30, min_frames: int = 1) -> I
     path = Path(source)
     container, stream = _open_stream(path)
     longest = LIMITS.seconds[1]
-    shown, times, rotation, bucket = [], [], None, None
+    shown, rotation, bucket = [], None, None
+    times: list[float] = []
     try:
         with container:
             stream.thread_type = "AUTO"

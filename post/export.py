@@ -43,7 +43,7 @@ def _encode(path: Path, out: Path, codec: str, options: dict, fmt: str, metadata
             frame.pts = None
             for packet in stream.encode(frame.reformat(format=pix_fmt)):
                 container.mux(packet)
-        for packet in stream.encode():
+        for packet in stream.encode() if stream is not None else ():
             container.mux(packet)
 
 

@@ -16,7 +16,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -139,9 +139,10 @@ def _load_models(checked: CheckedPost, folders: PostFolders):
     request = checked.request
     for kind in records:
         if folders.tiny:
-            loaded[kind] = {"interpolator": rife.tiny_ifnet, "face": faces.tiny_face_model,
-                            "detector": facedetect.tiny_detector,
-                            "upscaler": lambda: esrgan.tiny_upscaler(request.upscale.value)[0]}[kind]()
+            tiny: dict[str, Callable[[], Any]] = {
+                "interpolator": rife.tiny_ifnet, "face": faces.tiny_face_model, "detector": facedetect.tiny_detector,
+                "upscaler": lambda: esrgan.tiny_upscaler(request.upscale.value)[0]}
+            loaded[kind] = tiny[kind]()
             continue
         ref = _model_ref(request, kind)
         path = mf.fetch(ref, ref.folder(folders.upscalers, folders.interpolators))

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 from common.errors import InputError
 
@@ -38,7 +39,7 @@ OUT_FRAMES_MAX = 20_000
 @dataclass(frozen=True)
 class Step:
     kind: str
-    value: object = None        # trim: (a, b) s; speed: float; loop: int; interpolate: int factor or Fraction fps;
+    value: Any = None           # trim: (a, b) s; speed: float; loop: int; interpolate: int factor or Fraction fps;
                                 # faces: the strength (float)
     model: str = ""             # upscale/interpolate/faces: the model file's name ("" = the default)
 
@@ -262,7 +263,8 @@ CHUNK = 16              # edited frames per chunk: the unit of work, of progress
 def chunks(plan: Plan, chunk: int = CHUNK) -> list[tuple[int, int]]:
     """The output frames as [start, end) ranges, each from `chunk` edited frames (and the next one, for the
     frames between)."""
-    out, k = [], 0
+    out: list[tuple[int, int]] = []
+    k = 0
     while k < plan.out_frames:
         limit = (len(out) + 1) * chunk
         end = k

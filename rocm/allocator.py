@@ -61,9 +61,11 @@ class TrimReport:
         name = f"trim {self.label}".strip()
         if self.device is None:
             return f"{name}: no GPU; gc collected {self.gc_objects} objects"
-        return (f"{name} on {self.device}: allocated {self.allocated_before / GIB:.2f} -> "
-                f"{self.allocated_after / GIB:.2f} GiB, reserved {self.reserved_before / GIB:.2f} -> "
-                f"{self.reserved_after / GIB:.2f} GiB, freed {self.freed_bytes / GIB:.2f} GiB "
+        before, after = (self.allocated_before or 0, self.reserved_before or 0), \
+            (self.allocated_after or 0, self.reserved_after or 0)                   # (all set with a GPU)
+        return (f"{name} on {self.device}: allocated {before[0] / GIB:.2f} -> "
+                f"{after[0] / GIB:.2f} GiB, reserved {before[1] / GIB:.2f} -> "
+                f"{after[1] / GIB:.2f} GiB, freed {self.freed_bytes / GIB:.2f} GiB "
                 f"({self.backend}{', pool trimmed' if self.pool_trimmed else ''}, {self.elapsed_s * 1000:.0f} ms)")
 
 

@@ -25,6 +25,7 @@ import functools
 import logging
 import sys
 import threading
+from typing import Any
 
 from configs.rocm_profiles import CPU
 from rocm import safe_conv
@@ -38,7 +39,7 @@ logger = logging.getLogger(__name__)
 class _DefaultHolder:
     """Holds the lazily created default instance (no instance exists until first asked for)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.instance: ConvFallback | None = None
 
@@ -143,7 +144,7 @@ def enable_miopen_bypass(strategy=BypassStrategy.AUTO, verbose: bool = True,
     if callable(getattr(strategy, "named_modules", None)):      # a model (duck-typed: rocm imports no torch here)
         model, strategy = strategy, BypassStrategy.AUTO
     if config is None:
-        kwargs = {} if size_threshold is None else {"size_threshold": float(size_threshold)}
+        kwargs: dict[str, Any] = {} if size_threshold is None else {"size_threshold": float(size_threshold)}
         config = BypassConfig(BypassStrategy(strategy), verbose=verbose, **kwargs)
     fb = fallback or get_default_fallback()
     fb.bypass = config

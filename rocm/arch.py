@@ -164,9 +164,10 @@ def visible_gpus(gpus: list[GpuNode] | tuple[GpuNode, ...], environ: Mapping[str
     when a variable names something the topology cannot match (a UUID without a unique_id, an index too large)."""
     left = list(gpus)
     if environ.get("ROCR_VISIBLE_DEVICES") is not None:
-        left = _select(left, environ["ROCR_VISIBLE_DEVICES"], uuids=True)
-        if left is None:
+        chosen = _select(left, environ["ROCR_VISIBLE_DEVICES"], uuids=True)
+        if chosen is None:
             return None
+        left = chosen
     hip = environ.get("HIP_VISIBLE_DEVICES")
     return _select(left, hip, uuids=False) if hip is not None else left
 

@@ -22,6 +22,7 @@ import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -303,7 +304,8 @@ class ConvFallback:
         entry.__name__ = op
         entry.__qualname__ = f"ConvFallback.{op}"
         entry.__doc__ = f"torch.nn.functional.{op} routed through rocm.ConvFallback."
-        entry.__steadyframe_fallback__ = self
+        marked: Any = entry                              # (an attribute a function does not declare)
+        marked.__steadyframe_fallback__ = self
         return entry
 
     def _context(self, device) -> _DeviceContext:

@@ -98,7 +98,7 @@ class _Worker:
         self.device = device
         self.err = tempfile.TemporaryFile(mode="w+b")
         self.lifeline = None           # the write end we hold: when this process dies, the child's reaper fires
-        pass_fds = ()
+        pass_fds: tuple[int, ...] = ()
         if os.name == "posix":
             read_end, self.lifeline = os.pipe()
             env = {**env, PROBE_LIFELINE: str(read_end)}

@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 class _SafeConvMixin:
     _op = "conv2d"
 
-    def _init_counters(self, fallback=None, config=None):
+    def _init_counters(self, fallback=None, config=None) -> None:
         self.fallback = fallback
         self.config = config
         self.forwards = 0

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from configs.rocm_profiles import DEFAULTS
 from rocm.allocator import memory_status as default_memory_status
@@ -50,7 +50,7 @@ class StallWatchdog:
                  on_stall: Callable[[], None] | None = None):
         self.timeout_s = timeout_s
         self.describe = describe
-        self.file = file if file is not None else sys.__stderr__
+        self.file: Any = file if file is not None else sys.__stderr__
         self.logger = logger or _logger
         self.on_stall = on_stall
         self._timer: threading.Timer | None = None

@@ -62,8 +62,8 @@ def build_of(runtime) -> dict[str, str | None]:
             "cuda": runtime.cuda_version, "driver": getattr(runtime, "driver_version", None)}
 
 
-def verdict_file_name(arch: str, torch_version: str, hip_version: str | None, cuda_version: str | None,
-                      driver_version: str | None = None) -> str:
+def verdict_file_name(arch: str | None, torch_version: str | None, hip_version: str | None,
+                      cuda_version: str | None, driver_version: str | None = None) -> str:
     backend = f"hip-{hip_version}" if hip_version else (f"cuda-{cuda_version}" if cuda_version else "cpu")
     driver = f"_drv-{driver_version}" if driver_version else ""
     return safe_name(f"{FILE_PREFIX}{arch}_torch-{torch_version}_{backend}{driver}") + ".json"
@@ -88,7 +88,7 @@ class VerdictStore:
         self._lock = threading.RLock()
 
     def _read_file(self) -> dict[str, Verdict]:
-        return read_verdicts(self.path)
+        return read_verdicts(self.path) if self.path is not None else {}
 
     def get(self, key: str) -> Verdict | None:
         with self._lock:

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from typing import Any
 
 import gradio as gr
 
@@ -154,7 +155,8 @@ def video_signature(table: tuple[Control, ...] = TABLE) -> inspect.Signature:
     optional ones in the API info), then Gradio's request and progress."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
     needed = {c.name for c in table if c.required and not c.required_unless}
-    params = [inspect.Parameter(c.api_name, kind, default=inspect.Parameter.empty if c.name in needed else None)
+    params = [inspect.Parameter(c.api_name or c.name, kind,
+                                default=inspect.Parameter.empty if c.name in needed else None)
               for c in st.page_controls(table)]
     params += [inspect.Parameter("request", kind, default=None, annotation=gr.Request),
                inspect.Parameter("progress", kind, default=gr.Progress())]
@@ -178,7 +180,8 @@ def video_endpoint(handler, table: tuple[Control, ...] = TABLE):
         given = bound.arguments
         return handler({c.name: given[c.api_name] for c in rows}, given["request"], given["progress"])
 
-    video.__signature__ = signature
+    marked: Any = video                                 # (attributes a function does not declare)
+    marked.__signature__ = signature
     video.__annotations__ = {"request": gr.Request}
     video.__doc__ = video_docstring(table)
     return video

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from configs.presets import ModelPreset
 from configs.runtime import Config
 from jobs.runner import Runner
 from ui import hints
@@ -27,7 +28,7 @@ QUICK_CALLS_PER_SESSION = 2
 @dataclass
 class AppContext:
     config: Config                # the process's configuration (configs/runtime.py)
-    preset: object                # configs.presets.ModelPreset
+    preset: ModelPreset
     device: object                # torch.device
     outputs: Path
     runner: Runner

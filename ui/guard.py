@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable
+from typing import Any, Callable
 
 from rocm.allocator import release_host_heap
 
@@ -47,7 +47,7 @@ def client_key(request, username: str | None = None, *, forwarded: bool = False)
     host = getattr(getattr(request, "client", None), "host", None)
     if forwarded and _is_loopback(host):
         headers = getattr(request, "headers", None)
-        given = headers.get("x-forwarded-for") if hasattr(headers, "get") else None
+        given = headers.get("x-forwarded-for") if headers is not None and hasattr(headers, "get") else None
         if isinstance(given, str) and given.strip():
             return f"address {given.split(',')[0].strip()[:64]}"
     return f"address {host}"
@@ -204,8 +204,9 @@ class HandlerGuard:
                         running.discard(session)
                 self._leave(client)
 
-        guarded.kept = guarded_state                    # (for tests: what it holds)
-        guarded.__signature__ = inspect.Signature([*params, extra])
+        marked: Any = guarded                           # (attributes a function does not declare)
+        marked.kept = guarded_state                     # (for tests: what it holds)
+        marked.__signature__ = inspect.Signature([*params, extra])
         guarded.__annotations__ = {**getattr(fn, "__annotations__", {}), "guard_request": gr.Request}
         return guarded
 

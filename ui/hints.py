@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 from common.errors import InputError
 from configs import DEFAULTS, LIMITS, MEMORY
@@ -141,8 +142,8 @@ def preserved_hint(preset, cap_gb: float, preserved_gb, device_type: str, host_r
         return (f"⚠ **{value:g} GB cannot work:** the most that can be preserved is {top:g} GB (the VRAM cap "
                 f"{cap_gb:g} GB, or your card's memory if smaller). Choose a value up to {top:g} GB.")
     try:
-        text = describe_preserved(preset, float(cap_gb), value, device_type, host_ram_gb, weight_storage,
-                                  **({"size": size, "window": window} if size else {}))
+        sized: dict[str, Any] = {"size": size, "window": window} if size else {}
+        text = describe_preserved(preset, float(cap_gb), value, device_type, host_ram_gb, weight_storage, **sized)
     except Exception:  # the hint must never break the page
         log.warning("could not describe the memory plan", exc_info=True)
         return "(the memory plan could not be computed; see the log)"

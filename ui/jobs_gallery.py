@@ -135,9 +135,9 @@ class JobEntry:
             prompt = "after the video: " + " ".join([*map(str, self.settings.get("steps") or []),
                                                      f"→ {self.settings.get('export', 'mp4')}"])
         seed = self.settings.get("seed")
-        tail = [f"“{prompt[:CAPTION_PROMPT]}{'…' if len(prompt) > CAPTION_PROMPT else ''}”" if prompt else "",
-                f"seed {seed}" if isinstance(seed, int) else ""]
-        tail = " · ".join(t for t in tail if t)
+        parts = [f"“{prompt[:CAPTION_PROMPT]}{'…' if len(prompt) > CAPTION_PROMPT else ''}”" if prompt else "",
+                 f"seed {seed}" if isinstance(seed, int) else ""]
+        tail = " · ".join(t for t in parts if t)
         return f"{head}\n{tail}" if tail else head
 
     def matches(self, words: str) -> bool:

@@ -266,11 +266,12 @@ class JobsPanel:
         ui.reuse.click(self.reuse_settings, ui.selected_job, ui.controls(), show_progress="hidden") \
             .then(None, js=scroll_to("#prompt"))
         opened = [ui.extend_group] if ui.extend_group is not None else []      # the group it fills, opened
+        assert ui.extend is not None                                            # (every layout has it)
         ui.extend.click(self.extend_opened if opened else self.extend, ui.selected_job,
                         [ui.source_job, ui.mode, ui.image, ui.input_video, *opened],
                         show_progress="hidden").then(None, js=scroll_to("#extend-group"))
         ui.resume.click(None, js=scroll_to("#actions"))           # the resumed job's progress, by Start
-        if ui.delete is not None:
+        if ui.delete is not None and ui.delete_confirm is not None:
             ui.delete.click(self.ask_delete, ui.selected_job, [ui.delete_note, ui.delete_confirm, ui.delete_pending],
                             show_progress="hidden")
             ui.delete_confirm.click(self.delete_job, ui.delete_pending,

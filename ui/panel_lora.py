@@ -5,7 +5,7 @@ against the transformer's layers as soon as it changes (a LoRA whose keys do not
 starts)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gradio as gr
@@ -26,7 +26,7 @@ class LoraPicker:
     add: gr.Button
     clear: gr.Button
     refresh: gr.Button
-    sliders: list = None           # SLOTS strength sliders, labelled by their LoRA
+    sliders: list = field(default_factory=list)     # SLOTS strength sliders, labelled by their LoRA
     note: gr.Markdown = None       # the box checked: what each LoRA changes, or why it cannot be used
 
 

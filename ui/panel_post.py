@@ -74,6 +74,7 @@ def source_of(job_id, upload, outputs: Path, access: Access, user: str | None) -
     if job_id and upload:
         raise InputError("video", "give a finished job or a video file, not both")
     if job_id:
+        assert door.job is not None                     # the client's door names jobs (ui/doors.py client)
         folder = door.job(job_id, "job")
         video = finished_video(folder)
         if video is None:

@@ -36,7 +36,7 @@ def _nice_step(span: float, ticks: int = 5) -> float:
 def _series(timeline, records) -> dict[str, list[tuple[float, float]]]:
     """(time, GB) points per series: every snapshot, and each stage's peak held over the whole stage (drawn as
     steps, a stage shows as a plateau at its peak)."""
-    pts = {"allocated": [], "reserved": [], "host RSS": []}
+    pts: dict[str, list[tuple[float, float]]] = {"allocated": [], "reserved": [], "host RSS": []}
     for s in timeline:
         pts["allocated"].append((s.time, s.allocated / GB))
         pts["reserved"].append((s.time, s.reserved / GB))

@@ -73,11 +73,13 @@ class QueueActions:
     def _room(self, user: str | None, client: str | None, adding: int) -> None:
         """Refuse (InputError "queue") before any work when `adding` jobs of the client would pass the queue's caps
         (`client`: who adds them, ui/access.py Access.client; else the user's login)."""
-        if getattr(self.runner, "caps", None) is not None:
-            self.runner.caps.check(self.store, client_of(user, client), adding)
+        caps = getattr(self.runner, "caps", None)
+        if caps is not None:
+            caps.check(self.store, client_of(user, client), adding)
 
     def _queued(self, jobs) -> list[qs.Entry]:
-        return [self.store.get(job.entry) for job in jobs]
+        """The entries of jobs just queued (one another client removed meanwhile is left out)."""
+        return [e for e in (self.store.get(job.entry) for job in jobs) if e is not None]
 
     def page_values(self, values: Mapping[str, Any], user: str | None = None) -> dict:
         """Settings and uploaded files by name from a client's control values (by name; aliases too), admitted by

@@ -83,7 +83,8 @@ def _names_no_file(value: Any) -> bool:
     if value is None or value == "":
         return True
     if isinstance(value, Mapping):
-        inner = value.get("video") if isinstance(value.get("video"), Mapping) else value
+        video = value.get("video")
+        inner = video if isinstance(video, Mapping) else value
         return inner.get("path") is None or inner.get("path") == ""
     return False
 
@@ -167,4 +168,4 @@ def default_values(default_resolution: int, table: tuple[Control, ...] = TABLE) 
 
 def limits(table: tuple[Control, ...] = TABLE) -> dict[str, tuple]:
     """Slider and number-box ranges, from the table."""
-    return {c.name: c.widget_range() for c in page_controls(table) if c.widget_range()}
+    return {c.name: r for c in page_controls(table) if (r := c.widget_range())}
