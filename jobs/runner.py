@@ -156,7 +156,7 @@ class QueueCaps:
                                       f"add these when some have run")
         mine = sum(1 for e in waiting if added_by(e) == client) if client is not None else 0
         if mine + adding > self.per_client:
-            who = "one user" if client.startswith("login ") else "one address"
+            who = "one user" if client is not None and client.startswith("login ") else "one address"
             raise InputError("queue", f"you have {mine} jobs waiting and {who} may have at most "
                                       f"{self.per_client}; add these when some have run")
 

@@ -4,8 +4,8 @@ added jobs never hold the concurrency group of everyone's list, moves and remove
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 import time
+from pathlib import Path
 
 import pytest
 
