@@ -24,6 +24,7 @@ from jobs.doors import Door
 from jobs.doors import admitted as admit
 from jobs.runner import Runner, client_of
 from pipeline import keyframes
+from pipeline.images import header_pixels
 from pipeline.request import Request, canonical
 from ui import doors
 from ui import settings as st
@@ -206,8 +207,6 @@ class QueueActions:
 def within_budget(field: str, paths) -> None:
     """Refuse (InputError `field`) before any is decoded when the images one call would check have more than
     REQUEST_PIXELS_MAX pixels in all (their headers: pipeline/images.py header_pixels)."""
-    from pipeline.images import header_pixels
-
     given = [str(p) for p in paths if isinstance(p, (str, Path)) and str(p)]
     pixels = {p: header_pixels(p) for p in set(given)}     # (each header read once; each use is checked)
     total = sum(pixels[p] for p in given)
