@@ -225,6 +225,7 @@ class Command:
             raise SystemExit(EXIT_FAILED) from None
         self.runner, warning = open_runner(self.config, executor, device_type=device.type, preflight=preflight)
         self.line = QueueLine(self.runner)
+        self.line.learn_from(self.config.outputs)        # the waits said before this process has timed a job
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
         return self.runner
@@ -504,11 +505,15 @@ def run_batch(command: Command, path: Path, new_seed: str | None = None) -> int:
 
         jobs = [(number, p if is_post(p.request.settings()) else with_new_seed_switch(p, new_seed))
                 for number, p in jobs]
+    from jobs.text import waiting_text
+
     queued = command.open().submit_many([p for _, p in jobs], origin="batch", checked=True) if jobs else []
     for (number, prepared), job in zip(jobs, queued):
         request = prepared.request
         what = (" ".join(s.text() for s in request.steps) if isinstance(request, PostRequest) else request.prompt)
-        print(f"line {number}: {what[:60]!r} (queued as {job.entry})")
+        place = command.line.waiting(job)                # as the page says it (jobs/follow.py, pipeline/eta.py)
+        print(f"line {number}: {what[:60]!r} (queued as {job.entry})"
+              + (f": {waiting_text(place)}" if place is not None else ""))
     results = list(invalid)
     for (number, _), (code, last) in zip(jobs, command.run(queued) if queued else []):
         status = {EXIT_OK: "done", EXIT_STOPPED: "stopped"}.get(code, "failed")

@@ -7,9 +7,11 @@ The line learns from the runner's events (`Runner.listeners`): the speed of the 
 `Speed`) and each running job's latest estimate of its time left."""
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterator
 
@@ -17,10 +19,14 @@ from configs.generation import DEFAULTS
 from jobs import store as qs
 from jobs.line import Speed, Waiting
 from jobs.runner import ENDED, QueuedJob, Runner
+from pipeline.jobs import load_job
 from pipeline.events import Done, Failed, Progress
 from post.steps import is_post
 
+log = logging.getLogger(__name__)
+
 WAIT_TICK_S = 1.0           # a waiting job's place and expected wait are looked at again this often
+LEARN_FOLDERS_MAX = 50      # the newest job folders of outputs/ looked at for a finished job's speed (`learn_from`)
 
 
 class QueueLine:
@@ -44,6 +50,36 @@ class QueueLine:
             if isinstance(event, Done) and not event.stopped and job.work is not None \
                     and job.work.resuming is None and job.work.post is None:
                 self.speed.learn(job.work.request, event.timings)
+
+    def learn_from(self, outputs: Path) -> bool:
+        """Before this process has timed a job: the speed of the newest job in `outputs` that ended done (the app's
+        or an earlier command's), from its job.json's settings and timings, so that a command line following a
+        queue that another process runs, or a batch whose first job has not ended, can say the expected waits
+        (before, "no wait estimate yet" while the app had timed many jobs). True when a speed is known."""
+        if self.speed.rates is not None:
+            return True
+        try:
+            folders = sorted((p for p in Path(outputs).iterdir() if (p / "job.json").is_file()),
+                             key=lambda p: p.name, reverse=True)[:LEARN_FOLDERS_MAX]
+        except OSError:
+            return False
+        for folder in folders:
+            try:
+                info = load_job(folder)
+            except (OSError, ValueError):
+                continue
+            settings, timings = info.get("settings"), info.get("timings")
+            if info.get("status") != "done" or not isinstance(settings, dict) or not isinstance(timings, dict) \
+                    or is_post(settings):
+                continue
+            try:
+                self.speed.learn(_settings_request(settings), timings)
+            except (ValueError, TypeError, OverflowError):
+                continue
+            if self.speed.rates is not None:
+                log.info("expected times at the speed of job %s", folder.name)
+                return True
+        return False
 
     def expected_seconds(self, request) -> float | None:
         return self.speed.expected_seconds(request)
