@@ -57,3 +57,46 @@ def test_the_page_announces_the_jobs_the_last_run_left_in_the_queue(tmp_path):
         store.update(e.id, status="done")
     assert panel.recovered_text(None) == ""                  # all ran: the note goes
     store.close()
+
+
+def test_an_interrupted_job_put_back_in_line_is_picked_removed_and_loaded_as_a_waiting_one(tmp_path, tiny_original):
+    """Issue 44: the queue panel's row of a job the last run left running (put back in line, to continue in its
+    folder) is picked by a click like a waiting one's, its settings load into the page, and Remove takes it out of
+    the queue (its job folder stays, to be resumed)."""
+    from types import SimpleNamespace
+
+    from tests.conftest import make_image
+    from tests.server_helpers import tiny_runner
+    from ui.access import Access
+    from ui.panel_queue import QueuePanel, rows
+    from ui.queue_api import QueueActions
+    from ui.settings import CONTROLS
+
+    runner = tiny_runner(tmp_path / "out", tiny_original)              # not started: nothing runs
+    try:
+        store = runner.store
+        image = tmp_path / "in.png"
+        make_image(96, 80).save(image)
+        folder = tmp_path / "out" / "20250101-000000-abcdef"
+        folder.mkdir(parents=True)
+        entry = store.add({"image": str(image), "prompt": "was running", "seconds": 2.4}, job_dir=folder.name)
+        store.add({"image": str(image), "prompt": "was waiting"})
+        store.update(entry.id, status=qs.WAITING, message=qs.INTERRUPTED)      # as the next runner puts it back
+        assert store.get(entry.id).interrupted
+        ctx = SimpleNamespace(access=Access.of(None), runner=runner, default_resolution=64, public_notice="")
+        panel = QueuePanel(ctx, QueueActions(runner, Access.of(None)), None)
+        request = SimpleNamespace(username=None, session_hash="tab")
+        table, pick = panel.refresh(None, request)
+        row = next(r for r in table if r[1] == entry.id)
+        picked = QueuePanel.pick_row(SimpleNamespace(row_value=row))
+        assert picked == entry.id and entry.id in [value for _, value in pick["choices"]]
+        table, pick = panel.refresh(picked, request)                   # the list's next refresh keeps the pick
+        assert pick["value"] == entry.id
+        values = dict(zip(CONTROLS, panel.load(picked, request)))
+        assert values["prompt"] == "was running" and values["seconds"] == 2.4
+        text, table, pick = panel.remove(picked, request)
+        assert f"Removed job {entry.id}" in text and store.get(entry.id) is None
+        assert [r[3] for r in table] == ["was waiting"] == [r[3] for r in rows(store.entries())]
+        assert folder.is_dir()                                         # the folder stays, to be resumed
+    finally:
+        runner.store.close()
