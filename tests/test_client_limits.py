@@ -58,6 +58,9 @@ def test_one_adding_call_checks_a_bounded_number_of_pixels(actions, tmp_path, mo
     with pytest.raises(InputError, match="megapixels of images in one call") as e:
         actions.add_images([uploaded(picture)] * 4, {"prompt": "a"}, "alice")
     assert e.value.field == "images" and len(actions.store.entries()) == 3
+    with pytest.raises(InputError, match="megapixels of images in one call"):      # a keyframe's image counts too
+        actions.add_images([uploaded(picture)] * 2, {"prompt": "a", "keyframes": f"[1s] {uploaded(picture)}"}, "alice")
+    assert len(actions.store.entries()) == 3
     exported = Path(actions.export_path("alice")).read_text("utf-8").splitlines()[0]
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text((exported + "\n") * 4)                             # one copy named four times: four checks

@@ -114,7 +114,7 @@ class QueueActions:
             raise InputError("image", "one job is added per image of 'images'; leave the start image out of the "
                                       "settings")
         page = {k: v for k, v in self.page_values(values, user).items() if k != "image"}
-        within_budget("images", paths + [page.get("end_image")] * len(paths))
+        within_budget("images", paths + images_of(page) * len(paths))
         requests = [Request.from_mapping({**page, "image": p}) for p in paths]
         return self._queued(self.runner.submit_many(requests, owner=user, client=client))
 
@@ -136,7 +136,7 @@ class QueueActions:
                                           f"{IMPORT_LINES_MAX} (use `python -m cli queue add` for more)")
         jobs = jsonl.read_lines(text, door=doors.queue_copies(self.store, self.access, user))
         self._room(user, client, len(jobs))                 # (before any line's images are read)
-        within_budget("jobs file", [v.get(k) for _, v in jobs for k in ("image", "end_image")])
+        within_budget("jobs file", [p for _, v in jobs for p in [v.get("image"), *images_of(v)]])
         prepared = jsonl.prepare_lines(jobs, self.runner.preflight)
         return self._queued(self.runner.submit_many(prepared, owner=user, checked=True, client=client))
 
@@ -202,6 +202,17 @@ class QueueActions:
         """Take the finished, stopped and failed jobs the user may see out of the list (their job folders stay in
         Past jobs); returns how many."""
         return self.store.clear_finished(lambda owner: self.access.sees(user, owner))
+
+
+def images_of(values: Mapping[str, Any]) -> list:
+    """The images a job's values name besides its start image: the end image and the keyframes' images (each is
+    decoded when the job is checked)."""
+    text = values.get("keyframes")
+    try:
+        frames = keyframes.parse(text) if isinstance(text, str) and text.strip() else ()
+    except InputError:                                      # (the job's own check says why)
+        frames = ()
+    return [values.get("end_image"), *(k.image for k in frames)]
 
 
 def within_budget(field: str, paths) -> None:
