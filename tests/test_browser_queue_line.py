@@ -53,7 +53,12 @@ def test_extend_button_continues_a_finished_job(server, browser, image):
         page.locator("#jobs-gallery button.thumbnail-item").first.click()
         page.wait_for_function(f"() => document.querySelector('#job-details')?.innerText.includes('{first.name}')")
         expect(page.locator("#extend-btn")).to_be_enabled()
+        page.locator("#extend-btn").scroll_into_view_if_needed()
+        assert page.evaluate("() => document.querySelector('#extend-group').getBoundingClientRect().bottom < 0")
         page.locator("#extend-btn").click()
+        # the filled "Extend a video" group is brought into view (issue 44 item 6: it was filled out of view, above)
+        page.wait_for_function("""() => { const r = document.querySelector('#extend-group').getBoundingClientRect();
+                                  return r.height > 0 && r.top >= 0 && r.top < innerHeight; }""", timeout=60_000)
         expect(page.locator("#extend-job textarea, #extend-job input").first).to_have_value(first.name)
         expect(page.locator("#mode label").filter(has_text="F1").locator("input")).to_be_checked()
         expect(page.locator("#start-image img")).to_have_count(0)                 # no start image with it
