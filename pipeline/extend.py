@@ -42,7 +42,6 @@ costs as many tokens as a generated one; 19 would more than double a section's t
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -284,7 +283,7 @@ def frames_to_model(frames: np.ndarray) -> torch.Tensor:
     return x.permute(3, 0, 1, 2).unsqueeze(0)
 
 
-def starting_point(run: Any, drain: Any):
+def starting_point(run: Any):
     """(start latent, end latent, history, sections done) of an extension; `run` is the orchestrator's JobRun. A
     job folder gives its checkpoint (and, with its own seed, its random state); a video is encoded. The random
     generator draws the VAE posteriors in this order: the encoded frames (F1: the tail; backward: the head; toward
@@ -298,10 +297,10 @@ def starting_point(run: Any, drain: Any):
     backward = source.direction == BACKWARD
     yield run.progress("VAE encode", 0, 0, f"encoding the {'start' if backward else 'end'} of the input video")
     vae = run.models.vae
-    t = time.monotonic()
     frames, end = source.frames, None
     assert frames is not None                           # (a video to extend has its frames)
-    with torch.no_grad(), run.memory.stage("VAE encode", vae=vae), run.fallback.guarded("VAE encode"):
+    with run.timing("VAE encode"), torch.no_grad(), run.memory.stage("VAE encode", vae=vae), \
+            run.fallback.guarded("VAE encode"):
         def encode(frames: np.ndarray) -> torch.Tensor:
             x = frames_to_model(frames).to(run.device, vae.dtype)
             return (vae.encode(x).latent_dist.sample(generator=run.generator)
@@ -315,8 +314,7 @@ def starting_point(run: Any, drain: Any):
             start = encode(frames[-1:])
             if source.direction == TO_END:
                 end = encode(np.array(run.prepared.end_image.convert("RGB"))[None])
-    run._timed("VAE encode", time.monotonic() - t)
-    yield from drain()
+    yield from run.drained()
     if backward:
         return start, None, backward_history(encoded), source.sections_done
     if source.direction == TO_END:      # the prefix rides at the end, past what the original mode reads

@@ -11,6 +11,7 @@ the start image, of the end image, then each section's noise), so the same seed 
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import time
@@ -117,7 +118,9 @@ class ResumeState:
 
 
 class JobRun:
-    """State of one running job; `events()` drives the stages."""
+    """State of one running job; `events()` drives the stages. The stages share the run's context: `progress()`
+    (the event with the ETA), `timing(stage)` (the job's timings), `drained()` (the log lines captured meanwhile, as
+    events) and the cancel token's `check()` (End stops at the next step)."""
 
     def __init__(self, prepared: PreparedRequest, components: Components, memory: MemoryManager,
                  cancel: CancelToken, outputs: Path, resume: ResumeState | None = None,
@@ -149,6 +152,7 @@ class JobRun:
         self.governing = keyframes.governing_keyframes([k.time for k, _ in prepared.keyframes], self.plan.mode,
                                                        self.plan.window, self.plan.count, self.request.fps)
         self.writer: SectionWriter | None = None    # started with the job (events())
+        self._logs: list[LogLine] = []              # captured log lines not yet yielded (`drained`)
         self.last_video: Path | None = None
         self._last_section = 0                 # the section whose video last_video is (the newest one)
         rocm.apply_torch_settings()                     # cudnn.benchmark off on ROCm (no-op elsewhere)
@@ -166,6 +170,20 @@ class JobRun:
     def _timed(self, name: str, seconds: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + seconds
 
+    @contextlib.contextmanager
+    def timing(self, name: str) -> Iterator[None]:
+        """The time the block takes, added to the stage `name`'s timing when it ends normally (a stage that fails
+        or stops is not timed)."""
+        t = time.monotonic()
+        yield
+        self._timed(name, time.monotonic() - t)
+
+    def drained(self) -> Iterator[LogLine]:
+        """The log lines captured since the last call (the job's LogLine events), in order: every stage yields
+        them after its work (`yield from run.drained()`)."""
+        while self._logs:
+            yield self._logs.pop(0)
+
     def events(self) -> Iterator[Event]:
         r = self.request
         meta = {"comment": f"prompt: {r.prompt} | seed: {r.seed}", "title": r.prompt[:200], "description": r.prompt}
@@ -178,10 +196,7 @@ class JobRun:
 
     def _events(self) -> Iterator[Event]:
         with capture_logs() as logs:
-            def drain():
-                while logs:
-                    yield logs.pop(0)
-
+            self._logs = logs
             error, detail = None, ""
             try:
                 # LoRA files read and checked against the transformer before the job folder and any stage
@@ -197,11 +212,11 @@ class JobRun:
                 log.info("job %s: %d section(s) of %d latent frames at %dx%d, %s mode, %s sampler, seed %d",
                          self.job.id, self.plan.count, self.plan.window, self.prepared.width, self.prepared.height,
                          r.mode, r.sampler, r.seed)
-                yield from drain()
+                yield from self.drained()
                 # stage trims scan only what the job made (rocm/allocator.py); on ROCm the hang probe's child starts
                 # now, while the GPU is empty, and stays warm for the job's VAE decodes
                 with rocm.job_heap(), self.fallback.warm_probe(self.device):
-                    yield from self._run(drain)
+                    yield from self._run()
                 status = "done"
             except JobStopped:
                 status = "stopped"
@@ -225,30 +240,30 @@ class JobRun:
             self.memory.release_parked("the job ended")
             rocm.trim("after the job", host=True)      # now that a failure's traceback (and what it held) is gone
             log.info("host RSS after the job: %.1f MiB (freed memory given back)", host_rss_bytes() / MIB)
-            yield from drain()
+            yield from self.drained()
             if status == "done":      # what this job measured, for the next one's ETA (pipeline/eta.py)
                 self.remaining.keep(self.models.warm, self.prepared.height * self.prepared.width,
                                     time.monotonic() - self.t0)
             yield ending
 
-    def _run(self, drain) -> Iterator[Event]:
+    def _run(self) -> Iterator[Event]:
         c, r = self.models, self.request
         self.memory.apply_cap()              # the VRAM cap (a process-wide device limit) holds from here on
         # where the weights live on the host this job (RAM or read from the files); refuses a budget that cannot work
         self.memory.arrange_host(c.models(), FRAMEPACK_STAGES, self.plan.count, self.plan.frame_counts()[-1])
         lora.attach(c.transformer, self.loras)       # merged into each device copy of a weight (memory/deltas.py)
-        yield from drain()
+        yield from self.drained()
         yield self.progress("text encoders")
         texts = self._encode_text()
-        yield from drain()
+        yield from self.drained()
         self.cancel.check()
-        start_latent, end_latent, history, done = yield from self._starting_point(drain)
+        start_latent, end_latent, history, done = yield from self._starting_point()
         self.cancel.check()
         yield self.progress("image encoder")
         image_embeds = self._encode_image()
-        yield from drain()
+        yield from self.drained()
         if done:
-            yield from self._rebuild_video(done, drain)
+            yield from self._rebuild_video(done)
 
         # split over several GPUs, an out-of-memory fails the job: a retried step would leave the others' exchange
         denoiser = FramepackDenoiser(c.transformer, r.teacache, r.steps,
@@ -270,10 +285,9 @@ class JobRun:
                                           end_latent)
                 indices = self.plan.indices(section)
             yield self.progress("sampling", n, 0, f"section {n}/{self.plan.count}: loading the transformer")
-            t_stage = time.monotonic()
-            with self.memory.stage("transformer", transformer=c.transformer), \
+            with self.timing("transformer"), self.memory.stage("transformer", transformer=c.transformer), \
                     self.fallback.guarded("transformer"), fp8_attention(r.fp8_attention == "on"):
-                yield from drain()
+                yield from self.drained()
                 section_texts = texts.for_section(section.index)
                 lengths = tuple(sorted((b, int(t.mask.sum())) for b, t in section_texts.items()))
                 kernels = compiled.KernelTimer(blocks, (r.mode, self.plan.window, lh, lw, lengths,
@@ -286,7 +300,6 @@ class JobRun:
                                          cfg=r.cfg, rescale=r.rescale, check_stop=self.cancel.check)
                 generated = yield from self._stream_steps(sampler, n, kernels)
                 denoiser.end_section()
-            self._timed("transformer", time.monotonic() - t_stage)
             if denoiser.teacache:
                 log.info("TeaCache skipped %d of %d steps", denoiser.teacache["cond"].skipped, r.steps)
             if denoiser.magcache:
@@ -294,7 +307,7 @@ class JobRun:
             history, real = sec.append_section(self.plan, section, history, generated.cpu(), start_latent)
             save_checkpoint(self.job, section, history, real, start_latent, end_latent, self.generator,
                             self.keyframe_latents)
-            yield from drain()
+            yield from self.drained()
             # the previous section's video first (the page shows it now, not after this decode: the writer usually
             # finished it during this section's sampling, so this rarely waits)
             yield from self._written(wait=True)
@@ -302,7 +315,7 @@ class JobRun:
             pixels = self._decode(sec.latents_to_decode(self.plan, section, real))
             self._submit(section, pixels, self.job.path(f"section_{n:02d}.mp4"))   # written while the next samples
             del pixels                                  # the writer's now (video/section_writer.py)
-            yield from drain()
+            yield from self.drained()
             yield from self._written()
 
     def _submit(self, section: sec.Section, pixels: torch.Tensor, path: Path | None = None) -> None:
@@ -365,7 +378,7 @@ class JobRun:
 
         self.job = Job.create(self.outputs, self.request.settings(), self._model_info(), fill)
 
-    def _starting_point(self, drain):
+    def _starting_point(self):
         """(start latent, end latent, latent history, sections done): a new job encodes its images (VAE encode);
         a resumed one takes them, and the random generator's state, from its checkpoint."""
         saved = self.resume.saved if self.resume else None
@@ -374,13 +387,13 @@ class JobRun:
             self.keyframe_latents = saved.keyframe_latents
             return saved.start_latent, saved.end_latent, saved.history, saved.sections_done
         if self.prepared.source is not None:
-            return (yield from extend.starting_point(self, drain))
+            return (yield from extend.starting_point(self))
         yield self.progress("VAE encode")
         start_latent, end_latent = self._encode_latents()
         if self.request.loop == "on" and self.plan.mode == "original" and end_latent is None:
             end_latent = start_latent.clone()       # a loop: the start image is also the end frame
         self.keyframe_latents = self._encode_keyframes()
-        yield from drain()
+        yield from self.drained()
         return start_latent, end_latent, sec.empty_history(self.plan, start_latent), 0
 
     def _start_slot(self, section: sec.Section, start_latent: torch.Tensor) -> torch.Tensor:
@@ -400,17 +413,16 @@ class JobRun:
         if not self.prepared.keyframes:
             return ()
         vae = self.models.vae
-        t = time.monotonic()
-        with self.memory.stage("VAE encode", vae=vae), self.fallback.guarded("VAE encode"):
+        with self.timing("VAE encode"), self.memory.stage("VAE encode", vae=vae), \
+                self.fallback.guarded("VAE encode"):
             out = []
             for _, image in self.prepared.keyframes:
                 x = to_model_tensor(image).unsqueeze(2).to(self.device, vae.dtype)
                 dist = vae.encode(x).latent_dist
                 out.append((dist.sample(generator=self.generator) * vae.config.scaling_factor).float().cpu())
-        self._timed("VAE encode", time.monotonic() - t)
         return tuple(out)
 
-    def _rebuild_video(self, done: int, drain) -> Iterator[Event]:
+    def _rebuild_video(self, done: int) -> Iterator[Event]:
         """Decode the finished sections again (resume, extending a job), so the blends match an uninterrupted run
         exactly; an input video's frames start the video as they are. A resumed job whose process died before
         the video of a finished section was written (it is written while the next section samples) writes it
@@ -437,7 +449,7 @@ class JobRun:
             else:
                 self._submit(section, pixels)
             del pixels
-            yield from drain()
+            yield from self.drained()
             yield from self._written()
         if self.job.info["videos"] and self._last_section < done:     # (a rewritten older one is not the last)
             self.last_video, self._last_section = self.job.path(self.job.info["videos"][-1]), done
@@ -447,11 +459,6 @@ class JobRun:
         """Each distinct prompt of the (timed) prompt, encoded once, the text encoders loaded once for all of them
         (pipeline/timeline_text.py); the sections' embeddings by generation index."""
         c, r = self.models, self.request
-        t = time.monotonic()
-        schedule = timeline.schedule(r.prompt, self.plan.mode, self.plan.window, self.plan.count, r.fps,
-                                     r.prompt_blend)
-        if schedule.timeline.timed:
-            log.info("prompt timeline, by section in video order:\n  %s", "\n  ".join(schedule.describe()))
 
         def encode_all(prompts):
             with self.memory.stage("text encoders", text_encoder=c.text_encoder, text_encoder_2=c.text_encoder_2):
@@ -469,32 +476,34 @@ class JobRun:
             return cache_key(prompt, r.negative_prompt if r.cfg > 1.0 else None, c.revisions,
                              self.memory.weight_storage, c.crop_start)
 
-        encoded, hits = encode_texts(schedule.texts, key_of, default_cache(), encode_all)
-        if hits == len(schedule.texts):
-            log.info("prompt embeddings from the cache: the text encoders were not loaded")
-        self._timed("text encoders", time.monotonic() - t)
+        with self.timing("text encoders"):
+            schedule = timeline.schedule(r.prompt, self.plan.mode, self.plan.window, self.plan.count, r.fps,
+                                         r.prompt_blend)
+            if schedule.timeline.timed:
+                log.info("prompt timeline, by section in video order:\n  %s", "\n  ".join(schedule.describe()))
+            encoded, hits = encode_texts(schedule.texts, key_of, default_cache(), encode_all)
+            if hits == len(schedule.texts):
+                log.info("prompt embeddings from the cache: the text encoders were not loaded")
         return SectionTexts(schedule, encoded, negative_used=r.cfg > 1.0)
 
     @torch.no_grad()
     def _encode_latents(self):
         vae = self.models.vae
-        t = time.monotonic()
-        if self.request.start_from == "noise":      # text-to-video: no VAE encode (pipeline/text_to_video.py)
-            scale = getattr(vae, "spatial_compression_ratio", 8)
-            start = text_to_video.noise_latent(self.generator, vae.config.latent_channels,
-                                               self.prepared.height // scale, self.prepared.width // scale)
-            self._timed("VAE encode", time.monotonic() - t)
-            return start, None
-        with self.memory.stage("VAE encode", vae=vae), self.fallback.guarded("VAE encode"):
-            def encode(img):
-                x = to_model_tensor(img).unsqueeze(2).to(self.device, vae.dtype)
-                dist = vae.encode(x).latent_dist
-                return (dist.sample(generator=self.generator) * vae.config.scaling_factor).float().cpu()
+        with self.timing("VAE encode"):
+            if self.request.start_from == "noise":      # text-to-video: no VAE encode (pipeline/text_to_video.py)
+                scale = getattr(vae, "spatial_compression_ratio", 8)
+                start = text_to_video.noise_latent(self.generator, vae.config.latent_channels,
+                                                   self.prepared.height // scale, self.prepared.width // scale)
+                return start, None
+            with self.memory.stage("VAE encode", vae=vae), self.fallback.guarded("VAE encode"):
+                def encode(img):
+                    x = to_model_tensor(img).unsqueeze(2).to(self.device, vae.dtype)
+                    dist = vae.encode(x).latent_dist
+                    return (dist.sample(generator=self.generator) * vae.config.scaling_factor).float().cpu()
 
-            start = encode(self.prepared.image)
-            end = encode(self.prepared.end_image) if self.prepared.end_image is not None else None
-        self._timed("VAE encode", time.monotonic() - t)
-        return start, end
+                start = encode(self.prepared.image)
+                end = encode(self.prepared.end_image) if self.prepared.end_image is not None else None
+            return start, end
 
     @torch.no_grad()
     def _encode_image(self) -> torch.Tensor:
@@ -504,8 +513,7 @@ class JobRun:
         (1 − a)·start + a·end with a = request.end_embed_weight (default 0.5, FramePack's end-frame PR #167 idea).
         diffusers' pipeline computes that blend and then ignores it (a = 0); a = 0 reproduces it exactly."""
         c = self.models
-        t = time.monotonic()
-        with self.memory.stage("image encoder", image_encoder=c.image_encoder), \
+        with self.timing("image encoder"), self.memory.stage("image encoder", image_encoder=c.image_encoder), \
                 self.fallback.guarded("image encoder"):
             def embed(img):
                 pixels = (to_model_tensor(img) + 1.0) / 2.0
@@ -517,22 +525,19 @@ class JobRun:
             a = self.request.end_embed_weight
             if self.prepared.end_image is not None and a > 0:
                 embeds = (1.0 - a) * embeds + a * embed(self.prepared.end_image)
-        self._timed("image encoder", time.monotonic() - t)
         return embeds
 
     @torch.no_grad()
     def _decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Pixels (1, 3, T, H, W) in [-1, 1] on the CPU, in the VAE's dtype (the writer blends them in float32)."""
         vae = self.models.vae
-        t = time.monotonic()
-        with self.memory.stage("VAE decode", vae=vae, beside_parked=True):     # (memory/parking.py)
+        with self.timing("VAE decode"), self.memory.stage("VAE decode", vae=vae, beside_parked=True):  # parking.py
             z = latents.to(self.device, vae.dtype) / vae.config.scaling_factor
             with rocm.vae_decode_log(vae, z, fallback=self.fallback,
                                      memory_status=lambda: self.memory.snapshot("VAE decode").status_line()), \
                     decode_speed(vae, self.device, DECODE_SPEED):
                 pixels = self.memory.decode_vae(vae, z)
             pixels = pixels.cpu()
-        self._timed("VAE decode", time.monotonic() - t)
         return pixels
 
     def _written(self, wait: bool = False) -> Iterator[SectionVideo]:
