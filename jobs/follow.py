@@ -19,8 +19,8 @@ from configs.generation import DEFAULTS
 from jobs import store as qs
 from jobs.line import Speed, Waiting
 from jobs.runner import ENDED, QueuedJob, Runner
-from pipeline.jobs import load_job
 from pipeline.events import Done, Failed, Progress
+from pipeline.jobs import load_job
 from post.steps import is_post
 
 log = logging.getLogger(__name__)
