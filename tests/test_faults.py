@@ -37,24 +37,31 @@ def image(tmp_path):
     return path
 
 
-def test_a_full_disk_ends_in_one_line_and_the_job_resumes_once_there_is_space(image, tmp_path):
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES], ids=["ENOSPC", "EROFS", "EACCES"])
+def test_a_full_or_read_only_disk_ends_in_one_line_and_the_job_resumes_once_it_is_fixed(image, tmp_path, code):
+    """The disk fills, or the folder turns read-only (a remount) or unwritable (its permissions changed) during
+    the job: one line naming the folder and what to do, exit 1, the job failed and resumable."""
     out = tmp_path / "out"
     proc = shared().start("generate", "--image", image, *JOB, "--out", out, "-q", separate=True, env=_env(),
-                          kill_at=KillAt("pipeline.checkpoint:atomic_write_bytes", 2, errno=errno.ENOSPC))
+                          kill_at=KillAt("pipeline.checkpoint:atomic_write_bytes", 2, errno=code))
     proc.join(300)
     err, said = tail(proc.err, None), tail(proc.log, None)
     job = job_folder(out)
     assert proc.exitcode == 1, err
+    what = ("the disk is full" if code == errno.ENOSPC else f"it cannot be written ({os.strerror(code)})")
+    fix = "free some space" if code == errno.ENOSPC else "make it writable"
     assert err.strip().splitlines() == [
-        f"error: {job}: the disk is full; the job stopped after its last finished section: free some space, then "
+        f"error: {job}: {what}; the job stopped after its last finished section: {fix}, then "
         f"resume it (python -m cli resume {job}) (-v shows the traceback; it is in "
         f"{err.split('; it is in ')[-1].rstrip(')' + chr(10))})"]
     assert "Traceback" not in err + said
     info = json.loads((job / "job.json").read_text())
-    assert info["status"] == "failed" and "the disk is full" in info["error"]
+    assert info["status"] == "failed" and what in info["error"]
     store, _ = qs.QueueStore.open(out)
     assert [e.status for e in store.entries()] == [qs.FAILED]
     store.close()
+    if code != errno.ENOSPC:
+        return                                            # the resume is the same as after a full disk
     r = cli("resume", job, "-q")                          # space freed: it continues from its last section
     assert r.returncode == 0, r.stderr
     assert json.loads((job / "job.json").read_text())["status"] == "done"
