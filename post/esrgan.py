@@ -133,15 +133,22 @@ def _from_original_names(state: dict) -> dict:
     return out
 
 
-def detect(state: dict) -> tuple[UpscalerSpec, dict]:
-    """The architecture of an upscaler state dict, and the state dict under that architecture's names. Raises
-    UnknownArchitecture for anything else (nothing is built or run for it)."""
+def unwrapped(state: dict) -> dict:
+    """A post model file's tensors by name, out of the wrappers training scripts save them in (`params_ema`,
+    `params`, `state_dict`, `model`) and without DataParallel's `module.` prefixes; UnknownArchitecture when the file
+    holds no named tensors. (Every post model's reader starts here: ESRGAN, GFPGAN, the face detector.)"""
     for wrapper in ("params_ema", "params", "state_dict", "model"):
         if isinstance(state.get(wrapper), dict):
             state = state[wrapper]
     if not state or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()):
         raise UnknownArchitecture("the file holds no tensors by name (not a model's state dict)")
-    state = {k.removeprefix("module."): v for k, v in state.items()}
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def detect(state: dict) -> tuple[UpscalerSpec, dict]:
+    """The architecture of an upscaler state dict, and the state dict under that architecture's names. Raises
+    UnknownArchitecture for anything else (nothing is built or run for it)."""
+    state = unwrapped(state)
     if "model.0.weight" in state and any(k.startswith("model.1.sub.") for k in state):
         if "model.10.weight" not in state:
             raise UnknownArchitecture("an original-ESRGAN file of a scale other than 4 (its layers differ)")

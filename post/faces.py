@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from post.esrgan import UnknownArchitecture
+from post.esrgan import UnknownArchitecture, unwrapped
 
 SLOPE = 0.2
 
@@ -221,12 +221,7 @@ _OTHERS = {"quantize.embedding.weight": "a VQ face model (RestoreFormer / CodeFo
 
 def detect(state: dict) -> tuple[FaceSpec, dict]:
     """The face network of a state dict and the dict to load (unwrapped); UnknownArchitecture for anything else."""
-    for wrapper in ("params_ema", "params", "state_dict", "model"):
-        if isinstance(state.get(wrapper), dict):
-            state = state[wrapper]
-    if not state or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()):
-        raise UnknownArchitecture("the file holds no tensors by name (not a model's state dict)")
-    state = {k.removeprefix("module."): v for k, v in state.items()}
+    state = unwrapped(state)
     if "toRGB.0.weight" not in state or "stylegan_decoder.constant_input.weight" not in state \
             or "final_linear.weight" not in state:
         for key, what in _OTHERS.items():

@@ -147,46 +147,41 @@ def read_state(path: Path, field: str) -> dict:
     return state
 
 
+def _built(path: Path, field: str, build):
+    """`build(state)` of the file's state dict; a file that is not that architecture (ValueError, which
+    UnknownArchitecture is) becomes an InputError naming `field` -- nothing of it was run."""
+    try:
+        return build(read_state(path, field))
+    except ValueError as e:
+        raise InputError(field, f"{{file}}: {e}", path=path) from None
+
+
 def load_upscaler(path: Path):
     """(model, spec) of an upscaler file; InputError naming "upscaler" for an unknown architecture (never run)."""
-    from post.esrgan import UnknownArchitecture, upscaler_from_state
+    from post.esrgan import upscaler_from_state
 
-    try:
-        return upscaler_from_state(read_state(path, "upscaler"))
-    except UnknownArchitecture as e:
-        raise InputError("upscaler", f"{{file}}: {e}", path=path) from None
+    return _built(path, "upscaler", upscaler_from_state)
 
 
 def load_interpolator(path: Path):
     from post.rife import ifnet_from_state
 
-    try:
-        return ifnet_from_state(read_state(path, "interpolation model"))
-    except ValueError as e:
-        raise InputError("interpolation model", f"{{file}}: {e}", path=path) from None
+    return _built(path, "interpolation model", ifnet_from_state)
 
 
 def load_face_model(path: Path):
     """The face model of a file (GFPGAN v1.3 / v1.4); InputError naming "face model" for any other architecture
     (never run)."""
-    from post.esrgan import UnknownArchitecture
     from post.faces import face_model_from_state
 
-    try:
-        return face_model_from_state(read_state(path, "face model"))
-    except UnknownArchitecture as e:
-        raise InputError("face model", f"{{file}}: {e}", path=path) from None
+    return _built(path, "face model", face_model_from_state)
 
 
 def load_detector(path: Path):
     """The face detector of a file (facexlib's RetinaFace MobileNet-0.25); InputError naming "face detector"."""
-    from post.esrgan import UnknownArchitecture
     from post.facedetect import detector_from_state
 
-    try:
-        return detector_from_state(read_state(path, "face detector"))
-    except UnknownArchitecture as e:
-        raise InputError("face detector", f"{{file}}: {e}", path=path) from None
+    return _built(path, "face detector", detector_from_state)
 
 
 LOADERS = {"upscaler": load_upscaler, "interpolator": load_interpolator, "face": load_face_model,
