@@ -15,8 +15,9 @@ that measured time (`section_s`): the parts above are each measured alone and mi
 the video writer of the previous section, which shares the CPU with every section after the first (with one core
 busy, section 1 ran 1.5-3x faster than the later ones, and the parts alone said 'ETA 3 s' with 10.5 s left). Section
 1's time is taken less the one-time work in it (its start beyond a later section's, the first decode's extra as an
-earlier job of this process measured it) and plus the writer's time on a file (as measured in this job, else in an
-earlier one), which it did not share the machine with.
+earlier job of this process measured it). Section 1 itself runs without a writer beside it, so until section 2 has
+been measured a machine with no core to spare for the writer is still undercounted (adding the writer's time to
+section 1's overcounted the quiet machine's later sections 1.5-1.8x instead).
 
 Until the first decode of the job has finished, the decode time per frame is the one measured on an earlier job
 (`decode_prior`, when the caller has one), else a latent frame's decode is assumed to take `DECODE_PRIOR` sampling
@@ -85,7 +86,6 @@ class Remaining:
     write_s: float = 0.0                   # the writer's time on the latest section file
     note: str = ""                         # why the estimate went up (while it holds), else ""
     finishing_at: float | None = None      # when the finishing stage began (elapsed)
-    write_prior: float = 0.0               # the writer's time on a section file in an earlier job of this process
     section_starts: dict[int, float] = field(default_factory=dict)    # section -> elapsed at its first progress
     _now: float = 0.0                      # elapsed at the latest update
     _last: tuple | None = None             # (stage, section, step, elapsed) of the previous update
@@ -103,7 +103,7 @@ class Remaining:
             decode_prior = per_pixel * pixels
         return cls(plan.count, steps, decode_frames(plan), decode_prior=decode_prior,
                    first_extra=float(warm.get("first decode extra per pixel", 0.0)) * max(pixels, 0),
-                   finish_prior=float(warm.get("finishing", 0.0)), write_prior=float(warm.get("section file", 0.0)))
+                   finish_prior=float(warm.get("finishing", 0.0)))
 
     def keep(self, warm: dict, pixels: int, elapsed_s: float) -> None:
         """The job ended at `elapsed_s`: keep its steady decode speed (per latent frame and pixel, on the decodes
@@ -117,8 +117,6 @@ class Remaining:
                 warm["first decode extra per pixel"] = max(extra, 0.0) / pixels
         if self.finishing_at is not None:
             warm["finishing"] = max(elapsed_s - self.finishing_at, 0.0)
-        if self.write_s > 0:
-            warm["section file"] = self.write_s
 
     def update(self, stage: str, section: int, step: int, elapsed_s: float) -> float | None:
         """Record a progress point and return the estimated seconds left (None before sampling has timed a step).
@@ -214,8 +212,7 @@ class Remaining:
     def section_s(self) -> float:
         """A whole section's time as measured in this job: the latest section from its start to the next one's (0
         before one is measured). The job's first sampled section is taken less its one-time work (its start beyond
-        a later section's and the first decode's extra, as an earlier job measured it) and plus the writer's time
-        on one file (it ran alone; every later section shares the machine with the previous section's writer)."""
+        a later section's and the first decode's extra, as an earlier job measured it)."""
         starts = self.section_starts
         whole = [n for n in sorted(starts) if n + 1 in starts]
         if not whole:
@@ -225,7 +222,7 @@ class Remaining:
         if n == min(starts):
             start = next((t for section, t in self.start_times if section == n), 0.0)
             one_time = max(start - (self.per_step or 0.0) - self.start_extra(), 0.0) + self.first_extra
-            seconds = max(seconds - one_time, 0.0) + (self.write_s or self.write_prior)
+            seconds = max(seconds - one_time, 0.0)
         return seconds
 
     @property
