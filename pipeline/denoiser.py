@@ -106,7 +106,7 @@ class FramepackDenoiser:
                     raise
                 reason = str(e).splitlines()[0][:200]
             # Out of the except block, the failed step's activations (held by the traceback) are released.
-            if cache is not None:
+            if cache is not None and saved is not None:         # (saved with it above)
                 cache.restore(saved)
             if not self.on_oom():
                 raise torch.OutOfMemoryError(f"out of memory in the transformer with every block streamed ({reason})")
@@ -137,11 +137,11 @@ class FramepackDenoiser:
         encoder = encoder[:, :effective]
 
         cache = self._cache(branch)
-        if self.teacache:                   # TeaCache reads block 0's modulated input; MagCache reads no tensor
+        if isinstance(cache, TeaCache):     # TeaCache reads block 0's modulated input; MagCache reads no tensor
             skip = cache.should_skip(tr.transformer_blocks[0].norm1(hidden, emb=temb)[0])
         else:
             skip = cache is not None and cache.should_skip()
-        if skip:
+        if skip and cache is not None:
             hidden = cache.apply(hidden)
         else:
             before = hidden

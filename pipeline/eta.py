@@ -150,7 +150,7 @@ class Remaining:
         rates = self.rates()
         if rates is None:
             return None
-        left = sum(self.parts(stage, section, step, rates).values())
+        left = sum((self.parts(stage, section, step, rates) or {}).values())
         if self.note and section > self._note_section:
             self.note = ""
         if self._shown is None:
@@ -282,7 +282,7 @@ class Remaining:
         now = self.rates() or {}
         left = sum((self.parts(stage, section, step, now) or {}).values())
         cut = {k: left - sum((self.parts(stage, section, step, {**now, k: before[k]}) or {}).values()) for k in now}
-        grew = max(cut, key=cut.get)
+        grew = max(cut, key=lambda k: cut[k])
         done = max(section - 1, 1)
         return {"steps": "up: the steps got slower",
                 "starts": "up: a section's start (loading the transformer) was timed",

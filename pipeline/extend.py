@@ -148,7 +148,8 @@ def job_source(job_dir: Path, request) -> tuple[ExtendSource, Image.Image]:
         info = load_job(job_dir)
     except (OSError, ValueError) as e:
         raise refused(f"job.json cannot be read ({str(e)[:100]})") from None
-    settings = info.get("settings") if isinstance(info.get("settings"), dict) else {}
+    given = info.get("settings")
+    settings = given if isinstance(given, dict) else {}
     if info.get("status") not in ("done", "stopped"):
         raise refused(f"the job is {info.get('status')!r}, not finished", "Resume it first (or wait for it).")
     if settings.get("mode") != "f1":
@@ -165,7 +166,8 @@ def job_source(job_dir: Path, request) -> tuple[ExtendSource, Image.Image]:
         raise refused("the job has no saved latents or no video", "Extend its video file instead.")
     tensors, meta = load_checkpoint(job_dir)
     image = Image.open(job_dir / "input.png").convert("RGB")
-    models = info.get("models") if isinstance(info.get("models"), dict) else {}
+    kept = info.get("models")
+    models = kept if isinstance(kept, dict) else {}
     source = ExtendSource("job", job_dir, file_sha256(Path(video)), int(meta["sections_done"]),
                           history=tensors["history"], real=tensors["real"], start_latent=tensors["start_latent"],
                           rng_state=tensors["rng_state"], job_seed=settings.get("seed"), preset=models.get("preset"))

@@ -40,6 +40,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from torch import nn
@@ -225,7 +226,7 @@ class _Converted:
 def _convert(groups: dict, meta: dict, names: lora_keys.Names, path: Path) -> _Converted:
     """The file's groups → low-rank factors per diffusers Linear and full differences per parameter; refuses (naming
     the file's key) a name that reaches no layer, a pair that is not one, a fused layer whose rows do not split."""
-    def refuse(key, why):
+    def refuse(key, why) -> NoReturn:
         raise InputError(FIELD, f"{{file}}: key {key!r}{why}", path=path)
 
     alphas = _metadata_alpha(meta)

@@ -147,11 +147,11 @@ class JobRun:
         self.t0 = time.monotonic()
         self.remaining = Remaining.for_plan(self.plan, self.request.steps, warm=components.warm,
                                             pixels=prepared.height * prepared.width)   # the ETA (pipeline/eta.py)
-        self.job: Job | None = None
+        self._job: Job | None = None                # the job folder, once open (`job`)
         self.keyframe_latents: tuple = ()           # VAE-encoded (or from the checkpoint) with the start latent
         self.governing = keyframes.governing_keyframes([k.time for k, _ in prepared.keyframes], self.plan.mode,
                                                        self.plan.window, self.plan.count, self.request.fps)
-        self.writer: SectionWriter | None = None    # started with the job (events())
+        self._writer: SectionWriter | None = None   # started with the job (events(), `writer`)
         self._logs: list[LogLine] = []              # captured log lines not yet yielded (`drained`)
         self.last_video: Path | None = None
         self._last_section = 0                 # the section whose video last_video is (the newest one)
@@ -159,6 +159,20 @@ class JobRun:
         self.fallback = memory.conv_fallback            # tiered convolutions for every conv of every stage (rocm/)
         self.fallback.reset_stats()
         self.fallback.forget_transient()
+
+    @property
+    def job(self) -> Job:
+        """The job's folder (pipeline/jobs.py), open from the job's start (`_open_job`) on."""
+        if self._job is None:
+            raise RuntimeError("the job folder is not open yet")
+        return self._job
+
+    @property
+    def writer(self) -> SectionWriter:
+        """The background writer of the section videos (video/section_writer.py), from `events()` on."""
+        if self._writer is None:
+            raise RuntimeError("the section writer is not started yet")
+        return self._writer
 
     # ---- events -------------------------------------------------------------------------------------------------
     def progress(self, stage: str, section: int = 0, step: int = 0, message: str = "") -> Progress:
@@ -187,7 +201,7 @@ class JobRun:
     def events(self) -> Iterator[Event]:
         r = self.request
         meta = {"comment": f"prompt: {r.prompt} | seed: {r.seed}", "title": r.prompt[:200], "description": r.prompt}
-        self.writer = SectionWriter(r.mode, sec.overlap_frames(r.latent_window), fps=r.fps, crf=r.crf, metadata=meta)
+        self._writer = SectionWriter(r.mode, sec.overlap_frames(r.latent_window), fps=r.fps, crf=r.crf, metadata=meta)
         try:
             yield from self._events()
         finally:
@@ -220,7 +234,7 @@ class JobRun:
                 status = "done"
             except JobStopped:
                 status = "stopped"
-                if self.cancel.lost and self.job is not None:     # another process runs it now: no more writes
+                if self.cancel.lost and self._job is not None:     # another process runs it now: no more writes
                     self.job.detach()
             except Exception as e:  # the job fails; the process (and the server around it) keeps going
                 log.error("job failed: %s", e, exc_info=True, extra={"terminal": False})     # the command says it
@@ -233,7 +247,7 @@ class JobRun:
                 log.error("writing the video failed: %s", e, exc_info=True, extra={"terminal": False})
                 if error is None:
                     status, error, detail = "failed", e, traceback.format_exc()
-            if status == "done" and self.job is not None and not self.job.writable():
+            if status == "done" and self._job is not None and not self._job.writable():
                 status = "stopped"                     # the lease went while the job ended: the taker finishes it
             ending = self._fail(error, detail) if error is not None else self._finish(status)
             error = None                               # (its traceback holds the failed stage's tensors)
@@ -330,8 +344,9 @@ class JobRun:
         self.writer.submit(pixels, section.index + 1 if path is not None else None, path)
 
     def _stream_steps(self, sampler, section: int, kernels: compiled.KernelTimer | None = None
-                      ) -> Generator[Event, None, torch.Tensor | None]:
-        """Drive the sampling generator, turning each step into progress and preview events."""
+                      ) -> Generator[Event, None, torch.Tensor]:
+        """Drive the sampling generator, turning each step into progress and preview events; returns the section's
+        latents (the sampler's result)."""
         try:
             while True:
                 step, steps, estimate = next(sampler)
@@ -350,7 +365,7 @@ class JobRun:
         """A new job gets a folder with its prepared images (job.json written last, pipeline/jobs.py); a resumed one
         goes on in its own folder."""
         if self.resume:
-            self.job = self.resume.job
+            self._job = self.resume.job
             self.job.update(status="running", resumed=self.job.info.get("resumed", 0) + 1)
             saved = self.resume.saved
             log.info("resuming after section %d" % saved.sections_done if saved else
@@ -376,7 +391,7 @@ class JobRun:
             if self.prepared.source is not None:        # an input video is kept in the folder (resume needs it)
                 job.info["source"] = extend_resume.kept_record(job, self.prepared.source)
 
-        self.job = Job.create(self.outputs, self.request.settings(), self._model_info(), fill)
+        self._job = Job.create(self.outputs, self.request.settings(), self._model_info(), fill)
 
     def _starting_point(self):
         """(start latent, end latent, latent history, sections done): a new job encodes its images (VAE encode);
@@ -568,7 +583,7 @@ class JobRun:
     # ---- endings ------------------------------------------------------------------------------------------------
     def _timings(self) -> dict:
         out = {k: round(v, 4) for k, v in self.timings.items()}
-        if self.writer is not None:
+        if self._writer is not None:
             out["video writing, background"] = round(self.writer.busy_s, 4)
         out["total"] = round(time.monotonic() - self.t0, 4)
         return out
@@ -608,13 +623,13 @@ class JobRun:
         if isinstance(error, (HostBudgetError, InputError)):
             message = str(error)
         elif isinstance(error, OSError) and error.errno in DISK_FULL + READ_ONLY:
-            where = self.job.dir if self.job is not None else self.outputs
+            where = self._job.dir if self._job is not None else self.outputs
             what = "the disk is full" if error.errno in DISK_FULL else f"it cannot be written ({error.strerror})"
             message = (f"{where}: {what}; the job stopped after its last finished section: "
                        f"{'free some space' if error.errno in DISK_FULL else 'make it writable'}, then resume it "
                        f"(python -m cli resume {where})")
         elif rocm.classify_error(error) == "oom":
             message = oom_advice(self.memory.records, self.memory, self.last_video is not None)
-        if self.job is not None:
+        if self._job is not None:
             self.job.finish("failed", None, error=message, timings=self._timings(), memory=self.memory.summary())
-        return Failed(message, detail, self.job.dir if self.job else None, self.last_video)
+        return Failed(message, detail, self._job.dir if self._job else None, self.last_video)

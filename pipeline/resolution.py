@@ -111,4 +111,4 @@ def plan_text(preset, cap_gb: float, resolution, width, height, window, image_hw
     if cost.fits:
         return f"Size {size.describe()}: {cost.describe()}."
     problem = refusal(size, hw, preset, cap_gb, int(window), weight_storage)
-    return f"⚠ **Size {size.describe()} cannot fit:** {problem.message}"
+    return f"⚠ **Size {size.describe()} cannot fit:** {problem.message if problem is not None else cost.describe()}"

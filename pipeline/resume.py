@@ -16,7 +16,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generator
+from typing import Any, Generator
 
 from common.errors import InputError
 from configs import PRESETS
@@ -72,7 +72,7 @@ def resume_request(job_dir: Path) -> tuple[Request, dict]:
     if info.get("status") == "done" and not incomplete(job_dir, info):
         raise AlreadyComplete(job_dir, info.get("final"))
     end = job_dir / "end.png"
-    given = {}
+    given: dict[str, Any] = {}
     if isinstance(info.get("keyframes"), list) and settings.get("keyframes"):     # the folder's copies
         try:
             given["keyframes"] = keyframes.with_images(keyframes.parse(settings["keyframes"]),

@@ -37,6 +37,7 @@ import bisect
 import math
 import re
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from common.errors import InputError
 
@@ -85,7 +86,7 @@ def _error(message: str) -> InputError:
     return InputError(FIELD, message)
 
 
-def is_timeline(prompt: str) -> bool:
+def is_timeline(prompt: object) -> TypeGuard[str]:
     return isinstance(prompt, str) and _TIMELINE.search(prompt) is not None
 
 
@@ -393,7 +394,7 @@ def relax_request(settings: dict) -> Relaxed:
     """`relax` for a request's settings (prompt, mode, seconds, latent_window, fps): the plan from them."""
     prompt = settings.get("prompt")
     if not is_timeline(prompt):
-        return Relaxed(prompt)
+        return Relaxed(prompt if isinstance(prompt, str) else "")      # (no prompt: nothing to relax)
     from pipeline.sections import make_plan  # (torch), as check_request
 
     plan = make_plan(settings["mode"], settings["seconds"], settings["latent_window"], settings["fps"])
