@@ -41,7 +41,7 @@ class Placement:
     def describe(self) -> str:
         if not self.streamed:
             return f"{self.name}: {self.pack.nbytes / GIB:.2f} GB resident"
-        return f"{self.name}: {self.plan.describe(self.name)}"
+        return f"{self.name}: {self.plan.describe(self.name) if self.plan is not None else 'streamed'}"
 
 
 def is_transformer(model) -> bool:
@@ -66,6 +66,7 @@ class MemoryBudget:
         return self.prefetch_depth + 1
 
     def transformer_plan(self, model, pack: HostPack) -> ResidencyPlan:
+        assert self.cap_bytes is not None                   # (planned under a cap only: `place`)
         cfg = model.config
         hidden = cfg.num_attention_heads * cfg.attention_head_dim
         return transformer_residency([c.nbytes for c in pack.blocks], pack.rest.nbytes, self.cap_bytes,

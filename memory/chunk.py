@@ -285,6 +285,7 @@ class Chunk:
         src = entry.source
         if isinstance(src, torch.Tensor):
             return src
+        assert src is not None                          # (a file-backed entry has its source)
         value = src.file.view(src)
         value = value if value.dtype == entry.dtype else value.to(entry.dtype)
         return fp8.round_trip(value) if self.is_fp8(entry) else value
@@ -354,6 +355,7 @@ class Chunk:
         src = e.source
         if isinstance(src, torch.Tensor):
             return src
+        assert src is not None                          # (a file-backed entry has its source)
         v = src.file.view(src)
         return v if v.dtype == e.dtype else v.to(e.dtype)
 
@@ -362,6 +364,7 @@ class Chunk:
         if isinstance(src, torch.Tensor):
             dst.view(e.dtype).view(e.shape).copy_(src)
             return 0
+        assert src is not None                          # (a file-backed entry has its source)
         if src.dtype == e.dtype:
             src.file.read_into(dst, src.offset)          # pread: straight into the host buffer
         else:
@@ -404,6 +407,7 @@ class Chunk:
         if self.home != "ram" or pinned == self.pinned or not self.host_nbytes:
             self.pinned = pinned and self.home == "ram"
             return
+        assert self.host is not None                    # (a chunk in RAM has its host copy)
         if pinned:
             if _register(self.host):
                 self._pinned_ptr = self.host.data_ptr()

@@ -86,11 +86,11 @@ def finish_stored(chunk: Chunk, stored: torch.Tensor, out: torch.Tensor) -> None
     """From a device copy of the host buffer (`stored`) to the device layout (`out`): fp8 tensors dequantized."""
     for entry, view in zip(chunk.entries, chunk.views(out)):
         values, scales = chunk.stored_views(stored, entry)
-        if scales is None:
-            view.copy_(values)
-        elif isinstance(view, fp8.Kept):                    # stays fp8: the stored bytes as they are
+        if isinstance(view, fp8.Kept):                    # stays fp8: the stored bytes as they are
             view.values.copy_(values)
             view.scales.copy_(scales)
+        elif scales is None:
+            view.copy_(values)
         else:
             fp8.dequantize_into(view, values, scales)
 
@@ -99,7 +99,9 @@ def _from_files(chunk: Chunk, buf: torch.Tensor, staging: Staging) -> None:
     device = buf.device
     for entry, view in zip(chunk.entries, chunk.views(buf)):
         src = entry.source
+        assert src is not None                          # (a file-backed entry has its source)
         if isinstance(src, torch.Tensor):
+            assert not isinstance(view, fp8.Kept)       # (an in-memory buffer is copied as it is, never kept fp8)
             view.copy_(src)
         elif src.dtype == entry.dtype and not chunk.is_fp8(entry):
             staging.upload(src, buf[entry.offset:entry.offset + entry.nbytes])

@@ -33,13 +33,16 @@ class WeightDelta:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.full.shape) if self.full is not None else (self.up.shape[0], self.down.shape[1])
+        if self.full is not None:
+            return tuple(self.full.shape)
+        assert self.up is not None and self.down is not None            # (a delta has one part or both)
+        return (self.up.shape[0], self.down.shape[1])
 
     def apply(self, weight: torch.Tensor) -> None:
         """Add the delta to `weight` in place, computed in float32 and rounded once to the weight's dtype."""
         device = weight.device
-        if self.full is None and device.type == "cuda" and weight.dtype in HALF \
-                and self.up.dtype == weight.dtype == self.down.dtype:
+        if self.full is None and self.up is not None and self.down is not None and device.type == "cuda" \
+                and weight.dtype in HALF and self.up.dtype == weight.dtype == self.down.dtype:
             # One GEMM in place: cuBLAS accumulates the product in float32 and adds W in its float32 epilogue,
             # rounding once, at a quarter of the float32 path's memory traffic (no float32 copy of W), which is
             # what the streamer's side stream needs (benchmarks/lora_step.py: 1.05× → 1.01× per step). Measured

@@ -31,7 +31,7 @@ def available_devices() -> list[str]:
     return found
 
 
-def _refuse(name: str, why: str) -> InputError:
+def _refuse(name: str | None, why: str) -> InputError:
     build = ("ROCm/HIP " + torch.version.hip if torch.version.hip else "CUDA " + torch.version.cuda
              if torch.version.cuda else "CPU-only")
     return InputError(FIELD, f"{name!r} {why}; this machine has: {', '.join(available_devices())} (PyTorch "

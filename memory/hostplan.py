@@ -216,7 +216,7 @@ def _refusal(models, stages, budget: int, minimum: int, overhead: int, reserve: 
     need = _transient(models, frozenset(), worst) if worst else 0
     fixed = sum(m.nbytes for m in models if not m.file_backed)
     parts = [f"the app itself ≈ {overhead / GIB:.1f} GB", f"{reserve / GIB:.1f} GB kept free for the page cache"]
-    if need:
+    if need and worst is not None:
         parts.insert(0, f"{need / GIB:.1f} GB of {worst.name} weights that must sit in RAM while it runs"
                         + (" (the blocks streamed to the GPU every step)" if gpu else " (no GPU: it runs from RAM)"))
     if fixed:

@@ -326,7 +326,7 @@ class MemoryManager:
         """After an out-of-memory inside a stage: keep fewer weights resident (more preserved memory), reload, and
         say whether that changed anything (False: everything is streamed already, nothing more to give).
         The larger preserved memory stays for the rest of the job."""
-        if self._live is None:
+        if self._live is None or self._current is None:
             raise RuntimeError("stream_more() is only possible inside a stage")
         placements, held, packs = self._live
         before = sum(len(p.streamed) for p in placements.values())

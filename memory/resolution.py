@@ -90,7 +90,7 @@ class ResolutionCost:
     activation_bytes: int
     transformer_floor: int        # other + one block + slots + activations
     vae_weights: int
-    vae_tiling: VaeTiling         # the tiles the decode would start with under the cap
+    vae_tiling: VaeTiling | GridTiling      # the tiles the decode would start with under the cap
     vae_tile_bytes: int           # its estimate
     vae_floor: int                # weights + the smallest tile's estimate
 
@@ -135,7 +135,7 @@ def resolution_cost(figures: ModelFigures, height: int, width: int, window: int,
     floor = figures.other_bytes + figures.block_bytes[0] + slots + act
     shape = (2 * window + 1, height // 8, width // 8)
 
-    def mem(t: VaeTiling) -> int:
+    def mem(t: VaeTiling | GridTiling) -> int:
         return memory_estimate(t, shape, figures.vae_channels, figures.vae_dtype_bytes)
 
     vae = SimpleNamespace(config=SimpleNamespace(block_out_channels=(figures.vae_channels,)), dtype=None)

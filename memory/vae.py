@@ -108,7 +108,7 @@ _VAE_ATTRS = ("use_tiling", "use_framewise_decoding", "tile_sample_min_height", 
               "tile_sample_stride_num_frames")
 
 
-def work(tiling: VaeTiling, shape: tuple[int, int, int]) -> int:
+def work(tiling: VaeTiling | GridTiling, shape: tuple[int, int, int]) -> int:
     """Latent voxels decoded, overlap included (proportional to the decode's compute)."""
     t, rows, cols = tiling.spans(*shape)
     return sum(t) * sum(rows) * sum(cols)
@@ -191,7 +191,7 @@ class VaeDecodePolicy:
     """Chooses tiles, retries smaller on OOM, hands the last try to the rocm conv fallback."""
     act_factor: float = ACT_FACTOR
     scratch_limit: int | None = None                       # MIOpen's GEMM scratch limit (set on ROCm)
-    fault: Callable[[VaeTiling], None] | None = None       # test seam: may raise OOM for a tiling
+    fault: Callable[[VaeTiling | GridTiling], None] | None = None   # test seam: may raise OOM for a tiling
     # Test seams: the scope of the last try and of the tries before it. Default: the decode's conv fallback
     # (`decode(conv=...)`): `active()` for the last try; `passing_oom()` before it, so that an out-of-memory inside a
     # convolution reaches this policy (smaller tiles) instead of moving the conv fallback to a slower tier.
@@ -281,7 +281,7 @@ class VaeDecodePolicy:
             return contextlib.nullcontext()
         return conv.active() if fallback else conv.passing_oom()
 
-    def _attempt(self, vae, z, tiling: VaeTiling, shape, available, conv, fallback: bool) -> torch.Tensor:
+    def _attempt(self, vae, z, tiling: VaeTiling | GridTiling, shape, available, conv, fallback: bool) -> torch.Tensor:
         est = self._mem(vae, shape)(tiling)
         self.attempts.append({"tiling": tiling.describe(), "estimate": est, "available": available,
                               "work": work(tiling, shape), "fallback": fallback, "ok": False})
@@ -300,7 +300,7 @@ class VaeDecodePolicy:
         self.attempts[-1]["ok"] = True
         return pixels
 
-    def _failed(self, tiling: VaeTiling, exc: BaseException) -> None:
+    def _failed(self, tiling: VaeTiling | GridTiling, exc: BaseException) -> None:
         log.warning("VAE decode: out of memory with %s: %s", tiling.describe(), str(exc).splitlines()[0][:200])
         if self.before_retry is not None:
             self.before_retry()

@@ -114,4 +114,5 @@ def grid_decode(vae, z: torch.Tensor, tiling: GridTiling, channels_last: bool = 
             region = out[..., r0 * scale:(r0 + rs) * scale, c0 * scale:(c0 + cs) * scale]
             region.addcmul_(tile, weight)
             del tile
+    assert out is not None                              # (a grid has a tile)
     return out.to(vae.dtype)

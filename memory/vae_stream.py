@@ -89,7 +89,7 @@ def _copy(x: torch.Tensor):
     return fill
 
 
-def _upsampled(x: torch.Tensor, factor: tuple[int, int, int]):
+def _upsampled(x: torch.Tensor, factor: tuple[int, ...]):
     """Frames of nearest upsampling as HunyuanVideoUpsampleCausal3D makes it: the first frame in space only, the
     others in time and space; output frame j > 0 repeats input frame (j − 1) // ft + 1."""
     ft, fh, fw = factor
