@@ -96,7 +96,7 @@ class ConvFallback:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.persist = persist
         self.fault_plan = fault_plan
-        self.probe = HangProbe() if probe == "auto" else probe
+        self.probe: HangProbe | None = HangProbe() if probe == "auto" else probe if not isinstance(probe, str) else None
         self.runtime_for = runtime_for or detect_runtime
         self._contexts: dict[str, _DeviceContext] = {}
         self._stats = StatsCollector()
@@ -357,12 +357,14 @@ class ConvFallback:
         return bool(ctx.store.retry_tiers(sig.key) & set(tiers[:tiers.index(verdict.ok_tier)]))
 
     def _probe_tiers(self, ctx: _DeviceContext, sig: ConvSignature, tiers: list[int], device) -> list[int]:
+        probe = self.probe
+        assert probe is not None                        # (asked only when `_should_probe`: a probe runs)
         for i, tier in enumerate(tiers):
             known = ctx.store.get(sig.key)
             if known is not None and known.ok_tier == tier:     # known to work: no need to probe it again
                 return tiers[i:]
             job = ProbeJob(sig, tier, ctx.vendor_in_decomposition)
-            result = self.probe.run([job], device=str(device))[0]
+            result = probe.run([job], device=str(device))[0]
             self._stats.record_probe(result.to_dict())
             if result.outcome == "ok":
                 ctx.store.record_success(sig.key, tier, persist=self.persist)

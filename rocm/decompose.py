@@ -61,6 +61,7 @@ def conv3d_as_conv2d_sum(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
             out = out + y
         else:
             out.add_(y)
+    assert out is not None                              # (a kernel has a time extent: kt >= 1)
     if bias is not None:
         b = bias.to(acc_dtype).view(1, -1, 1, 1)
         out = out + b if grad else out.add_(b)

@@ -188,7 +188,7 @@ def _recommendations(rep: dict) -> list[str]:
 def _verdicts(rt, env, reset: bool) -> dict:
     folder = cache_dir(env)
     removed = [str(p) for p in reset_verdicts(folder)] if reset else None
-    if reset and fallbacks.path(folder).exists() and fallbacks.forget(folder):
+    if removed is not None and fallbacks.path(folder).exists() and fallbacks.forget(folder):
         removed.append(str(fallbacks.path(folder)))
     current = verdict_path(folder, rt)
     here = fallbacks.machine_key(fallbacks.gpu_label(rt.device_name, rt.reported_arch), rt.torch_version)
@@ -240,7 +240,7 @@ def collect(*, probe: bool | None = None, probe_timeout_s: float = 30.0, probe_t
                 "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
                 "visible_devices": visible_devices_note(env),
                 "kfd_gpus": [{"node": n.node, "arch": n.gfx, "integrated": n.integrated,
-                              "used": kfd.chosen is not None and n == kfd.chosen} for n in (kfd.nodes if kfd else ())]},
+                              "used": kfd is not None and n == kfd.chosen} for n in (kfd.nodes if kfd else ())]},
         "torch_settings": {"cudnn_enabled": torch.backends.cudnn.enabled,
                            "cudnn_benchmark": torch.backends.cudnn.benchmark},
     }

@@ -222,6 +222,7 @@ def _graph_for(z: Quantized, out: torch.Tensor, scale: float) -> _Graph:
     graph = _GRAPHS.get(key)
     if graph is None:
         cudnn = _frontend()
+        assert cudnn is not None                        # (checked before fp8 attention is on)
         index = out.device.index if out.device.index is not None else torch.cuda.current_device()
         with torch.cuda.device(index):
             handle = _HANDLES.get(index) or _HANDLES.setdefault(index, cudnn.create_handle())

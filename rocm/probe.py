@@ -114,6 +114,9 @@ class _Worker:
         finally:
             for fd in pass_fds:
                 os.close(fd)
+        stdin, stdout = self.proc.stdin, self.proc.stdout
+        assert stdin is not None and stdout is not None     # (both pipes)
+        self.stdin, self.stdout = stdin, stdout
         self.events: queue.Queue = queue.Queue()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -124,7 +127,7 @@ class _Worker:
         return self.proc.pid
 
     def _read(self) -> None:
-        for raw in self.proc.stdout:
+        for raw in self.stdout:
             line = raw.decode(errors="replace").strip()
             if line.startswith(PREFIX):
                 try:
@@ -135,8 +138,8 @@ class _Worker:
 
     def send(self, payload: dict) -> bool:
         try:
-            self.proc.stdin.write((json.dumps(payload) + "\n").encode())
-            self.proc.stdin.flush()
+            self.stdin.write((json.dumps(payload) + "\n").encode())
+            self.stdin.flush()
             return True
         except (BrokenPipeError, OSError):
             return False
@@ -153,7 +156,7 @@ class _Worker:
         """Kill the child's whole group; with ``graceful`` first let it finish on EOF (up to 5 s)."""
         if self.alive and graceful:
             with contextlib.suppress(OSError):
-                self.proc.stdin.close()
+                self.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
         self.alive = False
@@ -164,7 +167,7 @@ class _Worker:
             # reader's lock, so leave it to the daemon reader
             logger.error("probe child %d: a descendant escaped its process group and keeps the pipe open", self.pid)
         else:
-            self.proc.stdout.close()
+            self.stdout.close()
         self.err.close()
         if self.lifeline is not None:
             os.close(self.lifeline)
@@ -278,6 +281,7 @@ class HangProbe:
             if problem:       # no room for a second HIP context is memory, not a wedged GPU: in-process from here
                 return result("oom" if is_oom_text(problem) else "inconclusive", message=problem)
         worker = self._worker
+        assert worker is not None                       # (started above)
         if not worker.send(job.to_json()):
             self._stop_worker(graceful=False)
             return result("inconclusive", message="probe child closed its input", pid=worker.pid)
