@@ -18,7 +18,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Generator, Iterator
+from typing import Callable, Generator, Iterator, TypeVar
 
 import torch
 
@@ -54,6 +54,7 @@ from video.mp4 import encode_segment, write_segments
 from video.section_writer import SectionWriter, WrittenSection
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)                 # a job's write that fails for want of space: it resumes
 READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 
@@ -120,7 +121,8 @@ class ResumeState:
 class JobRun:
     """State of one running job; `events()` drives the stages. The stages share the run's context: `progress()`
     (the event with the ETA), `timing(stage)` (the job's timings), `drained()` (the log lines captured meanwhile, as
-    events) and the cancel token's `check()` (End stops at the next step)."""
+    events), `stage(name, work)` (the three in one, for a stage that is one piece of work) and the cancel token's
+    `check()` (End stops at the next step)."""
 
     def __init__(self, prepared: PreparedRequest, components: Components, memory: MemoryManager,
                  cancel: CancelToken, outputs: Path, resume: ResumeState | None = None,
@@ -191,6 +193,15 @@ class JobRun:
         t = time.monotonic()
         yield
         self._timed(name, time.monotonic() - t)
+
+    def stage(self, name: str, work: Callable[[], T]) -> Generator[Event, None, T]:
+        """A stage in the run's context: its progress event, its work timed as `name`, then the log lines it wrote
+        (as events); returns what the work returned (`x = yield from run.stage(...)`)."""
+        yield self.progress(name)
+        with self.timing(name):
+            result = work()
+        yield from self.drained()
+        return result
 
     def drained(self) -> Iterator[LogLine]:
         """The log lines captured since the last call (the job's LogLine events), in order: every stage yields
@@ -267,15 +278,11 @@ class JobRun:
         self.memory.arrange_host(c.models(), FRAMEPACK_STAGES, self.plan.count, self.plan.frame_counts()[-1])
         lora.attach(c.transformer, self.loras)       # merged into each device copy of a weight (memory/deltas.py)
         yield from self.drained()
-        yield self.progress("text encoders")
-        texts = self._encode_text()
-        yield from self.drained()
+        texts = yield from self.stage("text encoders", self._encode_text)
         self.cancel.check()
         start_latent, end_latent, history, done = yield from self._starting_point()
         self.cancel.check()
-        yield self.progress("image encoder")
-        image_embeds = self._encode_image()
-        yield from self.drained()
+        image_embeds = yield from self.stage("image encoder", self._encode_image)
         if done:
             yield from self._rebuild_video(done)
 
@@ -491,14 +498,13 @@ class JobRun:
             return cache_key(prompt, r.negative_prompt if r.cfg > 1.0 else None, c.revisions,
                              self.memory.weight_storage, c.crop_start)
 
-        with self.timing("text encoders"):
-            schedule = timeline.schedule(r.prompt, self.plan.mode, self.plan.window, self.plan.count, r.fps,
-                                         r.prompt_blend)
-            if schedule.timeline.timed:
-                log.info("prompt timeline, by section in video order:\n  %s", "\n  ".join(schedule.describe()))
-            encoded, hits = encode_texts(schedule.texts, key_of, default_cache(), encode_all)
-            if hits == len(schedule.texts):
-                log.info("prompt embeddings from the cache: the text encoders were not loaded")
+        schedule = timeline.schedule(r.prompt, self.plan.mode, self.plan.window, self.plan.count, r.fps,
+                                     r.prompt_blend)
+        if schedule.timeline.timed:
+            log.info("prompt timeline, by section in video order:\n  %s", "\n  ".join(schedule.describe()))
+        encoded, hits = encode_texts(schedule.texts, key_of, default_cache(), encode_all)
+        if hits == len(schedule.texts):
+            log.info("prompt embeddings from the cache: the text encoders were not loaded")
         return SectionTexts(schedule, encoded, negative_used=r.cfg > 1.0)
 
     @torch.no_grad()
@@ -528,7 +534,7 @@ class JobRun:
         (1 − a)·start + a·end with a = request.end_embed_weight (default 0.5, FramePack's end-frame PR #167 idea).
         diffusers' pipeline computes that blend and then ignores it (a = 0); a = 0 reproduces it exactly."""
         c = self.models
-        with self.timing("image encoder"), self.memory.stage("image encoder", image_encoder=c.image_encoder), \
+        with self.memory.stage("image encoder", image_encoder=c.image_encoder), \
                 self.fallback.guarded("image encoder"):
             def embed(img):
                 pixels = (to_model_tensor(img) + 1.0) / 2.0
