@@ -137,14 +137,16 @@ def _load_models(checked: CheckedPost, folders: PostFolders):
     records = {k: dict(v) for k, v in checked.models.items()}
     loaded = {}
     request = checked.request
+    upscale_by = request.upscale.value if request.upscale is not None else None     # (an upscaler: its step's)
     for kind in records:
         if folders.tiny:
             tiny: dict[str, Callable[[], Any]] = {
                 "interpolator": rife.tiny_ifnet, "face": faces.tiny_face_model, "detector": facedetect.tiny_detector,
-                "upscaler": lambda: esrgan.tiny_upscaler(request.upscale.value)[0]}
+                "upscaler": lambda: esrgan.tiny_upscaler(upscale_by)[0]}
             loaded[kind] = tiny[kind]()
             continue
         ref = _model_ref(request, kind)
+        assert ref is not None                          # (the model of one of the request's steps)
         path = mf.fetch(ref, ref.folder(folders.upscalers, folders.interpolators))
         sha = file_sha256(path)
         if records[kind]["sha256"] not in (None, sha):
@@ -153,8 +155,8 @@ def _load_models(checked: CheckedPost, folders: PostFolders):
         records[kind]["sha256"] = sha
         if kind == "upscaler":
             loaded[kind], spec = mf.load_upscaler(path)
-            if spec.scale != request.upscale.value:
-                raise InputError("upscaler", f"{{file}} upscales ×{spec.scale}, not ×{request.upscale.value}; choose "
+            if spec.scale != upscale_by:
+                raise InputError("upscaler", f"{{file}} upscales ×{spec.scale}, not ×{upscale_by}; choose "
                                              f"upscale={spec.scale} or another file", path=path)
         else:
             loaded[kind] = mf.LOADERS[kind](path)
@@ -226,6 +228,7 @@ def run_post(checked: CheckedPost, memory, *, cancel=None, outputs: Path, folder
         dtype = dtype_for(device)
         fps = int(plan.out_fps) if plan.out_fps.denominator == 1 else plan.out_fps
         scale = request.upscale.value if request.upscale else 1
+        face_strength = request.faces.value if request.faces is not None else None     # (a face model: its step's)
         models = {k: m.to(dtype_for(device, k)) for k, m in loaded.items()}
         interp, detector, face, upscaler = (models.get(k) for k in MODEL_KINDS)
         done, ran, t_first = 0, 0, time.monotonic()
@@ -246,7 +249,7 @@ def run_post(checked: CheckedPost, memory, *, cancel=None, outputs: Path, folder
                 if interp is not None:
                     frames = interpolate(interp, frames, times, first, device, dtype)
                 if face is not None:
-                    frames = restore_faces(face, frames, request.faces.value, device, dtype_for(device, "face"),
+                    frames = restore_faces(face, frames, face_strength, device, dtype_for(device, "face"),
                                            functools.partial(find_faces, detector, device=device))
                 if upscaler is not None:
                     free = _free_bytes(memory)
