@@ -1,7 +1,7 @@
 """From latents to files: how the VAE decode may trade exactness for speed, and how videos are encoded."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,9 @@ class VideoEncoding:
     x264_threads: int = 4
     # Segments encoded at once (0: as many as the CPU count allows, cores // x264_threads); does not change bytes.
     parallel_segments: int = 0
-    # Niceness of the writer's threads (Linux): encoding yields the CPU to the thread that drives the GPU.
+    # Niceness of the writer's threads (Linux): encoding yields the CPU to the thread that drives the GPU. Only on a
+    # GPU (`for_device`): on a CPU run there is no such thread, and a niced writer only starved behind any other busy
+    # process (with one core busy its files waited 2-3x longer than a section took, and the ETA undercounted).
     writer_nice: int = 10
     # x264's own parameters for every segment. `stitchable`: stream headers that do not depend on the content, so
     # segments join into one stream. `cpu-independent`: x264's macroblock-tree propagation in its portable C code
@@ -59,6 +61,11 @@ class VideoEncoding:
     # glibc's MALLOC_PERTURB_ patterns). With it, the bytes depend only on the frames and these settings, on every
     # CPU; the C routine costs no measurable encode time (BENCHMARKS.md, "The same video every run").
     x264_params: str = "stitchable=1:cpu-independent=1"
+
+    def for_device(self, device_type: str) -> "VideoEncoding":
+        """These settings for a job on `device_type`: the writer niced only where a GPU is fed (the bytes do not
+        depend on it)."""
+        return self if device_type == "cuda" else replace(self, writer_nice=0)
 
 
 DECODE_SPEED = VaeDecodeSpeed()

@@ -26,7 +26,7 @@ import rocm
 from common.errors import InputError, JobStopped
 from common.files import file_sha256
 from common.units import MIB
-from configs.video import DECODE_SPEED
+from configs.video import DECODE_SPEED, ENCODING
 from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError
 from memory.manager import MemoryManager
 from memory.snapshot import host_rss_bytes
@@ -212,7 +212,8 @@ class JobRun:
     def events(self) -> Iterator[Event]:
         r = self.request
         meta = {"comment": f"prompt: {r.prompt} | seed: {r.seed}", "title": r.prompt[:200], "description": r.prompt}
-        self._writer = SectionWriter(r.mode, sec.overlap_frames(r.latent_window), fps=r.fps, crf=r.crf, metadata=meta)
+        self._writer = SectionWriter(r.mode, sec.overlap_frames(r.latent_window), fps=r.fps, crf=r.crf, metadata=meta,
+                                     encoding=ENCODING.for_device(self.device.type))
         try:
             yield from self._events()
         finally:

@@ -277,3 +277,14 @@ def test_frames_are_the_quantisation_formula_and_the_pixels_stay_as_they_were(dt
     expected = ((pixels[0].float().clamp(-1, 1) + 1.0) * 127.5 + 0.5).to(torch.uint8).permute(1, 2, 3, 0).numpy()
     assert frames.shape == (5, 7, 9, 3) and frames.dtype == np.uint8 and frames.flags["C_CONTIGUOUS"]
     assert np.array_equal(frames, expected) and torch.equal(pixels, before)
+
+
+def test_the_writer_is_niced_only_where_a_gpu_is_fed():
+    """On a CPU run nothing drives a GPU: a niced writer only starved behind other busy processes (its files waited
+    2-3x longer than a section took with one core busy, and the page's ETA undercounted). The bytes do not depend
+    on it."""
+    from configs.video import ENCODING
+
+    assert ENCODING.for_device("cuda").writer_nice == ENCODING.writer_nice > 0
+    assert ENCODING.for_device("cpu").writer_nice == 0
+    assert ENCODING.for_device("cpu").x264_params == ENCODING.x264_params
