@@ -178,15 +178,19 @@ def build(spec: UpscalerSpec) -> nn.Module:
     return (RRDBNet if spec.arch == "RRDBNet" else SRVGGNetCompact)(spec)
 
 
+def loaded_strictly(model: nn.Module, state: dict, misfit: str) -> nn.Module:
+    """`model` with `state` loaded, in eval mode; UnknownArchitecture ("`misfit`: missing ..., unexpected ...") when
+    a key is missing or left over (every post model's reader ends here)."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise UnknownArchitecture(f"{misfit}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return model.eval()
+
+
 def upscaler_from_state(state: dict) -> tuple[nn.Module, UpscalerSpec]:
     """The model of a recognised state dict, loaded strictly."""
     spec, state = detect(state)
-    model = build(spec)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise UnknownArchitecture(f"a {spec.arch}-like file that does not fit it: missing {missing[:3]}, "
-                                  f"unexpected {unexpected[:3]}")
-    return model.eval(), spec
+    return loaded_strictly(build(spec), state, f"a {spec.arch}-like file that does not fit it"), spec
 
 
 def tiny_upscaler(scale: int, seed: int = 0) -> tuple[nn.Module, UpscalerSpec]:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from post.esrgan import UnknownArchitecture
+from post.esrgan import UnknownArchitecture, loaded_strictly, unwrapped
 
 MEAN_BGR = (104.0, 117.0, 123.0)        # subtracted from the BGR pixels (0-255), as the network was trained
 ANCHORS = ((16, 32), (64, 128), (256, 512))     # anchor sides (pixels) at strides 8, 16, 32
@@ -198,18 +198,11 @@ def find_faces(net: RetinaFace, frame: np.ndarray, device) -> list[np.ndarray]:
 def detector_from_state(state: dict) -> RetinaFace:
     """The detector of a state dict in facexlib's layout (`module.` prefixes dropped), loaded strictly;
     UnknownArchitecture for anything else."""
-    if isinstance(state.get("state_dict"), dict):
-        state = state["state_dict"]
-    state = {k.removeprefix("module."): v for k, v in state.items() if isinstance(k, str)}
+    state = unwrapped(state)
     if "body.stage1.0.0.weight" not in state or "LandmarkHead.0.conv1x1.weight" not in state:
         raise UnknownArchitecture("not RetinaFace's MobileNet-0.25 face detector (facexlib's "
                                   "detection_mobilenet0.25_Final.pth)")
-    net = RetinaFace()
-    missing, unexpected = net.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise UnknownArchitecture(f"a RetinaFace-like file that does not fit MobileNet-0.25: missing {missing[:3]}, "
-                                  f"unexpected {unexpected[:3]}")
-    return net.eval()
+    return loaded_strictly(RetinaFace(), state, "a RetinaFace-like file that does not fit MobileNet-0.25")
 
 
 # GFPGAN's five points, relative to a face's centre, in face widths (post/process.py FACE_TEMPLATE / 512 - 0.5)

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from post.esrgan import UnknownArchitecture, unwrapped
+from post.esrgan import UnknownArchitecture, loaded_strictly, unwrapped
 
 SLOPE = 0.2
 
@@ -247,12 +247,7 @@ def detect(state: dict) -> tuple[FaceSpec, dict]:
 def face_model_from_state(state: dict) -> GFPGAN:
     """The face model of a recognised state dict, loaded strictly."""
     spec, state = detect(state)
-    model = GFPGAN(spec)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise UnknownArchitecture(f"a GFPGAN-like file that does not fit GFPGAN v1.3/v1.4: missing {missing[:3]}, "
-                                  f"unexpected {unexpected[:3]}")
-    return model.eval()
+    return loaded_strictly(GFPGAN(spec), state, "a GFPGAN-like file that does not fit GFPGAN v1.3/v1.4")
 
 
 TINY = FaceSpec(size=32, style=16, mlp=2, multiplier=2, narrow=1 / 32)
