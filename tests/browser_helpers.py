@@ -53,6 +53,14 @@ def wait_status(page, *words, timeout=180_000):
     return status(page)
 
 
+def open_newest_past_job(page, job_id: str) -> None:
+    """Open Past jobs, refresh it and select its newest job, which must be `job_id` (its details shown)."""
+    page.locator("#past-jobs").get_by_text("Past jobs").click()
+    page.locator("#jobs-refresh").click()
+    page.locator("#jobs-gallery button.thumbnail-item").first.click()
+    page.wait_for_function(f"() => document.querySelector('#job-details')?.innerText.includes('{job_id}')")
+
+
 def queue_table(page) -> list[list[str]]:
     """The Queue panel's rows as shown (Gradio's data frame: grid cells by row and column; ui/panel_queue.HEADERS)."""
     return page.evaluate("""() => {

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.browser_helpers import require_browser
+from tests.browser_helpers import open_newest_past_job, require_browser
 from video.mp4 import write_mp4
 
 pytestmark = pytest.mark.slow
@@ -107,10 +107,7 @@ def test_a_finished_job_goes_from_past_jobs_to_the_post_panel(server, browser, t
     try:
         page.goto(server.url)
         page.wait_for_selector("#start-btn")
-        page.locator("#past-jobs").get_by_text("Past jobs").click()
-        page.locator("#jobs-refresh").click()
-        page.locator("#jobs-gallery button.thumbnail-item").first.click()
-        page.wait_for_function(f"() => document.querySelector('#job-details')?.innerText.includes('{job}')")
+        open_newest_past_job(page, job)
         expect(page.locator("#post-from-job-btn")).to_be_enabled()
         page.locator("#post-from-job-btn").click()
         expect(page.locator("#post-status")).to_contain_text(f"{job}'s video is chosen", timeout=60_000)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from jobs import store as qs
-from tests.browser_helpers import fill_job, queue_table, require_browser, wait_status
+from tests.browser_helpers import fill_job, open_newest_past_job, queue_table, require_browser, wait_status
 from tests.server_helpers import Gate, job_info, wait_for
 from video.mp4 import read_frames
 
@@ -48,10 +48,7 @@ def test_extend_button_continues_a_finished_job(server, browser, image):
         assert job_info(first)["status"] == "done"
 
         page.locator("#mode label").filter(has_text="Original").click()       # Extend must pick F1 again
-        page.locator("#past-jobs").get_by_text("Past jobs").click()
-        page.locator("#jobs-refresh").click()
-        page.locator("#jobs-gallery button.thumbnail-item").first.click()
-        page.wait_for_function(f"() => document.querySelector('#job-details')?.innerText.includes('{first.name}')")
+        open_newest_past_job(page, first.name)
         expect(page.locator("#extend-btn")).to_be_enabled()
         page.locator("#extend-btn").scroll_into_view_if_needed()
         assert page.evaluate("() => document.querySelector('#extend-group').getBoundingClientRect().bottom < 0")
