@@ -81,14 +81,26 @@ def long_test_limit(item) -> int | None:
                  if name.startswith(key if "::" in key else key + "::")), None)
 
 
-# The test files that take longest (their tests together, on a 2-core machine), longest first: the suite runs on two
-# workers (pytest-xdist, whole files to one worker: pyproject.toml), which take files in this order first, then the
-# others, so neither waits long for the other at the end.
-LONGEST_FILES = ("test_farm.py", "test_split.py", "test_browser_ui.py", "test_kill_anywhere.py", "test_server_fuzz.py",
-                 "test_newcomer.py", "test_server_soak.py", "test_server_idle.py", "test_browser.py",
-                 "test_server_abuse.py", "test_one_queue.py", "test_server_resume.py", "test_resume.py",
-                 "test_vae_stream.py", "test_timeline.py", "test_rocm_probe.py", "test_browser_queue_line.py",
-                 "test_server_inputs.py", "test_host_loading.py", "test_video.py", "test_queue_api.py")
+# The test files that take longest (their tests together, on a 2-core machine: a whole-suite run of 2026-11-28),
+# longest first: the suite runs on two workers (pytest-xdist, whole files to one worker: pyproject.toml), which take
+# files in this order first, then the others, so neither waits long for the other at the end. pyproject.toml turns
+# off xdist's own reordering (`--no-loadscope-reorder`: by default it sorts files by their number of tests, which put
+# the long one-test files last and undid this order).
+LONGEST_FILES = ("test_browser_ui.py", "test_farm.py", "test_kill_anywhere.py", "test_server_fuzz.py",
+                 "test_rocm_probe.py", "test_server_abuse.py", "test_browser.py", "test_server_soak.py",
+                 "test_split.py", "test_one_queue.py", "test_compiled.py", "test_resume.py", "test_server_idle.py",
+                 "test_browser_contrast.py", "test_browser_queue_line.py", "test_video.py", "test_newcomer.py",
+                 "test_server_resume.py", "test_browser_follow.py", "test_queue_api.py", "test_rocm_verdicts.py",
+                 "test_server_survival.py", "test_faults.py", "test_browser_lora.py", "test_clean_stop.py",
+                 "test_queue_line.py", "test_done_verified.py", "test_host_loading.py", "test_lora.py",
+                 "test_server_inputs.py", "test_lease.py", "test_browser_keyframes.py", "test_browser_post.py",
+                 "test_extend_resume.py", "test_oom.py", "test_generate.py", "test_extend.py",
+                 "test_browser_queue.py", "test_timeline.py", "test_extend_modes.py", "test_runner.py",
+                 "test_parity_diffusers.py", "test_server_security.py", "test_parking.py", "test_batch_restart.py",
+                 "test_browser_timeline.py", "test_api_features.py", "test_browser_buckets.py",
+                 "test_browser_extend.py", "test_buckets.py", "test_repeat_job.py", "test_cli.py",
+                 "test_validation_once.py", "test_doors.py", "test_keyframes.py", "test_prompt_cache.py",
+                 "test_queue_damage.py", "test_post.py", "test_layering.py", "test_cli_interrupted.py")
 
 
 def pytest_collection_modifyitems(config, items):
