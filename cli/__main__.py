@@ -8,12 +8,14 @@ from configs.options import requested_device_index
 rocm.apply_env_profile(device_index=requested_device_index(sys.argv[1:]))     # the GPU the jobs run on
 rocm.configure_host_heap()       # fixed glibc thresholds: RSS given back between sections and jobs
 
-from cli import commands, queue  # noqa: E402
+from cli import commands, queue, studio  # noqa: E402
 
 
 def run() -> int:
     if sys.argv[1:2] == ["queue"]:
         return queue.main(sys.argv[2:])
+    if sys.argv[1:2] == ["studio"]:
+        return studio.main(sys.argv[2:])
     return commands.main()
 
 

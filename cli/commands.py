@@ -126,6 +126,8 @@ def build_parser(controls: tuple[Control, ...] = CONTROLS) -> argparse.ArgumentP
     add_common(s)
     sub.add_parser("queue", add_help=False, help="the app's job queue on disk: add, list, export, move, remove, "
                                                  "run (python -m cli queue -h)")     # cli/queue.py
+    sub.add_parser("studio", add_help=False, help="a FramePack-Studio job's settings (.json or .png) as one batch "
+                                                  "line (python -m cli studio -h)")     # cli/studio.py
     return parser
 
 

@@ -23,11 +23,10 @@ from cli.commands import Command, add_common, add_new_seed
 from common.errors import InputError
 from configs import PRESETS
 from configs.options import OneLineParser, config_from
-from jobs import jsonl
+from jobs import jsonl, studio
 from jobs import store as qs
 from jobs.doors import LOCAL
 from jobs.runner import enqueue, with_new_seed_switch
-from pipeline import studio
 from pipeline.request import Request
 from post.steps import is_post
 
@@ -73,7 +72,7 @@ def _line(e: qs.Entry) -> str:
 
 def _add_studio_queue(args, store: qs.QueueStore, preflight) -> int:
     """`queue add` of a FramePack-Studio queue export (its queue.json, or the zip with its images:
-    pipeline/studio.py `read_queue`): each job Studio would run, checked by the one pre-flight; a job that cannot
+    jobs/studio.py `read_queue`): each job Studio would run, checked by the one pre-flight; a job that cannot
     be used is left out with the reason, the others are added, and the report says what was mapped or changed."""
     with tempfile.TemporaryDirectory(prefix="studio-queue-") as folder:
         imported = studio.read_queue(args.jobs, folder, preflight.default_resolution)

@@ -1,9 +1,11 @@
-"""Importing a FramePack-Studio job's settings (pipeline/studio.py): its metadata JSON and the text chunks of the PNG
-it saves, mapped onto SteadyFrame's controls with what could not be mapped reported; the command line's batch line;
-and the page's "Import Studio settings" handler (no browser, no server). Fast: no models."""
+"""Importing a FramePack-Studio job's settings (jobs/studio.py): its metadata JSON and the text chunks of the PNG
+it saves, mapped onto SteadyFrame's controls with what could not be mapped reported; the command line's batch line
+(cli/studio.py); and the page's "Import Studio settings" handler (no browser, no server). Fast: no models."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,10 +14,11 @@ import pytest
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
+from cli import studio as studio_cli
 from common.errors import InputError
-from pipeline import studio
+from jobs import studio
 from pipeline.request import Request
-from tests.conftest import uploaded
+from tests.conftest import ROOT, uploaded
 from ui import settings as st
 from ui.panel_jobs import STUDIO_KEEPS, JobsPanel
 
@@ -160,17 +163,20 @@ def test_a_png_without_studio_chunks_and_a_huge_json_are_refused(tmp_path):
 
 
 def test_the_command_line_prints_one_batch_line(tmp_path, capsys):
-    assert studio.main([str(_json(tmp_path)), "--image", str(tmp_path / "start.png")]) == 0
+    assert studio_cli.main([str(_json(tmp_path)), "--image", str(tmp_path / "start.png")]) == 0
     out, err = capsys.readouterr()
     line = json.loads(out)
     assert line == {**EXPECTED, "image": str((tmp_path / "start.png").resolve())}
     assert Request.from_mapping(line).seed == 4242                     # names a batch line may use
     assert "not mapped or changed: resolutionH:" in err
     png = _png(tmp_path)
-    assert studio.main([str(png)]) == 0                                  # the PNG is Studio's start image
+    assert studio_cli.main([str(png)]) == 0                                  # the PNG is Studio's start image
     assert json.loads(capsys.readouterr().out)["image"] == str(png.resolve())
-    assert studio.main([str(tmp_path / "missing.json")]) == 2
+    assert studio_cli.main([str(tmp_path / "missing.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+    door = subprocess.run([sys.executable, "-m", "cli", "studio", str(png)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)                     # the command's door: `python -m cli studio`
+    assert door.returncode == 0 and json.loads(door.stdout)["image"] == str(png.resolve())
 
 
 # ---- the page's handler -----------------------------------------------------------------------------------------
@@ -225,7 +231,7 @@ def test_a_text_to_video_import_has_no_image_and_keeps_studios_aspect(tmp_path, 
     assert (got.settings["width"], got.settings["height"]) == (416, 320)
     assert "resolutionH" not in dict(got.unmapped)
     png = _png(tmp_path, T2V, name="t2v.png")
-    assert studio.main([str(png)]) == 0                  # the placeholder PNG is not taken as the start image
+    assert studio_cli.main([str(png)]) == 0                  # the placeholder PNG is not taken as the start image
     line = json.loads(capsys.readouterr().out)
     assert "image" not in line and line["start_from"] == "noise"
     prepared = prepare(Request.from_mapping(line), 640)  # the batch's own check: a job it runs

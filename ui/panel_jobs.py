@@ -16,8 +16,9 @@ import gradio as gr
 from PIL import Image
 
 from common.errors import InputError
+from jobs import studio
 from jobs.doors import admitted
-from pipeline import keyframes, studio
+from pipeline import keyframes
 from pipeline.jobs import PARTIAL_SUFFIX, atomic_write_bytes
 from ui import jobs_gallery, messages
 from ui import settings as st
@@ -160,7 +161,7 @@ class JobsPanel:
         return [values[name] for name in st.CONTROLS]
 
     def import_studio(self, upload, request: gr.Request = None):
-        """A FramePack-Studio job's settings (its metadata JSON, or its PNG's text chunks: pipeline/studio.py) into
+        """A FramePack-Studio job's settings (its metadata JSON, or its PNG's text chunks: jobs/studio.py) into
         the controls, as Reuse settings fills them: what Studio gives, the defaults for the rest of the job's
         settings; the machine's own (preserved memory, compile, CRF) and the images stay, except that Studio's PNG,
         its job's start image, becomes the start image. Returns the controls' values and the report."""

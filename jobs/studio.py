@@ -12,16 +12,13 @@ cache type from "cache_type" or, in older files, from "use_magcache" / "use_teac
 (pipeline.request.setting_problems), and for every key that could not be mapped a (key, reason). Keys that are pure
 bookkeeping (the version, the time, file paths) are left out silently. Light: no torch.
 
-Command line (one batch line for `python -m cli batch`; what was not mapped goes to stderr):
-    python -m pipeline.studio STUDIO.json --image start.png >> jobs.jsonl
-    python -m pipeline.studio STUDIO.png >> jobs.jsonl          # the PNG is Studio's start image: used as the image
+Its doors: the page's "Import Studio settings" (ui/panel_jobs.py), `python -m cli studio` (one batch line:
+cli/studio.py) and `python -m cli queue add` of a Studio queue export (`read_queue`, cli/queue.py).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
@@ -439,6 +436,17 @@ def import_file(path, default_resolution: int = 640) -> StudioImport:
     return from_metadata(meta, default_resolution, kind)
 
 
+def job_values(imported: StudioImport, files: Mapping[str, Any]) -> dict:
+    """An imported job as a batch line's values: its settings, then its files' paths ("image", "end_image",
+    "input_video"; None: not given). A start image given to a text-to-video import makes it an image job (its
+    `start_from` and Studio's no-image size are left out)."""
+    values = dict(imported.settings)
+    if files.get("image") is not None and imported.text_to_video:
+        for name in ("start_from", "width", "height"):
+            values.pop(name, None)
+    return {**values, **{name: str(path) for name, path in files.items() if path is not None}}
+
+
 # ---- Studio's queue export ---------------------------------------------------------------------------------------
 
 QUEUE_JSON_MAX_BYTES = 16 << 20        # queue.json: a few kB a job
@@ -458,11 +466,7 @@ class QueuedJob:
 
     def values(self) -> dict:
         """The job as a batch line's values (settings and files)."""
-        values = dict(self.imported.settings)
-        if self.files.get("image") is not None and self.imported.text_to_video:
-            for name in ("start_from", "width", "height"):
-                values.pop(name, None)
-        return {**values, **{name: str(path) for name, path in self.files.items()}}
+        return job_values(self.imported, self.files)
 
 
 @dataclass
@@ -617,49 +621,3 @@ def _beside(path: Path, given, member: str) -> Path | None:
             if found.is_file():
                 return found.resolve()
     return None
-
-
-# ---- the command line: one batch line ------------------------------------------------------------------------------
-
-def batch_line(imported: StudioImport, image=None, end_image=None) -> str:
-    """One line for `python -m cli batch` (the settings and the images' absolute paths). A start image given to a
-    text-to-video import makes it an image job (its `start_from` and Studio's no-image size are left out)."""
-    line = dict(imported.settings)
-    if image and imported.text_to_video:
-        for name in ("start_from", "width", "height"):
-            line.pop(name, None)
-    for name, path in (("image", image), ("end_image", end_image)):
-        if path:
-            line[name] = str(Path(path).resolve())
-    return json.dumps(line, ensure_ascii=False)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.studio",
-        description="Print a FramePack-Studio job's settings (its metadata .json, or the PNG it saves with the "
-                    "metadata in its text chunks) as one line for `python -m cli batch`; what could not be mapped "
-                    "goes to stderr.")
-    parser.add_argument("file", type=Path, help="Studio's <job_id>.json or <job_id>.png")
-    parser.add_argument("--image", type=Path, help="the start image (default: the PNG itself, when a PNG is given)")
-    parser.add_argument("--end-image", type=Path, help="the end image (original mode)")
-    args = parser.parse_args(argv)
-    try:
-        imported = import_file(args.file)
-    except InputError as e:
-        print(e.cli_text(), file=sys.stderr)
-        return 2
-    image = args.image or (args.file if imported.kind == "png" and not imported.text_to_video else None)
-    for line in imported.report():
-        print(f"not mapped or changed: {line}", file=sys.stderr)
-    if image is not None and imported.text_to_video:
-        print("note: Studio's job had no start image; with --image it starts from that image instead",
-              file=sys.stderr)
-    elif image is None and not imported.text_to_video:
-        print("note: no start image; add --image start.png (the batch refuses a line without one)", file=sys.stderr)
-    print(batch_line(imported, image, args.end_image))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
