@@ -513,7 +513,7 @@ def run_batch(command: Command, path: Path, new_seed: str | None = None) -> int:
     for (number, prepared), job in zip(jobs, queued):
         request = prepared.request
         what = (" ".join(s.text() for s in request.steps) if isinstance(request, PostRequest) else request.prompt)
-        place = command.line.waiting(job)                # as the page says it (jobs/follow.py, pipeline/eta.py)
+        place = command.line.waiting(job)                # as the page says it (jobs/follow.py, jobs/line.py)
         print(f"line {number}: {what[:60]!r} (queued as {job.entry})"
               + (f": {waiting_text(place)}" if place is not None else ""))
     results = list(invalid)

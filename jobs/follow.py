@@ -145,7 +145,7 @@ class QueueLine:
 
 
 def _settings_request(settings: dict):
-    """The parts of a stored entry's settings an estimate needs (pipeline/eta.py), with the defaults."""
+    """The parts of a stored entry's settings an estimate needs (jobs/line.py), with the defaults."""
     return SimpleNamespace(mode=settings.get("mode", DEFAULTS.mode), seconds=settings.get("seconds", DEFAULTS.seconds),
                            latent_window=settings.get("latent_window", DEFAULTS.latent_window),
                            fps=settings.get("fps", DEFAULTS.fps), steps=settings.get("steps", DEFAULTS.steps),

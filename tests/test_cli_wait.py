@@ -1,5 +1,5 @@
 """Issue 44: the command line says a waiting batch line's expected wait as the page does (jobs/follow.py QueueLine,
-at the speed of pipeline/eta.py's JobRates), from the newest job of the outputs folder that ended done, before this
+at the speed of jobs/line.py's JobRates), from the newest job of the outputs folder that ended done, before this
 process has timed a job of its own."""
 from __future__ import annotations
 

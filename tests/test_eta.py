@@ -1,5 +1,5 @@
-"""pipeline/eta.py: the ETA counts every remaining step and decode, and whole-job estimates from a finished job
-(scaled to another job's size); the page's last progress line says the job's time as its status does. Fabricated
+"""pipeline/eta.py: the ETA counts every remaining step and decode; jobs/line.py: whole-job estimates from a
+finished job (scaled to another job's size); the page's last progress line says the job's time as its status does. Fabricated
 timings only: nothing runs."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs.line import Speed
+from jobs.line import JobRates, Speed, step_tokens
 from pipeline import sections
-from pipeline.eta import DECODE_PRIOR, JobRates, Remaining, step_tokens
+from pipeline.eta import DECODE_PRIOR, Remaining
 from pipeline.events import Done, Progress
 
 

@@ -20,7 +20,7 @@ HIDDEN = dict(queue=False, show_progress="hidden")
 
 def expected_time(ctx: AppContext, seconds, window, mode, steps, resolution=None, width=0, height=0) -> str:
     """'expected time about 3 min (at the speed of this app's last job)', or '' when nothing can be said; at the
-    size of the resolution / custom size controls (the learned speed scales with it: pipeline/eta.py)."""
+    size of the resolution / custom size controls (the learned speed scales with it: jobs/line.py)."""
 
     s, w, n = hints.number(seconds), hints.number(window), hints.number(steps)
     if s is None or w is None or n is None or not isinstance(mode, str) or w != int(w) or n != int(n):
