@@ -198,6 +198,53 @@ def test_a_live_display_refused_for_its_addresss_slots_still_shows_the_newest_va
     assert hint(2.4, tab_of("a")) == "2.4 s"
 
 
+def test_a_live_display_refused_after_its_wait_asks_again_by_itself():
+    """Issue 44 (the second tab's hints under a busy suite: its call waited 5 s for the address's slot, was refused,
+    and nothing asked again, so the hints kept the old plan): a refused call of a live display turns its tab's retry
+    timer on, the timer's tick calls the same handler with the page's values, and the answer turns the timer off."""
+    import gradio as gr
+
+    from ui import guard as guard_module
+    from ui.panel_controls import live_display
+
+    guard = HandlerGuard(limit=8, per_session=1)
+    inside, release = threading.Semaphore(0), threading.Event()
+
+    def other(x):
+        inside.release()
+        release.wait(10)
+        return x
+
+    def tab_of(session):
+        return types.SimpleNamespace(session_hash=session, username=None,
+                                     client=types.SimpleNamespace(host="127.0.0.1"))
+
+    with gr.Blocks() as app:
+        seconds = gr.Number(9.6)
+        shown = gr.Markdown()
+        live_display(guard, lambda value: f"{value} s", [seconds], shown, [seconds], on_load=app)
+    timers = [b for b in app.blocks.values() if isinstance(b, gr.Timer)]
+    assert len(timers) == 1 and timers[0].active is False
+    ticks = [d for d in app.fns.values() if (timers[0]._id, "tick") in [tuple(t) for t in d.targets]]
+    assert len(ticks) == 1 and [o._id for o in ticks[0].outputs] == [shown._id, timers[0]._id]
+    call = ticks[0].fn
+
+    holder = threading.Thread(target=guard.wrap(other, lambda: "busy"), args=(1, tab_of("b")))
+    holder.start()
+    assert inside.acquire(timeout=10)
+    old, guard_module.LATEST_WAIT_S = guard_module.LATEST_WAIT_S, 0.2
+    try:
+        skipped, timer = call(4.8, tab_of("a"))         # refused after its wait: the display keeps what it has ...
+        assert timer.active is True                      # ... and its tab's timer will ask again
+        assert skipped == gr.skip()
+    finally:
+        guard_module.LATEST_WAIT_S = old
+        release.set()
+        holder.join(10)
+    text, timer = call(4.8, tab_of("a"))                 # the tick once the slot is free: answered, timer off
+    assert text == "4.8 s" and timer.active is False
+
+
 def _job(tmp_path, name: str, settings) -> "object":
     d = tmp_path / name
     d.mkdir()

@@ -133,10 +133,6 @@ def test_broken_image_then_a_good_job_streams_previews_and_videos(server, browse
         page.close()
 
 
-@pytest.mark.xfail(strict=False, reason="issue 44, open: with one core kept busy during the whole suite (1086 s) the "
-                   "second tab's hints never said 8 sections: a hint call refused for its address's slots waits 5 s "
-                   "at most (ui/guard.py), and nothing asks again after that wait runs out; passes quiet (two whole "
-                   "runs and a fresh-clone .ci/run)")
 def test_end_stops_a_running_job_while_another_tab_waits(server, browser, images):
     url, _ = server
     a, b = _open(browser, url), _open(browser, url)

@@ -2,6 +2,9 @@
 under the preserved-memory slider, the token count under the prompt, uploads checked on arrival, the random seed."""
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import gradio as gr
 
 from configs import DEFAULTS
@@ -16,6 +19,27 @@ from ui.view import format_seconds
 SCROLL_LOG_JS = "() => { const t = document.querySelector('#log textarea'); if (t) t.scrollTop = t.scrollHeight; }"
 LONG_JOB_SECTIONS = 20          # more sections than this: Start asks for a confirmation, with the expected time
 HIDDEN = dict(queue=False, show_progress="hidden")
+RETRY_S = 2.0           # a live display whose last call was refused for want of a slot asks again this often
+
+
+def live_display(guard, fn: Callable, inputs: list, output, triggers: list, *, on_load=None) -> None:
+    """`fn`'s answer shown in `output` whenever one of `triggers` changes (and when the page loads, `on_load`: the
+    app), through `guard` (latest_wins: ui/guard.py). A call the guard refuses after its wait for a slot leaves the
+    display as it was; then a timer of the tab asks again every RETRY_S until a call is answered, so the display ends
+    showing the values the page holds even when no later change comes to ask (a second tab's hints stayed at the
+    plan before its seconds changed once the 5 s wait for a slot ran out on a busy machine: issue 44)."""
+    retry = gr.Timer(RETRY_S, active=False)
+
+    @functools.wraps(fn)
+    def answered(*args, **kwargs):
+        return fn(*args, **kwargs), gr.Timer(active=False)
+
+    call = guard.wrap(answered, lambda: (gr.skip(), gr.Timer(active=True)), latest_wins=True)
+    for component in triggers:
+        component.change(call, inputs, [output, retry], preprocess=False, **HIDDEN)
+    if on_load is not None:
+        on_load.load(call, inputs, [output, retry], preprocess=False, **HIDDEN)
+    retry.tick(call, inputs, [output, retry], preprocess=False, **HIDDEN)
 
 
 def expected_time(ctx: AppContext, seconds, window, mode, steps, resolution=None, width=0, height=0) -> str:
@@ -91,10 +115,7 @@ def wire(app: gr.Blocks, ctx: AppContext) -> None:
         timed = hints.timeline_hint(prompt, seconds, window, mode, blend, DEFAULTS.fps)
         return "\n\n".join(t for t in (text, timed, note) if t)
 
-    live_hints = quick.wrap(show_hints, gr.skip, latest_wins=True)
-    for component in hint_inputs:
-        component.change(live_hints, hint_inputs, ui.hints, preprocess=False, **HIDDEN)
-    app.load(live_hints, hint_inputs, ui.hints, preprocess=False, **HIDDEN)
+    live_display(quick, show_hints, hint_inputs, ui.hints, hint_inputs, on_load=app)
 
     if ui.extend_note is not None and "input_video" in ui.widgets and "source_job" in ui.widgets:
         note_inputs = [ui.mode, ui.input_video, ui.source_job, ui.end_image]
@@ -103,25 +124,19 @@ def wire(app: gr.Blocks, ctx: AppContext) -> None:
             return extension_note(mode, st.upload_path(video) is not None, bool(str(job or "").strip()),
                                   st.upload_path(end_image) is not None)
 
-        live_note = quick.wrap(show_extension, gr.skip, latest_wins=True)
-        for component in note_inputs:
-            component.change(live_note, note_inputs, ui.extend_note, preprocess=False, **HIDDEN)
+        live_display(quick, show_extension, note_inputs, ui.extend_note, note_inputs)
 
     def memory_plan(preserved_gb, resolution, width, height, window, image):
         return preserved_text(ctx.preset, ctx.config, ctx.device, preserved_gb, ctx.preserved_max_gb, resolution,
                               width, height, window, image)
 
     plan_inputs = [ui.preserved_gb, ui.resolution, ui.width, ui.height, ui.latent_window, ui.image]
-    live_plan = live.wrap(memory_plan, gr.skip, latest_wins=True)
-    for component in plan_inputs:          # the size's cost too (ui/memory_plan.py)
-        component.change(live_plan, plan_inputs, ui.preserved_info, preprocess=False, **HIDDEN)
+    live_display(live, memory_plan, plan_inputs, ui.preserved_info, plan_inputs)   # the size's cost too (ui/memory_plan.py)
 
     def token_count(prompt):
         return ctx.tokens.markdown(prompt)
 
-    tokens = live.wrap(token_count, gr.skip, latest_wins=True)
-    ui.prompt.change(tokens, ui.prompt, ui.prompt_tokens, **HIDDEN)
-    app.load(tokens, ui.prompt, ui.prompt_tokens, **HIDDEN)
+    live_display(live, token_count, [ui.prompt], ui.prompt_tokens, [ui.prompt], on_load=app)
     ui.randomize.click(quick.wrap(st.random_seed, gr.skip), None, ui.seed, **HIDDEN)
     ui.log.change(None, None, None, js=SCROLL_LOG_JS, show_progress="hidden")   # newest line in view
 
