@@ -107,7 +107,54 @@ def step_main(args) -> None:
             compiled.use_fp8_compute(tr, recipe, device)
         with fp8_attention(variant.endswith("attn8")):
             _step_variant(args, variant, tr, inputs, device, caps, blocks, results, sections)
-    _report(args, device, build_s, variants, results, sections)
+    cosines = _attention_cosines(tr, inputs, device, caps, blocks) if args.attn_cosine else None
+    _report(args, device, build_s, variants, results, sections, cosines)
+
+
+def _attention_cosines(tr, inputs, device, caps, blocks) -> list | None:
+    """Every fp8 attention call of one eager step (resident) against bf16 attention of the same q/k/v (PyTorch's
+    fused kernel): [(cosine of the whole output, the worst output row)] in call order (one per block that ran in
+    fp8), or None where no call ran in fp8. Eager, so each call's q/k/v are at hand; the kernel and the
+    quantization are those the compiled blocks call."""
+    import torch.nn.functional as F
+
+    from benchmarks.transformer_step import run_config
+    from rocm import fp8_attention as fa
+    from rocm import sdpa
+
+    seen: list = []
+    last: dict = {}
+    quantize, run_fp8 = fa.quantize, sdpa._run_fp8
+
+    def remember(query, key, value, *a, **kw):
+        last["qkv"] = (query, key, value)
+        return quantize(query, key, value, *a, **kw)
+
+    def compared(query, z, scale):
+        out = run_fp8(query, z, scale)
+        if out is not None and "qkv" in last:
+            q, k, v = last.pop("qkv")
+            ref = F.scaled_dot_product_attention(q, k, v, scale=scale).float()
+            got = out.float()
+            seen.append((F.cosine_similarity(got.flatten(), ref.flatten(), dim=0).item(),
+                         F.cosine_similarity(got, ref, dim=-1).min().item()))
+        return out
+
+    enabled = blocks.enabled
+    blocks.enabled = False
+    fa.quantize, sdpa._run_fp8 = remember, compared
+    try:
+        with sdpa.fp8_attention(True):
+            run_config("attention cosines", tr, inputs, device, *caps["resident"], 1, 0, 1)
+    except Exception as e:        # a figure missing, not the run: the step table above is kept
+        log.error("attention cosines failed: %s", e, exc_info=True)
+    finally:
+        fa.quantize, sdpa._run_fp8 = quantize, run_fp8
+        blocks.enabled = enabled
+    if seen:
+        log.info("attention cosines over %d calls: whole min %.5f, worst row min %.5f", len(seen),
+                 min(c for c, _ in seen), min(r for _, r in seen))
+    return seen or None
 
 
 def _step_variant(args, variant, tr, inputs, device, caps, blocks, results, sections) -> None:
@@ -134,7 +181,7 @@ def _step_variant(args, variant, tr, inputs, device, caps, blocks, results, sect
         sections[variant] = _section_latents(tr, inputs, device, args.section_steps)
 
 
-def _report(args, device, build_s, variants, results, sections) -> None:
+def _report(args, device, build_s, variants, results, sections, cosines=None) -> None:
     base = {r["where"]: r for r in results if r["variant"] == variants[0]}
     for r in results:
         ref = base[r["where"]]
@@ -148,7 +195,12 @@ def _report(args, device, build_s, variants, results, sections) -> None:
     meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "tiny": args.tiny, "build_s": build_s, "date": time.strftime("%Y-%m-%d"),
             "section_steps": args.section_steps}
-    args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1, default=str))
+    args.out.write_text(json.dumps({"meta": meta, "results": results, "attention_cosines": cosines}, indent=1,
+                                   default=str))
+    if cosines:
+        print(f"fp8 attention against bf16, {len(cosines)} calls of one step: whole-output cosine min "
+              f"{min(c for c, _ in cosines):.5f} (mean {sum(c for c, _ in cosines) / len(cosines):.5f}), worst row "
+              f"{min(r for _, r in cosines):.5f}")
     print(f"\n{meta['device']}, torch {meta['torch']}")
     print("| variant | where | s/step | floor s | × eager (same place) | × eager resident | kernels prepared s | "
           "graphs in timed steps | peak reserved GiB | step rel. err | section rel. err |\n"
@@ -280,6 +332,7 @@ def main(argv=None) -> None:
     s.add_argument("--warmup", type=int, default=2)
     s.add_argument("--steps", type=int, default=4)
     s.add_argument("--section-steps", type=int, default=25, help="0: no whole-section error")
+    s.add_argument("--attn-cosine", action="store_true", help="fp8 attention against bf16 in every call of one step")
     j = sub.add_parser("jobs")
     j.add_argument("--out", type=Path, required=True)
     j.add_argument("--tiny", action="store_true")
