@@ -13,7 +13,7 @@ import gradio as gr
 from common.errors import InputError
 from jobs.runner import Busy
 from jobs.text import waiting_text
-from pipeline.events import Failed
+from pipeline.events import Failed, Progress
 from ui import doors, messages, plots
 from ui import settings as st
 from ui.context import AppContext
@@ -131,7 +131,7 @@ class RunPanel:
         for batch in self.sessions.stream(job, tick_s=TICK_S):
             for event in batch:
                 view.apply(event)
-            if not batch:
+            if not any(isinstance(event, Progress) for event in batch):   # (log lines alone do not stop the clock)
                 view.tick()
             yield self._updates(view)
         if view.result is not None and getattr(view.result, "job_dir", None) is not None:
@@ -196,7 +196,7 @@ class RunPanel:
         for event in sorted(fresh, key=lambda e: ("Progress", "Preview", "SectionVideo").index(type(e).__name__)):
             watch.view.apply(event)
             watch.seen[type(event).__name__] = event
-        if not fresh:
+        if not any(isinstance(event, Progress) for event in fresh):
             watch.view.tick()
         updates.update(self._updates(watch.view))
         status = (f"▶ Job {job.id}, started {STARTED_FROM.get(job.origin, 'elsewhere')}: its progress, preview and "
