@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,3 +45,25 @@ def keyframe_latents(tensors: dict) -> tuple:
         out.append(tensors[KEYFRAME_LATENT.format(i)])
         i += 1
     return tuple(out)
+
+
+@dataclass
+class SavedSections:
+    """An interrupted job's checkpoint: the sections it finished, and what continues them (a resume's starting
+    state: pipeline/strategy.py `Resumed`)."""
+    history: torch.Tensor
+    real: torch.Tensor
+    start_latent: torch.Tensor
+    end_latent: torch.Tensor | None
+    rng_state: torch.Tensor
+    sections_done: int
+    keyframe_latents: tuple = ()             # the keyframes' latents (pipeline/keyframes.py), in time order
+
+
+def saved_sections(job_dir: Path) -> SavedSections | None:
+    """The job folder's checkpoint as SavedSections; None when it has none (no section was finished)."""
+    if not (Path(job_dir) / CHECKPOINT).is_file():
+        return None
+    tensors, meta = load_checkpoint(job_dir)
+    return SavedSections(tensors["history"], tensors["real"], tensors["start_latent"], tensors.get("end_latent"),
+                         tensors["rng_state"], int(meta["sections_done"]), keyframe_latents(tensors))

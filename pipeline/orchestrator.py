@@ -16,7 +16,6 @@ import errno
 import logging
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Generator, Iterator, TypeVar
 
@@ -30,7 +29,7 @@ from configs.video import DECODE_SPEED, ENCODING
 from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError
 from memory.manager import MemoryManager
 from memory.snapshot import host_rss_bytes
-from pipeline import compiled, extend, extend_resume, keyframes, lora, text_to_video, timeline
+from pipeline import compiled, keyframes, lora, text_to_video, timeline
 from pipeline import sections as sec
 from pipeline.cancel import CancelToken
 from pipeline.checkpoint import save_checkpoint
@@ -46,6 +45,7 @@ from pipeline.preview import preview_image
 from pipeline.prompt_cache import cache_key, default_cache
 from pipeline.request import PreparedRequest
 from pipeline.sampling import sample_section
+from pipeline.strategy import Strategy, first_strategy
 from pipeline.text import encode_prompt
 from pipeline.timeline_text import SectionTexts, encode_texts
 from rocm.sdpa import fp8_attention
@@ -92,56 +92,34 @@ def generate(prepared: PreparedRequest, components: Components, memory: MemoryMa
         yield Failed(prepared.source.problem(components))
         return
     run = JobRun(prepared, components, memory or MemoryManager(), cancel or CancelToken(), Path(outputs),
-                 lora_dir=lora_dir, owner=owner, compile=compile, on_open=on_open,
-                 split=split)
+                 first_strategy(prepared, owner), lora_dir=lora_dir, compile=compile, on_open=on_open, split=split)
     yield from run.events()
-
-
-@dataclass
-class SavedSections:
-    """An interrupted job's checkpoint: the sections it finished (pipeline/checkpoint.py)."""
-    history: torch.Tensor
-    real: torch.Tensor
-    start_latent: torch.Tensor
-    end_latent: torch.Tensor | None
-    rng_state: torch.Tensor
-    sections_done: int
-    keyframe_latents: tuple = ()             # the keyframes' latents (pipeline/keyframes.py), in time order
-
-
-@dataclass
-class ResumeState:
-    """Where an interrupted job stands (from its folder): see pipeline/resume.py. `saved` is None when it was
-    stopped before its first section was finished: it starts again in its folder."""
-    job: Job
-    saved: SavedSections | None
-    rewrite: frozenset[str] = frozenset()     # recorded section videos found missing or damaged: written again
 
 
 class JobRun:
     """State of one running job; `events()` drives the stages. The stages share the run's context: `progress()`
     (the event with the ETA), `timing(stage)` (the job's timings), `drained()` (the log lines captured meanwhile, as
     events), `stage(name, work)` (the three in one, for a stage that is one piece of work) and the cancel token's
-    `check()` (End stops at the next step)."""
+    `check()` (End stops at the next step). What differs between a new job, an extension and a resumed one (the
+    plan, the folder, the starting state, the sections decoded again, what a section sees) is its `strategy`'s
+    (pipeline/strategy.py; default: a new job, or an extension when the request has an input)."""
 
     def __init__(self, prepared: PreparedRequest, components: Components, memory: MemoryManager,
-                 cancel: CancelToken, outputs: Path, resume: ResumeState | None = None,
-                 lora_dir: str | Path | None = None, owner: str | None = None, compile: str = "auto",
+                 cancel: CancelToken, outputs: Path, strategy: Strategy | None = None,
+                 lora_dir: str | Path | None = None, compile: str = "auto",
                  on_open: Callable[[Job], None] | None = None, split=None):
         self.prepared, self.models, self.memory, self.cancel, self.outputs = (prepared, components, memory, cancel,
                                                                               outputs)
-        self.resume = resume
+        self.strategy: Strategy = strategy if strategy is not None else first_strategy(prepared)
         self.request = prepared.request
         self.lora_dir = lora_dir                # where LoRA names are looked up (pipeline/lora.py)
-        self.owner = owner                      # job.json's "owner" (a new job's)
         self.compile = compile                  # "auto", "off" or "force" (generate())
         self.on_open = on_open                  # called with the job folder once it is open (generate())
         self.split = split                      # pipeline.split.SequenceSplit: one job on several GPUs
         self.loras = lora.LoraSet()
-        self.plan = sec.make_plan(self.request.mode, self.request.seconds, self.request.latent_window,
-                                  self.request.fps)
-        if prepared.source is not None:      # extending: the input stands for the plan's first sections
-            self.plan = extend.extended_plan(self.plan, prepared.source)
+        # (extending: the input stands for the plan's first sections)
+        self.plan = self.strategy.plan(sec.make_plan(self.request.mode, self.request.seconds,
+                                                     self.request.latent_window, self.request.fps))
         self.device = memory.device
         memory.set_workload(prepared.height, prepared.width, self.request.latent_window)
         self.generator = torch.Generator("cpu").manual_seed(self.request.seed)
@@ -231,7 +209,7 @@ class JobRun:
                 self.job.owner = self.cancel.may_write      # a runner that lost the queue's lease writes no more
                 if self.on_open is not None:
                     self.on_open(self.job)
-                yield Started(self.job.dir, resumed=self.resume is not None)
+                yield Started(self.job.dir, resumed=self.strategy.resumed)
                 for w in self.prepared.warnings:
                     yield LogLine("warning", w)
                 r = self.request
@@ -281,11 +259,11 @@ class JobRun:
         yield from self.drained()
         texts = yield from self.stage("text encoders", self._encode_text)
         self.cancel.check()
-        start_latent, end_latent, history, done = yield from self._starting_point()
+        start_latent, end_latent, history, done = yield from self.strategy.starting_point(self)
         self.cancel.check()
         image_embeds = yield from self.stage("image encoder", self._encode_image)
         if done:
-            yield from self._rebuild_video(done)
+            yield from self.strategy.decode_again(self, done)
 
         # split over several GPUs, an out-of-memory fails the job: a retried step would leave the others' exchange
         denoiser = FramepackDenoiser(c.transformer, r.teacache, r.steps,
@@ -299,13 +277,7 @@ class JobRun:
             self.cancel.check()
             noise = torch.randn((1, c.transformer.config.in_channels, self.plan.window, lh, lw),
                                 generator=self.generator, dtype=torch.float32)
-            if self.prepared.source is not None:     # extending: what of the input the section sees
-                ctx, indices = extend.section_inputs(self.plan, section, history, start_latent, end_latent,
-                                                     self.prepared.source, r.context_frames)
-            else:
-                ctx = sec.section_context(self.plan, section, history, self._start_slot(section, start_latent),
-                                          end_latent)
-                indices = self.plan.indices(section)
+            ctx, indices = self.strategy.section_inputs(self, section, history, start_latent, end_latent)
             yield self.progress("sampling", n, 0, f"section {n}/{self.plan.count}: loading the transformer")
             with self.timing("transformer"), self.memory.stage("transformer", transformer=c.transformer), \
                     self.fallback.guarded("transformer"), fp8_attention(r.fp8_attention == "on"):
@@ -345,7 +317,7 @@ class JobRun:
         frame puts the input video's frames before its last section (pipeline/extend.py)."""
         if path is not None and not self.job.writable():
             raise JobStopped()                         # the queue's lease was lost: the taker writes this section
-        lead = extend.lead_frames(self.prepared.source, section)
+        lead = self.strategy.lead_frames(section)
         if lead is not None:
             self.writer.submit(pixels)
             pixels = lead
@@ -368,49 +340,15 @@ class JobRun:
         except StopIteration as done:
             return done.value
 
-    # ---- a new job or a resumed one: every difference between the two is in these three methods ---------------
+    # ---- the job's start: its strategy (pipeline/strategy.py) decides; these are the stages it calls ----------
     def _open_job(self) -> None:
-        """A new job gets a folder with its prepared images (job.json written last, pipeline/jobs.py); a resumed one
-        goes on in its own folder."""
-        if self.resume:
-            self._job = self.resume.job
-            self.job.update(status="running", resumed=self.job.info.get("resumed", 0) + 1)
-            saved = self.resume.saved
-            log.info("resuming after section %d" % saved.sections_done if saved else
-                     "starting again: no section was finished before it stopped")
-            return
+        """The job folder, as the strategy opens it (a new one, or the interrupted job's own)."""
+        self._job = self.strategy.open_folder(self)
+        self.strategy.begin(self.job)
 
-        def fill(job: Job) -> None:
-            if self.owner is not None:
-                job.info["owner"] = self.owner
-            if self.loras:
-                job.info["loras"] = self.loras.record()               # file, sha256, strength of each
-            job.save_image("input.png", self.prepared.image)
-            job.keep_upload("upload", self.request.image)                  # the user's file, for reuse
-            if self.prepared.end_image is not None:
-                job.save_image("end.png", self.prepared.end_image)
-                job.keep_upload("upload_end", self.request.end_image)
-            if self.prepared.keyframes:                 # kept prepared (resume reads these copies)
-                job.info["keyframes"] = []
-                for i, (k, image) in enumerate(self.prepared.keyframes, 1):
-                    job.save_image(f"keyframe_{i}.png", image)
-                    job.info["keyframes"].append({"time": k.time, "file": f"keyframe_{i}.png",
-                                                  "strength": k.strength})
-            if self.prepared.source is not None:        # an input video is kept in the folder (resume needs it)
-                job.info["source"] = extend_resume.kept_record(job, self.prepared.source)
-
-        self._job = Job.create(self.outputs, self.request.settings(), self._model_info(), fill)
-
-    def _starting_point(self):
-        """(start latent, end latent, latent history, sections done): a new job encodes its images (VAE encode);
-        a resumed one takes them, and the random generator's state, from its checkpoint."""
-        saved = self.resume.saved if self.resume else None
-        if saved is not None:
-            self.generator.set_state(saved.rng_state)
-            self.keyframe_latents = saved.keyframe_latents
-            return saved.start_latent, saved.end_latent, saved.history, saved.sections_done
-        if self.prepared.source is not None:
-            return (yield from extend.starting_point(self))
+    def encode_start(self) -> Generator[Event, None, tuple]:
+        """A new job's starting point: (start latent, end latent, an empty latent history, 0 sections done), its
+        images VAE-encoded."""
         yield self.progress("VAE encode")
         start_latent, end_latent = self._encode_latents()
         if self.request.loop == "on" and self.plan.mode == "original" and end_latent is None:
@@ -419,7 +357,7 @@ class JobRun:
         yield from self.drained()
         return start_latent, end_latent, sec.empty_history(self.plan, start_latent), 0
 
-    def _start_slot(self, section: sec.Section, start_latent: torch.Tensor) -> torch.Tensor:
+    def start_slot(self, section: sec.Section, start_latent: torch.Tensor) -> torch.Tensor:
         """The latent at the section's RoPE index 0 (FramePack's clean_latents_pre): the start latent, or the
         keyframe that governs the section blended in by its strength (pipeline/keyframes.py)."""
         if not self.keyframe_latents:
@@ -445,29 +383,19 @@ class JobRun:
                 out.append((dist.sample(generator=self.generator) * vae.config.scaling_factor).float().cpu())
         return tuple(out)
 
-    def _rebuild_video(self, done: int) -> Iterator[Event]:
-        """Decode the finished sections again (resume, extending a job), so the blends match an uninterrupted run
-        exactly; an input video's frames start the video as they are. A resumed job whose process died before
-        the video of a finished section was written (it is written while the next section samples) writes it
-        now: the same file an uninterrupted run writes."""
-        source, first = self.prepared.source, 0
-        saved = self.resume.saved if self.resume is not None else None
-        if source is not None and source.frames is not None and source.direction != extend.TO_END:
-            self.writer.submit(source.frames)     # an input video: its frames, then (resuming) the new sections
-            first = source.sections_done
-            if saved is None:
-                return
-        real_now = saved.real if saved is not None else source.real
-        recorded = set(self.job.info["videos"]) if saved is not None else None
-        inherited = source.sections_done if source is not None else 0      # an extended job's: never written here
+    def decode_again(self, first: int, done: int, real_now: torch.Tensor,
+                     write: Callable[[str, int], bool] | None = None) -> Iterator[Event]:
+        """Decode the sections `first` … `done` − 1 again from the latents `real_now` (resume, extending a job), so
+        the blends match an uninterrupted run exactly. `write(name, n)`: whether section n's file is written (a
+        resumed job whose process died before the video of a finished section was written, or whose file is
+        damaged, writes it now: the same file an uninterrupted run writes); None: no file is written."""
         for section in self.plan.sections[first:done]:
             n = section.index + 1
             yield self.progress("VAE decode", n, self.request.steps, f"resuming: decoding section {n}/{done} again")
             real = sec.real_latents_after(self.plan, section, real_now, done)
             pixels = self._decode(sec.latents_to_decode(self.plan, section, real))
             name = f"section_{n:02d}.mp4"
-            rewrite = self.resume.rewrite if self.resume is not None else frozenset()
-            if recorded is not None and (name not in recorded or name in rewrite) and n > inherited:
+            if write is not None and write(name, n):
                 self._submit(section, pixels, self.job.path(name))
             else:
                 self._submit(section, pixels)
@@ -595,7 +523,7 @@ class JobRun:
         out["total"] = round(time.monotonic() - self.t0, 4)
         return out
 
-    def _model_info(self) -> dict:
+    def model_info(self) -> dict:
         c = self.models
         return {"preset": c.preset.name, "mode": c.mode,
                 "repos": {role: src.repo + (f"/{src.subfolder}" if src.subfolder else "")

@@ -137,8 +137,9 @@ def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir
     """Continue the checked job folder `job` (from prepare_resume); yields the same events as generate().
     `compile`, `on_open`, `split`: as generate()'s."""
     from memory.manager import MemoryManager
-    from pipeline.checkpoint import keyframe_latents, load_checkpoint
-    from pipeline.orchestrator import JobRun, ResumeState, SavedSections
+    from pipeline.checkpoint import saved_sections
+    from pipeline.orchestrator import JobRun
+    from pipeline.strategy import Resumed, first_strategy
 
     if not isinstance(job, ResumeRequest):
         raise TypeError(f"resume() takes a ResumeRequest (from pipeline.prepare_resume), not {type(job).__name__}")
@@ -162,12 +163,8 @@ def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir
     for stale in job_dir.glob(".*"):          # temp files of writes the crash cut short
         if stale.is_file() and (stale.name.endswith(".tmp") or ".partial." in stale.name):
             stale.unlink()
-    saved = None
-    if (job_dir / CHECKPOINT).is_file():
-        tensors, meta = load_checkpoint(job_dir)
-        saved = SavedSections(tensors["history"], tensors["real"], tensors["start_latent"], tensors.get("end_latent"),
-                              tensors["rng_state"], int(meta["sections_done"]), keyframe_latents(tensors))
-    state = ResumeState(Job(job_dir, info), saved, frozenset(rewrite))
-    run = JobRun(job.prepared, components, memory or MemoryManager(), cancel or CancelToken(), job_dir.parent, state,
-                 lora_dir=lora_dir, compile=compile, on_open=on_open, split=split)
+    # the same run as a new job's, resumed: from the checkpoint, else started again as it first started
+    strategy = Resumed(Job(job_dir, info), saved_sections(job_dir), first_strategy(job.prepared), frozenset(rewrite))
+    run = JobRun(job.prepared, components, memory or MemoryManager(), cancel or CancelToken(), job_dir.parent,
+                 strategy, lora_dir=lora_dir, compile=compile, on_open=on_open, split=split)
     yield from run.events()
