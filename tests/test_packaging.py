@@ -25,7 +25,7 @@ def _python(code: str, cwd: Path = ROOT, **env) -> subprocess.CompletedProcess:
                           timeout=180)
 
 
-@pytest.mark.parametrize("script,usage", [("steadyframe-cli", "{generate,batch,resume,post,queue}"),
+@pytest.mark.parametrize("script,usage", [("steadyframe-cli", "{generate,batch,resume,post,queue,studio}"),
                                           ("steadyframe", "--preset {hunyuan,tiny}")])
 def test_the_installed_commands_run(script, usage):
     """The commands `pip install -e .` made (the README's set-up installs the package) start and answer --help."""
