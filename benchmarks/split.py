@@ -8,8 +8,13 @@ app's streaming (preserved 6 GB), first by process 0 alone (the 1-GPU baseline),
 (pipeline/split.py). Reported: seconds per sampling step and the ratio, per-GPU peak reserved memory against the
 cap, the streamed bytes, and the latents' max / mean absolute difference and relative norm against the 1-GPU run.
 
+`--modes` compares builds of the split in the same call against the same 1-GPU run: `new` (the code as it is),
+`old` (as before issue 48's second pass: the Ulysses-anything exchange asks for the share sizes at every
+all-to-all, and each GPU's residency is planned as for all tokens) and `exchange` (sizes known, the one-GPU plan).
+The output norm and projection on each share (the second pass's third change) is in every mode.
+
 Communication: per block the three all-to-alls of q, k, v and the one of the attention's output, and
-the final all-gather of the hidden tokens: with `--profile`, two split steps under torch.profiler, the GPU time of
+the final all-gather of the projected window tokens: with `--profile`, two split steps under torch.profiler, the GPU time of
 NCCL's kernels against the step's wall time (an upper bound: an NCCL kernel also counts the time it waits for the
 other GPUs to arrive), and the bytes each GPU sends per step from the token counts.
 
@@ -17,6 +22,7 @@ other GPUs to arrive), and the bytes each GPU sends per step from the token coun
     python3 benchmarks/split.py --gpus 4 --out split4.json           # 1 vs 4 GPUs (issue 49)
     python3 benchmarks/split.py --gpus 2 --tiny --device cpu --out t.json   # tiny preset, gloo on the CPU
     python3 benchmarks/split.py --gpus 2 --cap-gb 1000 --variants eager,compiled --profile --out r.json  # resident
+    python3 benchmarks/split.py --gpus 2 --modes old,exchange,new --out m.json   # before/after in one call
 """
 from __future__ import annotations
 
@@ -44,8 +50,13 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _sample(tr, inputs, device, steps: int, cap_gb: float, split=None, compiled_on: bool = False) -> dict:
-    """One section sampled (UniPC, `steps` steps) under the cap; per-step times, the latents, the stage's record."""
+MODES = {"new": (True, True), "exchange": (True, False), "old": (False, False)}   # (sizes known, share's plan)
+
+
+def _sample(tr, inputs, device, steps: int, cap_gb: float, split=None, compiled_on: bool = False,
+            mode: str = "new") -> dict:
+    """One section sampled (UniPC, `steps` steps) under the cap; per-step times, the latents, the stage's record.
+    `mode` (a split's): see MODES and the module's docstring."""
     from memory.manager import MemoryManager
     from pipeline import compiled
     from pipeline.denoiser import FramepackDenoiser
@@ -57,8 +68,12 @@ def _sample(tr, inputs, device, steps: int, cap_gb: float, split=None, compiled_
     blocks.enabled = compiled_on
     mm = MemoryManager(device=device, cap_gb=cap_gb, preserved_gb=6.0, plan_on_cpu=device.type == "cpu")
     mm.apply_cap()
+    known, share_plan = MODES[mode]
     if split is not None:
         split.attach(tr)
+        if share_plan:
+            mm.set_workload(mm.workload.height, mm.workload.width, mm.workload.window, split.size)
+        split.sizes_known = known
     times = []
     try:
         with mm.stage("transformer", transformer=tr) as rec:
@@ -88,6 +103,7 @@ def _sample(tr, inputs, device, steps: int, cap_gb: float, split=None, compiled_
     finally:
         if split is not None:
             split.detach()
+            split.sizes_known = True
     return {"times": times, "latents": latents, "peak_reserved": rec.peak_reserved,
             "peak_allocated": rec.peak_allocated, "streamed_bytes": rec.streamed_bytes_per_pass,
             "placement": rec.placement["transformer"], "load_s": rec.load_s, "tokens": tokens}
@@ -130,13 +146,14 @@ def _profile_steps(tr, inputs, device, cap_gb: float, split, compiled_on: bool, 
 
 def _bytes_per_step(tr, tokens: dict, size: int) -> dict:
     """What one GPU sends per step: per block the q, k, v and output all-to-alls of its share ((size-1)/size of
-    each leaves it) and its share of the final gather, in bf16."""
+    each leaves it) in bf16, and the final gather of its projected window tokens (float32, the projection's
+    outputs a token), once to each other GPU."""
     cfg = tr.config
     width = cfg.num_attention_heads * cfg.attention_head_dim
     blocks = cfg.num_layers + cfg.num_single_layers
     local = -(-tokens["image"] // size) + -(-tokens["text"] // size)
     a2a = blocks * 4 * local * width * 2 * (size - 1) / size
-    gather = -(-tokens["image"] // size) * width * 2 * (size - 1)
+    gather = -(-tokens["window"] // size) * tr.proj_out.out_features * 4 * (size - 1)
     return {"all_to_all": a2a, "gather": gather, "total": a2a + gather, "local_tokens": local}
 
 
@@ -162,16 +179,17 @@ def rank_main(rank: int, size: int, port: int, args, out_q) -> None:
     cap = args.cap_gb if not args.tiny else 1e3
     result = {"rank": rank, "device": str(device), "build_s": build_s}
     variants = [v for v in args.variants.split(",") if v]
+    modes = [m for m in args.modes.split(",") if m]
     for variant in variants:
         on = variant == "compiled"
         if rank == 0:
             one = _sample(tr, inputs, device, args.steps, cap, None, on)
             result[f"one_{variant}"] = one
         dist.barrier()
-        both = _sample(tr, inputs, device, args.steps, cap, split, on)
-        result[f"split_{variant}"] = both
-        dist.barrier()
-    tokens = result[f"split_{variants[0]}"]["tokens"]
+        for mode in modes:
+            result[f"split_{variant}_{mode}"] = _sample(tr, inputs, device, args.steps, cap, split, on, mode)
+            dist.barrier()
+    tokens = result[f"split_{variants[0]}_{modes[0]}"]["tokens"]
     result["tokens"] = tokens
     result["bytes"] = _bytes_per_step(tr, tokens, size)
     if args.profile and device.type == "cuda":
@@ -194,6 +212,8 @@ def main(argv=None) -> None:
     ap.add_argument("--profile", action="store_true", help="profile two split steps: NCCL's share of a step")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--modes", default="new", help=f"builds of the split to measure, comma-separated: "
+                    f"{', '.join(MODES)} (the module's docstring)")
     ap.add_argument("--anything", action="store_true", help="always diffusers' Ulysses-anything exchange (share "
                     "sizes sent at every attention), also where the shares could be equal")
     args = ap.parse_args(argv)
@@ -219,19 +239,21 @@ def main(argv=None) -> None:
 def summarize(results: list[dict], args) -> dict:
     first = results[0]
     rows = []
-    for variant in [v for v in args.variants.split(",") if v]:
-        one, split = first[f"one_{variant}"], first[f"split_{variant}"]
+    for variant, mode in [(v, m) for v in args.variants.split(",") if v for m in args.modes.split(",") if m]:
+        key = f"split_{variant}_{mode}"
+        one, split = first[f"one_{variant}"], first[key]
         a, b = one["latents"], split["latents"]
         s1, sn = statistics.median(one["times"][1:]), statistics.median(split["times"][1:])
         rows.append({
-            "variant": variant, "gpus": args.gpus, "steps": args.steps,
+            "variant": variant, "mode": mode, "gpus": args.gpus, "steps": args.steps,
             "one_gpu_s_per_step": s1, "split_s_per_step": sn, "ratio": sn / s1,
             "one_gpu_sampling_s": sum(one["times"]), "split_sampling_s": sum(split["times"]),
             "sampling_ratio": sum(split["times"]) / sum(one["times"]),
             "peak_reserved_gib": {"one": one["peak_reserved"] / GIB,
-                                  **{r["device"]: r[f"split_{variant}"]["peak_reserved"] / GIB for r in results}},
+                                  **{r["device"]: r[key]["peak_reserved"] / GIB for r in results}},
             "streamed_gib_per_step": {"one": one["streamed_bytes"] / GIB,
-                                      **{r["device"]: r[f"split_{variant}"]["streamed_bytes"] / GIB for r in results}},
+                                      **{r["device"]: r[key]["streamed_bytes"] / GIB for r in results}},
+            "placement": {"one": one["placement"], "split": split["placement"]},
             "latents_max_abs_diff": float((a - b).abs().max()), "latents_mean_abs_diff": float((a - b).abs().mean()),
             "latents_rel_norm": float((a - b).norm() / a.norm()),
         })

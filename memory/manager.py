@@ -138,9 +138,10 @@ class MemoryManager:
         cap = self.cap_bytes if self.cap_bytes is not None or not self.plan_on_cpu else int(self.cap_gb * GIB)
         return MemoryBudget(cap, int(self.preserved_gb * GIB), self.prefetch_depth, self.workload)
 
-    def set_workload(self, height: int, width: int, window: int) -> None:
-        """The bucket and latent window of the job (the plan's activation estimate uses them)."""
-        self.workload = Workload(height, width, window)
+    def set_workload(self, height: int, width: int, window: int, processes: int = 1) -> None:
+        """The bucket and latent window of the job (the plan's activation estimate uses them); `processes`: the GPUs
+        its tokens are split over (a split job's share needs fewer activations: memory/plan.py)."""
+        self.workload = Workload(height, width, window, processes)
 
     def apply_cap(self) -> None:
         """Enforce the cap: past it, an allocation raises out-of-memory instead of growing (CUDA and ROCm).

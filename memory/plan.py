@@ -99,21 +99,50 @@ class ResidencyPlan:
 
 def plan_residency(block_bytes: list[int] | tuple[int, ...], other_bytes: int, cap_bytes: int,
                    preserved_bytes: int, *, min_resident: int = 0, activation_bytes: int = 0,
-                   slot_count: int = 2, stage_bytes: int = 0) -> ResidencyPlan:
+                   slot_count: int = 2, stage_bytes: int = 0, heaviest: bool = False) -> ResidencyPlan:
+    """`heaviest`: the largest blocks stay resident and the smallest are streamed (see `_heaviest`), instead of
+    the last blocks resident."""
     budget = cap_bytes - preserved_bytes - other_bytes
     head = list(range(min(min_resident, len(block_bytes))))
     used = sum(block_bytes[i] for i in head)
     tail = []
-    for i in reversed(range(len(head), len(block_bytes))):
-        if used + block_bytes[i] > budget:
-            break
-        tail.append(i)
-        used += block_bytes[i]
-    resident = head + tail[::-1]
+    if heaviest:
+        tail = _heaviest(block_bytes, len(head), budget - used)
+    else:
+        for i in reversed(range(len(head), len(block_bytes))):
+            if used + block_bytes[i] > budget:
+                break
+            tail.append(i)
+            used += block_bytes[i]
+    resident = head + sorted(tail)
     chosen = set(resident)
     streamed = tuple(i for i in range(len(block_bytes)) if i not in chosen)
     return ResidencyPlan(cap_bytes, preserved_bytes, other_bytes, tuple(block_bytes), tuple(resident), streamed,
                          activation_bytes, slot_count, stage_bytes)
+
+
+def _heaviest(block_bytes, start: int, budget: int) -> list[int]:
+    """Blocks from `start` on kept resident within `budget`, the largest first; of the size where the budget runs
+    out (some blocks of it resident, some streamed) the resident ones are spread evenly among the streamed ones.
+
+    Why: a streamed block's copy overlaps the compute of the blocks run since the copy before it could start
+    (memory/streaming.py: one block ahead). Streaming the small blocks (FramePack's single blocks, 0.26 GiB for
+    about the compute of a dual block of 0.63 GiB) moves 2.4× fewer bytes per block of compute, and a resident
+    block between two streamed ones gives the second copy that block's compute too. A step whose compute is cut
+    N times by a split job (pipeline/split.py) is otherwise bound by the copies of the dual blocks streamed in a
+    row (BENCHMARKS.md, "One video on several GPUs")."""
+    sizes = sorted({block_bytes[i] for i in range(start, len(block_bytes))}, reverse=True)
+    out: list[int] = []
+    for size in sizes:
+        group = [i for i in range(start, len(block_bytes)) if block_bytes[i] == size]
+        k = min(len(group), max(0, budget) // size)
+        if k == len(group):
+            out += group
+        elif k:       # k of the group's g blocks, one every g/k, the last one included
+            g = len(group)
+            out += [group[g - 1 - (j * g) // k] for j in range(k)]
+        budget -= k * size
+    return out
 
 
 def framepack_tokens(height: int, width: int, window: int, image_tokens: int = 729, text_tokens: int = 256) -> int:
@@ -155,14 +184,20 @@ TEXT_RESERVE_BYTES = 2 * GIB       # activations of the text encoders (≤ ~350 
 @dataclass(frozen=True)
 class Workload:
     """What the transformer will see: the bucket and the latent window (for the activation estimate). The default
-    is the nominal job the estimate plans for before a request is known (608×640, window 9)."""
+    is the nominal job the estimate plans for before a request is known (608×640, window 9). `processes`: the
+    job's tokens are split over that many GPUs (pipeline/split.py), each holding `share_tokens` in its blocks."""
     height: int = 608
     width: int = 640
     window: int = 9
+    processes: int = 1
 
     @property
     def tokens(self) -> int:
         return framepack_tokens(self.height, self.width, self.window)
+
+    @property
+    def share_tokens(self) -> int:
+        return -(-self.tokens // max(1, self.processes))
 
 
 # ---- the one fit rule: the planner (memory/budget.py, as a job runs) and the estimate (memory/estimate.py, before
@@ -171,10 +206,21 @@ def transformer_residency(block_bytes, other_bytes: int, cap_bytes: int, preserv
                           hidden: int, dtype_bytes: int, *, slot_count: int = 2, stage_bytes: int = 0
                           ) -> ResidencyPlan:
     """The transformer's plan: the first block and as many of the last as cap − preserved holds stay resident, the
-    rest is streamed; the activation estimate is the workload's (tokens × hidden × dtype bytes)."""
-    return plan_residency(block_bytes, other_bytes, cap_bytes, preserved_bytes, min_resident=1,
-                          activation_bytes=activation_bytes(workload.tokens, hidden, dtype_bytes),
-                          slot_count=slot_count, stage_bytes=stage_bytes)
+    rest is streamed; the activation estimate is the workload's (tokens × hidden × dtype bytes).
+
+    The preserved memory is set for a whole job's activations. A share of a split job (`workload.processes` > 1)
+    holds fewer tokens in its blocks: the activations it does not need (the estimate for all tokens less the one
+    for its share) go to resident blocks, so each GPU streams less per step and keeps the working set the
+    preserved memory planned for (each GPU's peak measured in BENCHMARKS.md, "One video on several GPUs"). And
+    it keeps its largest blocks resident, streaming the small ones (`_heaviest`): its step's compute is 1/N of
+    one GPU's, so the copies would otherwise bound it. (One GPU keeps the last blocks resident: its compute hides
+    the copies either way, and under a host-RAM budget the late resident blocks are read from the files while
+    the step computes, memory/lateload.py; a split share's early resident blocks are read before it.)"""
+    act = activation_bytes(workload.share_tokens, hidden, dtype_bytes)
+    freed = activation_bytes(workload.tokens, hidden, dtype_bytes) - act
+    return plan_residency(block_bytes, other_bytes, cap_bytes, max(0, preserved_bytes - freed), min_resident=1,
+                          activation_bytes=act, slot_count=slot_count, stage_bytes=stage_bytes,
+                          heaviest=workload.processes > 1)
 
 
 def text_residency(block_bytes, rest_bytes: int, others_bytes: int, cap_bytes: int, *, slot_count: int = 2,

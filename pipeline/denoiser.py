@@ -7,11 +7,15 @@ changes: the noisy window's patch embedding, the time/guidance embedding, the te
 The arithmetic is the same as diffusers' `HunyuanVideoFramepackTransformer3DModel.forward` (the parity test checks),
 except that the output projection runs in float32, as in FramePack's app.
 The blocks run through their modules' `__call__`, so memory/ hooks (streaming, offload) apply unchanged.
-With a `split` (pipeline/split.py: one job on several GPUs) each process runs the blocks on its share of the tokens
-and gathers the whole output after them; everything before and after the blocks is computed whole on every process.
+With a `split` (pipeline/split.py: one job on several GPUs) each process runs the blocks, the output norm and the
+float32 output projection on its share of the tokens and gathers the projected window once (64 values a token).
+The embeddings and the text refiner before the blocks are computed whole on every process: together about 0.1 TFLOP
+a step against the blocks' ~500 (the patch embedding is one small matrix product, the refiner attends over ≤ 256
+text tokens), so splitting them would save less than the exchange it needs.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Callable
@@ -141,32 +145,42 @@ class FramepackDenoiser:
             skip = cache.should_skip(tr.transformer_blocks[0].norm1(hidden, emb=temb)[0])
         else:
             skip = cache is not None and cache.should_skip()
+        window = pt * ph * pw
+        rope, lay = c.rope, None
+        if self.split is not None:        # this process's share of the tokens (pipeline/split.py)
+            lay = self.split.layout(hidden.shape[1], encoder.shape[1])
+            self.split.use(lay)
+            hidden, encoder = self.split.shard(hidden, lay.image), self.split.shard(encoder, lay.prompt)
+            rope = tuple(self.split.shard(r, lay.image, dim=0) for r in rope)
+        # The caches keep this process's share of the residual (a split's shares stay the same within a section).
         if skip and cache is not None:
             hidden = cache.apply(hidden)
         else:
             before = hidden
-            rope = c.rope
-            if self.split is not None:        # this process's share of the tokens (pipeline/split.py)
-                lay = self.split.layout(hidden.shape[1], encoder.shape[1])
-                self.split.use(lay)
-                hidden, encoder = self.split.shard(hidden, lay.image), self.split.shard(encoder, lay.prompt)
-                rope = tuple(self.split.shard(r, lay.image, dim=0) for r in rope)
-            for block in tr.transformer_blocks:
-                hidden, encoder = block(hidden, encoder, temb, None, rope)
-            for block in tr.single_transformer_blocks:
-                hidden, encoder = block(hidden, encoder, temb, None, rope)
-            if self.split is not None:
-                hidden = self.split.gather(hidden, lay.image)
+            with self.split.exchange() if self.split is not None else contextlib.nullcontext():
+                for block in tr.transformer_blocks:
+                    hidden, encoder = block(hidden, encoder, temb, None, rope)
+                for block in tr.single_transformer_blocks:
+                    hidden, encoder = block(hidden, encoder, temb, None, rope)
             if cache is not None:
                 cache.store(hidden - before)
 
-        hidden = hidden[:, -(pt * ph * pw):]
+        if self.split is not None and lay is not None:      # the window tokens of this share, projected, gathered
+            counts = lay.window(window)
+            out = self._project(hidden[:, hidden.shape[1] - counts[self.split.rank]:], temb)
+            out = self.split.gather(out, counts)
+        else:
+            out = self._project(hidden[:, -window:], temb)
+        out = out.reshape(b, pt, ph, pw, -1, p_t, p, p)
+        out = out.permute(0, 4, 1, 5, 2, 6, 3, 7)
+        return out.flatten(6, 7).flatten(4, 5).flatten(2, 3)
+
+    def _project(self, hidden: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        """The output norm and projection of window tokens, in float32 as FramePack's app runs it
+        (`high_quality_fp32_output_for_inference`): the velocity is not rounded to bf16 (a no-op for a float32
+        model)."""
+        tr = self.transformer
         hidden = tr.norm_out(hidden, temb)
-        # The output projection in float32, as FramePack's app runs it (`high_quality_fp32_output_for_inference`):
-        # the velocity is not rounded to bf16 (a no-op for a float32 model).
         proj = tr.proj_out
-        hidden = torch.nn.functional.linear(hidden.float(), proj.weight.float(),
-                                            None if proj.bias is None else proj.bias.float())
-        hidden = hidden.reshape(b, pt, ph, pw, -1, p_t, p, p)
-        hidden = hidden.permute(0, 4, 1, 5, 2, 6, 3, 7)
-        return hidden.flatten(6, 7).flatten(4, 5).flatten(2, 3)
+        return torch.nn.functional.linear(hidden.float(), proj.weight.float(),
+                                          None if proj.bias is None else proj.bias.float())

@@ -121,7 +121,8 @@ class JobRun:
         self.plan = self.strategy.plan(sec.make_plan(self.request.mode, self.request.seconds,
                                                      self.request.latent_window, self.request.fps))
         self.device = memory.device
-        memory.set_workload(prepared.height, prepared.width, self.request.latent_window)
+        memory.set_workload(prepared.height, prepared.width, self.request.latent_window,
+                            split.size if split is not None else 1)
         self.generator = torch.Generator("cpu").manual_seed(self.request.seed)
         self.timings: dict[str, float] = {}
         self.t0 = time.monotonic()

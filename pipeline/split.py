@@ -8,8 +8,9 @@ per-token work (norms, projections, MLPs, modulation) runs on that share alone, 
 with diffusers' context-parallel attention, Ulysses style: an all-to-all turns (its tokens, all 24 heads) into
 (all tokens, 24/N heads), each process attends over every token for its heads, and a second all-to-all turns the
 result back (`ContextParallelConfig(ulysses_degree=N)`; its `ulysses_anything` variant where the shares differ in
-size, see `SequenceSplit`). After the blocks the shares are gathered, so what follows (the output norm and projection, the
-sampler, TeaCache/MagCache) sees the whole tensor on every process and the processes stay in step.
+size, see `SequenceSplit`). After the blocks each process runs the output norm and the float32 output projection on
+the noisy-window tokens of its own share, and the projected shares (64 values a token instead of 3,072) are gathered
+once, so the sampler sees the whole velocity on every process and the processes stay in step (pipeline/denoiser.py).
 
 Attention needs no mask here: the denoiser cuts the prompt's padding off before the blocks, and every token attends
 to every other, so the order of the keys after the exchange (process 0's image and prompt tokens, then process
@@ -23,14 +24,18 @@ over the group's CPU (gloo) side, the tokens over its device side (NCCL on GPUs,
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
+from diffusers.models import attention_dispatch
 from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig
 from torch.distributed.device_mesh import init_device_mesh
 
+from common import patches
 from common.errors import JobStopped
 
 log = logging.getLogger(__name__)
@@ -55,6 +60,21 @@ class Layout:
     prompt: tuple[int, ...]
     equal: bool
 
+    @property
+    def totals(self) -> tuple[int, ...]:
+        """Each process's tokens in the blocks (image + prompt): the sizes its attention exchanges."""
+        return tuple(i + p for i, p in zip(self.image, self.prompt))
+
+    def window(self, window: int) -> tuple[int, ...]:
+        """Each process's count of the last `window` image tokens (the noisy window: the tail of every share that
+        reaches it; a share of context tokens alone has none)."""
+        start = sum(self.image) - window
+        out, at = [], 0
+        for n in self.image:
+            out.append(max(0, at + n - max(at, start)))
+            at += n
+        return tuple(out)
+
 
 def _shares(n: int, parts: int) -> tuple[int, ...]:
     return tuple(len(c) for c in torch.arange(n).tensor_split(parts))
@@ -70,7 +90,11 @@ class SequenceSplit:
     The image tokens are split as evenly as can be; the prompt tokens so that every process holds the same count in
     all where the total divides by the group's size (and the heads do too): then diffusers' plain Ulysses attention
     exchanges them. Otherwise each gets its even share of the prompt and its Ulysses-anything attention exchanges
-    them (4 small messages of share sizes per block on top). Padding the shares to equal size instead needs a mask
+    them. That exchange asks every process for its share's size at each all-to-all (diffusers'
+    `gather_size_by_comm`: 4 small gloo messages per block, 240 per step), but every process knows every share's
+    size from the layout (the token counts and N): inside `exchange` those sizes are answered from the layout, so
+    no size message is sent. (diffusers has no setting for known sizes; the one function is replaced through the
+    patch registry, common/patches.py, for the blocks only.) Padding the shares to equal size instead needs a mask
     in attention, and the masked attention kernel made the step slower than the size messages (BENCHMARKS.md)."""
 
     def __init__(self, device: torch.device, heads: int = 24):
@@ -87,6 +111,9 @@ class SequenceSplit:
         self.ended = False
         self._attached: list = []
         self._layouts: dict[tuple[int, int], Layout] = {}
+        self._layout: Layout | None = None
+        self._sizes = self._known_sizes          # one function object for every step (compiled blocks guard on it)
+        self.sizes_known = True      # False: diffusers' exchange asks for the sizes itself (benchmarks/split.py)
 
     @property
     def leader(self) -> bool:
@@ -121,6 +148,25 @@ class SequenceSplit:
     def use(self, layout: Layout) -> None:
         """The exchange for this layout's shares (for the blocks that follow)."""
         self._cp.ulysses_anything = not layout.equal
+        self._layout = layout
+
+    @contextlib.contextmanager
+    def exchange(self) -> Iterator[None]:
+        """The blocks of one prediction (after `use`): where the shares differ in size, the Ulysses-anything
+        exchange takes every share's size from the layout instead of asking the other processes for it."""
+        if self._layout is None or self._layout.equal or not self.sizes_known:
+            yield
+            return
+        with patches.patched(attention_dispatch, "gather_size_by_comm", self._sizes, "pipeline.SequenceSplit"):
+            yield
+
+    def _known_sizes(self, size: int, group=None) -> list[int]:
+        """diffusers' `gather_size_by_comm(size, group)` for this layout: every process's share size, no message."""
+        sizes = self._layout.totals if self._layout is not None else ()
+        if len(sizes) != self.size or sizes[self.rank] != size:
+            raise RuntimeError(f"the split's attention got {size} tokens on process {self.rank}, the layout says "
+                               f"{sizes}: the shares and the exchange disagree")
+        return list(sizes)
 
     def shard(self, x: torch.Tensor, sizes: tuple[int, ...], dim: int = 1) -> torch.Tensor:
         """This process's share of `x` along `dim` (the sequence), of the shares `sizes`."""

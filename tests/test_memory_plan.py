@@ -113,3 +113,28 @@ def test_the_estimate_before_a_job_and_the_planner_as_it_runs_give_the_same_plan
         host = next(m for m in nominal_models(TINY, "original", cap / GIB, preserved / GIB, "cuda",
                                               workload=workload) if m.name == "transformer")
         assert host.streamed == frozenset(i + 1 for i in planner.streamed)     # what the host plan streams
+
+
+def test_a_split_share_keeps_more_and_the_largest_blocks_resident(real_sizes):
+    """A share of a job split over N GPUs (pipeline/split.py) holds 1/N of the tokens in its blocks: the activations
+    it does not need go to resident blocks (less streamed per step, never more than they free), and the dual blocks
+    stay resident while the single blocks (2.4× fewer bytes for a block's compute) are streamed, the resident
+    single blocks spread among them. One GPU's plan is as before."""
+    from memory.plan import Workload, transformer_residency
+
+    blocks, other = real_sizes
+    plans = {n: transformer_residency(blocks, other, 20 * GIB, 6 * GIB, Workload(processes=n), 3072, 2)
+             for n in (1, 2, 4)}
+    assert plans[1].streamed == tuple(range(1, 17)) and plans[1].streamed_bytes == pytest.approx(10.1 * GIB, rel=0.01)
+    tokens = Workload().tokens
+    for n in (2, 4):
+        plan = plans[n]
+        assert plan.activation_bytes == activation_bytes(-(-tokens // n))
+        freed = plans[1].activation_bytes - plan.activation_bytes
+        assert plans[1].resident_bytes < plan.resident_bytes <= 20 * GIB - 6 * GIB + freed
+        assert plan.peak_estimate <= plans[1].peak_estimate             # no more working room than one GPU's
+        assert set(range(20)) <= set(plan.resident)                       # every dual block
+        assert min(plan.streamed) >= 20 and 59 in plan.resident
+        kept = [i for i in plan.resident if i >= 20]                      # resident single blocks, spread
+        assert len(kept) >= 2 and max(b - a for a, b in zip(kept, kept[1:])) <= 2 * 40 // len(kept)
+    assert plans[1].streamed_bytes > plans[2].streamed_bytes > plans[4].streamed_bytes

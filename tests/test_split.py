@@ -18,8 +18,12 @@ def _section(rank: int, size: int, port: int, out: str) -> None:
     """One section of the tiny transformer sampled (2 UniPC steps) by `size` processes: with 16 image-prompt
     tokens (184 + 272 tokens: equal totals per process, diffusers' plain Ulysses exchange), with 15 (455 tokens:
     uneven, its Ulysses-anything exchange), and with 16 and no exchange (each process attends over its own share
-    only); process 0 saves the latents."""
+    only); process 0 saves the latents and, per run, the element count of every `all_gather` (the size messages
+    of the exchange would be small ones; the velocity's gather is the projected window's share)."""
+    import torch.distributed as dist
+
     from benchmarks.transformer_step import section_inputs
+    from common import patches
     from pipeline.components import load_components
     from pipeline.denoiser import FramepackDenoiser
     from pipeline.sampling import sample_section
@@ -41,13 +45,25 @@ def _section(rank: int, size: int, port: int, out: str) -> None:
         den = FramepackDenoiser(tr, 0.0, 2, split=split)
         den.begin_section(ctx, idx, shape, image, texts, 10.0)
         run = sample_section(den, noise, sampler="unipc", steps=2)
-        try:
-            while True:
-                next(run)
-        except StopIteration as done:
-            results[name] = done.value
+        gathered: list[int] = []
+        real = dist.all_gather
+
+        def counting(parts, tensor, *a, **k):
+            gathered.append(tensor.numel())
+            return real(parts, tensor, *a, **k)
+
+        with patches.patched(dist, "all_gather", counting, "tests.test_split"):
+            try:
+                while True:
+                    next(run)
+            except StopIteration as done:
+                results[name] = done.value
+        results[f"{name} gathers"] = gathered
         if split is not None:
             results[f"{name} layout"] = split.layout(184, 256 + image_tokens).equal
+            window = shape[0] * shape[1] * shape[2] // 4          # the noisy window's tokens (patch 1×2×2)
+            results["window share"] = max(split.layout(184, 256 + image_tokens).window(window)) \
+                * tr.proj_out.out_features
             split.detach()
     if split is not None:
         from jobs.split import _leave_group
@@ -77,6 +93,10 @@ def test_two_gloo_processes_give_the_latents_of_one(tmp_path):
     assert two["equal layout"] and not two["anything layout"]        # both exchanges ran
     for name in ("equal", "anything"):
         assert (two[name] - one[name]).abs().max() <= 1e-5, name
+    # no size messages: the uneven shares' exchange gathers no more than the equal one (the sizes come from the
+    # layout), and each prediction gathers once, the projected window tokens of each share (not all hidden tokens)
+    assert two["anything gathers"] == two["equal gathers"] == [two["window share"]] * len(two["equal gathers"])
+    assert 1 <= len(two["equal gathers"]) <= 4
     # the exchange is what makes them equal: attending over a share of the tokens alone gives other latents
     assert (two["no exchange"] - one["equal"]).abs().max() > 1e-2
 
