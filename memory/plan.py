@@ -208,19 +208,27 @@ def transformer_residency(block_bytes, other_bytes: int, cap_bytes: int, preserv
     """The transformer's plan: the first block and as many of the last as cap − preserved holds stay resident, the
     rest is streamed; the activation estimate is the workload's (tokens × hidden × dtype bytes).
 
-    The preserved memory is set for a whole job's activations. A share of a split job (`workload.processes` > 1)
-    holds fewer tokens in its blocks: the activations it does not need (the estimate for all tokens less the one
-    for its share) go to resident blocks, so each GPU streams less per step and keeps the working set the
-    preserved memory planned for (each GPU's peak measured in BENCHMARKS.md, "One video on several GPUs"). And
-    it keeps its largest blocks resident, streaming the small ones (`_heaviest`): its step's compute is 1/N of
-    one GPU's, so the copies would otherwise bound it. (One GPU keeps the last blocks resident: its compute hides
-    the copies either way, and under a host-RAM budget the late resident blocks are read from the files while
-    the step computes, memory/lateload.py; a split share's early resident blocks are read before it.)"""
+    The preserved memory is set for a whole job's working set (activations and streaming slots). A share of a
+    split job (`workload.processes` > 1) holds 1/N of the tokens in its blocks, and it keeps its largest blocks
+    resident, streaming the small ones (`_heaviest`: its step's compute is 1/N of one GPU's, so the copies of the
+    large blocks would bound it), which needs smaller slots. The working set it does not need (one GPU's
+    activations and slots less the share's) goes to resident blocks, so each GPU streams less per step and its
+    peak stays at most one GPU's (each GPU's peak measured in BENCHMARKS.md, "One video on several GPUs"). (One
+    GPU keeps the last blocks resident: its compute hides the copies either way, and under a host-RAM budget the
+    late resident blocks are read from the files while the step computes, memory/lateload.py; a split share's
+    early resident blocks are read before it.)"""
+    kw = {"min_resident": 1, "slot_count": slot_count, "stage_bytes": stage_bytes}
+    one = plan_residency(block_bytes, other_bytes, cap_bytes, preserved_bytes,
+                         activation_bytes=activation_bytes(workload.tokens, hidden, dtype_bytes), **kw)
+    if workload.processes <= 1:
+        return one
     act = activation_bytes(workload.share_tokens, hidden, dtype_bytes)
-    freed = activation_bytes(workload.tokens, hidden, dtype_bytes) - act
-    return plan_residency(block_bytes, other_bytes, cap_bytes, max(0, preserved_bytes - freed), min_resident=1,
-                          activation_bytes=act, slot_count=slot_count, stage_bytes=stage_bytes,
-                          heaviest=workload.processes > 1)
+    share = plan_residency(block_bytes, other_bytes, cap_bytes, max(0, preserved_bytes - one.activation_bytes + act),
+                           activation_bytes=act, heaviest=True, **kw)
+    # again with its own slots (the small blocks' size: as small or smaller once more of them are resident)
+    freed = one.working_bytes - (act + share.slot_bytes)
+    return plan_residency(block_bytes, other_bytes, cap_bytes, max(0, preserved_bytes - freed),
+                          activation_bytes=act, heaviest=True, **kw)
 
 
 def text_residency(block_bytes, rest_bytes: int, others_bytes: int, cap_bytes: int, *, slot_count: int = 2,

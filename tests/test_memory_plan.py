@@ -117,9 +117,9 @@ def test_the_estimate_before_a_job_and_the_planner_as_it_runs_give_the_same_plan
 
 def test_a_split_share_keeps_more_and_the_largest_blocks_resident(real_sizes):
     """A share of a job split over N GPUs (pipeline/split.py) holds 1/N of the tokens in its blocks: the activations
-    it does not need go to resident blocks (less streamed per step, never more than they free), and the dual blocks
-    stay resident while the single blocks (2.4× fewer bytes for a block's compute) are streamed, the resident
-    single blocks spread among them. One GPU's plan is as before."""
+    it does not need and the smaller streaming slots go to resident blocks (less streamed per step, never more than
+    they free), and the dual blocks stay resident while the single blocks (2.4× fewer bytes for a block's compute)
+    are streamed, the resident single blocks spread among them. One GPU's plan is as before."""
     from memory.plan import Workload, transformer_residency
 
     blocks, other = real_sizes
@@ -130,9 +130,10 @@ def test_a_split_share_keeps_more_and_the_largest_blocks_resident(real_sizes):
     for n in (2, 4):
         plan = plans[n]
         assert plan.activation_bytes == activation_bytes(-(-tokens // n))
-        freed = plans[1].activation_bytes - plan.activation_bytes
+        assert plan.slot_bytes == 2 * blocks[20] < plans[1].slot_bytes               # slots for single blocks
+        freed = plans[1].working_bytes - plan.working_bytes                         # activations and slots
         assert plans[1].resident_bytes < plan.resident_bytes <= 20 * GIB - 6 * GIB + freed
-        assert plan.peak_estimate <= plans[1].peak_estimate             # no more working room than one GPU's
+        assert plan.peak_estimate <= plans[1].peak_estimate             # no more than one GPU's peak
         assert set(range(20)) <= set(plan.resident)                       # every dual block
         assert min(plan.streamed) >= 20 and 59 in plan.resident
         kept = [i for i in plan.resident if i >= 20]                      # resident single blocks, spread
