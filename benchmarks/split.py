@@ -10,8 +10,8 @@ cap, the streamed bytes, and the latents' max / mean absolute difference and rel
 
 `--modes` compares builds of the split in the same call against the same 1-GPU run: `new` (the code as it is),
 `old` (as before issue 48's second pass: the Ulysses-anything exchange asks for the share sizes at every
-all-to-all, and each GPU's residency is planned as for all tokens) and `exchange` (sizes known, the one-GPU plan).
-The output norm and projection on each share (the second pass's third change) is in every mode.
+all-to-all, and each GPU's residency is planned as for a whole job) and `exchange` (sizes known, the whole job's
+plan). The output norm and projection on each share (the second pass's other change) is in every mode.
 
 Communication: per block the three all-to-alls of q, k, v and the one of the attention's output, and
 the final all-gather of the projected window tokens: with `--profile`, two split steps under torch.profiler, the GPU time of

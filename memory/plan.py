@@ -217,18 +217,18 @@ def transformer_residency(block_bytes, other_bytes: int, cap_bytes: int, preserv
     GPU keeps the last blocks resident: its compute hides the copies either way, and under a host-RAM budget the
     late resident blocks are read from the files while the step computes, memory/lateload.py; a split share's
     early resident blocks are read before it.)"""
-    kw = {"min_resident": 1, "slot_count": slot_count, "stage_bytes": stage_bytes}
-    one = plan_residency(block_bytes, other_bytes, cap_bytes, preserved_bytes,
-                         activation_bytes=activation_bytes(workload.tokens, hidden, dtype_bytes), **kw)
+    def plan(preserved: int, act: int, heaviest: bool) -> ResidencyPlan:
+        return plan_residency(block_bytes, other_bytes, cap_bytes, max(0, preserved), min_resident=1,
+                              activation_bytes=act, slot_count=slot_count, stage_bytes=stage_bytes,
+                              heaviest=heaviest)
+
+    one = plan(preserved_bytes, activation_bytes(workload.tokens, hidden, dtype_bytes), False)
     if workload.processes <= 1:
         return one
     act = activation_bytes(workload.share_tokens, hidden, dtype_bytes)
-    share = plan_residency(block_bytes, other_bytes, cap_bytes, max(0, preserved_bytes - one.activation_bytes + act),
-                           activation_bytes=act, heaviest=True, **kw)
+    share = plan(preserved_bytes - one.activation_bytes + act, act, True)
     # again with its own slots (the small blocks' size: as small or smaller once more of them are resident)
-    freed = one.working_bytes - (act + share.slot_bytes)
-    return plan_residency(block_bytes, other_bytes, cap_bytes, max(0, preserved_bytes - freed),
-                          activation_bytes=act, heaviest=True, **kw)
+    return plan(preserved_bytes - (one.working_bytes - (act + share.slot_bytes)), act, True)
 
 
 def text_residency(block_bytes, rest_bytes: int, others_bytes: int, cap_bytes: int, *, slot_count: int = 2,

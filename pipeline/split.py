@@ -55,7 +55,7 @@ def attention_processors(transformer) -> list:
 class Layout:
     """How one step's tokens are split: each process's count of image and prompt tokens. `equal`: every process
     holds as many tokens in all (image + prompt), so diffusers' plain Ulysses exchange runs with sizes every
-    process knows; otherwise its Ulysses-anything exchange, which sends the share sizes at every attention call."""
+    process knows; otherwise its Ulysses-anything exchange, with the sizes from here (`SequenceSplit.exchange`)."""
     image: tuple[int, ...]
     prompt: tuple[int, ...]
     equal: bool
