@@ -40,7 +40,7 @@ def test_a_video_to_extend_through_the_api(server, client, tmp_path):
     from gradio_client.exceptions import AppError
 
     from common.files import file_sha256
-    from tests.test_extend import moving_frames, write_video
+    from tests.extend_helpers import moving_frames, write_video
 
     clip = write_video(tmp_path / "clip.mp4", moving_frames(45, 96, 80))
     values = dict(input_video=handle_file(str(clip)), prompt="the camera keeps moving", seconds=1.2,

@@ -10,8 +10,8 @@ import pytest
 
 from common.files import file_sha256
 from tests.browser_helpers import require_browser, set_number, wait_status
+from tests.extend_helpers import W, moving_frames, write_video
 from tests.server_helpers import job_info
-from tests.test_extend import W, moving_frames, write_video
 from video.mp4 import read_frames
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,6 @@ Not exactly testable: a video file made by a job, extended, against the longer j
 from __future__ import annotations
 
 import json
-from fractions import Fraction
 
 import av
 import numpy as np
@@ -26,49 +25,13 @@ from common.files import file_sha256
 from pipeline import sections as sec
 from pipeline.checkpoint import load_checkpoint
 from pipeline.extend import load_source, min_frames
-from pipeline.orchestrator import generate
 from pipeline.request import Request, prepare
 from pipeline.video_input import resample
 from tests.cli_helpers import cli
 from tests.conftest import job_folders, make_image
+from tests.extend_helpers import COMMON, OVERLAP, W, moving_frames, run, write_video
 from video.buffer import VideoBuffer
 from video.mp4 import encode_segment, read_frames
-
-W = 9                                                   # the default latent window
-OVERLAP = sec.overlap_frames(W)                         # 33 frames cross-faded at the seam
-COMMON = dict(prompt="a lighthouse in a storm", steps=3, seed=7, mode="f1", teacache=0.0)
-
-
-def write_video(path, frames, fps=30, *, times=None, rotation=None, codec="libx264"):
-    """Frames (T, H, W, 3) uint8 as a video; `times` (seconds) for a variable frame rate."""
-    with av.open(str(path), "w") as c:
-        s = c.add_stream(codec, rate=fps)
-        s.height, s.width = frames.shape[1:3]
-        s.pix_fmt = "yuv420p"
-        if times is not None:
-            s.codec_context.time_base = Fraction(1, 1000)
-        if rotation is not None:
-            s.set_display_rotation(rotation)
-        for i, f in enumerate(frames):
-            vf = av.VideoFrame.from_ndarray(f, format="rgb24")
-            if times is not None:
-                vf.pts, vf.time_base = int(round(times[i] * 1000)), Fraction(1, 1000)
-            for p in s.encode(vf):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
-    return path
-
-
-def moving_frames(count, width=100, height=70, seed=0):
-    base = np.asarray(make_image(width * 2, height, seed=seed))
-    return np.stack([base[:, i % width: i % width + width] for i in range(count)])
-
-
-def run(request, components, outputs):
-    events = list(generate(prepare(request, components.preset.default_resolution), components, outputs=outputs))
-    assert type(events[-1]).__name__ == "Done", events[-1]
-    return events[-1]
 
 
 # ---- pure pieces ---------------------------------------------------------------------------------------------

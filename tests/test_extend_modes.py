@@ -23,7 +23,16 @@ from pipeline import sections as sec
 from pipeline.checkpoint import load_checkpoint
 from pipeline.request import Request, prepare
 from tests.conftest import make_image
-from tests.test_extend import OVERLAP, W, moving_frames, run, write_video
+from tests.extend_helpers import (
+    OVERLAP,
+    W,
+    assert_same,
+    moving_frames,
+    resumed,
+    run,
+    stopped_after_first_section,
+    write_video,
+)
 from video.buffer import VideoBuffer
 from video.mp4 import encode_segment, read_frames
 
@@ -125,8 +134,6 @@ def test_extension_toward_an_end_frame(clip, tiny_original):
 
 @pytest.mark.parametrize("toward_end", [False, True], ids=["backward", "toward an end frame"])
 def test_an_interrupted_extension_resumes_bit_identically(clip, tiny_original, toward_end):
-    from tests.test_extend_resume import assert_same, resumed, stopped_after_first_section
-
     path, root = clip
     root = root / f"resume-{toward_end}"
     more = {}

@@ -6,50 +6,22 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from common.errors import InputError
-from pipeline.cancel import CancelToken
-from pipeline.checkpoint import load_checkpoint
-from pipeline.events import Done, Progress
-from pipeline.orchestrator import generate
-from pipeline.request import Request, prepare
-from pipeline.resume import prepare_resume, resume
+from pipeline.request import Request
+from pipeline.resume import prepare_resume
 from tests.conftest import make_image
-from tests.test_extend import COMMON, W, moving_frames, run, write_video
+from tests.extend_helpers import (
+    COMMON,
+    W,
+    assert_same,
+    moving_frames,
+    resumed,
+    run,
+    stopped_after_first_section,
+    write_video,
+)
 from video.mp4 import read_frames
-
-
-def stopped_after_first_section(request, components, outputs):
-    """Run `request`, pressing End as soon as its first new section is saved (its decode begins): (job folder,
-    sections done at the stop)."""
-    cancel = CancelToken()
-    events = []
-    prepared = prepare(request, components.preset.default_resolution)
-    first_new = prepared.source.sections_done + 1
-    for event in generate(prepared, components, cancel=cancel, outputs=outputs):
-        events.append(event)
-        if isinstance(event, Progress) and event.stage == "VAE decode" and event.section == first_new:
-            cancel.cancel()
-    done = events[-1]
-    assert isinstance(done, Done) and done.stopped, done
-    return done.job_dir, load_checkpoint(done.job_dir)[1]["sections_done"]
-
-
-def resumed(job_dir, components):
-    events = list(resume(prepare_resume(job_dir), components))
-    assert isinstance(events[-1], Done) and not events[-1].stopped, events[-1]
-    return events[-1]
-
-
-def assert_same(job_dir, full_dir):
-    a, b = load_checkpoint(job_dir), load_checkpoint(full_dir)
-    for key in ("history", "real", "start_latent", "rng_state"):
-        torch.testing.assert_close(a[0][key], b[0][key], atol=0, rtol=0)
-    info, full = (json.loads((d / "job.json").read_text()) for d in (job_dir, full_dir))
-    assert info["status"] == "done" and info["resumed"] == 1
-    assert info["sections"][-1]["frames_sha256"] == full["sections"][-1]["frames_sha256"]
-    assert (job_dir / "final.mp4").read_bytes() == (full_dir / "final.mp4").read_bytes()
 
 
 def test_an_interrupted_video_extension_resumes_bit_identically(tiny_f1, tmp_path):

@@ -25,8 +25,7 @@ from pipeline.events import Done, Progress
 from pipeline.orchestrator import generate
 from pipeline.request import Request, prepare
 from tests.conftest import make_image
-from tests.test_extend import run
-from tests.test_extend_resume import assert_same, resumed
+from tests.extend_helpers import assert_same, resumed, run
 
 W = 9
 # 3.6 s at window 9, 30 fps: 3 sections of 1.2 s; their middles at 0.62, 1.82, 3.02 s (video order)

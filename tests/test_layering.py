@@ -4,7 +4,8 @@
 - an import inside a function defers something heavy (torch, diffusers, transformers, gradio, ray, av, ...) for a
   module that does not load it already, or a module of one platform only; never a light module, and never a loop;
 - only the modules docs/ARCHITECTURE.md lists under "The environment" touch the process's environment, each naming
-  only the variables listed for it.
+  only the variables listed for it;
+- no test module imports another test module (also not in the code a test runs in a child process).
 """
 from __future__ import annotations
 
@@ -308,3 +309,34 @@ def test_the_environment_rule_catches_an_unlisted_read_and_an_unlisted_variable(
         assert "configs.c touches the environment" in str(e) and "farm.dispatch names RAY_ADDRESS" in str(e)
     else:
         raise AssertionError("an unlisted environment read went unseen")
+
+
+# What tests share (helpers, constants, fixtures) lives in tests/conftest.py and tests/*_helpers.py, never in a test
+# module another one imports: a test module is one file of tests, and what it defines is its own. Read as text, so
+# the code a test hands a child process (`python -c`) counts too.
+TEST_MODULE_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+tests\.test_\w*|import[ \t]+tests\.test_\w*"
+                                r"|from[ \t]+tests[ \t]+import[ \t(]+(?:[\w \t,]*,[ \t]*)?test_\w*)", re.M)
+
+
+def _test_module_imports(folder: Path) -> list[str]:
+    """Every import of a test module (tests.test_*) in the Python files under `folder`: "file:line: statement"."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        text = path.read_text("utf-8")
+        found += [f"{path.relative_to(folder)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0).strip()}"
+                  for m in TEST_MODULE_IMPORT.finditer(text)]
+    return found
+
+
+def test_no_test_module_imports_another():
+    wrong = _test_module_imports(ROOT / "tests")
+    assert not wrong, f"test modules imported (move what they share into tests/*_helpers.py): {wrong}"
+
+
+def test_the_test_module_rule_catches_every_form(tmp_path):
+    (tmp_path / "test_a.py").write_text("from tests.test_extend import run\n\ndef f():\n    import tests.test_b\n")
+    (tmp_path / "test_c.py").write_text("CHILD = \"\"\"\nimport sys\nfrom tests import fuzz_helpers, test_d\n\"\"\"\n")
+    (tmp_path / "test_e.py").write_text("from tests.extend_helpers import run\nfrom tests import fuzz_helpers\n"
+                                        "from tests.conftest import make_image  # tests.test_x is not imported\n")
+    assert _test_module_imports(tmp_path) == ["test_a.py:1: from tests.test_extend", "test_a.py:4: import tests.test_b",
+                                              "test_c.py:3: from tests import fuzz_helpers, test_d"]

@@ -11,7 +11,7 @@ import pytest
 from common.errors import InputError
 from pipeline.request import Request, prepare
 from tests.conftest import make_image
-from tests.test_extend import run
+from tests.extend_helpers import run
 from video.loop import SEAM_FRAMES, seam_blend
 from video.mp4 import read_frames
 

@@ -21,8 +21,8 @@ from post.job import PostFolders, prepare, prepare_resume, run_post
 from post.modelfiles import ModelRef, check_file
 from post.process import interpolate, upscale
 from post.steps import chunks, make_plan, parse_step, request_from
+from tests.post_helpers import pattern_video, video_shape
 from ui.sessions import Sessions
-from video.mp4 import write_mp4
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,24 +36,9 @@ def one_thread():
 
 
 
-def _video(path: Path, frames: int = 12, size=(48, 64), fps: int = 30) -> Path:
-    rng = np.random.default_rng(1)
-    base = rng.integers(0, 255, (size[0], size[1], 3)).astype(np.uint8)
-    clip = np.stack([np.roll(base, 2 * k, axis=1) for k in range(frames)])     # a moving picture
-    return write_mp4(clip, path, fps=fps, metadata={"comment": "prompt: a moving test pattern | seed: 7",
-                                                   "title": "a moving test pattern"})
-
-
-def _count(path: Path) -> tuple[int, int, int, Fraction]:
-    with av.open(str(path)) as c:
-        s = c.streams.video[0]
-        n = sum(1 for _ in c.decode(s))
-        return n, s.codec_context.width, s.codec_context.height, s.average_rate
-
-
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> Path:
-    return _video(tmp_path_factory.mktemp("post") / "src.mp4")
+    return pattern_video(tmp_path_factory.mktemp("post") / "src.mp4")
 
 
 def _folders(tmp_path: Path, tiny=True) -> PostFolders:
@@ -194,8 +179,8 @@ def test_a_post_job_writes_its_video_and_exports(tmp_path, source):
     etas = [e.eta_s for e in events if isinstance(e, Progress) and e.stage == "post-processing"]
     assert etas == [0.0]                                              # one chunk: nothing left after it
     job = events[-1].job_dir
-    assert _count(job / "final.mp4") == (23, 128, 96, 60)
-    gif = _count(job / "final.gif")
+    assert video_shape(job / "final.mp4") == (23, 128, 96, 60)
+    gif = video_shape(job / "final.gif")
     assert gif[1:3] == (128, 96) and 18 <= gif[0] <= 23           # GIF runs at most 50 frames/s
     from video.mp4 import read_metadata
     meta = read_metadata(job / "final.mp4")
@@ -208,8 +193,8 @@ def test_a_post_job_writes_its_video_and_exports(tmp_path, source):
 
 
 @pytest.mark.parametrize("export, check_out", [
-    ("webm", lambda p: _count(p)[:3] == (12, 64, 48)),
-    ("h265", lambda p: _count(p)[:3] == (12, 64, 48)),
+    ("webm", lambda p: video_shape(p)[:3] == (12, 64, 48)),
+    ("h265", lambda p: video_shape(p)[:3] == (12, 64, 48)),
     ("zip", lambda p: len(zipfile.ZipFile(p).namelist()) == 12),
     ("frame", lambda p: av.open(str(p)).streams.video[0].codec_context.width == 64),
 ])
@@ -294,7 +279,7 @@ def test_a_post_job_runs_in_the_one_queue_and_is_a_past_job(tmp_path, source):
         entry = runner.store.get(job.entry)
         assert entry.status == qs.DONE, entry.message
         folder = tmp_path / "out" / entry.job_dir
-        assert _count(folder / "final.mp4")[:1] == (23,) and (folder / "frame.png").is_file()
+        assert video_shape(folder / "final.mp4")[:1] == (23,) and (folder / "frame.png").is_file()
         record = read_job(folder)
         assert "after the video: interpolate=2 → frame" in record.caption() and not record.resumable
     finally:

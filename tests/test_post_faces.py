@@ -21,7 +21,7 @@ from post.job import PostFolders, prepare, run_post
 from post.modelfiles import LOADERS, ModelRef, check_file
 from post.process import FACE_TEMPLATE, restore_faces, similarity
 from post.steps import parse_step, request_from
-from tests.test_post import _count, _video
+from tests.post_helpers import pattern_video, video_shape
 
 CPU = torch.device("cpu")
 
@@ -36,7 +36,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> Path:
-    return _video(tmp_path_factory.mktemp("faces") / "src.mp4", frames=6)
+    return pattern_video(tmp_path_factory.mktemp("faces") / "src.mp4", frames=6)
 
 
 def _save_twin(folder: Path, name: str = "face.safetensors") -> Path:
@@ -188,7 +188,7 @@ def test_a_post_job_restores_faces_with_a_file_and_records_its_hash(tmp_path, so
     checked = prepare({"source": str(source), "steps": "reverse faces=0.8:face.safetensors"}, folders)
     events = list(run_post(checked, MemoryManager(device=CPU), outputs=tmp_path / "out", folders=folders))
     assert isinstance(events[-1], Done) and not events[-1].stopped, events[-1]
-    assert _count(events[-1].video)[:3] == (6, 64, 48)
+    assert video_shape(events[-1].video)[:3] == (6, 64, 48)
     info = json.loads((events[-1].job_dir / "job.json").read_text())
     from common.files import file_sha256
 
@@ -210,7 +210,7 @@ def test_the_command_line_and_the_page_controls_make_the_faces_step(tmp_path, so
     assert not out.exists() or not any(d.is_dir() and not d.name.startswith(".") for d in out.iterdir())
     assert main(["post", str(source), "--steps", "faces=0.5", "--outputs", str(out), "--preset", "tiny", "-q"]) == 0
     (job,) = [d for d in out.iterdir() if d.is_dir() and not d.name.startswith(".")]
-    assert _count(job / "final.mp4")[:3] == (6, 64, 48)
+    assert video_shape(job / "final.mp4")[:3] == (6, 64, 48)
     assert steps_of("off", 60, "×2", None, 0, 0, 1, 1, False, False, 0.6, DEFAULT_FACE) == ["faces=0.6", "upscale=2"]
     assert steps_of("off", 60, "off", None, 0, 0, 1, 1, False, False, 1, "mine.pth") == ["faces=1:mine.pth"]
     assert steps_of("off", 60, "off", None, 0, 0, 1, 1, True, False, 0, "mine.pth") == ["pingpong"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from post.job import PostFolders, prepare, run_post
-from tests.test_post import _video
+from tests.post_helpers import pattern_video
 from ui.access import Access
 from ui.panel_jobs import JobsPanel
 from ui.panel_post import PostPanel
@@ -25,7 +25,7 @@ def outputs(tmp_path_factory):
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("jobs")
-    source = _video(root / "src.mp4", frames=6)
+    source = pattern_video(root / "src.mp4", frames=6)
     folders = PostFolders(root / "ups", root / "ips", tiny=True)
     out = root / "outputs"
     done = list(run_post(prepare({"source": str(source), "steps": "reverse"}, folders), MemoryManager(

@@ -15,8 +15,8 @@ from common.files import file_sha256
 from jobs import jsonl
 from jobs import store as qs
 from pipeline.request import Request, prepare
+from tests.extend_helpers import COMMON, OVERLAP, moving_frames, write_video
 from tests.server_helpers import Gate, job_info, wait_for
-from tests.test_extend import COMMON, OVERLAP, moving_frames, write_video
 from video.mp4 import encode_segment, read_frames
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

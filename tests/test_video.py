@@ -17,18 +17,10 @@ import torch
 from configs.video import ENCODING
 from pipeline import sections as sec
 from tests.conftest import ROOT
+from tests.video_helpers import smooth_moving_frames
 from video.buffer import VideoBuffer
 from video.mp4 import encode_segment, read_frames, write_segments
 from video.section_writer import SectionWriter, segment_groups
-
-
-def moving_frames(n: int, h: int = 96, w: int = 128, seed: int = 0) -> np.ndarray:
-    """Smooth content in motion, with a little noise (something an encoder has decisions to make about)."""
-    rng = np.random.RandomState(seed)
-    y, x = np.mgrid[0:h, 0:w]
-    out = [np.stack([np.sin((x + 3 * t) / 9.0), np.cos((y - 2 * t) / 11.0), np.sin((x + y + t) / 15.0)], -1)
-           * 0.4 + 0.5 + 0.04 * rng.rand(h, w, 3) for t in range(n)]
-    return (np.clip(np.stack(out), 0, 1) * 255).astype(np.uint8)
 
 
 def in_thread_with_cpus(cpus: set[int], fn):
@@ -67,14 +59,14 @@ def test_the_cause_pyav_defaults_follow_the_cpus_of_the_calling_thread():
     """The real cause of the bytes that differed between runs: with no thread settings, PyAV opens libx264 with
     slice threading and x264 takes one slice per CPU the calling thread may use, so the same frames gave
     different files under a different CPU set."""
-    frames = moving_frames(12, 256, 320)             # x264 keeps one thread for frames under ~8 macroblock rows
+    frames = smooth_moving_frames(12, 256, 320)      # x264 keeps one thread for frames under ~8 macroblock rows
     one = in_thread_with_cpus({min(os.sched_getaffinity(0))}, lambda: pyav_default_encode(frames))
     two = in_thread_with_cpus(set(sorted(os.sched_getaffinity(0))[:2]), lambda: pyav_default_encode(frames))
     assert b"sliced_threads=1" in two and b"threads=1 " in one and b"threads=2 " in two and one != two
 
 
 def test_our_segments_do_not_depend_on_cpus_or_runs():
-    frames = moving_frames(12, 256, 320)
+    frames = smooth_moving_frames(12, 256, 320)
     cpus = os.sched_getaffinity(0)
     runs = [in_thread_with_cpus({min(cpus)}, lambda: encode_segment(frames)),
             in_thread_with_cpus(cpus, lambda: encode_segment(frames)),
@@ -88,10 +80,10 @@ import hashlib, sys
 from dataclasses import replace
 from configs.video import ENCODING
 from video.mp4 import encode_segment
-from tests.test_video import moving_frames
+from tests.video_helpers import smooth_moving_frames
 encoding = replace(ENCODING, x264_params=sys.argv[1])
 for n, h, w in ((33, 64, 64), (24, 128, 160)):
-    print(hashlib.sha256(encode_segment(moving_frames(n, h, w), encoding=encoding)).hexdigest())
+    print(hashlib.sha256(encode_segment(smooth_moving_frames(n, h, w), encoding=encoding)).hexdigest())
 """
 
 
@@ -115,7 +107,7 @@ def test_our_segments_do_not_depend_on_what_the_heap_held():
 
 def test_our_segments_are_the_bytes_of_x264s_portable_code():
     """The same bytes as x264 without any assembly (`asm=0`): no instruction set the CPU offers changes them."""
-    frames = moving_frames(24, 128, 160)
+    frames = smooth_moving_frames(24, 128, 160)
     portable = replace(ENCODING, x264_params=ENCODING.x264_params + ":asm=0")
     assert encode_segment(frames) == encode_segment(frames, encoding=portable)
 
@@ -132,7 +124,7 @@ def test_segment_groups_keep_every_segment_at_two_frames_or_more():
 def test_joined_segments_are_one_stream_that_decodes_like_its_parts(tmp_path):
     import av
 
-    frames = moving_frames(45)
+    frames = smooth_moving_frames(45)
     cuts = [(0, 4), (4, 40), (40, 45)]
     segments = [encode_segment(frames[a:b]) for a, b in cuts]
     path = write_segments(segments, tmp_path / "joined.mp4", metadata={"title": "joined"})
