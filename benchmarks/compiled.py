@@ -134,7 +134,8 @@ def _attention_cosines(tr, inputs, device, caps, blocks) -> list | None:
         out = run_fp8(query, z, scale)
         if out is not None and "qkv" in last:
             q, k, v = last.pop("qkv")
-            ref = F.scaled_dot_product_attention(q, k, v, scale=scale).float()
+            with sdpa.fp8_attention(False):          # (the guard's bf16 choice; in fp8 this would call itself)
+                ref = F.scaled_dot_product_attention(q, k, v, scale=scale).float()
             got = out.float()
             seen.append((F.cosine_similarity(got.flatten(), ref.flatten(), dim=0).item(),
                          F.cosine_similarity(got, ref, dim=-1).min().item()))
