@@ -111,6 +111,16 @@ def machine(device: torch.device) -> tuple[str, str]:
     return fallbacks.gpu_label(facts.name, facts.reported_arch), facts.torch_version
 
 
+def compiled_forward(cls: type):
+    """The one compiled forward of a block class, made at its first compiled call. Not before: torch.compile's
+    first use in a process imports dynamo's tracer (1.5 s on a 2-core machine), which a process whose blocks run
+    eagerly (the CPU, --no-compile, a job with compiling off) never needs."""
+    forward = _COMPILED.get(cls)
+    if forward is None:
+        forward = _COMPILED.setdefault(cls, torch.compile(cls.forward, dynamic=False))
+    return forward
+
+
 class CompiledBlocks:
     """The dispatchers of one transformer's blocks; `enabled` chooses compiled or eager for the next calls. A
     compiled block class failing to compile or on its first call turns them all eager (`failed` says why)."""
@@ -131,13 +141,11 @@ class CompiledBlocks:
     def _dispatcher(self, block: nn.Module):
         cls = type(block)
         eager = cls.forward.__get__(block)          # the class's own forward (a removed hook leaves a bound copy)
-        if cls not in _COMPILED:
-            _COMPILED[cls] = torch.compile(cls.forward, dynamic=False)
 
         def forward(*args, **kwargs):
             if self.enabled and self.failed is None:
                 try:
-                    out = _COMPILED[cls](block, *_canonical(args), **kwargs)
+                    out = compiled_forward(cls)(block, *_canonical(args), **kwargs)
                 except torch.OutOfMemoryError:
                     raise
                 except Exception as e:      # any compiler or first-call failure: eager from here on (the docstring)
