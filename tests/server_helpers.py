@@ -3,6 +3,7 @@ tiny models, gradio_client clients, job folders, and the browser (Playwright + D
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import socket
@@ -39,15 +40,34 @@ class Server:
     config: object
 
     def client(self, downloads: Path, **kw):
-        from gradio_client import Client
-
-        return Client(self.url, verbose=False, download_files=str(downloads), **kw)
+        return api_client(self.url, downloads, **kw)
 
     def jobs(self) -> list[Path]:
         """The job folders (not the app's own hidden ones: .staged, .examples)."""
         if not self.outputs.exists():
             return []
         return sorted(d for d in self.outputs.iterdir() if d.is_dir() and not d.name.startswith("."))
+
+
+@functools.cache
+def _tls_context():
+    import ssl
+
+    return ssl.create_default_context()
+
+
+def api_client(url: str, downloads: Path | None = None, **kw):
+    """A gradio_client Client of the app at `url` (plain http on 127.0.0.1), quiet, its downloads in `downloads`.
+
+    gradio_client opens an httpx client for each request, and httpx builds a TLS context for each (reading the whole
+    CA bundle: about 20 ms of CPU) though no request here uses TLS: 255 contexts, 5 s of CPU, in test_queue_api.py
+    and test_api_features.py alone. One context, made once, is handed to every request instead (gradio_client
+    passes `ssl_verify` on to httpx as `verify`; a context there is used as it is)."""
+    from gradio_client import Client
+
+    if downloads is not None:
+        kw["download_files"] = str(downloads)
+    return Client(url, verbose=False, ssl_verify=_tls_context(), **kw)
 
 
 def tiny_runner(outputs: Path, components, cap_gb: float = 20, **config):
@@ -117,7 +137,7 @@ def app_process(outputs: Path, *argv: str, log_path: Path, env: dict | None = No
                     pass
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"app.py did not answer on {url} within {start_timeout:.0f} s")
-                time.sleep(0.5)
+                time.sleep(0.1)
             yield url, proc
         finally:
             proc.terminate()

@@ -12,7 +12,7 @@ import pytest
 from common.errors import InputError
 from jobs.runner import QueueCaps
 from tests.conftest import make_image, uploaded
-from tests.server_helpers import launched, tiny_runner
+from tests.server_helpers import api_client, launched, tiny_runner
 from ui.access import Access
 from ui.queue_api import LIST_PAGE, QueueActions
 
@@ -83,7 +83,8 @@ def test_queue_list_answers_a_page_at_a_time(actions):
 
 
 def test_checking_added_jobs_never_holds_the_queue_group(tmp_path, tiny_original):
-    from gradio_client import Client, handle_file
+    from gradio_client import handle_file
+
 
     picture = tmp_path / "in.png"
     make_image(96, 80).save(picture)
@@ -98,7 +99,7 @@ def test_checking_added_jobs_never_holds_the_queue_group(tmp_path, tiny_original
             return []
 
         actions.add_images = slow_checks
-        client = Client(server.url, verbose=False, download_files=str(tmp_path / "dl"))
+        client = api_client(server.url, tmp_path / "dl")
         try:
             held = [client.submit(images=[handle_file(str(picture))], settings={}, api_name="/queue_add_images")
                     for _ in range(3)]

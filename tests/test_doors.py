@@ -16,7 +16,7 @@ from configs.controls import CONTROLS
 from jobs import doors as jd
 from pipeline.request import canonical
 from tests.conftest import make_image, uploaded
-from tests.server_helpers import launched
+from tests.server_helpers import api_client, launched
 from ui import doors
 from ui.access import Access
 from ui.settings import default_values
@@ -101,7 +101,7 @@ SHOWS_ONLY = {"show_hints", "show_extension", "memory_plan", "check_image", "slo
 
 
 def test_two_users_cannot_reach_each_others_jobs_through_any_route_or_alias(tmp_path, tiny_original):
-    from gradio_client import Client, handle_file
+    from gradio_client import handle_file
     from gradio_client.exceptions import AppError
 
     start = tmp_path / "start.png"
@@ -119,7 +119,7 @@ def test_two_users_cannot_reach_each_others_jobs_through_any_route_or_alias(tmp_
                 takes.add(fn.api_name.rstrip("0123456789").rstrip("_"))
         assert takes - SHOWS_ONLY - {"queue_move", "queue_remove"} == PROBED, takes   # (those two: ids, below)
 
-        alice = Client(server.url, verbose=False, auth=("alice", "a-pass"), download_files=str(tmp_path / "dl"))
+        alice = api_client(server.url, tmp_path / "dl", auth=("alice", "a-pass"))
         try:
             entry = alice.predict(image=handle_file(str(start)), seconds=1.2, steps=1, api_name="/queue_add")
             paths = [v for v in entry.values() if isinstance(v, str) and "/" in v]   # answers carry names only

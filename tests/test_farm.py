@@ -251,10 +251,8 @@ def test_the_app_with_cpu_workers_runs_api_and_batch_jobs_on_its_workers(tmp_pat
     """`python app.py --preset tiny --cpu-workers 2`: two /video calls run side by side, each on its own worker; a
     CLI batch file given to the same outputs folder goes into the app's queue and runs on the same workers (the CLI
     builds its own farm with the same function, farm.executor.queue_executor, when no app runs the queue)."""
-    from gradio_client import Client
-
     from tests.cli_helpers import cli
-    from tests.server_helpers import api_job, app_process, job_info, saved_image
+    from tests.server_helpers import api_client, api_job, app_process, job_info, saved_image
 
     image = saved_image(tmp_path_factory, 96, 80, seed=4)
     outputs = tmp_path_factory.mktemp("app-farm")
@@ -265,7 +263,7 @@ def test_the_app_with_cpu_workers_runs_api_and_batch_jobs_on_its_workers(tmp_pat
     settings = dict(prompt="a lighthouse in a storm", seconds=2.4, steps=2, teacache=0.0, resolution=64)
     with app_process(outputs, "--cpu-workers", "2", log_path=outputs.parent / "app-farm.log",
                      start_timeout=300) as (url, _):
-        clients = [Client(url, verbose=False, download_files=str(tmp_path_factory.mktemp(f"dl{i}")))
+        clients = [api_client(url, tmp_path_factory.mktemp(f"dl{i}"))
                    for i in range(2)]
         jobs = [c.submit(**api_job(image, settings, seed=s), api_name="/video") for c, s in zip(clients, (1, 2))]
         for job in jobs:

@@ -111,10 +111,10 @@ def test_missing_real_weights_are_named_with_sizes_place_and_the_tiny_preset(tmp
 def test_the_app_says_at_start_what_is_missing_and_logs_a_failed_job_as_error(tmp_path):
     """`python app.py` (real preset, empty cache, offline): the terminal and the page say at start that the
     weights are missing; Start then fails with an ERROR line in the terminal, not only in the page."""
-    from gradio_client import Client, handle_file
+    from gradio_client import handle_file
     from gradio_client.exceptions import AppError
 
-    from tests.server_helpers import app_process
+    from tests.server_helpers import api_client, app_process
 
     make_image(96, 80).save(tmp_path / "start.png")
     env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
@@ -127,7 +127,7 @@ def test_the_app_says_at_start_what_is_missing_and_logs_a_failed_job_as_error(tm
         with urllib.request.urlopen(url + "config", timeout=30) as r:
             page = r.read().decode("utf-8")
         assert "not on this computer yet" in page and "--preset tiny" in page
-        client = Client(url, verbose=False, download_files=str(tmp_path / "dl"))
+        client = api_client(url, tmp_path / "dl")
         try:
             with pytest.raises(AppError, match="could not be downloaded"):
                 client.predict(image=handle_file(str(tmp_path / "start.png")), seconds=1, steps=1, api_name="/video")

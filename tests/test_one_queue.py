@@ -16,14 +16,14 @@ import threading
 
 import pytest
 import torch
-from gradio_client import Client, handle_file
+from gradio_client import handle_file
 
 from jobs import store as qs
 from pipeline.checkpoint import load_checkpoint
 from tests.browser_helpers import chromium, fill_job, require_browser
 from tests.conftest import ROOT
 from tests.kill_helpers import shared
-from tests.server_helpers import app_process, job_info, saved_image, wait_for
+from tests.server_helpers import api_client, app_process, job_info, saved_image, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -58,10 +58,10 @@ def test_jobs_from_every_door_finish_from_the_one_queue_after_the_app_is_killed(
                      daemon=True).start()
     with app_process(outputs, log_path=tmp_path / "first.log", start_timeout=300) as (url, proc):
         store = qs.QueueStore(outputs)
-        api = Client(url, verbose=False, download_files=str(tmp_path / "d0"))
+        api = api_client(url, tmp_path / "d0")
         api.submit(image=handle_file(str(image)), **LONG, api_name="/video")
         wait_for(lambda: len(store.entries()) == 1, timeout=60, what="the API's job in the queue")
-        queue = Client(url, verbose=False, download_files=str(tmp_path / "d1"))
+        queue = api_client(url, tmp_path / "d1")
         queue.predict(image=handle_file(str(image)), prompt="queue", seed=1, **SHORT, api_name="/queue_add")
         page = browser.new_page()
         page.set_default_timeout(120_000)
@@ -104,7 +104,7 @@ def test_jobs_from_every_door_finish_from_the_one_queue_after_the_app_is_killed(
         assert entries[0].job_dir == job_id and entries[0].status in (qs.WAITING, qs.RUNNING)    # first, in its folder
         done = wait_for(lambda: (lambda es: es if all(e.status == qs.DONE for e in es) else None)(store.entries()),
                         timeout=600, every=0.5, what="every job to finish")
-        client = Client(url, verbose=False, download_files=str(tmp_path / "again"))
+        client = api_client(url, tmp_path / "again")
         _, summary = client.predict(image=handle_file(str(image)), **LONG, api_name="/video")    # uninterrupted
         store.close()
     assert [e.id for e in done] == [e.id for e in entries] and done[0].job_dir == job_id     # in its own folder

@@ -27,7 +27,7 @@ import pytest
 
 from tests import fuzz_helpers as fz
 from tests.conftest import make_image
-from tests.server_helpers import app_process
+from tests.server_helpers import api_client, app_process
 from ui.settings import CONTROLS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -89,10 +89,8 @@ def app(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(app):
-    from gradio_client import Client
-
     url, _, _, _, root = app
-    return Client(url, verbose=False, download_files=str(root / "downloads"))
+    return api_client(url, root / "downloads")
 
 
 def test_server_files_are_never_read_copied_or_served(app, client, tmp_path):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from tests import fuzz_helpers as fz
 from tests.conftest import ROOT, make_image
-from tests.server_helpers import app_process
+from tests.server_helpers import api_client, app_process
 
 pytestmark = pytest.mark.slow
 
@@ -122,9 +122,7 @@ API_PARAMS = ("image", "end_image", "prompt", "negative_prompt", "seed", "second
 
 @pytest.fixture(scope="module")
 def client(target, tmp_path_factory):
-    from gradio_client import Client
-
-    client = Client(target["url"], verbose=False, download_files=str(tmp_path_factory.mktemp("dl")))
+    client = api_client(target["url"], tmp_path_factory.mktemp("dl"))
     yield client
     client.close()
 
@@ -161,7 +159,7 @@ def test_api_through_gradio_client(client, data, tmp_path_factory):
 
 def test_after_the_fuzz_the_app_is_idle_serves_and_wrote_nothing_elsewhere(target, tmp_path):
     """Runs last in this module (pytest keeps file order): after every call above."""
-    from gradio_client import Client, handle_file
+    from gradio_client import handle_file
 
     pid = target["proc"].pid
     busy = fz.busy_threads(pid)
@@ -172,7 +170,7 @@ def test_after_the_fuzz_the_app_is_idle_serves_and_wrote_nothing_elsewhere(targe
     assert not any((outputs / ".staged").glob("*")), "a refused call left its staged images behind"
 
     make_image(96, 80).save(tmp_path / "start.png")
-    client = Client(target["url"], verbose=False, download_files=str(tmp_path / "dl"))
+    client = api_client(target["url"], tmp_path / "dl")
     try:
         video, summary = client.predict(image=handle_file(str(tmp_path / "start.png")), prompt="a calm lake",
                                         seconds=1.2, steps=1, api_name="/video")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_image
-from tests.server_helpers import job_info, launched
+from tests.server_helpers import api_client, job_info, launched
 
 USER, PASSWORD = "alice", "pa:ss w0rd"
 
@@ -26,7 +26,7 @@ def _status(opener, url, data: bytes | None = None, headers=None) -> int:
 
 
 def test_auth_protects_the_page_and_the_api(tmp_path, tiny_original):
-    from gradio_client import Client, handle_file
+    from gradio_client import handle_file
     from gradio_client.exceptions import AuthenticationError
 
     make_image(96, 80).save(tmp_path / "start.png")
@@ -43,9 +43,9 @@ def test_auth_protects_the_page_and_the_api(tmp_path, tiny_original):
                        {"Content-Type": "multipart/form-data; boundary=x"}) == 401
 
         with pytest.raises(AuthenticationError):
-            Client(server.url, verbose=False)
+            api_client(server.url)
         with pytest.raises(ValueError, match="Could not login"):
-            Client(server.url, verbose=False, auth=(USER, "wrong"))
+            api_client(server.url, auth=(USER, "wrong"))
 
         # the page's login form, as the browser posts it
         jar = http.cookiejar.CookieJar()
@@ -57,7 +57,7 @@ def test_auth_protects_the_page_and_the_api(tmp_path, tiny_original):
         assert _status(browser, base + "/login", right, form) == 200
         assert _status(browser, base + "/config") == 200
 
-        client = Client(server.url, verbose=False, auth=(USER, PASSWORD), download_files=str(tmp_path / "dl"))
+        client = api_client(server.url, tmp_path / "dl", auth=(USER, PASSWORD))
         try:
             video, summary = client.predict(image=handle_file(str(tmp_path / "start.png")), seconds=1.2, steps=1,
                                             api_name="/video")
@@ -98,14 +98,14 @@ def _login(base: str, user: str, password: str):
 def test_each_user_sees_and_controls_only_their_own_jobs(tmp_path, tiny_original):
     """--auth for two users and an admin: neither user sees, resumes, extends, changes or downloads the other's
     jobs and queue entries; the admin sees everyone's."""
-    from gradio_client import Client, handle_file
+    from gradio_client import handle_file
     from gradio_client.exceptions import AppError
 
     make_image(96, 80).save(tmp_path / "start.png")
     users = {"alice": "a-pass", "bob": "b-pass", "carol": "c-pass"}
     argv = [a for user, pw in users.items() for a in ("--auth", f"{user}:{pw}")] + ["--admin", "carol"]
     with launched(tmp_path / "outputs", tiny_original, *argv) as server:
-        clients = {user: Client(server.url, verbose=False, auth=(user, pw), download_files=str(tmp_path / user))
+        clients = {user: api_client(server.url, tmp_path / user, auth=(user, pw))
                    for user, pw in users.items()}
         alice, bob, carol = clients["alice"], clients["bob"], clients["carol"]
         try:

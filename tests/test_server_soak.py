@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from tests.conftest import make_image
-from tests.server_helpers import app_process, job_info, temp_leftovers, wait_for
+from tests.server_helpers import api_client, app_process, job_info, temp_leftovers, wait_for
 
 JOBS = 10
 HOG_JOBS = 3
@@ -71,7 +71,7 @@ def cpu_hog():
 
 
 def test_ten_jobs_in_a_row_then_more_beside_a_cpu_hog(tmp_path):
-    from gradio_client import Client, handle_file
+    from gradio_client import handle_file
 
     gradio_temp, outputs = tmp_path / "gradio-temp", tmp_path / "outputs"
     make_image(96, 80, seed=8).save(tmp_path / "start.png")
@@ -85,7 +85,7 @@ def test_ten_jobs_in_a_row_then_more_beside_a_cpu_hog(tmp_path):
         uploads = gradio_temp / f"steadyframe-{proc.pid}"     # the app's own folder inside (ui/settings.py)
         assert uploads.is_dir() and own_files and all(f.is_relative_to(uploads) for f in own_files), own_files
         own_folders = set(_hash_folders(uploads))
-        client = Client(url, verbose=False, download_files=str(tmp_path / "downloads"))
+        client = api_client(url, tmp_path / "downloads")
 
         def job(i):
             t0 = time.monotonic()
