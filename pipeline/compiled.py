@@ -111,7 +111,7 @@ def machine(device: torch.device) -> tuple[str, str]:
     return fallbacks.gpu_label(facts.name, facts.reported_arch), facts.torch_version
 
 
-def compiled_forward(cls: type):
+def compiled_forward(cls: type[nn.Module]):
     """The one compiled forward of a block class, made at its first compiled call. Not before: torch.compile's
     first use in a process imports dynamo's tracer (1.5 s on a 2-core machine), which a process whose blocks run
     eagerly (the CPU, --no-compile, a job with compiling off) never needs."""

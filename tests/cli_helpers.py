@@ -1,11 +1,13 @@
-"""The command line as a user runs it, for every test that needs it: `cli(...)` (a process of its own), the
-environment such a process gets (`cli_env`), and how far a job folder got (`sections_done`)."""
+"""The command line as a user runs it, for every test that needs it: `cli(...)` (a process of its own), one killed
+(SIGKILL) once its job has finished some sections (`killed_after`), the environment such a process gets (`cli_env`),
+and how far a job folder got (`sections_done`)."""
 from __future__ import annotations
 
 import os
+import time
 
 from pipeline.checkpoint import load_checkpoint
-from tests.conftest import ROOT
+from tests.conftest import ROOT, job_folders
 from tests.kill_helpers import shared
 
 
@@ -27,3 +29,20 @@ def sections_done(job_dir) -> int:
         return load_checkpoint(job_dir)[1]["sections_done"]
     except (FileNotFoundError, OSError, ValueError):
         return 0
+
+
+def killed_after(sections: int, out, *args, timeout: float = 240):
+    """`python -m cli ARGS` (a process of its own, as `cli` starts it) killed with SIGKILL as soon as the first job
+    folder in `out` holds `sections` finished sections: (that folder, or None when the process ended first or the
+    time ran out; the process, ended: its `exitcode`, its stderr in the file `err`)."""
+    proc = shared().start(*map(str, args), separate=True, cwd=ROOT, env=cli_env())
+    job, deadline = None, time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.is_alive():
+        folders = job_folders(out)
+        if folders and sections_done(folders[0]) >= sections:
+            job = folders[0]
+            break
+        time.sleep(0.01)
+    proc.kill()
+    proc.join(30)
+    return job, proc

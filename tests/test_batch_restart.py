@@ -5,18 +5,13 @@ after it."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
 from pipeline.checkpoint import load_checkpoint
-from tests.cli_helpers import cli
-from tests.cli_helpers import cli_env as _env
-from tests.cli_helpers import sections_done as _sections_done
-from tests.conftest import ROOT, job_folders, make_image
+from tests.cli_helpers import cli, killed_after
+from tests.conftest import job_folders, make_image
+from tests.kill_helpers import tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -31,20 +26,8 @@ def test_a_killed_batch_leaves_its_jobs_queued_and_queue_run_finishes_them(tmp_p
     jobs.write_text(json.dumps({"image": "in.png", "prompt": "long", "seconds": 4.8, "steps": 4, "seed": 2}) + "\n" +
                     json.dumps({"image": "in.png", "prompt": "short", "seconds": 1.2, "steps": 2, "seed": 3}) + "\n")
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "batch", str(jobs), "--preset", "tiny", "--out",
-                             str(out), "-q"], cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    killed = None
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        folders = job_folders(out)
-        if folders and _sections_done(folders[0]) >= 1:
-            killed = folders[0]
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.01)
-    proc.wait(timeout=30)
-    assert killed is not None, proc.stderr.read()[-2000:]
+    killed, proc = killed_after(1, out, "batch", jobs, "--preset", "tiny", "--out", out, "-q")
+    assert killed is not None, tail(proc.err, 2000)
     assert _info(killed)["status"] == "running" and _info(killed)["settings"]["prompt"] == "long"
     at_kill = load_checkpoint(killed)[1]["sections_done"]
 

@@ -5,15 +5,12 @@ Its folder stays, to be resumed (`python -m cli resume`, the page's Resume, /res
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
-from tests.cli_helpers import cli, cli_env, sections_done
-from tests.conftest import ROOT, job_folders, make_image
+from tests.cli_helpers import cli, killed_after
+from tests.conftest import job_folders, make_image
+from tests.kill_helpers import tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -24,19 +21,8 @@ def test_a_killed_batch_job_is_interrupted_removable_and_not_run_by_the_next_gen
     jobs.write_text(json.dumps({"image": "in.png", "prompt": "the killed one", "seconds": 4.8, "steps": 4}) + "\n"
                     + json.dumps({"image": "in.png", "prompt": "never reached", "seconds": 1.2, "steps": 2}) + "\n")
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "batch", str(jobs), "--preset", "tiny", "--out", str(out),
-                             "-q"], cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    killed, deadline = None, time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        folders = job_folders(out)
-        if folders and sections_done(folders[0]) >= 1:
-            killed = folders[0]
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.01)
-    proc.wait(timeout=30)
-    assert killed is not None, proc.stderr.read()[-2000:]
+    killed, proc = killed_after(1, out, "batch", jobs, "--preset", "tiny", "--out", out, "-q")
+    assert killed is not None, tail(proc.err, 2000)
 
     listed = cli("queue", "list", "--json", "--out", out)
     assert listed.returncode == 0, listed.stderr

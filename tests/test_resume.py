@@ -6,16 +6,16 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
 
 from pipeline.checkpoint import CHECKPOINT, load_checkpoint
-from tests.cli_helpers import cli
+from tests.cli_helpers import cli, killed_after
 from tests.cli_helpers import cli_env as _env
 from tests.cli_helpers import sections_done as _sections_done
 from tests.conftest import ROOT, job_folders, make_image
+from tests.kill_helpers import tail
 from video.mp4 import read_frames
 
 SETTINGS = ["--preset", "tiny", "--prompt", "a lighthouse in a storm", "--seconds", "4.8", "--steps", "4",
@@ -54,21 +54,9 @@ def _assert_same_result(job, uninterrupted):
 @pytest.mark.parametrize("kill_after", [1, 2])
 def test_sigkill_after_a_section_then_resume_equals_uninterrupted(image, uninterrupted, tmp_path, kill_after):
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "generate", "--image", str(image), *SETTINGS,
-                             "--out", str(out), "-q"], cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    job = None
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        jobs = job_folders(out)
-        if jobs and _sections_done(jobs[0]) >= kill_after:
-            job = jobs[0]
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.01)
-    proc.wait(timeout=30)
-    assert job is not None, f"the job never reached section {kill_after}: {proc.stderr.read()[-2000:]}"
-    assert proc.returncode == -signal.SIGKILL
+    job, proc = killed_after(kill_after, out, "generate", "--image", image, *SETTINGS, "--out", out, "-q")
+    assert job is not None, f"the job never reached section {kill_after}: {tail(proc.err, 2000)}"
+    assert proc.exitcode == -signal.SIGKILL
     done_at_kill = _sections_done(job)
     assert kill_after <= done_at_kill < 4
     assert json.loads((job / "job.json").read_text())["status"] == "running"      # died mid-job
