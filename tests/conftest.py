@@ -176,21 +176,30 @@ def saved(tiny_original, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(request, tmp_path_factory):
+def server_argv() -> tuple[str, ...]:
+    """More of the app's command-line options for `server` (none; a module overrides this fixture, as the LoRA
+    browser test does with its --lora-dir)."""
+    return ()
+
+
+@pytest.fixture(scope="module")
+def server(request, server_argv, tmp_path_factory):
     """The app on the tiny preset, launched in this process on 127.0.0.1, one per test module. A module sets
-    `SERVER_MODE = "f1"` for the F1 models (default: the original ones); it may define its own `server`, as the
-    browser test does (the app in its own process)."""
+    `SERVER_MODE = "f1"` for the F1 models (default: the original ones), and overrides `server_argv` for more
+    options. (tests/test_browser.py starts the app in its own process instead: its `app_in_own_process`.)"""
     from tests.server_helpers import launched
 
     mode = getattr(request.module, "SERVER_MODE", "original")
     components = request.getfixturevalue("tiny_f1" if mode == "f1" else "tiny_original")
-    with launched(tmp_path_factory.mktemp("outputs"), components) as s:
+    with launched(tmp_path_factory.mktemp("outputs"), components, *server_argv) as s:
         yield s
 
 
 @pytest.fixture(scope="module")
 def image(tmp_path_factory):
-    """A 96×80 start image as a PNG file (a module whose tests change it defines its own)."""
+    """A 96×80 start image as a PNG file, one per test module (tests must not change it; a test that deletes it or
+    writes beside it takes a copy of its own). At the tiny preset's resolution it is in the 64×48 bucket, as a
+    128×96 image is."""
     from tests.server_helpers import saved_image
 
     return saved_image(tmp_path_factory, 96, 80, seed=4)

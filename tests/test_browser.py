@@ -43,7 +43,7 @@ VIDEO_LOADED_JS = """() => { const v = document.querySelector('#result-video vid
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def app_in_own_process(tmp_path_factory):
     """`python app.py --preset tiny` as a user starts it, on a free port, writing into a temporary outputs/."""
     outputs = tmp_path_factory.mktemp("outputs")
     with app_process(outputs, log_path=ARTIFACTS / "app.log") as (url, _proc):
@@ -77,8 +77,8 @@ def _shot(page, name):
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
 
-def test_broken_image_then_a_good_job_streams_previews_and_videos(server, browser, images):
-    url, outputs = server
+def test_broken_image_then_a_good_job_streams_previews_and_videos(app_in_own_process, browser, images):
+    url, outputs = app_in_own_process
     page = _open(browser, url)
     try:
         # 1. a broken upload: refused as it arrives, with a short message next to the controls (and a toast)
@@ -133,8 +133,8 @@ def test_broken_image_then_a_good_job_streams_previews_and_videos(server, browse
         page.close()
 
 
-def test_end_stops_a_running_job_while_another_tab_waits(server, browser, images):
-    url, _ = server
+def test_end_stops_a_running_job_while_another_tab_waits(app_in_own_process, browser, images):
+    url, _ = app_in_own_process
     a, b = _open(browser, url), _open(browser, url)
     try:
         # long (8 sections of 25 steps): End lands long before its end, also on a loaded machine (with 8 steps a

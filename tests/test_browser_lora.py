@@ -29,12 +29,9 @@ def folder(tmp_path_factory, tiny_original):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_original, folder):
-    from tests.server_helpers import launched
-
-    with launched(tmp_path_factory.mktemp("outputs"), tiny_original, "--lora-dir", str(folder)) as s:
-        s.runner.lora_dir = folder           # the test's runner (tests/server_helpers.tiny_runner) has no args
-        yield s
+def server_argv(folder):
+    """conftest's `server` with the LoRA folder (its runner's Config gets it too: tests/server_helpers.launched)."""
+    return ("--lora-dir", str(folder))
 
 
 def test_choose_a_lora_on_the_page(server, browser, folder, tmp_path):

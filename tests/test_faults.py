@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from jobs import store as qs
-from tests.conftest import ROOT, make_image
+from tests.conftest import ROOT
 from tests.kill_helpers import KillAt, job_folder, shared, tail
 
 JOB = ["--preset", "tiny", "--prompt", "a field of wheat", "--seconds", "3.3", "--steps", "2", "--seed", "9"]
@@ -28,13 +28,6 @@ def _env():
 
 def cli(*args):
     return shared().completed([str(a) for a in args], env=_env(), timeout=300)
-
-
-@pytest.fixture
-def image(tmp_path):
-    path = tmp_path / "in.png"
-    make_image(128, 96, seed=4).save(path)
-    return path
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES], ids=["ENOSPC", "EROFS", "EACCES"])

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from pipeline.checkpoint import CHECKPOINT, load_checkpoint
-from tests.conftest import make_image
 from tests.kill_helpers import JobProcesses, KillAt, job_folder, tail, wait_for_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -55,13 +54,6 @@ def sections_done(job: Path) -> int:
 @pytest.fixture(scope="module")
 def procs(tmp_path_factory):
     return JobProcesses(tmp_path_factory.mktemp("logs"))
-
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory):
-    path = tmp_path_factory.mktemp("image") / "in.png"
-    make_image(128, 96, seed=5).save(path)
-    return path
 
 
 def _uninterrupted(procs, out: Path, *argv) -> tuple[Path, float]:

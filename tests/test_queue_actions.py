@@ -8,7 +8,7 @@ import gradio as gr
 import pytest
 
 from jobs import store as qs
-from tests.conftest import make_image, uploaded
+from tests.conftest import uploaded
 from tests.server_helpers import tiny_runner
 from ui.queue_api import QueueActions, QueueApi
 
@@ -18,13 +18,6 @@ def api(tmp_path, tiny_original):
     runner = tiny_runner(tmp_path / "out", tiny_original)              # not started: nothing runs
     yield QueueApi(QueueActions(runner)), runner.store
     runner.store.close()
-
-
-@pytest.fixture
-def image(tmp_path):
-    path = tmp_path / "in.png"
-    make_image(96, 80, seed=2).save(path)
-    return path
 
 
 HOSTILE = [None, "", 5, -1, math.nan, math.inf, True, [], {}, [[[1]]], "x" * 100_000, "\x00", "../../etc/passwd",

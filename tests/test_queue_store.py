@@ -24,7 +24,9 @@ ROOT = qs.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def image(tmp_path):
+def own_image(tmp_path):
+    """A start image of this test's own, in a folder of its own, for the tests that delete it (a user's file may
+    go) or write jobs files beside it (conftest's `image` is the module's, left as it is)."""
     path = tmp_path / "in" / "start.png"
     path.parent.mkdir()
     make_image(96, 80, seed=3).save(path)
@@ -47,14 +49,14 @@ def prompts(store, statuses=None):
     return [e.settings["prompt"] for e in store.entries(statuses)]
 
 
-def test_add_keeps_order_and_copies_the_images_under_outputs(store, image):
-    a = store.add(job(image, "one"))
-    store.add_many([job(image, "two"), job(image, "three")])
+def test_add_keeps_order_and_copies_the_images_under_outputs(store, own_image):
+    a = store.add(job(own_image, "one"))
+    store.add_many([job(own_image, "two"), job(own_image, "three")])
     assert prompts(store) == ["one", "two", "three"]
     staged = qs.Path(a.images["image"])
     assert staged.is_file() and staged.parent == store.images_root / a.id
-    assert staged.read_bytes() == image.read_bytes()
-    image.unlink()                                         # the user's file may go: the queue keeps its own copy
+    assert staged.read_bytes() == own_image.read_bytes()
+    own_image.unlink()                                   # the user's file may go: the queue keeps its own copy
     assert staged.is_file() and a.status == qs.WAITING and a.settings["seconds"] == 1.2
 
 
@@ -146,21 +148,21 @@ def test_an_export_into_another_folder_can_be_read_back_from_there(image, tmp_pa
     assert (qs.Path.cwd() / values["image"]).is_file()          # the file's folder is where batch resolves it
 
 
-def test_import_refuses_the_whole_file_and_names_the_line(store, image):
-    good = json.dumps({"image": str(image), "prompt": "ok"})
+def test_import_refuses_the_whole_file_and_names_the_line(store, own_image):
+    good = json.dumps({"image": str(own_image), "prompt": "ok"})
     for text, where, what in ((good + "\n{not json\n", "line 2", "not JSON"),
                               (good + "\n[1, 2]\n", "line 2", "JSON object"),
-                              ("# comment\n\n" + json.dumps({"image": str(image), "prompt": "x", "steps": 0}),
+                              ("# comment\n\n" + json.dumps({"image": str(own_image), "prompt": "x", "steps": 0}),
                                "line 3", "steps"),
                               ("\n# nothing\n", "jobs file", "no job")):
         with pytest.raises(InputError) as e:
             jsonl.prepare_lines(jsonl.read_lines(text, door=LOCAL), PREFLIGHT)
         assert e.value.field == where and what in e.value.message
     assert store.entries() == []
-    rel = image.parent / "jobs.jsonl"
-    rel.write_text(json.dumps({"image": image.name, "prompt": "relative"}) + "\n")
+    rel = own_image.parent / "jobs.jsonl"
+    rel.write_text(json.dumps({"image": own_image.name, "prompt": "relative"}) + "\n")
     (prepared,) = jsonl.prepare_lines(jsonl.read_lines(rel.read_text(), door=LOCAL), PREFLIGHT, base=rel.parent)
-    assert qs.Path(prepared.request.image) == image
+    assert qs.Path(prepared.request.image) == own_image
 
 
 def test_the_next_runner_puts_the_interrupted_job_first_again(tmp_path, image):
@@ -236,12 +238,12 @@ def test_another_process_sees_the_same_queue(store, image):
     assert out.stdout.strip() == "2" and prompts(store) == ["here", "there"]
 
 
-def test_the_command_line_adds_lists_moves_exports_and_removes(tmp_path, image, capsys):
+def test_the_command_line_adds_lists_moves_exports_and_removes(tmp_path, own_image, capsys):
     from cli import queue as cli
 
     out = tmp_path / "out"
-    jobs = image.parent / "jobs.jsonl"
-    jobs.write_text("".join(json.dumps({"image": image.name, "prompt": p, "seconds": 1.2}) + "\n" for p in "abc"))
+    jobs = own_image.parent / "jobs.jsonl"
+    jobs.write_text("".join(json.dumps({"image": own_image.name, "prompt": p, "seconds": 1.2}) + "\n" for p in "abc"))
     assert cli.main(["add", str(jobs), "--outputs", str(out), "--preset", "tiny"]) == 0
     ids = [line.split()[1].rstrip(":") for line in capsys.readouterr().out.splitlines()]
     assert len(ids) == 3
@@ -255,7 +257,7 @@ def test_the_command_line_adds_lists_moves_exports_and_removes(tmp_path, image, 
     assert cli.main(["export", str(exported), "--outputs", str(out)]) == 0
     assert [json.loads(line)["prompt"] for line in exported.read_text().splitlines()] == ["c", "b"]
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"image": image.name, "prompt": "x"}) + "\n")       # relative to bad.jsonl: missing
+    bad.write_text(json.dumps({"image": own_image.name, "prompt": "x"}) + "\n")  # relative to bad.jsonl: missing
     assert cli.main(["add", str(bad), "--outputs", str(out)]) == 2
     err = capsys.readouterr().err
     assert "line 1" in err and "image" in err
@@ -300,7 +302,7 @@ def test_a_queue_of_an_older_version_is_brought_up_to_date(tmp_path, image, vers
         store.close()
 
 
-def test_queue_add_and_start_are_checked_by_the_same_pre_flight(tmp_path, image, capsys, monkeypatch, tiny_original):
+def test_queue_add_and_start_are_checked_by_the_same_pre_flight(tmp_path, own_image, capsys, monkeypatch, tiny_original):
     """`queue add` builds the app's pre-flight (jobs/preflight.py preflight_for) from the same options: on a GPU
     it refuses the preserved memory Start refuses, with the same words, and it checks LoRAs in --lora-dir."""
     import torch
@@ -322,29 +324,29 @@ def test_queue_add_and_start_are_checked_by_the_same_pre_flight(tmp_path, image,
     runner, _ = app.app_runner(config_from(parser, parser.parse_args(options)), torch.device("cuda"))
     too_much = dict(prompt="x", seconds=1.2, preserved_gb=10)
     with pytest.raises(InputError) as start:
-        runner.submit(Request(image=str(image), **too_much), waited_on=True)       # Start
-    jobs = image.parent / "jobs.jsonl"
-    jobs.write_text(json.dumps({"image": image.name, **too_much}) + "\n")
+        runner.submit(Request(image=str(own_image), **too_much), waited_on=True)  # Start
+    jobs = own_image.parent / "jobs.jsonl"
+    jobs.write_text(json.dumps({"image": own_image.name, **too_much}) + "\n")
     assert cli.main(["add", str(jobs), *options]) == 2
     said = capsys.readouterr().err
     assert start.value.field == "preserved memory" and start.value.message in said, said
     for name, code in (("style.safetensors", 0), ("missing.safetensors", 2)):
-        jobs.write_text(json.dumps({"image": image.name, "prompt": "x", "seconds": 1.2, "loras": f"{name}:1"}) + "\n")
+        jobs.write_text(json.dumps({"image": own_image.name, "prompt": "x", "seconds": 1.2, "loras": f"{name}:1"}) + "\n")
         assert cli.main(["add", str(jobs), *options]) == code
         assert (code == 0) == ("not in the LoRA folder" not in capsys.readouterr().err)
     assert [e.settings["loras"] for e in runner.store.entries()] == ["style.safetensors:1"]
     runner.store.close()
 
 
-def test_a_batch_and_the_queue_import_read_a_jobs_file_with_the_one_reader(image):
+def test_a_batch_and_the_queue_import_read_a_jobs_file_with_the_one_reader(own_image):
     """jobs/jsonl.py job_lines reads every jobs file: the queue's import refuses the file at its first bad line, a
     batch skips that line; both say the same thing about it."""
     from cli.commands import read_batch
     from jobs.doors import LOCAL
     from pipeline.request import prepare
 
-    path = image.parent / "jobs.jsonl"
-    good = json.dumps({"image": image.name, "prompt": "x", "seconds": 1.2})
+    path = own_image.parent / "jobs.jsonl"
+    good = json.dumps({"image": own_image.name, "prompt": "x", "seconds": 1.2})
     path.write_text(f"{good}\n{{not json\n# a comment\n[1, 2]\n{good}\n")
     with pytest.raises(InputError) as refused:
         jsonl.read_lines(path.read_text(), door=LOCAL)

@@ -14,19 +14,12 @@ from pipeline.checkpoint import CHECKPOINT, load_checkpoint
 from tests.cli_helpers import cli, killed_after
 from tests.cli_helpers import cli_env as _env
 from tests.cli_helpers import sections_done as _sections_done
-from tests.conftest import ROOT, job_folders, make_image
+from tests.conftest import ROOT, job_folders
 from tests.kill_helpers import tail
 from video.mp4 import read_frames
 
 SETTINGS = ["--preset", "tiny", "--prompt", "a lighthouse in a storm", "--seconds", "4.8", "--steps", "4",
             "--seed", "11", "--teacache", "0.1"]
-
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory):
-    path = tmp_path_factory.mktemp("img") / "in.png"
-    make_image(128, 96, seed=5).save(path)
-    return path
 
 
 @pytest.fixture(scope="module")

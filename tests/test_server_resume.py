@@ -14,7 +14,7 @@ from pipeline.events import Done, SectionVideo
 from pipeline.request import Request
 from pipeline.sections import make_plan
 from tests.conftest import make_image
-from tests.server_helpers import CHROMIUM_ARGS, Gate, api_job, browser_or_skip, job_info, saved_image, tiny_runner
+from tests.server_helpers import CHROMIUM_ARGS, Gate, api_job, browser_or_skip, job_info, tiny_runner
 from ui.sessions import Sessions
 from video.mp4 import read_frames
 
@@ -88,11 +88,6 @@ def test_runner_resumes_a_stopped_job_to_the_uninterrupted_result(tmp_path, tiny
         with pytest.raises(InputError, match=reason):
             sessions.submit_resume(folder, session="tab-d")
     runner.close(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory):
-    return saved_image(tmp_path_factory, 128, 96, seed=5)
 
 
 def _job(image, **kw):
