@@ -88,6 +88,24 @@ def test_view_stopped_failed_cancelled(tmp_path):
     assert "Cancelled" in view.take_changes()["status"]
 
 
+def test_a_waiting_job_says_its_place_again_on_every_tick():
+    """A look at the runner's job that the tab asked for just before its Start could answer after the Start's
+    'Waiting for the GPU' and cover it with the other job's line (the second-tab browser test failed so under
+    load): while the job waits, each tick says its place again; once it runs, ticks move the clock only."""
+    from jobs.line import Waiting
+
+    view = JobView()
+    view.apply(Waiting(1, 12.0))
+    first = view.take_changes()["status"]
+    assert "Waiting for the GPU" in first
+    view.tick()
+    assert view.take_changes().get("status") == first
+    view.apply(Progress("sampling", 1, 2, 1, 3, 1.0, 5.0, "sampling"))
+    view.take_changes()
+    view.tick()
+    assert "status" not in view.take_changes()
+
+
 def test_log_panel_is_bounded():
     view = JobView()
     for i in range(2000):

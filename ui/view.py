@@ -155,8 +155,12 @@ class JobView:
             log.debug("ignored event %r", event)
 
     def tick(self, now: float | None = None) -> None:
-        """Between events: the shown elapsed time grows and the ETA shrinks by the time since the last progress."""
+        """Between events: the shown elapsed time grows and the ETA shrinks by the time since the last progress.
+        While the job waits in line its place is said again: a look at the runner's job that this tab asked for just
+        before its Start (panel_run.watch) may answer after the Start's own status and cover it."""
         p = self.progress
+        if self.waiting is not None and p is None and self.result is None:
+            self._changed.add("status")
         if p is None or self.result is not None:
             return
         dt = max((time.monotonic() if now is None else now) - self.progress_at, 0.0)
