@@ -38,7 +38,6 @@ LONG_TESTS = {
     "test_browser.py": 1200,                                        # the app in its own process + Chromium
     "test_server_soak.py": 1800,                                    # 13 jobs in a row
     "test_server_fuzz.py": 1200,
-    "test_server_idle.py": 900,
     "test_server_survival.py": 900,
     "test_server_inputs.py": 900,
     "test_server_security.py": 900,
@@ -88,7 +87,7 @@ def long_test_limit(item) -> int | None:
 # the long one-test files last and undid this order).
 LONGEST_FILES = ("test_browser_ui.py", "test_farm.py", "test_kill_anywhere.py", "test_server_fuzz.py",
                  "test_rocm_probe.py", "test_server_abuse.py", "test_browser.py", "test_server_soak.py",
-                 "test_split.py", "test_one_queue.py", "test_compiled.py", "test_resume.py", "test_server_idle.py",
+                 "test_split.py", "test_one_queue.py", "test_compiled.py", "test_resume.py",
                  "test_browser_contrast.py", "test_browser_queue_line.py", "test_video.py", "test_newcomer.py",
                  "test_server_resume.py", "test_browser_follow.py", "test_queue_api.py", "test_rocm_verdicts.py",
                  "test_server_survival.py", "test_faults.py", "test_browser_lora.py", "test_clean_stop.py",

@@ -3,10 +3,17 @@ by fn_index, as a browser sends it (raw HTTP), and the documented API through gr
 huge, negative, NaN and infinite numbers, wrong types, huge strings, nested JSON, missing fields, malformed bodies,
 files of the wrong kind and size. For each call: a clear error or a valid answer within a bound. Afterwards: no
 thread of the app is left busy (thread CPU times from /proc), the app still makes a normal video, and nothing was
-written outside the outputs and temporary folders."""
+written outside the outputs and temporary folders.
+
+First, before any of that, the same app idles: it uses under 1 % of one core over 7 s with no job and no client
+(CPU time from /proc: a poll every 10 ms would cost several times that), and is back there a few seconds after a
+burst of 60 hostile live-hint calls (values that used to pin a core each). (This was test_server_idle.py, with an
+app of its own: one app started and stopped less.)"""
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,6 +29,7 @@ pytestmark = pytest.mark.slow
 ANSWER_S = 60                  # any call: an answer (valid or an error) within this
 LIVE_ANSWER_S = 5              # an un-queued live handler (hints, memory plan): far less in practice
 REPO_SKIP = (".venv", ".git", ".pytest_cache", ".hypothesis", "test-artifacts", "outputs")
+IDLE_SHARE_MAX = 0.01          # of one core, for an idle app
 HUGE_TEXT = "9" * 300_000
 HUGE_WORD = "x" * 1_000_000
 
@@ -67,6 +75,39 @@ def target(tmp_path_factory):
         assert status in (400, 413), status
         yield {"url": url, "proc": proc, "dirs": dirs, "root": root, "events": fz.events(url), "uploads": uploads,
                "repo_before": repo_before}
+
+
+def _share(pid: int, seconds: float) -> float:
+    before, t0 = fz.process_cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return (fz.process_cpu_seconds(pid) - before) / (time.monotonic() - t0)
+
+
+def test_idle_app_uses_no_cpu_before_and_after_a_burst_of_hostile_hints(target):
+    """Runs first in this module (pytest keeps file order): before any call but the fixture's uploads."""
+    url, proc = target["url"], target["proc"]
+    time.sleep(2)                                   # start-up work (first page build) settles
+    idle = _share(proc.pid, 7)
+    assert idle < IDLE_SHARE_MAX, f"idle app used {idle:.2%} of a core"
+
+    hints = next(e for e in target["events"] if e.name == "show_hints")
+    # the hint's inputs (ui/panel_controls.py hint_inputs): mode, end image, seconds, window, cfg, rescale,
+    # negative prompt, crf, teacache, steps, prompt (a timeline too), prompt blend, magcache, resolution, width,
+    # height
+    hostile = [[mode, None, seconds, window, 1, 0, "", 16, 0.15, steps, prompt, blend, 0, "1e400", -1, 10**30]
+               for mode in ("original", "f1")
+               for seconds in (120, 1200, 1e9, 1e308, "1e12", "nan", "9" * 5000)
+               for window in (1, 0.5, 33, -1, "1")
+               for steps, prompt, blend in ((25, "[0s: a cat] [2s: a dog] [1e300s: a bird]", 16),
+                                            ("1e400", "[0s: x] " * 500, "1e400"))]
+    calls = [hostile[(7 * i) % len(hostile)] for i in range(60)]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda data: fz.call(url, hints, data, timeout=30), calls))
+    assert len(answers) == 60 and all(a.seconds < 30 for a in answers)
+    assert any("is not between" in a.body or "⚠" in a.body for a in answers)   # the limit is explained
+    time.sleep(2)
+    after = _share(proc.pid, 6)
+    assert after < IDLE_SHARE_MAX, f"after the burst the app used {after:.2%} of a core"
 
 
 def _file_payloads(target) -> list:
