@@ -164,6 +164,19 @@ def tiny_f1():
 
 
 @pytest.fixture(scope="module")
+def one_torch_thread():
+    """PyTorch on one CPU thread while a test module runs, for the modules of tiny networks run many times
+    (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`): with the suite's two workers on two cores, more
+    threads only wait for each other (a tiny RIFE batch took 1.5 s on two threads of a busy machine, 0.05 s on one)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
 def saved(tiny_original, tmp_path_factory):
     """The tiny models saved where the real repos keep them (tests/model_helpers.py save_like_repos), for tests that
     load the real preset's way from files (a module may define its own `saved`)."""

@@ -10,13 +10,6 @@ from tests.server_helpers import job_info
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-@pytest.fixture()
-def client(server, tmp_path):
-    c = server.client(tmp_path / "downloads")
-    yield c
-    c.close()
-
-
 def test_a_timed_prompt_through_the_api(server, client, tmp_path):
     from gradio_client import handle_file
     from gradio_client.exceptions import AppError

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser_helpers import chromium, require_browser
+from tests.browser_helpers import require_browser
 
 pytestmark = pytest.mark.slow
 LAPTOP = {"width": 1280, "height": 780}
@@ -26,11 +26,6 @@ CONTRASTS_JS = """(selectors) => {
       && e.innerText.trim()).map(e => [sel, e.innerText.trim().slice(0, 40),
       ratio(rgb(getComputedStyle(e).color), behind(e))]));
 }"""
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from tests.browser_helpers import chromium, require_browser, wait_status
+from tests.browser_helpers import require_browser, wait_status
 from tests.server_helpers import ROOT, Gate, wait_for
 
 pytestmark = pytest.mark.slow
@@ -17,12 +17,6 @@ LAPTOP = {"width": 1280, "height": 780}
 PHONE = {"width": 390, "height": 844}
 
 expect = require_browser()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    yield from chromium()
 
 
 def _api_job(server, tmp_path, **values):

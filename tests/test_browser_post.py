@@ -15,18 +15,8 @@ import torch
 from tests.browser_helpers import open_newest_past_job, require_browser
 from video.mp4 import write_mp4
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]   # conftest: one thread
 expect = require_browser()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny networks on one CPU thread: with the suite's two workers on two cores, more threads only wait for
-    each other (a tiny RIFE batch took 1.5 s on two threads of a busy machine, 0.05 s on one)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 SERVER_MODE = "f1"          # conftest's `server`: the app on the tiny F1 models

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser_helpers import chromium, fill_job, require_browser, set_number
+from tests.browser_helpers import fill_job, require_browser, set_number
 from tests.browser_helpers import status as _status
 from tests.browser_helpers import wait_status as _wait_status
 from tests.server_helpers import ROOT, Gate, job_info, wait_for
@@ -26,12 +26,6 @@ DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
 
 expect = require_browser()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    yield from chromium()
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from gradio_client import handle_file
 
 from jobs import store as qs
 from pipeline.checkpoint import load_checkpoint
-from tests.browser_helpers import chromium, fill_job, require_browser
+from tests.browser_helpers import fill_job, require_browser
 from tests.conftest import ROOT
 from tests.kill_helpers import shared
 from tests.server_helpers import api_client, app_process, job_info, saved_image, wait_for
@@ -32,11 +32,6 @@ require_browser()
 LONG = dict(prompt="a lighthouse in a storm", seconds=4.8, steps=6, seed=12)     # 4 sections
 SECTIONS = 4
 SHORT = dict(seconds=1.2, steps=2)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from chromium()
 
 
 def _cli(*argv):

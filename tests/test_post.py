@@ -24,15 +24,7 @@ from post.steps import chunks, make_plan, parse_step, request_from
 from tests.post_helpers import pattern_video, video_shape
 from ui.sessions import Sessions
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny networks on one CPU thread: with the suite's two workers on two cores, more threads only wait for
-    each other (a tiny RIFE batch took 1.5 s on two threads of a busy machine, 0.05 s on one)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")      # conftest: the tiny networks on one thread
 
 
 

@@ -26,12 +26,7 @@ from tests.post_helpers import pattern_video, video_shape
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")      # conftest: the tiny networks on one thread
 
 
 @pytest.fixture(scope="module")
