@@ -179,7 +179,8 @@ def one_torch_thread():
 @pytest.fixture(scope="module")
 def saved(tiny_original, tmp_path_factory):
     """The tiny models saved where the real repos keep them (tests/model_helpers.py save_like_repos), for tests that
-    load the real preset's way from files (a module may define its own `saved`)."""
+    load the real preset's way from files (modules that need them saved otherwise name theirs for how: test_llama_trim's
+    `saved_bf16_llama`, test_repeat_job's `saved_in_load_dtypes`)."""
     from tests.model_helpers import save_like_repos
 
     root = tmp_path_factory.mktemp("models")

@@ -59,12 +59,12 @@ def run(request, components, outputs):
 
 
 def stopped_after_first_section(request, components, outputs):
-    """Run `request`, pressing End as soon as its first new section is saved (its decode begins): (job folder,
-    sections done at the stop)."""
+    """Run `request` (an extension, or a new job), pressing End as soon as its first new section is saved (its
+    decode begins): (job folder, sections done at the stop)."""
     cancel = CancelToken()
     events = []
     prepared = prepare(request, components.preset.default_resolution)
-    first_new = prepared.source.sections_done + 1
+    first_new = (prepared.source.sections_done if prepared.source is not None else 0) + 1
     for event in generate(prepared, components, cancel=cancel, outputs=outputs):
         events.append(event)
         if isinstance(event, Progress) and event.stage == "VAE decode" and event.section == first_new:

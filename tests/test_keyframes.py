@@ -18,14 +18,11 @@ import torch
 from common.errors import InputError
 from pipeline import keyframes as kf
 from pipeline import sections as sec
-from pipeline.cancel import CancelToken
 from pipeline.checkpoint import keyframe_latents, load_checkpoint
 from pipeline.denoiser import FramepackDenoiser
-from pipeline.events import Done, Progress
-from pipeline.orchestrator import generate
 from pipeline.request import Request, prepare
 from tests.conftest import make_image
-from tests.extend_helpers import assert_same, resumed, run
+from tests.extend_helpers import assert_same, resumed, run, stopped_after_first_section
 
 W = 9
 # 3.6 s at window 9, 30 fps: 3 sections of 1.2 s; their middles at 0.62, 1.82, 3.02 s (video order)
@@ -69,19 +66,6 @@ def images(tmp_path_factory):
     for name, seed in (("start.png", 1), ("middle.png", 2), ("late.png", 3)):
         make_image(96, 72, seed=seed).save(root / name)
     return root
-
-
-def stopped_after_first_section(request, components, outputs):
-    """Run `request`, pressing End as the first section's decode begins: (job folder, sections done)."""
-    cancel = CancelToken()
-    events = []
-    for event in generate(prepare(request, components.preset.default_resolution), components, cancel=cancel,
-                          outputs=outputs):
-        events.append(event)
-        if isinstance(event, Progress) and event.stage == "VAE decode" and event.section == 1:
-            cancel.cancel()
-    assert isinstance(events[-1], Done) and events[-1].stopped, events[-1]
-    return events[-1].job_dir, load_checkpoint(events[-1].job_dir)[1]["sections_done"]
 
 
 def _request(images, spec="[1.5s] {r}/middle.png [3s, 0.5] {r}/late.png", **more):

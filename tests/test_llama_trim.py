@@ -107,7 +107,8 @@ def test_trimming_twice_changes_nothing_and_a_packed_or_short_model_is_refused()
 
 # ---- real weights: the Llama saved as the real repo holds it (bfloat16 safetensors) --------------------------------
 @pytest.fixture(scope="module")
-def saved(tiny_original, tmp_path_factory):
+def saved_bf16_llama(tiny_original, tmp_path_factory):
+    """The tiny models saved like the real repos (as conftest's `saved`), the Llama then in bfloat16 as its repo holds it."""
     root = tmp_path_factory.mktemp("models")
     save_like_repos(tiny_original, root)                      # the Llama whole, in float32
     build_tiny_llama(TINY).to(torch.bfloat16).save_pretrained(root / HUNYUAN.text_encoder.repo / "text_encoder")
@@ -120,10 +121,10 @@ def _preset(llama_dtype: str):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])      # the file's dtype (raw bytes), and a conversion
-def test_real_weights_read_only_the_rows_and_layers_they_use(saved, dtype):
-    folder = saved / HUNYUAN.text_encoder.repo / "text_encoder"
+def test_real_weights_read_only_the_rows_and_layers_they_use(saved_bf16_llama, dtype):
+    folder = saved_bf16_llama / HUNYUAN.text_encoder.repo / "text_encoder"
     dt = getattr(torch, dtype)
-    c = load_components(_preset(dtype), "original", model_dir=saved)
+    c = load_components(_preset(dtype), "original", model_dir=saved_bf16_llama)
     llama = c.text_encoder
     emb = llama.embed_tokens
     assert isinstance(emb, FileEmbedding) and not list(emb.parameters()) and not list(emb.buffers())

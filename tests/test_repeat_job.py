@@ -33,7 +33,7 @@ OVERHEAD = GIB // 2                   # injected: the budget below is then exact
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
+def saved_in_load_dtypes(tmp_path_factory):
     """The tiny models in the real repos' layout, each saved in the dtype the real preset loads it in."""
     comps = load_components("tiny", "original")
     root = tmp_path_factory.mktemp("models")
@@ -52,9 +52,9 @@ def _frames_hash(last) -> str:
     return hashlib.sha256("".join(s["frames_sha256"] for s in info["sections"]).encode()).hexdigest()
 
 
-def test_the_same_job_twice_in_one_process_gives_the_same_video(saved, tmp_path, monkeypatch):
+def test_the_same_job_twice_in_one_process_gives_the_same_video(saved_in_load_dtypes, tmp_path, monkeypatch):
     monkeypatch.setenv("STEADYFRAME_PROMPT_CACHE", str(tmp_path / "prompts"))
-    comps = load_components(REAL_DTYPES, "original", model_dir=saved)
+    comps = load_components(REAL_DTYPES, "original", model_dir=saved_in_load_dtypes)
     assert comps.text_encoder.dtype == torch.float16 and comps.vae.dtype == torch.float16
     assert comps.image_encoder.dtype == torch.float16 and comps.transformer.dtype == torch.bfloat16
     tr = HostPack.of(comps.transformer)
