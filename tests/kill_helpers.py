@@ -19,7 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PRELOAD = ["torch", "diffusers", "transformers", "av", "PIL.Image", "numpy", "safetensors.torch",
-           "cli.commands", "pipeline.components", "pipeline.orchestrator", "pipeline.tiny", "pipeline.resume"]
+           "cli.commands", "pipeline.components", "pipeline.orchestrator", "pipeline.tiny", "pipeline.resume",
+           # the model classes, which those import only when a job needs them (the pre-flight's sizes, the tiny
+           # models): each child imported them again (diffusers' transformers package alone: 0.5-1 s per child)
+           "diffusers.models.transformers", "diffusers.models.autoencoders", "transformers.models.llama.modeling_llama",
+           "transformers.models.clip.modeling_clip", "transformers.models.siglip.modeling_siglip"]
 
 
 @dataclass(frozen=True)
