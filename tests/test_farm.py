@@ -247,14 +247,13 @@ def test_the_farm_benchmark_smoke_mode(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_the_app_with_cpu_workers_runs_api_and_batch_jobs_on_its_workers(tmp_path_factory):
+def test_the_app_with_cpu_workers_runs_api_and_batch_jobs_on_its_workers(image, tmp_path_factory):
     """`python app.py --preset tiny --cpu-workers 2`: two /video calls run side by side, each on its own worker; a
     CLI batch file given to the same outputs folder goes into the app's queue and runs on the same workers (the CLI
     builds its own farm with the same function, farm.executor.queue_executor, when no app runs the queue)."""
     from tests.cli_helpers import cli
-    from tests.server_helpers import api_client, api_job, app_process, job_info, saved_image
+    from tests.server_helpers import api_client, api_job, app_process, job_info
 
-    image = saved_image(tmp_path_factory, 96, 80, seed=4)
     outputs = tmp_path_factory.mktemp("app-farm")
     work = tmp_path_factory.mktemp("batch")
     make_image(96, 80, seed=3).save(work / "in.png")

@@ -23,7 +23,7 @@ from pipeline.checkpoint import load_checkpoint
 from tests.browser_helpers import fill_job, require_browser
 from tests.conftest import ROOT
 from tests.kill_helpers import shared
-from tests.server_helpers import api_client, app_process, job_info, saved_image, wait_for
+from tests.server_helpers import api_client, app_process, job_info, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -39,9 +39,7 @@ def _cli(*argv):
     return shared().start(*argv, "--preset", "tiny", "-q", cwd=ROOT, env=dict(os.environ))
 
 
-def test_jobs_from_every_door_finish_from_the_one_queue_after_the_app_is_killed(tmp_path, tmp_path_factory,
-                                                                                browser):
-    image = saved_image(tmp_path_factory, 96, 80, seed=4)
+def test_jobs_from_every_door_finish_from_the_one_queue_after_the_app_is_killed(tmp_path, image, browser):
     outputs = tmp_path / "out"
     batch = tmp_path / "jobs.jsonl"
     batch.write_text("".join(json.dumps({"image": str(image), "prompt": f"batch {n}", "seed": 20 + n, **SHORT}) + "\n"
