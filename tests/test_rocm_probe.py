@@ -13,6 +13,7 @@ from rocm.conv_fallback import ConvFallback
 from rocm.faults import Fault, FaultPlan
 from rocm.probe import HangProbe, ProbeJob
 from rocm.signature import ConvSignature
+from tests.server_helpers import wait_for
 
 SHAPE = (1, 4, 5, 8, 8)
 
@@ -271,4 +272,6 @@ def test_a_job_starts_the_probe_child_before_the_gpu_fills(tmp_path):
             with torch.no_grad(), fb.probing(True):
                 fb.conv3d(torch.randn(1, 4, frames, 8, 8), torch.randn(4, 4, 3, 3, 3), padding=1)
     assert [p["outcome"] for p in fb.stats().probes] == ["ok", "ok"]
-    assert len(probe.last_pids) == 1 and live_group_members(probe.last_pids[0]) == []   # one child, gone at the end
+    assert len(probe.last_pids) == 1                      # one child for the job's decodes, gone at the end (its group
+    wait_for(lambda: live_group_members(probe.last_pids[0]) == [], timeout=10,      # killed: its members may take
+             what="the probe child's process group to end")                        # a moment to end on a busy machine)
