@@ -123,7 +123,10 @@ def test_jobs_run_one_at_a_time_in_the_order_they_were_queued_and_waiting_ones_h
     assert done_at["a"] < started["b"] and done_at["b"] < started["c"]          # one at a time
     c_waits = [e for n, _, e in log if n == "c" and isinstance(e, Waiting)]
     assert c_waits and c_waits[0].ahead >= 1 and c_waits[0].wait_s is not None
-    assert c_waits[-1].ahead < c_waits[0].ahead or len(c_waits) == 1          # told again when its place changed
+    pairs = list(zip(c_waits, c_waits[1:]))
+    assert all(b.ahead <= a.ahead for a, b in pairs)                            # its place never goes back
+    assert all((a.ahead, a.wait_s) != (b.ahead, b.wait_s) for a, b in pairs)    # told again when its place or its
+                                                                                # expected wait changed, only then
 
 
 def test_missing_weights_and_loader_crashes_end_the_job_not_the_runner(tmp_path, tiny_original):
