@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser_helpers import fill_job, require_browser, set_number
+from tests.browser_helpers import PageTimeout, fill_job, require_browser, set_number
 from tests.browser_helpers import status as _status
 from tests.browser_helpers import wait_status as _wait_status
 from tests.server_helpers import ROOT, Gate, job_info, wait_for
@@ -561,8 +561,15 @@ def test_a_new_seed_for_each_job_then_delete_it_from_past_jobs(server, browser, 
         page.locator("#jobs-refresh").click()
         page.locator("#jobs-filter textarea, #jobs-filter input").first.fill(job.name)   # only this job
         page.wait_for_function("() => document.querySelectorAll('#jobs-gallery button.thumbnail-item').length == 1")
-        page.locator("#jobs-gallery button.thumbnail-item").first.click()
-        page.wait_for_function(f"() => document.querySelector('#job-details')?.innerText.includes('{job.name}')")
+        for attempt in range(4):        # a click on the tile before the filtered gallery replaced it selects nothing
+            page.locator("#jobs-gallery button.thumbnail-item").first.click()
+            try:
+                page.wait_for_function(
+                    f"() => document.querySelector('#job-details')?.innerText.includes('{job.name}')", timeout=20_000)
+                break
+            except PageTimeout:
+                if attempt == 3:
+                    raise
         page.locator("#delete-job-btn").click()
         expect(page.locator("#delete-job-note")).to_contain_text(f"Delete job {job.name}")
         assert job.is_dir()                                   # asked, not deleted
