@@ -152,6 +152,20 @@ def test_a_live_display_ends_showing_the_newest_values_of_a_busy_tab():
     assert wrapped(4, tab) == "4 s" and seen[-1] == 4
 
 
+def _tab_of(session):
+    """A request of tab `session` from this computer's address (the tabs of one address share its slots)."""
+    return types.SimpleNamespace(session_hash=session, username=None, client=types.SimpleNamespace(host="127.0.0.1"))
+
+
+def _slot_holder(inside: threading.Semaphore, release: threading.Event):
+    """A handler that says it runs (`inside`) and holds its slot until `release`."""
+    def other(x):
+        inside.release()
+        release.wait(10)
+        return x
+    return other
+
+
 def test_a_live_display_refused_for_its_addresss_slots_still_shows_the_newest_values():
     """Issue 44 (a second tab's load took the address's quick slots while the first tab's seconds changed, and its
     hints kept the old plan: 'never said 8 sections'): a tab's hint call refused because another tab of the same
@@ -162,21 +176,14 @@ def test_a_live_display_refused_for_its_addresss_slots_still_shows_the_newest_va
     guard = HandlerGuard(limit=8, per_session=1)
     inside, release = threading.Semaphore(0), threading.Event()
 
-    def other(x):                                    # the other tab's call that holds the address's slot
-        inside.release()
-        release.wait(10)
-        return x
+    other = _slot_holder(inside, release)             # the other tab's call that holds the address's slot
 
-    def tab_of(session):
-        return types.SimpleNamespace(session_hash=session, username=None,
-                                     client=types.SimpleNamespace(host="127.0.0.1"))
-
-    holder = threading.Thread(target=guard.wrap(other, lambda: "busy"), args=(1, tab_of("b")))
+    holder = threading.Thread(target=guard.wrap(other, lambda: "busy"), args=(1, _tab_of("b")))
     holder.start()
     assert inside.acquire(timeout=10)
     hint = guard.wrap(lambda seconds: f"{seconds} s", lambda: "busy", latest_wins=True)
     answer = []
-    first = threading.Thread(target=lambda: answer.append(hint(9.6, tab_of("a"))))
+    first = threading.Thread(target=lambda: answer.append(hint(9.6, _tab_of("a"))))
     first.start()
     first.join(0.3)
     assert first.is_alive() and not answer          # waiting for the address's slot, not answered busy
@@ -185,17 +192,17 @@ def test_a_live_display_refused_for_its_addresss_slots_still_shows_the_newest_va
     holder.join(10)
     assert answer == ["9.6 s"] and guard.refused == 0
     release.clear()
-    holder = threading.Thread(target=guard.wrap(other, lambda: "busy"), args=(1, tab_of("b")))
+    holder = threading.Thread(target=guard.wrap(other, lambda: "busy"), args=(1, _tab_of("b")))
     holder.start()
     assert inside.acquire(timeout=10)
     old, guard_module.LATEST_WAIT_S = guard_module.LATEST_WAIT_S, 0.2
     try:
-        assert hint(4.8, tab_of("a")) == "busy"      # the slot stayed taken: refused after the wait
+        assert hint(4.8, _tab_of("a")) == "busy"      # the slot stayed taken: refused after the wait
     finally:
         guard_module.LATEST_WAIT_S = old
         release.set()
         holder.join(10)
-    assert hint(2.4, tab_of("a")) == "2.4 s"
+    assert hint(2.4, _tab_of("a")) == "2.4 s"
 
 
 def test_a_live_display_refused_after_its_wait_asks_again_by_itself():
@@ -209,15 +216,7 @@ def test_a_live_display_refused_after_its_wait_asks_again_by_itself():
 
     guard = HandlerGuard(limit=8, per_session=1)
     inside, release = threading.Semaphore(0), threading.Event()
-
-    def other(x):
-        inside.release()
-        release.wait(10)
-        return x
-
-    def tab_of(session):
-        return types.SimpleNamespace(session_hash=session, username=None,
-                                     client=types.SimpleNamespace(host="127.0.0.1"))
+    other = _slot_holder(inside, release)
 
     with gr.Blocks() as app:
         seconds = gr.Number(9.6)
@@ -229,19 +228,19 @@ def test_a_live_display_refused_after_its_wait_asks_again_by_itself():
     assert len(ticks) == 1 and [o._id for o in ticks[0].outputs] == [shown._id, timers[0]._id]
     call = ticks[0].fn
 
-    holder = threading.Thread(target=guard.wrap(other, lambda: "busy"), args=(1, tab_of("b")))
+    holder = threading.Thread(target=guard.wrap(other, lambda: "busy"), args=(1, _tab_of("b")))
     holder.start()
     assert inside.acquire(timeout=10)
     old, guard_module.LATEST_WAIT_S = guard_module.LATEST_WAIT_S, 0.2
     try:
-        skipped, timer = call(4.8, tab_of("a"))         # refused after its wait: the display keeps what it has ...
+        skipped, timer = call(4.8, _tab_of("a"))         # refused after its wait: the display keeps what it has ...
         assert timer.active is True                      # ... and its tab's timer will ask again
         assert skipped == gr.skip()
     finally:
         guard_module.LATEST_WAIT_S = old
         release.set()
         holder.join(10)
-    text, timer = call(4.8, tab_of("a"))                 # the tick once the slot is free: answered, timer off
+    text, timer = call(4.8, _tab_of("a"))                 # the tick once the slot is free: answered, timer off
     assert text == "4.8 s" and timer.active is False
 
 
