@@ -63,11 +63,32 @@ def api_client(url: str, downloads: Path | None = None, **kw):
     CA bundle: about 20 ms of CPU) though no request here uses TLS: 255 contexts, 5 s of CPU, in test_queue_api.py
     and test_api_features.py alone. One context, made once, is handed to every request instead (gradio_client
     passes `ssl_verify` on to httpx as `verify`; a context there is used as it is)."""
-    from gradio_client import Client
-
     if downloads is not None:
         kw["download_files"] = str(downloads)
-    return Client(url, verbose=False, ssl_verify=_tls_context(), **kw)
+    return settled_client_class()(url, verbose=False, ssl_verify=_tls_context(), **kw)
+
+
+@functools.cache
+def settled_client_class():
+    """gradio_client's Client, less a race of its own (gradio_client 2.7): once a call has completed and nothing else
+    is pending, the server closes the session's stream; a call sent before the client's reader has read that close
+    is filed under the closing reader, which then cancels it (`CancelledError`, though the server ran the call: a
+    CI run lost a /queue_remove so). Each call here first lets a stream about to close finish closing (at most 5 s),
+    so the next one opens a stream of its own."""
+    from gradio_client import Client
+
+    class SettledClient(Client):
+        def send_data(self, data, hash_data, protocol, request_headers):
+            end = time.monotonic() + 5
+            while time.monotonic() < end:
+                with self.pending_lock:
+                    closing = self.stream_open and not self.pending_event_ids
+                if not closing:
+                    break
+                time.sleep(0.01)
+            return super().send_data(data, hash_data, protocol, request_headers)
+
+    return SettledClient
 
 
 def tiny_runner(outputs: Path, components, cap_gb: float = 20, **config):

@@ -11,7 +11,7 @@ import pytest
 from gradio_client import handle_file
 
 from jobs import store as qs
-from tests.server_helpers import Gate, job_info, wait_for
+from tests.server_helpers import Gate, job_info, settled_client_class, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -145,6 +145,7 @@ def test_the_readmes_queue_example_runs_against_the_app(server, client, image, t
         exported = qs.Path(client.predict(api_name="/queue_export"))     # an exported queue names its own copies
         (tmp_path / "waiting.jsonl").write_text(exported.read_text())   # the README imports what it exported
         monkeypatch.chdir(tmp_path)
+        monkeypatch.setattr("gradio_client.Client", settled_client_class())     # less gradio_client's own race
         names: dict = {}
         exec(_readme_example().replace("http://127.0.0.1:7860/", server.url), names)      # noqa: S102
         jobs, after = names["jobs"], listing(client)
