@@ -319,3 +319,140 @@ def test_a_strength_slider_for_every_lora_in_the_box():
     shown = [u for u in panel_lora.slots(box) if u.get("visible")]
     assert len(shown) == LORA.max_count and shown[-1]["label"] == f"l{LORA.max_count - 1}.safetensors strength"
     assert panel_lora.moved(LORA.max_count - 1, 1.5, box).endswith(f"l{LORA.max_count - 1}.safetensors:1.5")
+
+
+# ---- values Studio (or a hand-edited file) holds that SteadyFrame cannot take: reported, never guessed -------------
+
+def test_values_that_are_not_what_the_key_holds_are_reported_and_left_out():
+    lora_max = studio.LORA.max_count
+    meta = {"prompt": 5, "seed": True, "steps": "thirty", "cfg": "inf", "gs": "12", "model_type": "Hunyuan",
+            "resolutionW": "wide", "cache_type": "FooCache", "has_input_image": "False", "latent_type": "Purple",
+            "loras": {"a,b": 1.0, **{f"l{i}": 0.5 for i in range(lora_max + 1)}}}
+    got = studio.from_metadata(meta)
+    unmapped = dict(got.unmapped)
+    assert unmapped["prompt"] == "not text (int)" and "prompt" not in got.settings
+    assert unmapped["seed"] == "'True' is not a whole number"          # a bool is no seed
+    assert unmapped["steps"] == "'thirty' is not a whole number" and unmapped["cfg"] == "'inf' is not a number"
+    assert got.settings["gs"] == 12.0                                  # a number written as text is a number
+    assert unmapped["model_type"] == "'Hunyuan' is not a model type SteadyFrame knows (Original, F1 …)"
+    assert "mode" not in got.settings
+    assert unmapped["resolutionW"] == "'wide' is not a number" and "resolution" not in got.settings
+    assert unmapped["cache_type"] == "'FooCache' is not MagCache, TeaCache or None"
+    assert "teacache" not in got.settings and "magcache" not in got.settings
+    # no start image and a latent Studio does not have: no "start from" is guessed, the key is said
+    assert "start_from" not in got.settings and unmapped["latent_type"].startswith("not one of Studio's starting")
+    assert unmapped["loras.a,b"] == "a name with ',' cannot be written in the LoRAs field"
+    assert unmapped[f"loras.l{lora_max}"] == f"more than {lora_max} LoRAs; SteadyFrame takes at most {lora_max}"
+    assert got.settings["loras"].count(".safetensors:0.5") == lora_max
+    xy = studio.from_metadata({"prompt": "p", "seed": 1, "model_type": "XY Plot", "loras": ["a"]})
+    assert dict(xy.unmapped)["model_type"].startswith("an XY plot (a grid of jobs)")
+    assert dict(xy.unmapped)["loras"] == "not a mapping of LoRA names to weights"
+
+
+def test_cache_thresholds_studio_s_default_and_a_size_already_on_the_table():
+    tea = studio.from_metadata({"prompt": "p", "seed": 1, "model_type": "F1", "use_teacache": "True",
+                                "teacache_num_steps": "None", "resolutionW": 512})
+    assert tea.settings["teacache"] == 0.15 and tea.settings["magcache"] == 0.0      # Studio's default threshold
+    assert not tea.notes and not tea.unmapped          # 512 is on Studio's table: no rounding said, nothing lost
+    assert tea.settings["resolution"] == 512
+    mag = studio.from_metadata({"prompt": "p", "seed": 1, "model_type": "F1", "cache_type": "MagCache",
+                                "magcache_max_consecutive_skips": "None"})
+    assert mag.settings["magcache"] == 0.1 and not mag.unmapped       # an empty PNG chunk "None" is no value
+
+
+def test_a_png_that_is_broken_after_its_signature_is_refused(tmp_path):
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(studio.PNG_SIGNATURE + b"\x00" * 40)
+    with pytest.raises(InputError) as e:
+        studio.import_file(broken)
+    assert e.value.field == studio.FIELD and "is not a readable PNG" in e.value.message
+
+
+def test_the_command_line_notes_a_missing_start_image_and_an_image_given_to_a_text_job(tmp_path, capsys):
+    assert studio_cli.main([str(_json(tmp_path))]) == 0
+    out, err = capsys.readouterr()
+    assert "note: no start image; add --image start.png" in err and "image" not in json.loads(out)
+    start = tmp_path / "start.png"
+    assert studio_cli.main([str(_json(tmp_path, T2V, name="t2v.json")), "--image", str(start)]) == 0
+    out, err = capsys.readouterr()
+    assert "note: Studio's job had no start image; with --image it starts from that image instead" in err
+    line = json.loads(out)
+    assert line["image"] == str(start.resolve())                    # an image job now: no latent, no no-image size
+    assert not {"start_from", "width", "height"} & set(line)
+
+
+# ---- Studio queue exports that cannot be imported, and the files a job needs ----------------------------------------
+
+def _zip(path: Path, members: dict[str, bytes]) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return path
+
+
+@pytest.mark.parametrize("members, words", [
+    ({"notes.txt": b"hi"}, "holds no queue.json: not a FramePack-Studio queue export"),
+    ({"queue.json": b"{not json"}, "its queue.json is not JSON"),
+    ({"queue.json": b'{"j1": {"hello": 1}}'}, "is not a FramePack-Studio queue (a JSON object of jobs by id"),
+])
+def test_a_zip_that_is_not_a_studio_queue_export_is_refused(tmp_path, members, words):
+    path = _zip(tmp_path / "export.zip", members)
+    assert studio.is_queue_export(path)                          # a zip: the reader decides, and says why
+    with pytest.raises(InputError) as e:
+        studio.read_queue(path, tmp_path / "copies")
+    assert e.value.field == studio.FIELD and words in e.value.message
+
+
+def test_a_damaged_zip_an_oversized_queue_and_a_missing_file_are_refused(tmp_path, monkeypatch):
+    path = _zip(tmp_path / "export.zip", {"queue.json": json.dumps({"j1": STUDIO}).encode()})
+    data = bytearray(path.read_bytes())
+    central = data.rindex(b"PK\x01\x02")
+    data[central:central + 4] = b"XXXX"                         # the central directory's magic broken
+    path.write_bytes(bytes(data))
+    with pytest.raises(InputError, match="is not a readable zip"):
+        studio.read_queue(path, tmp_path)
+    monkeypatch.setattr(studio, "QUEUE_JSON_MAX_BYTES", 100)
+    big = tmp_path / "queue.json"
+    big.write_text(json.dumps({"j1": STUDIO}))
+    assert not studio.is_queue_export(big)                      # too large to be looked at
+    assert not studio.is_queue_export(tmp_path / "missing.json")
+    with pytest.raises(InputError, match="is larger than 0 MB: not a Studio queue"):
+        studio.read_queue(big, tmp_path)
+    zipped = _zip(tmp_path / "big.zip", {"queue.json": json.dumps({"j1": STUDIO}).encode()})
+    with pytest.raises(InputError, match="queue.json is larger than 0 MB"):
+        studio.read_queue(zipped, tmp_path)
+
+
+def test_end_images_videos_and_the_jobs_bound_of_a_queue_export(tmp_path, monkeypatch):
+    copies = tmp_path / "copies"
+    copies.mkdir()
+    image = tmp_path / "x.png"
+    Image.new("RGB", (16, 16)).save(image)
+    base = dict(STUDIO, loras={})
+    queue = {
+        "e1": {**base, "model_type": "Original with Endframe"},      # its end image not in the export: a note
+        "v1": {**base, "model_type": "Video", "input_video": "C:\\clips\\walk.mp4"},
+        "v2": {**base, "model_type": "Video F1", "input_video": "gone.mp4"},     # its video not in the export
+        "b1": {**base, "model_type": "F1"},                                      # its image too large: left out
+    }
+    members = {"queue.json": json.dumps(queue).encode(), "input_files/walk.mp4": b"\x00video",
+               "queue_images/b1_input.png": b"\x00" * 2048, "queue_images/v2_input.png/": b""}
+    for job_id in ("e1", "v1", "v2"):
+        members[f"queue_images/{job_id}_input.png"] = image.read_bytes()
+    monkeypatch.setattr(studio, "IMAGE_MAX_BYTES", 1024)
+    got = studio.read_queue(_zip(tmp_path / "export.zip", members), copies)
+    jobs = {job.id: job for job in got.jobs}
+    assert set(jobs) == {"e1", "v1"}
+    assert set(jobs["e1"].files) == {"image"} and jobs["e1"].files["image"].read_bytes() == image.read_bytes()
+    assert "queue_images/e1_end_frame.png: not in the export; the job runs without an end image" in \
+        jobs["e1"].imported.notes
+    assert jobs["v1"].files["input_video"].read_bytes() == b"\x00video"          # the copy, under a name of ours
+    assert jobs["v1"].values()["input_video"] == str(jobs["v1"].files["input_video"])
+    skipped = dict(got.skipped)
+    assert skipped["v2"] == "its video (input_files/gone.mp4) is not in the export; add the job by hand"
+    assert skipped["b1"] == "its start image (queue_images/b1_input.png) is not in the export; add the job by hand"
+    monkeypatch.setattr(studio, "QUEUE_MAX_JOBS", 1)
+    bounded = studio.read_queue(_zip(tmp_path / "export2.zip", members), tmp_path / "copies")
+    assert [job.id for job in bounded.jobs] == ["e1"] and ("…", "3 more jobs than 1: left out") in bounded.skipped
