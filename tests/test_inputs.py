@@ -158,3 +158,34 @@ def test_bad_input_is_refused_before_a_job_folder_exists(tiny_original, tmp_path
     with pytest.raises(InputError, match="^image: file not found"):
         run_job(Request(image=tmp_path / "missing.png", prompt="x"), tiny_original, out)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("kwargs, field, needle", [
+    ({"source_job": "20250101-120000-ab12"}, "job to extend", "give the job's folder as the video to extend"),
+    ({"image": None, "start_from": "noise", "input_video": "clip.mp4"}, "start from",
+     "extending a video starts from its last frame: choose start from 'image'"),
+    ({"loop": "on", "input_video": "clip.mp4"}, "loop", "extending a video does not loop"),
+    ({"loop": "on", "end_image": "end.png"}, "loop", "a loop ends at its start image, which is its end frame"),
+    ({"start_from": "black"}, "start from", "remove the start image, or choose start from 'image' to use it"),
+    ({"image": None, "start_from": "white", "end_image": "end.png"}, "end image",
+     "text-to-video has no start image to pair an end frame with"),
+])
+def test_settings_that_contradict_each_other_are_refused_before_any_file_is_read(good_png, kwargs, field, needle):
+    """The combinations a job cannot run: each refused naming the field that decides, before an image or a video
+    is opened (the paths above do not exist)."""
+    err = _error(Request(**{"image": good_png, **kwargs}))
+    assert err.field == field and needle in err.message
+
+
+def test_settings_values_that_are_not_a_job_are_named():
+    from pipeline.request import canonical, shown
+
+    with pytest.raises(InputError, match="the settings must be a mapping"):
+        Request.from_mapping(["image", "a.png"])
+    with pytest.raises(InputError) as e:
+        canonical({"latent_window": 9, "window": 5})               # one control under two spellings
+    assert e.value.field == "latent window" and "given twice, as 'latent_window' and 'window'" in e.value.message
+    assert shown(10 ** 70) == "a number with more than 60 digits" and shown({"a": 1}) == "a dict"
+    assert shown("x" * 500).endswith("…") and len(shown("x" * 500)) == 60
+    with pytest.raises(InputError, match="text is required, got int"):
+        prepare(Request(image="a.png", prompt=5), 64)
