@@ -349,3 +349,119 @@ def test_post_lines_pass_the_doors_and_queue_add(tmp_path, source, capsys):
     assert "'interpolate=2'" in capsys.readouterr().out
     (entry,) = qs.QueueStore.open(out)[0].entries()
     assert entry.settings["kind"] == "post" and entry.settings["sources"] == [str(tmp_path / "clip.mp4")]
+
+
+def _original_esrgan_names(state: dict, blocks: int) -> dict:
+    """BasicSR's RRDBNet names as the original ESRGAN repository saved them (`model.0`, `model.1.sub.N.RDBK.convJ.0`,
+    `model.1.sub.<blocks>` for the trunk's last convolution, `model.3/6/8/10` for the upsampling tail)."""
+    tail = {"conv_up1": "model.3", "conv_up2": "model.6", "conv_hr": "model.8", "conv_last": "model.10"}
+    out = {}
+    for key, value in state.items():
+        head, _, param = key.rpartition(".")
+        if key.startswith("body."):
+            _, n, rdb, conv, param = key.split(".")
+            out[f"model.1.sub.{n}.RDB{rdb[-1]}.{conv}.0.{param}"] = value
+        elif head == "conv_first":
+            out[f"model.0.{param}"] = value
+        elif head == "conv_body":
+            out[f"model.1.sub.{blocks}.{param}"] = value
+        else:
+            out[f"{tail[head]}.{param}"] = value
+    return out
+
+
+def test_an_original_esrgan_file_runs_as_the_same_network_and_misfits_are_refused():
+    spec = esrgan.UpscalerSpec("RRDBNet", 4, 8, 2, 4)
+    torch.manual_seed(3)
+    reference = esrgan.build(spec).eval()
+    original = _original_esrgan_names(reference.state_dict(), spec.blocks)
+    model, found = esrgan.upscaler_from_state({"state_dict": {f"module.{k}": v for k, v in original.items()}})
+    assert found == spec                                  # the old names, wrapped and DataParallel-prefixed
+    x = torch.rand(1, 3, 6, 6)
+    with torch.no_grad():
+        assert torch.equal(model(x), reference(x))        # the same weights in the same places
+    refused = {
+        "a scale other than 4": {k: v for k, v in original.items() if not k.startswith("model.10.")},
+        "with an unknown key 'model.2.weight'": {**original, "model.2.weight": torch.zeros(1)},
+        "holds no tensors by name": {"params": {"conv_first.weight": [1, 2]}},
+        "an RRDBNet with 5 input channels (known: 3, 12, 48)": {
+            **reference.state_dict(), "conv_first.weight": torch.zeros(8, 5, 3, 3)},
+        "a compact VGG-style file with an output that is not 3·scale² channels": {
+            "body.0.weight": torch.zeros(4, 3, 3, 3), "body.1.weight": torch.zeros(4),
+            "body.2.weight": torch.zeros(10, 4, 3, 3)},
+        "RRDBNet-like file that does not fit it: missing ['conv_up1.weight'": {
+            k: v for k, v in reference.state_dict().items() if not k.startswith("conv_up1.")},
+    }
+    for words, state in refused.items():
+        with pytest.raises(esrgan.UnknownArchitecture) as e:
+            esrgan.upscaler_from_state(state)
+        assert words in str(e.value), words
+
+
+@pytest.mark.parametrize("text, words", [
+    ("reverse=2", "reverse takes no value"), ("speed", "speed needs a value (e.g. speed=1.5)"),
+    ("trim=nan:2", "trim start: 'nan' is not a finite number"), ("loop=99", "loop=99: choose 1 to"),
+    ("interpolate=fps:500", "interpolate=fps:500: choose 1 to"), ("faces=3", "faces=3: choose a strength from"),
+])
+def test_more_bad_steps_say_what_the_step_takes(text, words):
+    with pytest.raises(InputError) as e:
+        parse_step(text)
+    assert e.value.field == "steps" and words in e.value.message
+
+
+def test_every_step_reads_back_as_the_text_it_came_from():
+    for text in ("trim=0.5:3", "speed=1.5", "reverse", "pingpong", "loop=3", "interpolate=2",
+                 "interpolate=4:rife.safetensors", "interpolate=fps:60", "upscale=2:x4.pth", "faces=0.7",
+                 "faces=1:GFPGANv1.3.pth"):
+        assert parse_step(text).text() == text
+    assert parse_step("faces").text() == "faces=1"                      # the default strength, said
+
+
+@pytest.mark.parametrize("values, field, words", [
+    ({"steps": "reverse"}, "video", "give the video to work on"),
+    ({"source": "a.mp4", "steps": "upscale=2 upscale=4"}, "steps", "upscale is given twice; give it once"),
+    ({"source": "a.mp4", "steps": "reverse", "export": "avi"}, "export", "'avi' is not a format; choose one of"),
+    ({"source": "a.mp4"}, "steps", "nothing to do: give at least one step, another export format"),
+    ({"source": "a.mp4", "steps": "reverse", "frame": "last"}, "frame", "frame and crf must be whole numbers"),
+    ({"source": "a.mp4", "steps": "reverse", "crf": 60}, "crf", "60 is outside 0–51"),
+])
+def test_a_post_request_that_cannot_run_is_refused_naming_the_field(values, field, words):
+    with pytest.raises(InputError) as e:
+        request_from(values)
+    assert e.value.field == field and words in e.value.message
+
+
+def test_relative_sources_are_relative_to_the_jobs_file_and_too_many_frames_are_refused(tmp_path):
+    request = request_from({"sources": ["a.mp4", str(tmp_path / "b.mp4")], "steps": "loop=2"}, base=tmp_path)
+    assert request.sources == (tmp_path / "a.mp4", tmp_path / "b.mp4")
+    with pytest.raises(InputError, match="leaves no frames"):
+        make_plan(request_from({"source": "x", "steps": "trim=5:6"}), [10], Fraction(30), 8, 8)
+    with pytest.raises(InputError, match="more than .*; loop less or interpolate less"):
+        make_plan(request_from({"source": "x", "steps": "loop=2 interpolate=4"}), [3000], Fraction(30), 8, 8)
+
+
+def test_an_upscaler_file_of_another_scale_or_changed_since_queued_fails_the_job_with_its_record(tmp_path, source):
+    import json
+
+    from pipeline.events import Failed
+
+    folders = _folders(tmp_path, tiny=False)
+    folders.upscalers.mkdir()
+    model_file = folders.upscalers / "x4.safetensors"
+
+    def save(scale: int, seed: int) -> None:
+        torch.manual_seed(seed)
+        state = esrgan.build(esrgan.UpscalerSpec("RRDBNet", scale, 8, 1, 4)).state_dict()
+        save_file({k: v.contiguous() for k, v in state.items()}, str(model_file))
+
+    save(4, 0)
+    checked = prepare({"source": str(source), "steps": "upscale=2:x4.safetensors"}, folders)   # a known file
+    assert checked.models["upscaler"]["file"] == "x4.safetensors"
+    end = _run(checked, tmp_path / "out", folders)[-1]
+    assert isinstance(end, Failed) and "upscales ×4, not ×2; choose upscale=4 or another file" in end.message
+    info = json.loads((end.job_dir / "job.json").read_text())
+    assert info["status"] == "failed" and "upscales ×4, not ×2" in info["error"]
+    save(2, 1)                                               # replaced after the job was checked and queued
+    end = _run(checked, tmp_path / "out2", folders)[-1]
+    assert isinstance(end, Failed) and "x4.safetensors changed since the job was queued (sha256" in end.message
+    assert json.loads((end.job_dir / "job.json").read_text())["status"] == "failed"
