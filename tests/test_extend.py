@@ -213,3 +213,36 @@ def test_cli_extends_a_video_and_names_the_option_on_bad_input(tmp_path):
     assert r.returncode == 2 and "--mode" in r.stderr and "F1 mode only" in r.stderr
     r = cli("generate", "--preset", "tiny", "--prompt", "waves", "--out", out)
     assert r.returncode == 2 and "--image: missing" in r.stderr and "video to extend" in r.stderr
+
+
+def _job_folder(tmp_path, name: str, **info):
+    folder = tmp_path / name
+    folder.mkdir()
+    record = {"status": "done", "settings": {"mode": "f1", "latent_window": W, "fps": 30}, **info}
+    (folder / "job.json").write_text(json.dumps(record))
+    return folder
+
+
+def test_a_job_folder_that_cannot_be_continued_is_refused_saying_what_to_do_instead(tmp_path):
+    """A job folder continues from its saved latents only when it is a finished F1 job of the same window and rate
+    with its latents and video: each other case is said (naming the field), before any model loads."""
+    cases = [
+        (_job_folder(tmp_path, "running", status="running"), "video",
+         "the job is 'running', not finished", "Resume it first"),
+        (_job_folder(tmp_path, "original", settings={"mode": "original", "latent_window": W}), "video",
+         "the job was made in 'original' mode; only F1 jobs continue from their latents", "final.mp4 as a video"),
+        (_job_folder(tmp_path, "fps24", settings={"mode": "f1", "latent_window": W, "fps": 24}), "fps",
+         "is at 24 fps; extend it at the same rate", ""),
+        (_job_folder(tmp_path, "bare"), "video", "the job has no saved latents or no video",
+         "Extend its video file instead"),
+    ]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "job.json").write_text("{not json")
+    cases.append((broken, "video", "job.json cannot be read (", ""))
+    for folder, field, words, advice in cases:
+        e = _refusal(tmp_path, folder)
+        assert (e.field, folder.name) == (field, folder.name) and words in e.message, (folder.name, e.message)
+        assert advice in str(e)
+    e = _refusal(tmp_path, _job_folder(tmp_path, "f1job"), mode="original")       # the original mode: a video only
+    assert e.field == "mode" and "continues from its saved latents in F1 mode only" in e.message

@@ -189,3 +189,28 @@ def test_settings_values_that_are_not_a_job_are_named():
     assert shown("x" * 500).endswith("…") and len(shown("x" * 500)) == 60
     with pytest.raises(InputError, match="text is required, got int"):
         prepare(Request(image="a.png", prompt=5), 64)
+
+
+def test_arrays_bytes_and_folders_as_images(tmp_path):
+    """The Python API takes an array or bytes as well as a path: a float array in 0–1 is scaled, a gray one
+    kept, a shape that is no image refused; bytes that are no image are named "the uploaded data"."""
+    unit = np.full((64, 64, 3), 0.2, np.float32)
+    unit[0, 0] = 1.0
+    assert np.asarray(load_image(unit))[:2, 0].tolist() == [[255, 255, 255], [51, 51, 51]]
+    assert load_image(np.full((64, 64, 1), 7, np.uint8)).getpixel((0, 0)) == (7, 7, 7)
+    with pytest.raises(InputError, match=r"must be H×W, H×W×3 or H×W×4, not \(64, 64, 2\)"):
+        load_image(np.zeros((64, 64, 2), np.uint8))
+    with pytest.raises(InputError) as e:
+        load_image(b"GIF89a not an image we decode")
+    assert "the uploaded data is not a PNG, JPEG or WebP image" in e.value.message
+    with pytest.raises(InputError, match="is not a file"):
+        load_image(tmp_path)
+    cut = tmp_path / "cut.png"
+    data = (tmp_path / "full.png")
+    make_image(96, 80).save(data)
+    cut.write_bytes(data.read_bytes()[:200])                        # a PNG that breaks off
+    with pytest.raises(InputError, match="is not a readable image \\(damaged or cut short\\)"):
+        load_image(cut)
+    from pipeline.images import header_pixels
+
+    assert header_pixels(data) == 96 * 80 and header_pixels(tmp_path / "nowhere.png") == 0
