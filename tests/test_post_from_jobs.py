@@ -92,3 +92,28 @@ def test_the_page_wires_the_button_to_the_post_panel():
     assert deps and [c for c in deps[0]["outputs"]] == [panel.job._id, panel.upload._id, panel.accordion._id,
                                                           panel.status._id]
     assert deps[0]["inputs"] == [ui.selected_job._id]
+
+
+def test_the_panels_post_request_names_what_is_missing_or_unfinished(outputs, tmp_path):
+    """The page's and the API's values as a post request (ui/panel_post.py post_request): a finished job's final
+    video, or a video uploaded; both, neither, an unfinished job or another user's job refused naming the field."""
+    from common.errors import InputError
+    from tests.conftest import uploaded
+    from tests.post_helpers import pattern_video
+    from ui.panel_post import post_request
+
+    out, done, stopped = outputs
+    owners = Access.of([("alice", "a"), ("bob", "b")])
+    request = post_request({"job_id": done, "steps": ["reverse"], "export": "gif"}, out, owners, "alice")
+    assert [p.resolve() for p in request.sources] == [(out / done / "final.mp4").resolve()]
+    assert request.source_job == done and request.export == "gif"
+    clip = uploaded(pattern_video(tmp_path / "clip.mp4", frames=4))
+    assert post_request({"video": clip, "steps": "loop=2"}, out, owners, "alice").source_job == ""
+    refused = [({"job_id": done, "video": clip, "steps": "reverse"}, "alice", "video", "not both"),
+               ({"steps": "reverse"}, "alice", "video", "pick a finished job or upload a video"),
+               ({"job_id": stopped, "steps": "reverse"}, "alice", "job", "has no finished video yet"),
+               ({"job_id": done, "steps": "reverse"}, "bob", "job", "")]
+    for values, user, field, words in refused:
+        with pytest.raises(InputError) as e:
+            post_request(values, out, owners, user)
+        assert e.value.field == field and words in e.value.message, e.value.message
