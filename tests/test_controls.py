@@ -199,3 +199,20 @@ def test_readme_table_lists_every_control():
         if c.option:
             assert f"`{c.option}`" in table
     assert control("seconds").limits == (1.0, 120.0) and "| 1–120 |" in table
+
+
+def test_the_readme_command_prints_and_writes_the_table(tmp_path, capsys):
+    from configs import readme as readme_cli
+
+    assert readme_cli.main([]) == 0
+    assert capsys.readouterr().out.strip() == markdown_table().strip()
+    old = tmp_path / "README.md"
+    old.write_text(f"# Title\n{README_BEGIN}\n| an old table |\n{README_END}\nthe rest\n", "utf-8")
+    assert readme_cli.main(["--write", str(old)]) == 0
+    assert capsys.readouterr().out.strip() == f"{old}: updated"
+    text = old.read_text("utf-8")
+    assert markdown_table() in text and "an old table" not in text and text.endswith("the rest\n")
+    assert readme_cli.main(["--write", str(old)]) == 0
+    assert capsys.readouterr().out.strip() == f"{old}: up to date" and old.read_text("utf-8") == text
+    with pytest.raises(ValueError, match="the README has no .* block"):
+        readme_with_table("# a README without the markers")
