@@ -169,10 +169,6 @@ def governing_keyframes(times, mode: str, window: int, count: int, fps: int) -> 
     return out
 
 
-def image_paths(keyframes) -> list[Path]:
-    return [Path(k.image).expanduser() for k in keyframes]
-
-
 def check_request(settings: dict) -> tuple[Keyframe, ...]:
     """The request checks' hook (pipeline/request.py): the keyframes checked against this request's plan."""
     if not (settings.get("keyframes") or "").strip():

@@ -456,3 +456,27 @@ def test_end_images_videos_and_the_jobs_bound_of_a_queue_export(tmp_path, monkey
     monkeypatch.setattr(studio, "QUEUE_MAX_JOBS", 1)
     bounded = studio.read_queue(_zip(tmp_path / "export2.zip", members), tmp_path / "copies")
     assert [job.id for job in bounded.jobs] == ["e1"] and ("…", "3 more jobs than 1: left out") in bounded.skipped
+
+
+def test_a_studio_queue_with_no_job_steadyframe_can_run_adds_nothing_and_exits_2(tmp_path, capsys):
+    from cli import queue as cli_queue
+    from jobs.store import QueueStore
+
+    export = tmp_path / "studio"
+    (export / "queue_images").mkdir(parents=True)
+    Image.new("RGB", (80, 64)).save(export / "queue_images" / "j1_input.png")
+    refused_prompt = "a calm lake [0s: a] [2s: b]"              # imported (with a note), refused by the pre-flight
+    queue = {"j1": {**STUDIO, "loras": {}, "prompt": refused_prompt, "total_second_length": 3, "status": "pending",
+                    "saved_input_image_path": "queue_images/j1_input.png"},
+             "j2": {**STUDIO, "loras": {}, "status": "failed"}}
+    (export / "queue.json").write_text(json.dumps(queue))
+    outputs = tmp_path / "outputs"
+    assert cli_queue.main(["add", str(export / "queue.json"), "--outputs", str(outputs), "--preset", "tiny"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "studio: j1: left out: prompt: " in err and "studio: j2: left out: failed in Studio" in err
+    assert "error: Studio settings: no job of queue.json can be added (see above)" in err
+    store, _ = QueueStore.open(outputs)
+    try:
+        assert store.entries() == []
+    finally:
+        store.close()
