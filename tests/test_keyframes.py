@@ -183,3 +183,19 @@ def test_reuse_settings_gives_the_keyframes_the_job_folder_kept(first):
     assert [(k.time, k.strength) for k in items] == [(1.5, 1.0), (3.0, 0.5)]
     assert all(Path(k.image).is_file() and Path(k.image).read_bytes() == (done.job_dir / f"keyframe_{i}.png")
                .read_bytes() for i, k in enumerate(items, 1))
+
+
+def test_more_malformed_keyframes_are_said_and_left_to_the_check_by_the_batch_readers(tmp_path):
+    many = " ".join(f"[{t}s] k{t}.png" for t in range(1, kf.MAX_KEYFRAMES + 2))
+    for bad, words in [("[1s, x] a.png", "the strength 'x' is not a number from 0 to 1"),
+                       (5, "must be text, like [2.5s] middle.png"),
+                       ("[1s] a.png ]x", "']x': write each keyframe as [time] file"),
+                       (many, f"{kf.MAX_KEYFRAMES + 1} keyframes; at most {kf.MAX_KEYFRAMES}")]:
+        with pytest.raises(InputError) as e:
+            kf.parse(bad)
+        assert e.value.field == "keyframes" and words in e.value.message, e.value.message
+    assert kf.parse(None) == ()
+    # a batch line's keyframes: relative to its file's folder when they parse, else kept for the check to explain
+    assert kf.relative_to("[1s] a.png", tmp_path) == f"[1s] {tmp_path / 'a.png'}"
+    assert kf.relative_to("[1s, x] a.png", tmp_path) == "[1s, x] a.png"
+    assert kf.split_ends({"keyframes": "[1s, x] a.png"}, 5.0) == {}
