@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from common.errors import InputError
 from common.units import GIB
+from configs.lora import LORA
 from memory.hostpack import HostPack
 from memory.manager import MemoryManager
 from pipeline import lora
@@ -107,6 +108,30 @@ def test_parse_spec():
         lora.parse_spec("a.safetensors:2.5")
     with pytest.raises(InputError, match="'x' is not a strength"):
         lora.parse_spec("a.safetensors:x")
+    assert lora.parse_spec(None) == () and lora.parse_spec(r"C:\\loras\\a.safetensors")[0].strength == 1.0
+    assert lora.parse_spec("dir/v1:2/a.safetensors") == (lora.LoraChoice("dir/v1:2/a.safetensors", 1.0),)
+    for bad, words in [(5, "text like 'style.safetensors:0.8' is required, got int"),
+                       ("a" * (LORA.max_text_chars + 1), f"{LORA.max_text_chars + 1} characters; the setting may "
+                                                         f"have at most {LORA.max_text_chars}"),
+                       (", ".join(f"l{i}.safetensors" for i in range(LORA.max_count + 1)),
+                        f"{LORA.max_count + 1} LoRAs; at most {LORA.max_count} at once"),
+                       ("a.safetensors:nan", "strength nan is out of range")]:
+        with pytest.raises(InputError) as e:
+            lora.parse_spec(bad)
+        assert e.value.field == "LoRAs" and words in e.value.message, e.value.message
+
+
+def test_a_clients_loras_are_names_of_the_folders_list(tmp_path):
+    (tmp_path / "style.safetensors").write_bytes(b"")
+    lora.names_only("style.safetensors:0.5")
+    lora.listed_only("style.safetensors:0.5", tmp_path)
+    for path in ("../style.safetensors", "/etc/style.safetensors", "~/style.safetensors", "sub\\style.safetensors"):
+        with pytest.raises(InputError, match="name a file of the LoRA folder .* not a path"):
+            lora.names_only(path)
+    with pytest.raises(InputError) as e:
+        lora.listed_only("other.safetensors", tmp_path)
+    assert "'other.safetensors' is not in the LoRA folder's list" in e.value.message
+    assert str(tmp_path) not in str(e.value)                   # a client never sees the folder's path
 
 
 # ---- refusals -----------------------------------------------------------------------------------------------------
