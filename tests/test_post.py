@@ -465,3 +465,19 @@ def test_an_upscaler_file_of_another_scale_or_changed_since_queued_fails_the_job
     end = _run(checked, tmp_path / "out2", folders)[-1]
     assert isinstance(end, Failed) and "x4.safetensors changed since the job was queued (sha256" in end.message
     assert json.loads((end.job_dir / "job.json").read_text())["status"] == "failed"
+
+
+def test_the_benchmarks_arithmetic_floor_is_what_the_networks_compute():
+    """benchmarks/post_steps.py divides by `flop_per_frame`: it must be the convolutions the network runs (counted
+    op by op), for every ESRGAN-family layout and for RIFE at a size the interpolation pads to."""
+    from tests.post_helpers import conv_flops
+
+    torch.manual_seed(0)
+    for spec in (esrgan.UpscalerSpec("RRDBNet", 4, 8, 1, 4), esrgan.UpscalerSpec("RRDBNet", 2, 8, 2, 4),
+                 esrgan.UpscalerSpec("RRDBNet", 1, 8, 1, 4), esrgan.UpscalerSpec("SRVGGNetCompact", 4, 8, 2)):
+        model = esrgan.build(spec).eval()
+        assert conv_flops(model, torch.rand(1, 3, 16, 24)) == esrgan.flop_per_frame(spec, 16, 24), spec
+    net = rife.tiny_ifnet()
+    side = rife.ALIGN
+    assert conv_flops(net, torch.rand(1, 3, side, 2 * side), torch.rand(1, 3, side, 2 * side), 0.5) == \
+        rife.flop_per_frame(net, side, 2 * side)

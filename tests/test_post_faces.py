@@ -21,7 +21,7 @@ from post.job import PostFolders, prepare, run_post
 from post.modelfiles import LOADERS, ModelRef, check_file
 from post.process import FACE_TEMPLATE, restore_faces, similarity
 from post.steps import parse_step, request_from
-from tests.post_helpers import pattern_video, video_shape
+from tests.post_helpers import conv_flops, pattern_video, video_shape
 
 CPU = torch.device("cpu")
 
@@ -246,3 +246,12 @@ def test_faces_too_small_to_restore_are_left_alone():
     kept = facedetect.find_faces(net, frame, CPU)
     assert any(f.box[2] - f.box[0] < 20 for f in everything) and kept
     assert all(np.linalg.norm(p[0] - p[1]) >= facedetect.EYES_MIN_PX for p in kept)
+
+
+def test_the_benchmarks_arithmetic_floor_of_a_face_is_what_the_face_model_computes():
+    """benchmarks/post_steps.py's bound for the face step divides by `flop_per_face`: within 1 % of the
+    convolutions the model runs on one face (counted op by op, its modulated convolutions included)."""
+    model = faces.tiny_face_model()
+    side = faces.TINY.size
+    counted = conv_flops(model, torch.rand(1, 3, side, side))
+    assert counted == pytest.approx(faces.flop_per_face(faces.TINY), rel=0.01)
