@@ -89,3 +89,24 @@ def test_a_port_in_use_is_named_with_the_apps_own_option():
         assert problem.startswith(f"--port {port}: cannot listen") and "leave --port out" in problem
         assert "GRADIO_SERVER_PORT" not in problem and "server_port" not in problem
     assert port_problem("127.0.0.1", port) is None and port_problem("127.0.0.1", None) is None
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--temp-max-age", "0"], "--temp-max-age: must be at least 1 second"),
+    (["--host-ram-gb", "0"], "--host-ram-gb: must be more than 0"),
+    (["--port", "0"], "--port: must be between 1 and 65535"),
+    (["--auth", "a:1", "--admin", "b"], "--admin: 'b' is not a user of --auth; give --auth b:PASSWORD too"),
+])
+def test_bad_arguments_say_which_option_and_why_in_one_line(argv, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_outputs_inside_a_file_is_refused_naming_the_file(tmp_path, capsys):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    with pytest.raises(SystemExit):
+        parse_args(["--outputs", str(a_file / "outputs")])
+    assert f"--out: {a_file} is a file, not a folder; give a folder" in capsys.readouterr().err

@@ -481,3 +481,23 @@ def test_the_benchmarks_arithmetic_floor_is_what_the_networks_compute():
     side = rife.ALIGN
     assert conv_flops(net, torch.rand(1, 3, side, 2 * side), torch.rand(1, 3, side, 2 * side), 0.5) == \
         rife.flop_per_frame(net, side, 2 * side)
+
+
+def test_a_source_that_is_no_usable_video_is_refused_naming_the_file(tmp_path):
+    from post.frames import probe
+
+    junk = tmp_path / "junk.mp4"
+    junk.write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"garbage" * 50)
+    sound = tmp_path / "sound.m4a"
+    with av.open(str(sound), "w") as c:
+        s = c.add_stream("aac", rate=16000)
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+        frame.sample_rate = 16000
+        for p in [*s.encode(frame), *s.encode()]:
+            c.mux(p)
+    for path, words in ((junk, "junk.mp4 could not be read as a video"), (sound, "sound.m4a has no video stream")):
+        with pytest.raises(InputError) as e:
+            probe(path)
+        assert e.value.field == "video" and words in str(e.value)
+    with pytest.raises(InputError, match="junk.mp4 could not be read as a video"):
+        prepare({"source": str(junk), "steps": "reverse"}, _folders(tmp_path))     # the pre-flight says it too

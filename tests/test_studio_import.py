@@ -347,6 +347,8 @@ def test_values_that_are_not_what_the_key_holds_are_reported_and_left_out():
     xy = studio.from_metadata({"prompt": "p", "seed": 1, "model_type": "XY Plot", "loras": ["a"]})
     assert dict(xy.unmapped)["model_type"].startswith("an XY plot (a grid of jobs)")
     assert dict(xy.unmapped)["loras"] == "not a mapping of LoRA names to weights"
+    untyped = studio.from_metadata({"prompt": "p", "seed": 1, "model_type": "None"}, kind="png")    # a PNG's "None"
+    assert "mode" not in untyped.settings and "model_type" not in dict(untyped.unmapped)
 
 
 def test_cache_thresholds_studio_s_default_and_a_size_already_on_the_table():
