@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -280,3 +281,41 @@ def test_the_writer_is_niced_only_where_a_gpu_is_fed():
     assert ENCODING.for_device("cuda").writer_nice == ENCODING.writer_nice > 0
     assert ENCODING.for_device("cpu").writer_nice == 0
     assert ENCODING.for_device("cpu").x264_params == ENCODING.x264_params
+
+
+def test_the_writer_refuses_what_would_make_a_broken_file(tmp_path):
+    from video.mp4 import decoded_frames, encode_segment, read_metadata, write_segments
+
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (3, 32, 48, 3), dtype=np.uint8)
+    for bad, words in (({"frames": frames, "crf": 99}, "crf: 99 is outside"),
+                       ({"frames": frames.astype(np.float32)}, "frames must be T×H×W×3 uint8"),
+                       ({"frames": frames[:0]}, "frames must be T×H×W×3 uint8 (T ≥ 1)")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            encode_segment(bad.pop("frames"), **bad)
+    with pytest.raises(ValueError, match="no segments to write"):
+        write_segments([], tmp_path / "none.mp4")
+    one, other_size = encode_segment(frames), encode_segment(frames[:, :16])
+    with pytest.raises(ValueError, match="different stream headers"):
+        write_segments([one, other_size], tmp_path / "mixed.mp4")
+    with pytest.raises(ValueError, match="is not on the time base"):
+        write_segments([one, one], tmp_path / "rate.mp4", fps=7)         # 3 frames at 7 fps: no whole tick
+    assert not any(tmp_path.glob("*.mp4*"))                              # nothing half-written is left
+    path = write_segments([one, one], tmp_path / "ok.mp4", metadata={"title": "t", "comment": {"seed": 1}})
+    assert decoded_frames(path) == 6 and read_metadata(path)["comment"] == '{"seed": 1}'      # a value not text: JSON
+
+
+def test_the_cross_fade_and_the_loop_seam_refuse_clips_they_cannot_join():
+    import torch
+
+    from video.blend import soft_append
+    from video.loop import seam_blend
+
+    a, b = torch.zeros(1, 3, 4, 2, 2), torch.ones(1, 3, 2, 2, 2)
+    assert torch.equal(soft_append(a, b, 0), torch.cat([a, b], dim=2))          # no overlap: joined as they are
+    with pytest.raises(ValueError, match="cannot cross-fade 3 frames between clips of 4 and 2 frames"):
+        soft_append(a, b, 3)
+    with pytest.raises(ValueError, match="need T×H×W×3 uint8 frames"):
+        seam_blend(np.zeros((4, 2, 2, 3), np.float32))
+    one = np.full((1, 2, 2, 3), 9, np.uint8)
+    assert np.array_equal(seam_blend(one), one)                                   # one frame: nothing to blend
