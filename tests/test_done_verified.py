@@ -104,3 +104,29 @@ def test_a_damaged_checkpoint_is_named_with_the_file_to_delete_before_the_models
     r = cli("resume", job, "-q")
     assert r.returncode == 0, r.stderr
     assert finished_video(job) == job / "final.mp4"
+
+
+def test_an_older_record_without_hashes_is_checked_by_its_frame_counts(tmp_path):
+    """A record from before the hashes (frames only) is checked by decoding: the right count passes, a wrong count
+    or a file that does not decode is named; a record naming no final video, or other section names, too."""
+    import numpy as np
+
+    from pipeline.jobs import incomplete, result_of
+    from video.mp4 import write_mp4
+
+    frames = np.zeros((5, 16, 16, 3), np.uint8)
+    write_mp4(frames, tmp_path / "final.mp4")
+    write_mp4(frames[:3], tmp_path / "section_01.mp4")
+    (tmp_path / "section_02.mp4").write_bytes(b"not a video")
+    info = {"status": "done", "final": "final.mp4", "frames": 5,
+            "videos": ["section_01.mp4", "section_02.mp4", "section_xx.mp4", "../outside.mp4", 7],
+            "sections": [{"section": 1, "frames": 4}, {"section": 2, "frames": 3}, "junk"]}
+    problems = incomplete(tmp_path, info)
+    assert problems[0] == "section_01.mp4 is damaged (3 frames decode, 4 were written)"
+    assert problems[1].startswith("section_02.mp4 is damaged (it cannot be decoded: ") and len(problems) == 2
+    assert incomplete(tmp_path, {**info, "final": "../final.mp4", "videos": []}) == ["its record names no final video"]
+    assert incomplete(tmp_path, {"final": "final.mp4", "sections": [{"section": 1, "frames": 5}]}) == []
+    (tmp_path / "job.json").write_text(json.dumps({**info, "videos": [], "frames": True}))
+    assert result_of(tmp_path) == (tmp_path / "final.mp4", 0)       # a count that is no count: none
+    (tmp_path / "job.json").write_text(json.dumps({"final": "gone.mp4", "frames": 9}))
+    assert result_of(tmp_path) == (None, 9)
