@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -81,7 +82,9 @@ class ComponentCache:
                 self._cache.clear()
                 gc.collect()
             log.info("loading the %s models for mode %s", self.preset.name, mode)
+            t0 = time.perf_counter()
             components = self._loader(self.preset, mode, self.model_dir)
+            log.info("the %s models for mode %s loaded in %.1f s", self.preset.name, mode, time.perf_counter() - t0)
             if self.fp8_compute:
                 from pipeline.compiled import use_fp8_compute
 

@@ -10,7 +10,7 @@ that is deleted. A helper loads its own copy of the models for each job (the que
 each GPU has its own VRAM cap.
 
 A job ends the same way on every process: done or stopped, the first process says so and the others finish
-(pipeline/split.py `finish`); when a helper dies or fails mid-job, the job fails with a message naming its GPU, the
+(pipeline/split.py `finish`) and all leave the group together (NCCL's destroy is collective); when a helper dies or fails mid-job, the job fails with a message naming its GPU, the
 other helpers are ended and the group is dropped; the job folder keeps its finished sections and resumes like any
 other (on the GPUs there are then: a split again, or one GPU).
 
@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -119,8 +120,34 @@ def _leave_group(abort: bool = False) -> None:
         dist.destroy_process_group()
 
 
-def helper_main(rank: int, size: int, port: int, device, config: Config, work: Work) -> None:
+def terminal_level() -> int:
+    """The level this process's terminal shows (the lowest of the root logger's handlers that write to stderr or
+    stdout; WARNING where none does): what a helper process shows on the same terminal."""
+    root = logging.getLogger()
+    levels = [max(h.level, root.level) for h in root.handlers
+              if type(h) is logging.StreamHandler and h.stream in (sys.stderr, sys.stdout)]
+    return min(levels, default=logging.WARNING)
+
+
+def _helper_logging(level: int, device) -> None:
+    """A helper's log lines on the terminal of the process that started it, each naming its device (a spawned
+    process starts with no logging set up: its stage lines, "transformer: … resident" and the models' loading time
+    would be lost)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(level)           # on the handler: a job raises its own loggers to INFO (pipeline/logcapture.py)
+    handler.setFormatter(logging.Formatter(helper_log_format(device), datefmt="%H:%M:%S"))
+    logging.basicConfig(level=level, handlers=[handler])
+
+
+def helper_log_format(device) -> str:
+    """A helper's log line: the command line's (cli/log.py), its device after the level."""
+    return f"%(asctime)s %(levelname)s [{device}] %(name)s: %(message)s"
+
+
+def helper_main(rank: int, size: int, port: int, device, config: Config, work: Work,
+                log_level: int = logging.WARNING) -> None:
     """A helper process: join the group, load the models, run the same job into a temporary folder."""
+    _helper_logging(log_level, device)
     models = models_for(config, device)
     split = _join_group(rank, size, port, device, _heads(models, work))
     code = 0
@@ -185,7 +212,7 @@ def run_split(devices: list, config: Config, work: Work, heads: int, leader, wat
 
     size, port = len(devices), _free_port()
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=helper_main, args=(r, size, port, devices[r], config, work),
+    procs = [ctx.Process(target=helper_main, args=(r, size, port, devices[r], config, work, terminal_level()),
                          name=f"split-{r}", daemon=True) for r in range(1, size)]
     for p in procs:
         p.start()
@@ -204,6 +231,14 @@ def run_split(devices: list, config: Config, work: Work, heads: int, leader, wat
     except Exception as e:       # the group could not form (a helper died at its start)
         log.error("split job: %s", e, exc_info=True)
         ending = Failed(f"the split job could not start on {size} devices: {str(e).splitlines()[0][:200]}")
+    polite = isinstance(ending, Done) and helpers.lost is None
+    if polite and split is not None:
+        split.finish()           # stopped or done: the helpers end their copy of the job and leave the group
+        # leave with them, before waiting for their exit: NCCL's destroy is collective (each process's returns
+        # when all have called it), so a helper waits in its own until this one's; waiting for its exit first
+        # held every split job's end for the 60 s below (measured on 2 H200s, BENCHMARKS.md). The watcher still
+        # watches meanwhile: a helper that dies now aborts this wait.
+        _leave_group()
     helpers.stop_watching()
     if helpers.lost is not None and not isinstance(ending, Done):
         rank, code = helpers.lost
@@ -211,11 +246,9 @@ def run_split(devices: list, config: Config, work: Work, heads: int, leader, wat
                         f"its finished sections: resume it (on the GPUs there are now)",
                         ending.detail if isinstance(ending, Failed) else "",
                         getattr(ending, "job_dir", None), getattr(ending, "partial_video", None))
-    polite = isinstance(ending, Done) and helpers.lost is None
-    if polite and split is not None:
-        split.finish()           # stopped or done: the helpers end their copy of the job
+    polite = polite and helpers.lost is None
     helpers.end(wait_s=60.0 if polite else 0.0)
-    _leave_group(abort=not polite)
+    _leave_group(abort=not polite)           # (nothing left to do where the group was left above)
     yield ending
 
 

@@ -135,7 +135,8 @@ def _events_until(events, predicate):
             return
 
 
-def test_killed_helper_fails_the_job_and_the_resume_finishes_it(tmp_path):
+def test_killed_helper_fails_the_job_and_the_resume_finishes_it(tmp_path, monkeypatch):
+    import jobs.split as split_mod
     from configs.runtime import Config
     from jobs.local import Work
     from jobs.models import ComponentCache
@@ -173,8 +174,17 @@ def test_killed_helper_fails_the_job_and_the_resume_finishes_it(tmp_path):
     assert load_checkpoint(job_dir)[1]["sections_done"] >= 1
     assert json.loads((job_dir / "job.json").read_text())["status"] == "failed"
 
+    # the resume ends politely: this process leaves the group before it waits for the helpers' exit (NCCL's
+    # destroy is collective: a helper waits in its own for this one's; the other order held each job's end 60 s)
+    order: list[str] = []
+    leave, end = split_mod._leave_group, split_mod._Helpers.end
+    monkeypatch.setattr(split_mod, "_leave_group", lambda abort=False: (order.append(f"leave abort={abort}"),
+                                                                        leave(abort))[1])
+    monkeypatch.setattr(split_mod._Helpers, "end", lambda self, wait_s: (order.append("wait for the helpers"),
+                                                                          end(self, wait_s))[1])
     resumed = list(executor.run(Work("e1", resuming=prepare_resume(job_dir)), CancelToken()))
     assert isinstance(resumed[-1], Done) and not resumed[-1].stopped, resumed[-1]
+    assert order[:2] == ["leave abort=False", "wait for the helpers"], order
     info = json.loads((job_dir / "job.json").read_text())
     assert info["status"] == "done" and (job_dir / "final.mp4").is_file()
 
