@@ -203,48 +203,50 @@ class JobRun:
         with capture_logs() as logs:
             self._logs = logs
             error, detail = None, ""
-            try:
-                # LoRA files read and checked against the transformer before the job folder and any stage
-                self.loras = lora.load_set(self.request.loras, self.lora_dir, self.models.transformer)
-                self._open_job()
-                self.job.owner = self.cancel.may_write      # a runner that lost the queue's lease writes no more
-                if self.on_open is not None:
-                    self.on_open(self.job)
-                yield Started(self.job.dir, resumed=self.strategy.resumed)
-                for w in self.prepared.warnings:
-                    yield LogLine("warning", w)
-                r = self.request
-                log.info("job %s: %d section(s) of %d latent frames at %dx%d, %s mode, %s sampler, seed %d",
-                         self.job.id, self.plan.count, self.plan.window, self.prepared.width, self.prepared.height,
-                         r.mode, r.sampler, r.seed)
-                yield from self.drained()
-                # stage trims scan only what the job made (rocm/allocator.py); on ROCm the hang probe's child starts
-                # now, while the GPU is empty, and stays warm for the job's VAE decodes
-                with rocm.job_heap(), self.fallback.warm_probe(self.device):
-                    yield from self._run()
-                status = "done"
-            except JobStopped:
-                status = "stopped"
-                if self.cancel.lost and self._job is not None:     # another process runs it now: no more writes
-                    self.job.detach()
-            except Exception as e:  # the job fails; the process (and the server around it) keeps going
-                log.error("job failed: %s", e, exc_info=True, extra={"terminal": False})     # the command says it
-                status, error, detail = "failed", e, traceback.format_exc()
-            if status == "done":
-                yield self.progress(FINISHING, self.plan.count, self.request.steps, "writing the last video file")
-            try:
-                yield from self._written(wait=True)   # the section files still being written
-            except Exception as e:
-                log.error("writing the video failed: %s", e, exc_info=True, extra={"terminal": False})
-                if error is None:
+            # every trim of the job scans only what it made, and its end gives the heap back (rocm/allocator.py)
+            with rocm.job_heap():
+                try:
+                    # LoRA files read and checked against the transformer before the job folder and any stage
+                    self.loras = lora.load_set(self.request.loras, self.lora_dir, self.models.transformer)
+                    self._open_job()
+                    self.job.owner = self.cancel.may_write      # a runner that lost the queue's lease writes no more
+                    if self.on_open is not None:
+                        self.on_open(self.job)
+                    yield Started(self.job.dir, resumed=self.strategy.resumed)
+                    for w in self.prepared.warnings:
+                        yield LogLine("warning", w)
+                    r = self.request
+                    log.info("job %s: %d section(s) of %d latent frames at %dx%d, %s mode, %s sampler, seed %d",
+                             self.job.id, self.plan.count, self.plan.window, self.prepared.width, self.prepared.height,
+                             r.mode, r.sampler, r.seed)
+                    yield from self.drained()
+                    # on ROCm the hang probe's child starts now, while the GPU is empty, and stays warm for the job's
+                    # VAE decodes
+                    with self.fallback.warm_probe(self.device):
+                        yield from self._run()
+                    status = "done"
+                except JobStopped:
+                    status = "stopped"
+                    if self.cancel.lost and self._job is not None:     # another process runs it now: no more writes
+                        self.job.detach()
+                except Exception as e:  # the job fails; the process (and the server around it) keeps going
+                    log.error("job failed: %s", e, exc_info=True, extra={"terminal": False})     # the command says it
                     status, error, detail = "failed", e, traceback.format_exc()
-            if status == "done" and self._job is not None and not self._job.writable():
-                status = "stopped"                     # the lease went while the job ended: the taker finishes it
-            ending = self._fail(error, detail) if error is not None else self._finish(status)
-            error = None                               # (its traceback holds the failed stage's tensors)
-            self.memory.release_parked("the job ended")
-            rocm.trim("after the job", host=True)      # now that a failure's traceback (and what it held) is gone
-            log.info("host RSS after the job: %.1f MiB (freed memory given back)", host_rss_bytes() / MIB)
+                if status == "done":
+                    yield self.progress(FINISHING, self.plan.count, self.request.steps, "writing the last video file")
+                try:
+                    yield from self._written(wait=True)   # the section files still being written
+                except Exception as e:
+                    log.error("writing the video failed: %s", e, exc_info=True, extra={"terminal": False})
+                    if error is None:
+                        status, error, detail = "failed", e, traceback.format_exc()
+                if status == "done" and self._job is not None and not self._job.writable():
+                    status = "stopped"                     # the lease went while the job ended: the taker finishes it
+                ending = self._fail(error, detail) if error is not None else self._finish(status)
+                error = None                               # (its traceback holds the failed stage's tensors)
+                self.memory.release_parked("the job ended")
+                rocm.trim("after the job", host=True)      # now that a failure's traceback (and what it held) is gone
+                log.info("host RSS after the job: %.1f MiB (freed memory given back)", host_rss_bytes() / MIB)
             yield from self.drained()
             if status == "done":      # what this job measured, for the next one's ETA (pipeline/eta.py)
                 self.remaining.keep(self.models.warm, self.prepared.height * self.prepared.width,

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+import rocm
 from common.errors import InputError, JobStopped, WeightsNotFound
 from common.files import atomic_copy, atomic_write_bytes, file_sha256
 from configs.presets import get_preset
@@ -232,7 +233,7 @@ def run_post(checked: CheckedPost, memory, *, cancel=None, outputs: Path, folder
         models = {k: m.to(dtype_for(device, k)) for k, m in loaded.items()}
         interp, detector, face, upscaler = (models.get(k) for k in MODEL_KINDS)
         done, ran, t_first = 0, 0, time.monotonic()
-        with memory.stage("post", **models):
+        with rocm.job_heap(), memory.stage("post", **models):      # its trim scans only what the job made
             for n, (start, end) in enumerate(parts):
                 path = job.dir / CHUNKS_DIR / f"{n:05d}.mp4"
                 if path.is_file():

@@ -22,18 +22,35 @@ def test_the_heap_is_frozen_inside_the_block_and_given_back_whatever_ends_it():
     assert gc.get_freeze_count() == 0
 
 
-def test_a_jobs_stage_trims_scan_only_the_job_and_the_job_end_trim_everything(tiny_original, tmp_path, monkeypatch):
+def test_a_jobs_trims_scan_only_the_job_and_a_full_pass_ends_a_job_every_30_s(tiny_original, tmp_path, monkeypatch):
+    """Every trim of a job (its stages', its end's) leaves the old heap frozen; the heap given back at its end is
+    collected whole when the last full pass is 30 s old (or there was none): not after a job right behind another."""
+    from rocm import allocator
+
     seen = []
     collect = gc.collect
+    clock = [1000.0]
 
     def recording(*args, **kwargs):
         seen.append(gc.get_freeze_count())
         return collect(*args, **kwargs)
 
     monkeypatch.setattr(gc, "collect", recording)
-    _, last = run_job(Request(image=make_image(), prompt="a fox", seconds=1, steps=2, seed=1), tiny_original,
-                      tmp_path)
-    assert isinstance(last, Done)
-    stage_trims, job_end = seen[:-1], seen[-1]
-    assert len(stage_trims) >= 5 and all(n > 0 for n in stage_trims)    # encoders, transformer, decode: frozen
-    assert job_end == 0                                                 # the job-end trim sees the whole heap
+    monkeypatch.setattr(allocator, "_last_full_pass", None)
+    monkeypatch.setattr(allocator, "_clock", lambda: clock[0])
+
+    def job(seed):
+        seen.clear()
+        _, last = run_job(Request(image=make_image(), prompt="a fox", seconds=1, steps=2, seed=seed), tiny_original,
+                          tmp_path / str(seed))
+        assert isinstance(last, Done)
+        return list(seen)
+
+    first = job(1)
+    trims, full = first[:-1], first[-1]
+    assert len(trims) >= 6 and all(n > 0 for n in trims)     # encoders, transformer, decode, the job's end: frozen
+    assert full == 0                                          # then the whole heap, once
+    clock[0] += allocator.FULL_PASS_EVERY_S - 1
+    assert all(n > 0 for n in job(2))                         # a job right behind it: no full pass
+    clock[0] += 1
+    assert job(3)[-1] == 0                                    # 30 s after the last one: a full pass again
