@@ -257,3 +257,27 @@ def test_the_lora_box_checks_names_of_the_lora_folder_only(tmp_path):
     missing = checked("latents.safetensors:1", "original", check, folder)
     assert "not in the LoRA folder's list" in missing and str(tmp_path) not in missing and looked == []
     assert checked("style.safetensors:0.5", "original", check, folder).startswith("✓") and looked == ["style.safetensors:0.5"]
+
+
+def test_a_job_id_to_extend_is_looked_up_by_the_apps_doors_only_and_alone(tmp_path):
+    """The command line's door has no job ids (it takes the job's folder); a client's door takes one job to extend,
+    not a job and a video or an image besides."""
+    with pytest.raises(InputError) as e:
+        jd.admitted({"source_job": "20250101-000000-abc123", "prompt": "x"}, jd.LOCAL)
+    assert e.value.field == "job to extend" and "the command line takes the job's folder" in e.value.message
+    door = doors.client(Access(), None, tmp_path)
+    make_image().save(tmp_path / "start.png")
+    image = uploaded(tmp_path / "start.png")
+    with pytest.raises(InputError, match="give one of a job to extend, a video to extend or a start image"):
+        jd.admitted({"source_job": "20250101-000000-abc123", "image": image}, door)
+
+
+def test_a_jobs_file_with_no_job_is_refused_whole():
+    from jobs.jsonl import read_lines
+
+    with pytest.raises(InputError) as e:
+        read_lines("# my jobs\n\n   \n", door=jd.LOCAL)
+    assert e.value.field == "jobs file" and e.value.message.startswith("no job in it; each line must be a JSON")
+    with pytest.raises(InputError) as e:
+        read_lines('{"prompt": "a"}\n{"prompt": \n', door=jd.LOCAL)                # the first bad line, by number
+    assert e.value.field == "line 2" and e.value.message.startswith("not JSON (")
