@@ -127,3 +127,23 @@ def test_video_buffer_equals_blending_everything_in_float(mode):
         full = sec.join_video(plan, full, part)
         assert len(buffer) == full.shape[2] == plan.video_frames_after(s)
     np.testing.assert_array_equal(buffer.frames(), pixels_to_frames(full))
+
+
+@pytest.mark.parametrize("args, words", [
+    (("F1", 5.0, 9), "mode: 'F1' is not one of 'original', 'f1'"),
+    (("f1", True, 9), "seconds: a number is required, got True"),
+    (("f1", "five", 9), "seconds: 'five' is not a number"),
+    (("f1", float("nan"), 9), "seconds: nan is not between"),
+    (("original", 5.0, 9.5), "latent window: 9.5 is not a whole number between"),
+])
+def test_a_plan_of_values_beyond_the_limits_is_refused_naming_the_field(args, words):
+    with pytest.raises(ValueError) as e:
+        sec.make_plan(*args)
+    assert str(e.value).startswith(words), str(e.value)
+
+
+def test_frames_after_a_section_that_is_not_in_the_plan_is_an_index_error():
+    plan = sec.make_plan("original", 5.0, 9)
+    assert plan.frames_after(plan.count - 1) == plan.total_frames
+    with pytest.raises(IndexError, match=f"section {plan.count} of a {plan.count}-section plan"):
+        plan.frames_after(plan.count)
