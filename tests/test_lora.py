@@ -316,3 +316,20 @@ def test_a_missing_file_says_where_it_was_looked_for_without_a_path_nobody_gave(
         lora.resolve("sub/missing.safetensors", "loras")      # a path: as its user gave it
     assert str(e.value) == ("LoRAs: sub/missing.safetensors: no such file; check the path (a file of the LoRA "
                             "folder is named by its file name alone)")
+
+
+def test_more_files_that_are_no_lora_for_this_transformer_are_refused(tr, tmp_path):
+    h = tr.config.num_attention_heads * tr.config.attention_head_dim
+    save_file({}, str(tmp_path / "empty.safetensors"))
+    _refused(tr, tmp_path, "empty.safetensors", "empty.safetensors holds no tensors")
+    save_file({"lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_down.weight": torch.zeros(RANK, 8)},
+              str(tmp_path / "text.safetensors"))
+    _refused(tr, tmp_path, "text.safetensors", "text.safetensors holds nothing for the transformer: its 1 key(s)")
+    save_file({"transformer.x_embedder.proj.lora_A.weight": torch.zeros(RANK, h),
+               "transformer.x_embedder.proj.lora_B.weight": torch.zeros(h, RANK)}, str(tmp_path / "conv.safetensors"))
+    _refused(tr, tmp_path, "conv.safetensors", "x_embedder.proj is a Conv3d, only Linear layers take a LoRA here")
+    _refused(tr, tmp_path, str(tmp_path / "sub" / "gone.safetensors"), "gone.safetensors: no such file; check the path")
+    assert "the default LoRA folder, 'loras' in the current folder" in _refused(tr, None, "gone.safetensors")
+    (tmp_path / "big.safetensors").write_bytes(b"\x00" * 2048)
+    with pytest.raises(InputError, match=r"big.safetensors is 0 MB, over the 0 MB limit for a LoRA \(is it a full"):
+        lora.read_file(tmp_path / "big.safetensors", max_mb=0)
