@@ -501,3 +501,27 @@ def test_a_source_that_is_no_usable_video_is_refused_naming_the_file(tmp_path):
         assert e.value.field == "video" and words in str(e.value)
     with pytest.raises(InputError, match="junk.mp4 could not be read as a video"):
         prepare({"source": str(junk), "steps": "reverse"}, _folders(tmp_path))     # the pre-flight says it too
+
+
+def test_a_finished_post_job_is_done_and_not_resumed_and_a_crash_keeps_its_record(tmp_path, source, monkeypatch):
+    import json
+
+    from pipeline.events import Failed
+    from post import process
+    from post.job import is_done, is_post_folder
+
+    folders = _folders(tmp_path)
+    job = _run(prepare({"source": str(source), "steps": "reverse"}, folders), tmp_path / "out", folders)[-1].job_dir
+    assert is_post_folder(job) and is_done(job)
+    assert not is_post_folder(tmp_path) and not is_done(tmp_path)                # no record: not a post job
+    with pytest.raises(InputError, match=f"job {job.name} is already complete"):
+        prepare_resume(job, folders)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the upscaler broke")
+
+    monkeypatch.setattr(process, "upscale", broken)
+    end = _run(prepare({"source": str(source), "steps": "upscale=2"}, folders), tmp_path / "out2", folders)[-1]
+    assert isinstance(end, Failed) and end.message == "RuntimeError: the upscaler broke" and end.detail
+    info = json.loads((end.job_dir / "job.json").read_text())
+    assert info["status"] == "failed" and info["error"] == "RuntimeError: the upscaler broke"
