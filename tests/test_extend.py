@@ -246,3 +246,17 @@ def test_a_job_folder_that_cannot_be_continued_is_refused_saying_what_to_do_inst
         assert advice in str(e)
     e = _refusal(tmp_path, _job_folder(tmp_path, "f1job"), mode="original")       # the original mode: a video only
     assert e.field == "mode" and "continues from its saved latents in F1 mode only" in e.message
+
+
+def test_a_video_turned_by_an_odd_angle_or_too_large_or_none_is_refused(tmp_path, monkeypatch):
+    from pipeline import video_input
+    from pipeline.video_input import load_video
+
+    tilted = write_video(tmp_path / "tilted.mp4", moving_frames(40), rotation=45)
+    e = _refusal(tmp_path, tilted)
+    assert e.field == "video" and "tilted.mp4 is rotated by 45°" in str(e) and "video editor" in str(e)
+    with pytest.raises(InputError, match="no video given"):
+        load_video(None, 64)
+    clip = write_video(tmp_path / "clip.mp4", moving_frames(40))
+    monkeypatch.setattr(video_input, "VIDEO_BYTES_MAX", 1 << 10)
+    assert "clip.mp4 is 0 MB; the limit is 0 MB" in str(_refusal(tmp_path, clip))
