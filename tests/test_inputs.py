@@ -214,3 +214,12 @@ def test_arrays_bytes_and_folders_as_images(tmp_path):
     from pipeline.images import header_pixels
 
     assert header_pixels(data) == 96 * 80 and header_pixels(tmp_path / "nowhere.png") == 0
+
+
+def test_an_image_given_as_a_picture_is_held_to_the_same_sides_and_a_unit_float_image_is_scaled():
+    with pytest.raises(InputError, match="the image is 32×100; each side needs at least 64 pixels"):
+        load_image(Image.new("RGB", (32, 100)))
+    with pytest.raises(InputError, match="the image is 8200×64; each side may have at most 8192 pixels"):
+        load_image(Image.new("L", (8200, 64)))
+    unit = Image.fromarray(np.full((64, 64), 0.5, np.float32), mode="F")      # a float image in 0–1
+    assert load_image(unit).getpixel((0, 0)) == (128, 128, 128)
