@@ -95,11 +95,21 @@ def test_end_on_a_waiting_job_drops_it_and_a_closed_tab_too(runner, sessions, tm
     assert isinstance(_events(sessions, first)[-1], Done)
 
 
-def test_jobs_run_one_at_a_time_in_the_order_they_were_queued_and_waiting_ones_hear_their_place(runner, sessions):
+def test_jobs_run_one_at_a_time_in_the_order_they_were_queued_and_waiting_ones_hear_their_place(runner, sessions,
+                                                                                                 monkeypatch):
     """The streams are opened in the opposite order: the first queued job still runs first; a waiting job hears
     how many jobs are ahead and, once a job has been timed, the expected wait."""
     first = sessions.submit(_request(seconds=1.2, steps=2), session="tab-1")
     _events(sessions, first)                               # a finished job: the runner knows the speed now
+    ran: list = []                     # what the executor ran, in its own order (a tab hears it a moment later)
+    run = runner.executor.run
+
+    def recording(work, cancel, split=None):
+        ran.append(("start", work.entry))
+        yield from run(work, cancel, split)
+        ran.append(("end", work.entry))
+
+    monkeypatch.setattr(runner.executor, "run", recording)
     assert sessions.line.speed.rates is not None and sessions.expected_seconds(_request(seconds=1.2, steps=2)) > 0
     a = sessions.submit(_request(seconds=1.2, steps=2), session="tab-a")
     b = sessions.submit(_request(seconds=1.2, steps=2, seed=2), session="tab-b")
@@ -117,10 +127,8 @@ def test_jobs_run_one_at_a_time_in_the_order_they_were_queued_and_waiting_ones_h
         time.sleep(0.2)
     for t in threads:
         t.join(180)
-    done_at = {n: t for n, t, e in log if isinstance(e, Done)}
-    assert done_at["a"] < done_at["b"] < done_at["c"]
-    started = {n: min(t for m, t, e in log if m == n and isinstance(e, Progress)) for n in "abc"}
-    assert done_at["a"] < started["b"] and done_at["b"] < started["c"]          # one at a time
+    assert all(isinstance(next(e for m, _, e in reversed(log) if m == n), Done) for n in "abc")
+    assert ran == [(when, j.entry) for j in (a, b, c) for when in ("start", "end")]     # in order, one at a time
     c_waits = [e for n, _, e in log if n == "c" and isinstance(e, Waiting)]
     assert c_waits and c_waits[0].ahead >= 1 and c_waits[0].wait_s is not None
     pairs = list(zip(c_waits, c_waits[1:]))
