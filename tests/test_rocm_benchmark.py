@@ -25,7 +25,8 @@ def test_conv_tiers_small_cpu(tmp_path, capsys):
     assert all(r["errors"]["all"] == "skipped: time budget" for r in skipped)
     assert result["totals"]["shapes_timed"] == len(timed) and set(result["totals"]["relative"]) == {"1", "3", "5"}
     e2e = result["e2e"]
-    assert e2e["tier1_max_abs_diff"] == 0 and e2e["tier3_max_abs_diff"] < 1e-3 and "tier5_s" not in e2e
+    # (on the CPU tier 1's float32 conv3d is oneDNN's and the plain decode's PyTorch's small-input path: rocm/tiers.py)
+    assert e2e["tier1_max_abs_diff"] < 1e-4 and e2e["tier3_max_abs_diff"] < 1e-3 and "tier5_s" not in e2e
     table = capsys.readouterr().out
     assert "| conv input -> weight | calls | tier 1 ms | tier 3 x | tier 5 x |" in table
     assert "whole tiled decode" in table

@@ -1,7 +1,8 @@
 """ConvFallback: every tier equals the plain conv (outputs and gradients), and faults move calls down the tiers.
 
 Tolerances: fp32 on CPU, |tier - plain| <= 1e-5 * max(1, max|plain|) for outputs and gradients (tier 3 sums in
-another order, tier 4 too; tiers 1, 2 and 5 are bit-identical on CPU). On a CUDA GPU (cuDNN in MIOpen's place as tier 1) the
+another order, tier 4 too; tiers 2 and 5 are bit-identical on CPU, and tier 1 too but for a float32 conv3d, which it
+gives to oneDNN: rocm/tiers.py). On a CUDA GPU (cuDNN in MIOpen's place as tier 1) the
 same tests run in fp32 with TF32 off and a 1e-4 tolerance (different algorithms per tier). Low-precision inputs
 through tiers 3-5 come back in their dtype and within 1e-2 (fp16) / 2e-2 (bf16) relative of the fp32 result.
 """
@@ -268,3 +269,18 @@ def test_rdna_conv3d_keeps_a_gpu_tier_after_a_miopen_failure_in_tier_3(monkeypat
     assert fb.last_tier == 5
     assert fb.stats().calls_per_op == {"conv3d": {4: 1}, "conv2d": {5: 1}}
     assert 4 not in fb.stats().fell_back[-1].failed             # the conv2d never tried a copy of tier 3
+
+
+def test_a_small_float32_conv3d_on_the_cpu_runs_on_onednn_at_tier_1():
+    """PyTorch's dispatch sends an input this small (N*C*D*H <= 20480: the tiny VAE's layers) to its slow reference
+    path; tier 1 calls oneDNN instead, with the same result within the tolerance."""
+    from rocm import tiers
+    from rocm.signature import ConvSpec
+
+    x, w, b = torch.randn(1, 8, 9, 24, 32), torch.randn(8, 8, 3, 3, 3), torch.randn(8)
+    spec = ConvSpec("conv3d", (1, 1, 1), (1, 1, 1), (1, 1, 1), 1)
+    with torch.autograd.profiler.profile() as prof:
+        out = tiers.forward(tiers.NATIVE, spec, x, w, b)
+    ops = {e.name for e in prof.function_events}
+    assert "aten::mkldnn_convolution" in ops and "aten::slow_conv3d_forward" not in ops, ops
+    assert_close_scaled(out, F.conv3d(x, w, b, padding=1), REL["cpu"])
