@@ -16,7 +16,7 @@ from jobs.runner import Stop
 from pipeline.events import Cancelled, Done, Failed, MemoryReport, Preview, Progress, SectionVideo
 from pipeline.request import Request
 from tests.conftest import make_image
-from tests.server_helpers import tiny_runner
+from tests.server_helpers import Gate, tiny_runner, wait_for
 from ui.sessions import SessionBusy, Sessions
 
 
@@ -96,6 +96,7 @@ def test_end_on_a_waiting_job_drops_it_and_a_closed_tab_too(runner, sessions, tm
 
 
 def test_jobs_run_one_at_a_time_in_the_order_they_were_queued_and_waiting_ones_hear_their_place(runner, sessions,
+                                                                                                 tiny_original,
                                                                                                  monkeypatch):
     """The streams are opened in the opposite order: the first queued job still runs first; a waiting job hears
     how many jobs are ahead and, once a job has been timed, the expected wait."""
@@ -111,9 +112,6 @@ def test_jobs_run_one_at_a_time_in_the_order_they_were_queued_and_waiting_ones_h
 
     monkeypatch.setattr(runner.executor, "run", recording)
     assert sessions.line.speed.rates is not None and sessions.expected_seconds(_request(seconds=1.2, steps=2)) > 0
-    a = sessions.submit(_request(seconds=1.2, steps=2), session="tab-a")
-    b = sessions.submit(_request(seconds=1.2, steps=2, seed=2), session="tab-b")
-    c = sessions.submit(_request(seconds=1.2, steps=2, seed=3), session="tab-c")
     log: list = []
 
     def consume(name, job):
@@ -121,10 +119,19 @@ def test_jobs_run_one_at_a_time_in_the_order_they_were_queued_and_waiting_ones_h
             for e in batch:
                 log.append((name, time.monotonic(), e))
 
-    threads = [threading.Thread(target=consume, args=(n, j)) for n, j in (("c", c), ("b", b), ("a", a))]
-    for t in threads:
-        t.start()
-        time.sleep(0.2)
+    # the first job is held in its VAE decode until the last one has heard its place (a tiny job takes less than
+    # the second a waiting job waits before it is told: the line would be empty before anyone waited)
+    with Gate(tiny_original.vae.decoder) as gate:
+        a = sessions.submit(_request(seconds=1.2, steps=2), session="tab-a")
+        b = sessions.submit(_request(seconds=1.2, steps=2, seed=2), session="tab-b")
+        c = sessions.submit(_request(seconds=1.2, steps=2, seed=3), session="tab-c")
+        threads = [threading.Thread(target=consume, args=(n, j)) for n, j in (("c", c), ("b", b), ("a", a))]
+        for t in threads:
+            t.start()
+            time.sleep(0.2)
+        gate.wait()
+        wait_for(lambda: any(n == "c" and isinstance(e, Waiting) for n, _, e in list(log)), 60, 0.05,
+                 what="the last job to hear its place")
     for t in threads:
         t.join(180)
     assert all(isinstance(next(e for m, _, e in reversed(log) if m == n), Done) for n in "abc")
