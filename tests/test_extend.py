@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 
-import av
 import numpy as np
 import pytest
 import torch
@@ -30,6 +29,7 @@ from pipeline.video_input import resample
 from tests.cli_helpers import cli
 from tests.conftest import job_folders, make_image
 from tests.extend_helpers import COMMON, OVERLAP, W, moving_frames, run, write_video
+from tests.video_helpers import audio_only
 from video.buffer import VideoBuffer
 from video.mp4 import encode_segment, read_frames
 
@@ -74,13 +74,7 @@ def test_bad_inputs_are_refused_naming_the_field_and_file(tmp_path):
     empty = tmp_path / "empty.webm"
     empty.write_bytes(b"")
     assert "empty.webm is empty" in str(_refusal(tmp_path, empty))
-    sound = tmp_path / "sound.m4a"
-    with av.open(str(sound), "w") as c:
-        s = c.add_stream("aac", rate=16000)
-        fr = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
-        fr.sample_rate = 16000
-        for p in [*s.encode(fr), *s.encode()]:
-            c.mux(p)
+    sound = audio_only(tmp_path / "sound.m4a")
     assert "sound.m4a has no video stream (audio only)" in str(_refusal(tmp_path, sound))
     wide = write_video(tmp_path / "wide.mp4", np.zeros((2, 16, 8208, 3), np.uint8))
     assert "wide.mp4 is 8208×16 pixels" in str(_refusal(tmp_path, wide))

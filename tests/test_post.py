@@ -22,6 +22,7 @@ from post.modelfiles import ModelRef, check_file
 from post.process import interpolate, upscale
 from post.steps import chunks, make_plan, parse_step, request_from
 from tests.post_helpers import pattern_video, video_shape
+from tests.video_helpers import audio_only
 from ui.sessions import Sessions
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")      # conftest: the tiny networks on one thread
@@ -488,13 +489,7 @@ def test_a_source_that_is_no_usable_video_is_refused_naming_the_file(tmp_path):
 
     junk = tmp_path / "junk.mp4"
     junk.write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"garbage" * 50)
-    sound = tmp_path / "sound.m4a"
-    with av.open(str(sound), "w") as c:
-        s = c.add_stream("aac", rate=16000)
-        frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
-        frame.sample_rate = 16000
-        for p in [*s.encode(frame), *s.encode()]:
-            c.mux(p)
+    sound = audio_only(tmp_path / "sound.m4a")
     for path, words in ((junk, "junk.mp4 could not be read as a video"), (sound, "sound.m4a has no video stream")):
         with pytest.raises(InputError) as e:
             probe(path)
