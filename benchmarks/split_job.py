@@ -98,14 +98,6 @@ def loading_times(log_text: str) -> dict:
     return found
 
 
-def _frames(video: Path):
-    import av
-    import numpy as np
-
-    with av.open(str(video)) as f:
-        return np.stack([fr.to_ndarray(format="rgb24") for fr in f.decode(video=0)])
-
-
 def compare(first: Path, other: Path) -> dict:
     """Max / mean absolute difference of two job folders' latents and final.mp4 frames."""
     from safetensors.torch import load_file
@@ -117,7 +109,9 @@ def compare(first: Path, other: Path) -> dict:
         out["latents_max_abs"] = max(float(d.max()) for d in diffs)
         out["latents_mean_abs"] = sum(float(d.sum()) for d in diffs) / sum(d.numel() for d in diffs)
     try:
-        fa, fb = _frames(first / "final.mp4"), _frames(other / "final.mp4")
+        from video.mp4 import read_frames
+
+        fa, fb = read_frames(first / "final.mp4"), read_frames(other / "final.mp4")
     except ImportError:
         return out
     if fa.shape == fb.shape:
