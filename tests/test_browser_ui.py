@@ -265,8 +265,10 @@ def test_eta_holds_from_the_end_of_section_one(server, browser, images, busy):
             hog.wait()
             _pin_threads(pinned)           # the CPUs this process had
         page.close()
+    # (what the progress bar still drew after the status said Done is no ETA of a running job: the whole job now
+    # takes a few seconds, and under load its last progress texts came up to 1.5 s after Done)
     later = [(left, text) for left, text in samples
-             if re.search(r"section [234]/4", text) and _eta_shown(text) is not None]
+             if re.search(r"section [234]/4", text) and _eta_shown(text) is not None and left >= 0]
     assert len(later) >= 6, samples
     off = [(round(left, 2), _eta_shown(text), text.splitlines()[0]) for left, text in later
            if not (left / 1.5 - 1 <= _eta_shown(text) <= left * 1.5 + 1 if left >= 4
