@@ -205,6 +205,32 @@ def test_a_live_display_refused_for_its_addresss_slots_still_shows_the_newest_va
     assert hint(2.4, _tab_of("a")) == "2.4 s"
 
 
+def _live_app(guard, value=9.6):
+    """A page with one live display (`value` s in a number box, its text in a Markdown) through `guard`: the app, the
+    retry timer, the handler the change, load and tick events call, and each event's hidden `confirming` input."""
+    import gradio as gr
+
+    from ui.panel_controls import live_display
+
+    with gr.Blocks() as app:
+        seconds = gr.Number(value)
+        shown = gr.Markdown()
+        live_display(guard, lambda value: f"{value} s", [seconds], shown, [seconds], on_load=app)
+    timers = [b for b in app.blocks.values() if isinstance(b, gr.Timer)]
+    assert len(timers) == 1 and timers[0].active is False
+    events = {}
+    for d in app.fns.values():
+        for target in d.targets:
+            kind = "tick" if target[0] == timers[0]._id else target[1]
+            events[kind] = d
+            assert [o._id for o in d.outputs] == [shown._id, timers[0]._id]
+            assert d.inputs[0]._id == seconds._id
+    assert set(events) == {"tick", "change", "load"}
+    assert len({d.fn for d in events.values()}) == 1           # one guarded handler: one call of a tab at a time
+    confirming = {kind: d.inputs[1].value for kind, d in events.items()}
+    return events["tick"].fn, confirming
+
+
 def test_a_live_display_refused_after_its_wait_asks_again_by_itself():
     """Issue 44 (the second tab's hints under a busy suite: its call waited 5 s for the address's slot, was refused,
     and nothing asked again, so the hints kept the old plan): a refused call of a live display turns its tab's retry
@@ -212,36 +238,53 @@ def test_a_live_display_refused_after_its_wait_asks_again_by_itself():
     import gradio as gr
 
     from ui import guard as guard_module
-    from ui.panel_controls import live_display
 
     guard = HandlerGuard(limit=8, per_session=1)
     inside, release = threading.Semaphore(0), threading.Event()
     other = _slot_holder(inside, release)
-
-    with gr.Blocks() as app:
-        seconds = gr.Number(9.6)
-        shown = gr.Markdown()
-        live_display(guard, lambda value: f"{value} s", [seconds], shown, [seconds], on_load=app)
-    timers = [b for b in app.blocks.values() if isinstance(b, gr.Timer)]
-    assert len(timers) == 1 and timers[0].active is False
-    ticks = [d for d in app.fns.values() if (timers[0]._id, "tick") in [tuple(t) for t in d.targets]]
-    assert len(ticks) == 1 and [o._id for o in ticks[0].outputs] == [shown._id, timers[0]._id]
-    call = ticks[0].fn
+    call, confirming = _live_app(guard)
+    assert confirming == {"tick": True, "change": False, "load": False}
 
     holder = threading.Thread(target=guard.wrap(other, lambda: "busy"), args=(1, _tab_of("b")))
     holder.start()
     assert inside.acquire(timeout=10)
     old, guard_module.LATEST_WAIT_S = guard_module.LATEST_WAIT_S, 0.2
     try:
-        skipped, timer = call(4.8, _tab_of("a"))         # refused after its wait: the display keeps what it has ...
+        skipped, timer = call(4.8, False, _tab_of("a"))  # refused after its wait: the display keeps what it has ...
         assert timer.active is True                      # ... and its tab's timer will ask again
         assert skipped == gr.skip()
     finally:
         guard_module.LATEST_WAIT_S = old
         release.set()
         holder.join(10)
-    text, timer = call(4.8, _tab_of("a"))                 # the tick once the slot is free: answered, timer off
+    text, timer = call(4.8, True, _tab_of("a"))           # the tick once the slot is free: answered, timer off
     assert text == "4.8 s" and timer.active is False
+
+
+def test_a_live_display_ends_on_the_pages_values_when_an_older_answer_arrives_last():
+    """Issue 44 (the CI: a tab's hints kept the page load's default 5 s for 120 s after 9.6 was typed): the guard runs
+    one call of a tab at a time, but the answers come back on separate connections, so the load's answer can arrive
+    after the change's. Every change's answer turns the tab's timer on; its tick (sent after both arrived) answers
+    with the page's values and turns it off. Replayed here as the page applies answers, in the worst order."""
+    import gradio as gr
+
+    call, _ = _live_app(HandlerGuard(limit=8, per_session=1))
+    tab = _tab_of("a")
+    loaded = call(5, False, tab)                        # the page load's call (the default), answered first ...
+    changed = call(9.6, False, tab)                     # ... then the typed value's
+    page = {"shown": None, "timer": False}
+
+    def arrive(answer):
+        text, timer = answer
+        if text != gr.skip():
+            page["shown"] = text
+        page["timer"] = timer.active
+
+    arrive(changed)
+    arrive(loaded)                                      # the older answer last: the display shows 5 s ...
+    assert page == {"shown": "5 s", "timer": True}      # ... but the timer is on
+    arrive(call(9.6, True, tab))                        # its tick, with what the box holds
+    assert page == {"shown": "9.6 s", "timer": False}
 
 
 def _job(tmp_path, name: str, settings) -> "object":

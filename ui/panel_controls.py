@@ -2,7 +2,7 @@
 under the preserved-memory slider, the token count under the prompt, uploads checked on arrival, the random seed."""
 from __future__ import annotations
 
-import functools
+import inspect
 from typing import Callable
 
 import gradio as gr
@@ -24,22 +24,37 @@ RETRY_S = 2.0           # a live display whose last call was refused for want of
 
 def live_display(guard, fn: Callable, inputs: list, output, triggers: list, *, on_load=None) -> None:
     """`fn`'s answer shown in `output` whenever one of `triggers` changes (and when the page loads, `on_load`: the
-    app), through `guard` (latest_wins: ui/guard.py). A call the guard refuses after its wait for a slot leaves the
-    display as it was; then a timer of the tab asks again every RETRY_S until a call is answered, so the display ends
-    showing the values the page holds even when no later change comes to ask (a second tab's hints stayed at the
-    plan before its seconds changed once the 5 s wait for a slot ran out on a busy machine: issue 44)."""
-    retry = gr.Timer(RETRY_S, active=False)
+    app), through `guard` (latest_wins: ui/guard.py), so the display ends showing the values the page holds:
 
-    @functools.wraps(fn)
-    def answered(*args, **kwargs):
-        return fn(*args, **kwargs), gr.Timer(active=False)
+    - A call the guard refuses after its wait for a slot leaves the display as it was and turns on a timer of the
+      tab that asks again every RETRY_S until a call is answered (a second tab's hints stayed at the plan before its
+      seconds changed once the 5 s wait for a slot ran out on a busy machine: issue 44).
+    - Every answer of a change turns that timer on too, and the timer's own answer turns it off: one more call
+      RETRY_S after the last change, with the page's values then. The guard runs one call of a tab at a time, but
+      the answers travel back on separate connections, so an older answer (the page load's default 5 s) can arrive
+      after a newer one (9.6 s) and stay shown; the CI saw that ("never said 8 sections" for 120 s). The timer's
+      call is sent after those answers arrived, so its answer is the last. Which call it is travels as a hidden
+      input (`confirming`), so the tick and the changes share one guarded handler (one call of a tab at a time,
+      the newest values answered)."""
+    retry = gr.Timer(RETRY_S, active=False)
+    params = list(inspect.signature(fn).parameters.values())
+
+    def answered(*args):
+        *values, confirming = args
+        return fn(*values), gr.Timer(active=not confirming)
+
+    answered.__name__ = getattr(fn, "__name__", "live_display")
+    answered.__doc__ = fn.__doc__
+    setattr(answered, "__signature__", inspect.Signature(
+        [*params, inspect.Parameter("confirming", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=False)]))
 
     call = guard.wrap(answered, lambda: (gr.skip(), gr.Timer(active=True)), latest_wins=True)
+    changed, ticked = gr.State(False), gr.State(True)
     for component in triggers:
-        component.change(call, inputs, [output, retry], preprocess=False, **HIDDEN)
+        component.change(call, [*inputs, changed], [output, retry], preprocess=False, **HIDDEN)
     if on_load is not None:
-        on_load.load(call, inputs, [output, retry], preprocess=False, **HIDDEN)
-    retry.tick(call, inputs, [output, retry], preprocess=False, **HIDDEN)
+        on_load.load(call, [*inputs, changed], [output, retry], preprocess=False, **HIDDEN)
+    retry.tick(call, [*inputs, ticked], [output, retry], preprocess=False, **HIDDEN)
 
 
 def expected_time(ctx: AppContext, seconds, window, mode, steps, resolution=None, width=0, height=0) -> str:
