@@ -26,7 +26,7 @@ from common.units import GIB
 from configs.runtime import Config
 from jobs.local import Work
 from jobs.models import models_for
-from jobs.split import each_process, run_split, split_devices
+from jobs.split import SplitPool, each_process, split_devices
 from memory.hostbudget import default_host_budget
 from pipeline.cancel import CancelToken
 from pipeline.events import Failed
@@ -115,6 +115,7 @@ class JobWorker:
         per = config.config.gpus_per_job            # each job split over this worker's GPUs (jobs/split.py)
         self.split_devices = split_devices(per, self._device()) if per > 1 else []
         self.split_config = each_process(config.config, per, self.host_ram_gb) if per > 1 else config.config
+        self.split_pool = SplitPool(self.split_devices, self.split_config) if per > 1 else None   # kept between jobs
         self._cancels: dict[str, CancelToken] = {}
         self._lock = threading.Lock()
         log.info("farm worker %s on %s (pid %d)", name, self.node, os.getpid())
@@ -191,10 +192,9 @@ class JobWorker:
                 if split is not None:
                     split.detach()
 
-        if self.split_devices and not post:         # --gpus-per-job: this job split over the worker's GPUs
+        if self.split_pool is not None and not post:    # --gpus-per-job: this job split over the worker's GPUs
             work = Work(str(getattr(job, "job_dir", "")), resuming=job) if isinstance(job, ResumeRequest) else \
                 Work("", prepared=job)
-            yield from run_split(self.split_devices, self.split_config, work,
-                                 int(components.transformer.config.num_attention_heads), events)
+            yield from self.split_pool.run(work, int(components.transformer.config.num_attention_heads), events)
         else:
             yield from events()

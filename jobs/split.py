@@ -6,8 +6,12 @@ the CPU, for trying it and for the tests). Every process runs the same job from 
 same code (jobs/local.py); in the transformer steps each computes its share of the tokens (pipeline/split.py), so a
 step takes about 1/N of the time. The other stages (encoders, VAE) run on every GPU at once, each on its own (no
 slower than on one GPU); only this process writes the job folder, the others write theirs into a temporary folder
-that is deleted. A helper loads its own copy of the models for each job (the queue's process keeps its own loaded);
-each GPU has its own VRAM cap.
+that is deleted. Each GPU has its own VRAM cap.
+
+The helpers and the group outlive a job (`SplitPool`): started at the first split job, they keep their models loaded
+and wait for the next job, as the queue's process keeps its own. Starting a helper and reading its weights took
+about 65 s of every job on 2 H200s (section 1: 26.5 s against 16.0 s for the others; BENCHMARKS.md), paid now once.
+A job that does not end politely (failed, a helper lost) ends the pool; the next job starts a new one.
 
 A job ends the same way on every process: done or stopped, the first process says so and the others finish
 (pipeline/split.py `finish`) and all leave the group together (NCCL's destroy is collective); when a helper dies or fails mid-job, the job fails with a message naming its GPU, the
@@ -20,6 +24,7 @@ inside a process that is already running (the app, the command line, a farm work
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import os
@@ -89,7 +94,8 @@ def _free_port() -> int:
 
 
 def _join_group(rank: int, size: int, port: int, device, heads: int = 24):
-    """Join the job's group as `rank`; this process's SequenceSplit (`heads`: the transformer's attention heads)."""
+    """Join the pool's group as `rank`; this process's SequenceSplit (`heads`: the transformer's attention heads, set
+    again for each job: `SequenceSplit.for_job`)."""
     import torch
     import torch.distributed as dist
 
@@ -144,37 +150,56 @@ def helper_log_format(device) -> str:
     return f"%(asctime)s %(levelname)s [{device}] %(name)s: %(message)s"
 
 
-def helper_main(rank: int, size: int, port: int, device, config: Config, work: Work,
+def helper_main(rank: int, size: int, port: int, device, config: Config, inbox,
                 log_level: int = logging.WARNING) -> None:
-    """A helper process: join the group, load the models, run the same job into a temporary folder."""
+    """A helper process: load the models, join the group, then run each job `inbox` brings ((work, heads); None:
+    leave) into a temporary folder. A job that fails here ends the process (the pool is then ended and a new one
+    started for the next job)."""
     _helper_logging(log_level, device)
     models = models_for(config, device)
-    split = _join_group(rank, size, port, device, _heads(models, work))
-    code = 0
+    split = _join_group(rank, size, port, device)
+    while (job := inbox.get()) is not None:
+        work, heads = job
+        split.for_job(heads)
+        if not _helper_job(rank, config, models, device, split, work):
+            _leave_group(abort=True)
+            os._exit(_FAILED_EXIT)
+    _leave_group()
+    os._exit(0)      # (no interpreter teardown: the group's threads and the models go with the process)
+
+
+def _helper_job(rank: int, config: Config, models, device, split, work: Work) -> bool:
+    """One job of a helper, into a temporary folder; False when it failed on this process's GPU."""
     with tempfile.TemporaryDirectory(prefix="steadyframe-split-") as tmp:
         if work.resuming is not None:        # a copy of the job folder: only the first process writes the real one
             copy = Path(tmp) / work.resuming.job_dir.name
             shutil.copytree(work.resuming.job_dir, copy)
             work = dataclasses.replace(work, resuming=dataclasses.replace(work.resuming, job_dir=copy))
         executor = LocalExecutor(dataclasses.replace(config, outputs=Path(tmp)), models, device)
+        ok = True
         for event in executor.run(work, CancelToken(), split=split):
             if isinstance(event, Failed):
                 log.error("split job, GPU %d: %s", rank, event.message)
-                code = _FAILED_EXIT
-        if code == 0:
+                ok = False
+        if ok:
             split.finish()
-    _leave_group(abort=code != 0)
-    os._exit(code)      # (no interpreter teardown: the group's threads and the models go with the process)
+        return ok
 
 
 class _Helpers:
-    """The helper processes of one job, watched: `lost` says which ended before the job did."""
+    """The helper processes of a pool, watched during a job: `lost` says which ended before the job did."""
 
     def __init__(self, procs: list, devices: list, abort_on_loss: bool):
         self.procs, self.devices = procs, devices
         self.lost: tuple[int, int | None] | None = None         # (rank, exit code)
-        self._done = threading.Event()
         self._abort = abort_on_loss
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.watch()
+
+    def watch(self) -> None:
+        """Watch them (during a job)."""
+        self._done.clear()
         self._thread = threading.Thread(target=self._watch, name="split-watch", daemon=True)
         self._thread.start()
 
@@ -190,7 +215,9 @@ class _Helpers:
 
     def stop_watching(self) -> None:
         self._done.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
     def end(self, wait_s: float) -> None:
         """Wait up to `wait_s` for the helpers to exit, then end the rest."""
@@ -203,53 +230,121 @@ class _Helpers:
                 p.join()
 
 
-def run_split(devices: list, config: Config, work: Work, heads: int, leader, watch=None) -> Iterator:
-    """Run `work` split over `devices`: a helper process for each device after the first, this process on the first
-    with `leader(split)` (the events of its job run with that SequenceSplit). `config`: what the helpers run with
-    (their host-RAM budget is each process's share). `watch(helpers)`: told the helpers once they are started
-    (tests). Ends with the job's Done or Failed, a helper's loss said in it."""
-    import torch.multiprocessing as mp
+class SplitPool:
+    """The helper processes of split jobs over `devices` (the first is this process's), started at the first job and
+    kept between jobs with their models loaded, in one group. `config`: what the helpers run with (their host-RAM
+    budget is each process's share)."""
 
-    size, port = len(devices), _free_port()
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=helper_main, args=(r, size, port, devices[r], config, work, terminal_level()),
-                         name=f"split-{r}", daemon=True) for r in range(1, size)]
-    for p in procs:
-        p.start()
-    yield LogLine("info", f"job split over {size} devices: {', '.join(str(d) for d in devices)}")
-    helpers = _Helpers(procs, devices, abort_on_loss=devices[0].type == "cuda")
-    if watch is not None:
-        watch(helpers)
-    split, ending = None, None
-    try:
-        split = _join_group(0, size, port, devices[0], heads)
-        for event in leader(split):
-            if isinstance(event, (Done, Failed)):
-                ending = event
-                break
-            yield event
-    except Exception as e:       # the group could not form (a helper died at its start)
-        log.error("split job: %s", e, exc_info=True)
-        ending = Failed(f"the split job could not start on {size} devices: {str(e).splitlines()[0][:200]}")
-    polite = isinstance(ending, Done) and helpers.lost is None
-    if polite and split is not None:
-        split.finish()           # stopped or done: the helpers end their copy of the job and leave the group
-        # leave with them, before waiting for their exit: NCCL's destroy is collective (each process's returns
-        # when all have called it), so a helper waits in its own until this one's; waiting for its exit first
-        # held every split job's end for the 60 s below (measured on 2 H200s, BENCHMARKS.md). The watcher still
-        # watches meanwhile: a helper that dies now aborts this wait.
-        _leave_group()
-    helpers.stop_watching()
-    if helpers.lost is not None and not isinstance(ending, Done):
-        rank, code = helpers.lost
-        ending = Failed(f"the process on {devices[rank]} ended mid-job (exit code {code}); the job folder keeps "
-                        f"its finished sections: resume it (on the GPUs there are now)",
-                        ending.detail if isinstance(ending, Failed) else "",
-                        getattr(ending, "job_dir", None), getattr(ending, "partial_video", None))
-    polite = polite and helpers.lost is None
-    helpers.end(wait_s=60.0 if polite else 0.0)
-    _leave_group(abort=not polite)           # (nothing left to do where the group was left above)
-    yield ending
+    def __init__(self, devices: list, config: Config):
+        self.devices, self.config = devices, config
+        self.helpers: _Helpers | None = None
+        self._inboxes: list = []
+        self._split = None
+        self._lock = threading.Lock()          # one job at a time (the executors run one: slots = 1)
+        atexit.register(self.close)
+
+    @property
+    def running(self) -> bool:
+        return self.helpers is not None and all(p.exitcode is None for p in self.helpers.procs)
+
+    def _start(self, heads: int) -> Iterator:
+        import torch.multiprocessing as mp
+
+        size, port = len(self.devices), _free_port()
+        ctx = mp.get_context("spawn")
+        self._inboxes = [ctx.SimpleQueue() for _ in range(1, size)]
+        procs = [ctx.Process(target=helper_main, args=(r, size, port, self.devices[r], self.config,
+                                                       self._inboxes[r - 1], terminal_level()),
+                             name=f"split-{r}", daemon=True) for r in range(1, size)]
+        for p in procs:
+            p.start()
+        yield LogLine("info", f"job split over {size} devices: {', '.join(str(d) for d in self.devices)}; helpers "
+                              "started (they stay, with their models, for the next jobs)")
+        self.helpers = _Helpers(procs, self.devices, abort_on_loss=self.devices[0].type == "cuda")
+        self._split = _join_group(0, size, port, self.devices[0], heads)
+
+    def run(self, work: Work, heads: int, leader) -> Iterator:
+        """Run `work` split over the devices: each helper runs its copy, this process `leader(split)` (the events of
+        its job run with that SequenceSplit). Ends with the job's Done or Failed, a helper's loss said in it."""
+        with self._lock:
+            ended = False
+            try:
+                for event in self._run(work, heads, leader):
+                    ended = isinstance(event, (Done, Failed))
+                    yield event
+            finally:
+                if not ended:       # the job's events were dropped mid-job: its helpers cannot be told where it ended
+                    self._end(polite=False)
+
+    def _run(self, work: Work, heads: int, leader) -> Iterator:
+        size = len(self.devices)
+        if self.helpers is not None and not self.running:      # a helper ended between jobs: start again
+            self._end(polite=False)
+        ending = None
+        try:
+            if self.helpers is None:
+                yield from self._start(heads)
+            else:
+                yield LogLine("info", f"job split over {size} devices: {', '.join(str(d) for d in self.devices)} "
+                                      "(helpers already running)")
+                self.helpers.watch()
+            assert self._split is not None
+            if self.devices[0].type == "cuda":          # this job's thread may not be the one that joined
+                import torch
+                torch.cuda.set_device(self.devices[0])
+            for inbox in self._inboxes:
+                inbox.put((work, heads))
+            self._split.for_job(heads)
+            for event in leader(self._split):
+                if isinstance(event, (Done, Failed)):
+                    ending = event
+                    break
+                yield event
+        except Exception as e:       # the group could not form (a helper died at its start)
+            log.error("split job: %s", e, exc_info=True)
+            ending = Failed(f"the split job could not start on {size} devices: {str(e).splitlines()[0][:200]}")
+        helpers = self.helpers
+        polite = isinstance(ending, Done) and helpers is not None and helpers.lost is None
+        if polite and self._split is not None:
+            self._split.finish()      # stopped or done: the helpers end their copy of the job and wait for the next
+        if helpers is not None:
+            helpers.stop_watching()
+        if helpers is not None and helpers.lost is not None and not isinstance(ending, Done):
+            rank, code = helpers.lost
+            ending = Failed(f"the process on {self.devices[rank]} ended mid-job (exit code {code}); the job folder "
+                            f"keeps its finished sections: resume it (on the GPUs there are now)",
+                            ending.detail if isinstance(ending, Failed) else "",
+                            getattr(ending, "job_dir", None), getattr(ending, "partial_video", None))
+        if not (polite and helpers is not None and helpers.lost is None):
+            self._end(polite=False)
+        yield ending
+
+    def _end(self, polite: bool) -> None:
+        """End the helpers and leave the group: `polite`, they are told to leave with this process (NCCL's destroy
+        is collective: each process's returns when all have called it, so this one leaves before it waits for
+        their exit); otherwise the group is aborted and they are ended."""
+        helpers, self.helpers = self.helpers, None
+        if helpers is None:
+            return
+        helpers.stop_watching()
+        if polite:
+            for inbox in self._inboxes:
+                inbox.put(None)
+        _leave_group(abort=not polite)
+        helpers.end(wait_s=60.0 if polite else 0.0)
+        self._inboxes, self._split = [], None
+
+    def close(self) -> None:
+        """Let the helpers go (the executor's end, or this process's exit). While a job still runs (this process
+        exits under it) they are ended without a word."""
+        if self._lock.acquire(timeout=2.0):
+            try:
+                self._end(polite=self.running)
+            finally:
+                self._lock.release()
+        elif (helpers := self.helpers) is not None:
+            for p in helpers.procs:
+                p.kill()
 
 
 def each_process(config: Config, processes: int, host_ram_gb: float | None = None) -> Config:
@@ -263,7 +358,8 @@ def each_process(config: Config, processes: int, host_ram_gb: float | None = Non
 
 
 class SplitExecutor(LocalExecutor):
-    """The local executor with every job split over `gpus_per_job` GPUs (or CPU processes)."""
+    """The local executor with every job split over `gpus_per_job` GPUs (or CPU processes), its helpers kept between
+    jobs (SplitPool)."""
     slots = 1
 
     def __init__(self, config: Config, models, device, gpus_per_job: int):
@@ -272,18 +368,21 @@ class SplitExecutor(LocalExecutor):
         log.info("each job split over %d %s: %s; host RAM budget %.1f GB per process", len(self.devices),
                  "CPU processes (no faster: for trying it)" if self.devices[0].type == "cpu" else "GPUs",
                  ", ".join(str(d) for d in self.devices), self.config.host_ram_gb)
-        self.helpers: _Helpers | None = None
+        self.pool = SplitPool(self.devices, self.config)
+
+    @property
+    def helpers(self) -> _Helpers | None:
+        return self.pool.helpers
 
     def run(self, work: Work, cancel, split=None) -> Iterator:
         if work.post is not None:        # post-processing (its own small models): on the first GPU alone
             yield from super().run(work, cancel)
             return
+        yield from self.pool.run(work, _heads(self.models, work),
+                                 lambda group: LocalExecutor.run(self, work, cancel, split=group))
 
-        def watch(helpers):
-            self.helpers = helpers
-
-        yield from run_split(self.devices, self.config, work, _heads(self.models, work),
-                             lambda group: LocalExecutor.run(self, work, cancel, split=group), watch)
+    def close(self) -> None:
+        self.pool.close()
 
 
 def executor_for(config: Config, models, device, gpus_per_job: int):

@@ -115,6 +115,14 @@ class SequenceSplit:
         self._sizes = self._known_sizes          # one function object for every step (compiled blocks guard on it)
         self.sizes_known = True      # False: diffusers' exchange asks for the sizes itself (benchmarks/split.py)
 
+    def for_job(self, heads: int) -> None:
+        """Ready for the next job of the group (the group outlives a job: jobs/split.py SplitPool), whose transformer
+        has `heads` attention heads."""
+        self.heads_divide = heads % self.size == 0
+        self.ended = False
+        self._layouts.clear()
+        self._layout = None
+
     @property
     def leader(self) -> bool:
         return self.rank == 0

@@ -143,7 +143,7 @@ def test_killed_helper_fails_the_job_and_the_resume_finishes_it(tmp_path, monkey
     from jobs.split import SplitExecutor
     from pipeline.cancel import CancelToken
     from pipeline.checkpoint import load_checkpoint
-    from pipeline.events import Done, Failed, Progress
+    from pipeline.events import Done, Failed, LogLine, Progress
     from pipeline.request import Request, prepare
     from pipeline.resume import prepare_resume
 
@@ -161,8 +161,8 @@ def test_killed_helper_fails_the_job_and_the_resume_finishes_it(tmp_path, monkey
         # the first section done (its checkpoint written), the second sampling: the helper dies
         if killed is None and isinstance(event, Progress) and event.stage == "sampling" and event.section == 2 \
                 and event.step >= 1:
-            helper = executor.helpers.procs[0]
-            os.kill(helper.pid, signal.SIGKILL)
+            killed_pid = executor.helpers.procs[0].pid
+            os.kill(killed_pid, signal.SIGKILL)
             killed = time.monotonic()
         if isinstance(event, (Done, Failed)):
             ending = event
@@ -174,8 +174,9 @@ def test_killed_helper_fails_the_job_and_the_resume_finishes_it(tmp_path, monkey
     assert load_checkpoint(job_dir)[1]["sections_done"] >= 1
     assert json.loads((job_dir / "job.json").read_text())["status"] == "failed"
 
-    # the resume ends politely: this process leaves the group before it waits for the helpers' exit (NCCL's
-    # destroy is collective: a helper waits in its own for this one's; the other order held each job's end 60 s)
+    # the resume starts new helpers; they stay after it (their models loaded) and run the next job too: nothing is
+    # left or waited for between jobs (before, every job started its helpers and read their weights: about 65 s of
+    # each job on 2 H200s)
     order: list[str] = []
     leave, end = split_mod._leave_group, split_mod._Helpers.end
     monkeypatch.setattr(split_mod, "_leave_group", lambda abort=False: (order.append(f"leave abort={abort}"),
@@ -184,9 +185,22 @@ def test_killed_helper_fails_the_job_and_the_resume_finishes_it(tmp_path, monkey
                                                                           end(self, wait_s))[1])
     resumed = list(executor.run(Work("e1", resuming=prepare_resume(job_dir)), CancelToken()))
     assert isinstance(resumed[-1], Done) and not resumed[-1].stopped, resumed[-1]
-    assert order[:2] == ["leave abort=False", "wait for the helpers"], order
     info = json.loads((job_dir / "job.json").read_text())
     assert info["status"] == "done" and (job_dir / "final.mp4").is_file()
+    helper = executor.helpers.procs[0]
+    assert helper.pid != killed_pid and helper.is_alive() and order == []
+
+    again = Request(image=make_image(96, 80, seed=4), prompt="a boat", seconds=1.2, steps=2, seed=6, mode="original")
+    events = list(executor.run(Work("e2", prepared=prepare(again, models.preset.default_resolution)), CancelToken()))
+    assert isinstance(events[-1], Done) and not events[-1].stopped, events[-1]
+    assert any(isinstance(e, LogLine) and "helpers already running" in e.message for e in events)
+    assert executor.helpers.procs[0] is helper and helper.is_alive() and order == []
+
+    # the executor's end lets them go politely: this process leaves the group before it waits for their exit
+    # (NCCL's destroy is collective: a helper waits in its own for this one's; the other order held each end 60 s)
+    executor.close()
+    assert order[:2] == ["leave abort=False", "wait for the helpers"], order
+    assert helper.exitcode == 0 and executor.helpers is None
 
 
 def test_a_farm_worker_of_two_splits_its_jobs(tmp_path):
@@ -207,9 +221,14 @@ def test_a_farm_worker_of_two_splits_its_jobs(tmp_path):
     assert [str(d) for d in worker.split_devices] == ["cpu", "cpu"]
     request = Request(image=make_image(96, 80, seed=4), prompt="a boat", seconds=1.2, steps=2, seed=6,
                       mode="original")
-    events = list(worker.run("k1", prepare(request, worker.models.preset.default_resolution)))
-    assert isinstance(events[-1], Done) and events[-1].video is not None, events[-1]
-    assert any(isinstance(e, LogLine) and e.message.startswith("job split over 2 devices") for e in events)
+    try:
+        events = list(worker.run("k1", prepare(request, worker.models.preset.default_resolution)))
+        assert isinstance(events[-1], Done) and events[-1].video is not None, events[-1]
+        assert any(isinstance(e, LogLine) and e.message.startswith("job split over 2 devices") for e in events)
+        assert worker.split_pool.running          # its helper stays for the worker's next job
+    finally:
+        worker.split_pool.close()
+    assert not worker.split_pool.running
 
 
 def test_farm_gpus_must_make_whole_workers():
