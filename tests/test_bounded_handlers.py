@@ -206,8 +206,8 @@ def test_a_live_display_refused_for_its_addresss_slots_still_shows_the_newest_va
 
 
 def _live_app(guard, value=9.6):
-    """A page with one live display (`value` s in a number box, its text in a Markdown) through `guard`: the app, the
-    retry timer, the handler the change, load and tick events call, and each event's hidden `confirming` input."""
+    """A page with one live display (`value` s in a number box, its text in a Markdown) through `guard`: the guarded
+    handler that the change, load and tick events all reach, and which of them call it `confirming` (the tick)."""
     import gradio as gr
 
     from ui.panel_controls import live_display
@@ -224,11 +224,14 @@ def _live_app(guard, value=9.6):
             kind = "tick" if target[0] == timers[0]._id else target[1]
             events[kind] = d
             assert [o._id for o in d.outputs] == [shown._id, timers[0]._id]
-            assert d.inputs[0]._id == seconds._id
+            assert [i._id for i in d.inputs] == [seconds._id]       # the page sends only its values
     assert set(events) == {"tick", "change", "load"}
-    assert len({d.fn for d in events.values()}) == 1           # one guarded handler: one call of a tab at a time
-    confirming = {kind: d.inputs[1].value for kind, d in events.items()}
-    return events["tick"].fn, confirming
+    call = events["tick"].fn.guarded
+    assert all(d.fn.guarded is call for d in events.values())    # one guarded handler: one call of a tab at a time
+    confirming = {}
+    for kind, d in events.items():             # what each event's handler passes on (a slot is free: answered)
+        confirming[kind] = d.fn(value, _tab_of(f"probe-{kind}"))[1].active is False
+    return call, confirming
 
 
 def test_a_live_display_refused_after_its_wait_asks_again_by_itself():

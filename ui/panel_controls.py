@@ -33,11 +33,12 @@ def live_display(guard, fn: Callable, inputs: list, output, triggers: list, *, o
       RETRY_S after the last change, with the page's values then. The guard runs one call of a tab at a time, but
       the answers travel back on separate connections, so an older answer (the page load's default 5 s) can arrive
       after a newer one (9.6 s) and stay shown; the CI saw that ("never said 8 sections" for 120 s). The timer's
-      call is sent after those answers arrived, so its answer is the last. Which call it is travels as a hidden
-      input (`confirming`), so the tick and the changes share one guarded handler (one call of a tab at a time,
-      the newest values answered)."""
+      call is sent after those answers arrived, so its answer is the last. The tick and the changes call one
+      guarded handler (one call of a tab at a time, the newest values answered), told which call it is by their
+      entry (`confirming`); the page sends the same values as before."""
     retry = gr.Timer(RETRY_S, active=False)
     params = list(inspect.signature(fn).parameters.values())
+    flag = inspect.Parameter("confirming", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=False)
 
     def answered(*args):
         *values, confirming = args
@@ -45,16 +46,28 @@ def live_display(guard, fn: Callable, inputs: list, output, triggers: list, *, o
 
     answered.__name__ = getattr(fn, "__name__", "live_display")
     answered.__doc__ = fn.__doc__
-    setattr(answered, "__signature__", inspect.Signature(
-        [*params, inspect.Parameter("confirming", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=False)]))
-
+    setattr(answered, "__signature__", inspect.Signature([*params, flag]))
     call = guard.wrap(answered, lambda: (gr.skip(), gr.Timer(active=True)), latest_wins=True)
-    changed, ticked = gr.State(False), gr.State(True)
+
+    def entry(confirming: bool) -> Callable:
+        """`call` for one kind of event: the inputs and the request Gradio passes (the request after fn's
+        parameters), `confirming` added between."""
+        def handler(*args):
+            return call(*args[:len(params)], confirming, *args[len(params):])
+
+        handler.__name__ = answered.__name__
+        setattr(handler, "__signature__", inspect.Signature(
+            [*params, inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                        annotation=gr.Request)]))
+        setattr(handler, "guarded", call)          # (for tests: both kinds of event reach this one)
+        return handler
+
+    changed, ticked = entry(False), entry(True)
     for component in triggers:
-        component.change(call, [*inputs, changed], [output, retry], preprocess=False, **HIDDEN)
+        component.change(changed, inputs, [output, retry], preprocess=False, **HIDDEN)
     if on_load is not None:
-        on_load.load(call, [*inputs, changed], [output, retry], preprocess=False, **HIDDEN)
-    retry.tick(call, [*inputs, ticked], [output, retry], preprocess=False, **HIDDEN)
+        on_load.load(changed, inputs, [output, retry], preprocess=False, **HIDDEN)
+    retry.tick(ticked, inputs, [output, retry], preprocess=False, **HIDDEN)
 
 
 def expected_time(ctx: AppContext, seconds, window, mode, steps, resolution=None, width=0, height=0) -> str:
