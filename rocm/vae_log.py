@@ -2,19 +2,25 @@
 
 ``vae_decode_log`` logs the latents' shape/device/dtype, the VAE's device/dtype, memory before and after, the
 conv tiers used (when given the ``ConvFallback``), synchronises the GPU before and after, and times the decode.
-While it runs, a watchdog arms ``faulthandler.dump_traceback_later`` (dumps every thread's stack even while one
-is stuck in native code) and a timer that logs which stage, latents shape and conv signature it was on.
-``faulthandler`` holds one pending dump per process: do not nest two watchdogs.
+While it runs, a watchdog timer waits; if the decode outlives it, it logs which stage, latents shape and conv
+signature it was on and writes every thread's stack (most recent call first) to a file.
+
+The stacks are read in the timer's thread from ``sys._current_frames()``, holding the GIL. They were written by
+``faulthandler.dump_traceback_later``, whose C thread reads the other threads' frames without the GIL: a thread that
+ran Python meanwhile crashed the whole process mid-dump (the CI saw a test worker die so, its dump cut off in another
+thread's frame). A stuck GPU or MIOpen call releases the GIL (PyTorch's ops do), so the stuck thread's Python stack
+is still read; only a thread stuck in native code while holding the GIL would keep the timer (and the log line) from
+running at all.
 """
 
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import logging
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -44,7 +50,7 @@ class VaeDecodeRecord:
 
 
 class StallWatchdog:
-    """After ``timeout_s``: dump all stacks (faulthandler, to ``file``) and log ``describe()``. No kill."""
+    """After ``timeout_s``: write every thread's stack to ``file`` and log ``describe()``. No kill."""
 
     def __init__(self, timeout_s: float | None, describe: Callable[[], str], *, file=None, logger=None,
                  on_stall: Callable[[], None] | None = None):
@@ -54,16 +60,10 @@ class StallWatchdog:
         self.logger = logger or _logger
         self.on_stall = on_stall
         self._timer: threading.Timer | None = None
-        self._armed_faulthandler = False
 
     def start(self) -> None:
         if not self.timeout_s or self.timeout_s <= 0:
             return
-        try:
-            faulthandler.dump_traceback_later(self.timeout_s, repeat=False, file=self.file, exit=False)
-            self._armed_faulthandler = True
-        except (ValueError, AttributeError, OSError, RuntimeError) as exc:   # no usable stderr file descriptor
-            self.logger.warning("stall watchdog: no stack dump possible (%s)", exc)
         self._timer = threading.Timer(self.timeout_s, self._fire)
         self._timer.daemon = True
         self._timer.start()
@@ -71,15 +71,31 @@ class StallWatchdog:
     def _fire(self) -> None:
         if self.on_stall is not None:
             self.on_stall()
-        self.logger.warning("STALL: still running after %.0f s: %s. Stacks of all threads dumped by faulthandler "
-                            "to %s.", self.timeout_s, self.describe(), getattr(self.file, "name", "stderr"))
+        where = getattr(self.file, "name", "stderr")
+        try:
+            self.file.write(all_stacks(f"Timeout ({self.timeout_s:g} s)! Stacks of all threads"))
+            self.file.flush()
+        except (OSError, ValueError, AttributeError) as exc:     # closed, or no file to write to
+            where = f"nowhere ({exc})"
+        self.logger.warning("STALL: still running after %.0f s: %s. Stacks of all threads written to %s.",
+                            self.timeout_s, self.describe(), where)
 
     def stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        if self._armed_faulthandler:
-            faulthandler.cancel_dump_traceback_later()
-            self._armed_faulthandler = False
+
+
+def all_stacks(title: str) -> str:
+    """Every thread's Python stack, most recent call first, under `title` (read while holding the GIL)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    lines = [f"{title} (most recent call first):"]
+    for ident, frame in sys._current_frames().items():
+        if ident == threading.get_ident():
+            continue                             # this timer's own
+        lines.append(f"Thread {ident:#x} ({names.get(ident, '?')}):")
+        lines += [f'  File "{f.filename}", line {f.lineno} in {f.name}'
+                  for f in reversed(traceback.extract_stack(frame))]
+    return "\n".join(lines) + "\n"
 
 
 def _device_dtype_of(module) -> tuple[str, str]:
@@ -98,7 +114,7 @@ def vae_decode_log(vae, latents, *, stage: str = "VAE decode",
 
     ``memory_status``: a callable returning one line (memory/ passes its own); default: allocated/reserved/free.
     ``fallback``: a ``rocm.ConvFallback``; if given it is active (installed, with the hang probe on ROCm) for the
-    block and the record gets the tiers it used. ``dump_file``: where faulthandler writes (default stderr).
+    block and the record gets the tiers it used. ``dump_file``: where the stacks of a stall are written (default stderr).
     Exceptions propagate after being logged.
     """
     log = logger or _logger

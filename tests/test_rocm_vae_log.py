@@ -145,3 +145,33 @@ def test_the_hang_probe_guards_every_stage_that_runs_convolutions(tiny_original,
                       tmp_path)
     assert type(done).__name__ == "Done", done
     assert {"VAE encode", "image encoder", "transformer", "VAE decode"} <= set(stages), stages
+
+
+def test_the_stall_dump_reads_threads_that_run_python_meanwhile():
+    """The stacks of a stall are read under the GIL while other threads run Python (the CI: faulthandler's dump, which
+    reads them without it, killed a test worker mid-dump); every other thread is named with its current function."""
+    import threading
+
+    from rocm.vae_log import all_stacks
+
+    stop = threading.Event()
+
+    def busy_python_work():
+        while not stop.is_set():
+            sorted(str(n) for n in range(200))
+
+    threads = [threading.Thread(target=busy_python_work, name=f"busy-{n}", daemon=True) for n in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        dumps = [all_stacks("stall") for _ in range(200)]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    last = dumps[-1]
+    assert last.startswith("stall (most recent call first):")
+    for n in range(3):
+        assert f"(busy-{n}):" in last
+    assert last.count("in busy_python_work") >= 3
+    assert "test_the_stall_dump_reads_threads_that_run_python_meanwhile" not in last  # the caller's own (the timer)
