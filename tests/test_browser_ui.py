@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser_helpers import PageTimeout, fill_job, require_browser, set_number
+from tests.browser_helpers import PageTimeout, fill_job, open_newest_past_job, require_browser, set_number
 from tests.browser_helpers import status as _status
 from tests.browser_helpers import wait_status as _wait_status
 from tests.server_helpers import ROOT, Gate, job_info, wait_for
@@ -446,10 +446,8 @@ def test_details_refresh_after_resume(server, browser, images):
             page.locator("#end-btn").click()
         assert "Stopped" in _wait_status(page, "Stopped", "Done", "Failed")
         job = _newest_job(server, before)
-        page.locator("#past-jobs").get_by_text("Past jobs").click()
-        page.locator("#jobs-refresh").click()
-        page.locator("#jobs-gallery button.thumbnail-item").first.click()
-        page.wait_for_function("() => document.querySelector('#job-details')?.innerText.includes('stopped then')")
+        open_newest_past_job(page, job.name)     # (a click before the refreshed gallery came selected an older job)
+        assert "stopped then" in page.locator("#job-details").inner_text()
         assert '"stopped"' in page.locator("#job-details").inner_text()
         page.locator("#resume-btn").scroll_into_view_if_needed()
         assert not _in_view(page, "#actions")                   # Start, End and the progress: out of view, above
