@@ -14,6 +14,7 @@ if _WORKERS > 1:
 
 import numpy as np
 import pytest
+from solo_room import pytest_configure, pytest_runtest_protocol, pytest_unconfigure  # noqa: F401  (hooks)
 
 from ui.settings import use_own_upload_folder
 

@@ -225,6 +225,7 @@ def _eta_shown(text: str) -> float | None:
     return 0.0 if "ETA: any moment" in text else _eta_seconds(text)
 
 
+@pytest.mark.solo                       # the other worker waits meanwhile (tests/conftest.py): "quiet" is quiet
 @pytest.mark.parametrize("busy", [False, True], ids=["quiet", "half-speed"])
 def test_eta_holds_from_the_end_of_section_one(server, browser, images, busy):
     """Issue 44 item 3: from the end of section 1 on (section 2's first progress) every ETA the page shows is within
