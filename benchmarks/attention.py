@@ -8,7 +8,8 @@ out as diffusers passes it: (batch, tokens, heads, dim) seen transposed). Timed 
 after warm-ups), each with its arithmetic floor beside it:
 
 - PyTorch's SDPA backends in bf16: flash, memory-efficient, cuDNN (`sdpa_kernel` restricted to each);
-- FlashAttention-4 (`flash_attn.cute`) where installed;
+- FlashAttention-4 (`flash_attn.cute`) where installed: its first call (the CuTe DSL compile), the kernel, and the
+  app's bf16 path through the guard (which takes it on the GPUs of `rocm.sdpa.FA4_MAJORS`), eager and compiled;
 - cuDNN's fp8 kernel through the cuDNN frontend (rocm/fp8_attention.py): the kernel alone on quantized inputs, the
   whole call with the quantization eager (the guard's eager path) and with the quantization compiled
   (`torch.compile`, as inside the compiled blocks);
@@ -140,10 +141,33 @@ def main(argv=None) -> int:
         reference = F.scaled_dot_product_attention(q, k, v)
     try:
         from flash_attn.cute import flash_attn_func  # FlashAttention-4 (flash-attn-4), (batch, tokens, heads, d)
-        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-        record("bf16 FlashAttention-4", lambda: flash_attn_func(qt, kt, vt), bf16_floor)
     except ImportError as e:
         result["notes"].append(f"FlashAttention-4 not installed here ({e})")
+        flash_attn_func = None
+    if flash_attn_func is not None:
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        t0 = time.perf_counter()
+        try:           # the first call compiles the kernel (CuTe DSL)
+            first = flash_attn_func(qt, kt, vt)[0]
+            torch.cuda.synchronize()
+            result["fa4_first_call_s"] = round(time.perf_counter() - t0, 1)
+            result["cosine"]["random, bf16 FlashAttention-4"] = cosine(first.transpose(1, 2), reference)
+            log.info("FlashAttention-4: first call %.1f s, cosine %s", result["fa4_first_call_s"],
+                     result["cosine"]["random, bf16 FlashAttention-4"])
+        except Exception as e:
+            result["notes"].append(f"FlashAttention-4 failed: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
+        record("bf16 FlashAttention-4", lambda: flash_attn_func(qt, kt, vt), bf16_floor)
+        with sdpa.AttentionGuard(device, label="bench") as guard:
+            record("the app's path: guard, bf16 (FlashAttention-4 where chosen), eager",
+                   lambda: F.scaled_dot_product_attention(q, k, v), bf16_floor)
+            if not args.no_compile:
+                block16 = torch.compile(lambda a, b, c: F.scaled_dot_product_attention(a, b, c) * 1.0, dynamic=False)
+                block16(q, k, v)
+                record("the app's path: guard, bf16, inside a compiled function", lambda: block16(q, k, v),
+                       bf16_floor)
+            result["guard_bf16_choices"] = dict(guard.choices)
+            result["cosine"]["guard bf16 path"] = cosine(F.scaled_dot_product_attention(q, k, v), reference)
+        save()
     if why is not None:
         result["notes"].append(f"fp8: {why}")
         save()

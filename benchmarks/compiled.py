@@ -4,7 +4,8 @@
 context at 608×640, window 9) resident and under the 20 GB cap (preserved 6, prefetch 1, streamed as the app
 streams), for eager bf16, compiled blocks and fp8 compute (compiled, weights kept in fp8); with `--variants`, also
 attn8 (compiled + fp8 attention, rocm/fp8_attention.py) and fp8+attn8 (fp8 compute + fp8 attention; after fp8, which
-converts the transformer); the median of `--steps` steps after `--warmup`, the first compiled call timed apart
+converts the transformer); a variant ending in `/fa4` (eager/fa4, compiled/fa4, fp8/fa4) has the bf16 attention
+through FlashAttention-4 where installed (rocm/sdpa.py), the others through PyTorch's fused kernels; the median of `--steps` steps after `--warmup`, the first compiled call timed apart
 (kernel preparation), the arithmetic floor beside each (block Linears 2.5e14 FLOP + attention 2.5e14 a step at the
 GPU's dense bf16 / fp8 peaks). Error against eager bf16 (relative Frobenius norm): one step's output, and a whole
 section's latents (25 sampling steps of the real sampler from the same noise).
@@ -50,6 +51,7 @@ DENSE_PEAKS = (989e12, 1979e12)                    # H100 / H200 dense bf16, fp8
 def floor_s(variant: str) -> float:
     """The step's arithmetic floor: its products at the dense peak of the precision they run in."""
     bf16, fp8 = DENSE_PEAKS
+    variant = variant.split("/")[0]
     return (LINEAR_FLOP / (fp8 if variant.startswith("fp8") else bf16)
             + ATTENTION_FLOP / (fp8 if variant.endswith("attn8") else bf16))
 
@@ -87,7 +89,7 @@ def step_main(args) -> None:
     from benchmarks.transformer_step import section_inputs, transformer_on_device
     from memory.hostpack import HostPack
     from pipeline import compiled
-    from rocm.sdpa import fp8_attention
+    from rocm.sdpa import flash_attention_4, fp8_attention
 
     device, tr, height, width, image_tokens, build_s = transformer_on_device(args.tiny)
     pack = HostPack.of(tr)
@@ -105,7 +107,8 @@ def step_main(args) -> None:
         if variant.startswith("fp8") and not any(isinstance(m, compiled.Fp8Linear) for m in tr.modules()):
             recipe = "rowwise" if args.tiny else compiled.fp8_recipe(device)
             compiled.use_fp8_compute(tr, recipe, device)
-        with fp8_attention(variant.endswith("attn8")):
+        kind, _, kernel = variant.partition("/")
+        with fp8_attention(kind.endswith("attn8")), flash_attention_4(kernel == "fa4"):
             _step_variant(args, variant, tr, inputs, device, caps, blocks, results, sections)
     cosines = _attention_cosines(tr, inputs, device, caps, blocks) if args.attn_cosine else None
     _report(args, device, build_s, variants, results, sections, cosines)
@@ -163,7 +166,7 @@ def _step_variant(args, variant, tr, inputs, device, caps, blocks, results, sect
     from benchmarks.transformer_step import run_config
     from pipeline import compiled
 
-    blocks.enabled = variant != "eager"
+    blocks.enabled = variant.split("/")[0] != "eager"
     prepare_s = None
     if blocks.enabled:        # the first call compiles (timed here, not in the steps)
         before = compiled.compiled_graphs()

@@ -15,6 +15,12 @@ fused kernel takes fake tensors), the compiled graph stays whole around it, and 
 guard's eager path (the same kernel, or the same chunks). The function patched in is always `_dispatch` (one
 object), so a compiled block traced under one stage's guard is reused under the next one's without recompiling.
 
+**FlashAttention-4** (`flash-attn-4` on PyPI, the optional extra `flash-attention-4`: Tri Dao's CuTe DSL kernels,
+compiled at first use): where it is installed, on the GPUs where it was measured faster than cuDNN's bf16 kernel at
+this model's shape (`FA4_MAJORS`, BENCHMARKS.md), an unmasked bf16/fp16 call without dropout runs through it; every
+other call, every GPU elsewhere and every call after it failed once in the process (one warning) keeps the fused
+kernel chosen below. `flash_attention_4(False)` turns it off for a block (the benchmarks' comparison).
+
 **fp8 attention** (the job's "fp8 attention" setting; rocm/fp8_attention.py): inside `fp8_attention(True)` (the
 orchestrator's transformer sampling), a call that fits cuDNN's fp8 kernel has q/k/v quantized (K and V smoothed,
 q/k balanced per head) and runs through the cuDNN frontend. In compiled blocks the quantization is traced into the
@@ -25,6 +31,7 @@ the process (one warning), runs in bf16 as without the setting.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from contextlib import contextmanager
@@ -51,6 +58,10 @@ FUSED = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.
 # does not take a call (a mask it refuses), the next one runs; on other GPUs (not measured) PyTorch's own order.
 PREFERRED = (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)
 MEASURED_MAJOR = 9
+# Where FlashAttention-4's bf16 forward, when installed, is taken before the kernels above: the compute capabilities
+# (majors) on which it was measured faster than cuDNN's flash kernel at FramePack's shape (BENCHMARKS.md).
+FA4_MAJORS: tuple[int, ...] = (9,)
+FA4_CHOICE = "FlashAttention-4 kernel (flash-attn-4)"
 _NAMES = {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "memory-efficient",
           SDPBackend.CUDNN_ATTENTION: "cudnn", SDPBackend.MATH: "math"}
 MATH_BYTES_PER_SCORE = 12        # fp32 scores, their softmax and a cast, per (query, key) pair and head
@@ -103,6 +114,82 @@ _ACTIVE: list["AttentionGuard"] = []                          # the guards insid
 _FP8 = False                    # inside fp8_attention(True): calls that fit run in fp8 (dynamo guards on it)
 _FP8_FAILED: list[str] = []     # why the fp8 kernel failed in this process (then bf16 for the rest of it)
 FP8_CHOICE = "fp8 (cuDNN frontend; K and V smoothed, q/k balanced per head, per-tensor scales)"
+_FA4_ON = True                  # flash_attention_4(False): the fused kernels below only
+_FA4_FAILED: list[str] = []     # why FlashAttention-4 failed in this process (then the fused kernels for the rest)
+_FA4: list = []                 # [flash_attn_func or None], looked up once
+
+
+def _flash4():
+    """FlashAttention-4's forward (`flash_attn.cute.flash_attn_func`), or None where flash-attn-4 is not installed
+    (or does not import: then said once)."""
+    if not _FA4:
+        try:
+            from flash_attn.cute import flash_attn_func
+        except ImportError:
+            flash_attn_func = None
+        except Exception as e:        # installed but broken (a CUDA or CuTe DSL mismatch): the fused kernels
+            log.warning("flash-attn-4 is installed but does not import (%s: %s); attention uses PyTorch's kernels",
+                        type(e).__name__, " ".join(str(e).split())[:200])
+            flash_attn_func = None
+        _FA4.append(flash_attn_func)
+    return _FA4[0]
+
+
+@contextmanager
+def flash_attention_4(on: bool) -> Iterator[None]:
+    """FlashAttention-4 may be chosen inside this block when `on` (where installed and measured faster; the
+    default is on)."""
+    global _FA4_ON
+    before, _FA4_ON = _FA4_ON, bool(on)
+    try:
+        yield
+    finally:
+        _FA4_ON = before
+
+
+@functools.lru_cache(maxsize=None)
+def _fa4_device(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device)[0] in FA4_MAJORS
+
+
+def _fa4_here(query: torch.Tensor) -> bool:
+    """Is FlashAttention-4 installed and measured faster on this call's GPU (FA4_MAJORS)?"""
+    return query.is_cuda and not torch.version.hip and _fa4_device(query.device) and _flash4() is not None
+
+
+def fa4_takes(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> bool:
+    """Is this a call FlashAttention-4 takes: 4-D bf16/fp16 in PyTorch's (batch, heads, tokens, dim), as many heads
+    in q as in k/v, no mask, no dropout, not causal, equal q/v head sizes that are a multiple of 8 up to 256, no
+    gradient?"""
+    if attn_mask is not None or dropout_p or is_causal or enable_gqa or query.requires_grad:
+        return False
+    if query.dim() != 4 or not (key.dim() == value.dim() == 4) or query.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if key.dtype != query.dtype or value.dtype != query.dtype or key.shape[1] != query.shape[1]:
+        return False
+    d = query.shape[-1]
+    return d == value.shape[-1] and d % 8 == 0 and d <= 256
+
+
+def fa4_fits(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> bool:
+    """Does this call go to FlashAttention-4 (on, not failed in this process, here, and a call it takes)?"""
+    return (_FA4_ON and not _FA4_FAILED and fa4_takes(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+            and _fa4_here(query))
+
+
+def _run_fa4(query, key, value, scale) -> torch.Tensor | None:
+    """FlashAttention-4 on (batch, heads, tokens, dim) inputs, its output in the fused kernels' layout (token-major:
+    `_out_like`), or None once it has failed in this process (said once)."""
+    try:
+        out, _ = _flash4()(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale=scale)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:      # a CuTe DSL compile or launch failure: the fused kernels from here on
+        _FA4_FAILED.append(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+        log.warning("FlashAttention-4 failed (%s); attention uses PyTorch's fused kernels for the rest of this "
+                    "process", _FA4_FAILED[0])
+        return None
+    return out.transpose(1, 2)
 
 
 @contextmanager
@@ -179,7 +266,7 @@ def _run_fp8(query: torch.Tensor, z: fa.Quantized, scale: Optional[float]) -> to
                     _FP8_FAILED[0])
         return None
     if _ACTIVE:
-        _ACTIVE[-1]._note_fp8(query)
+        _ACTIVE[-1]._note(query, FP8_CHOICE)
     return out
 
 
@@ -265,6 +352,11 @@ class AttentionGuard:
             out = _run_fp8(query, fa.quantize(query, key, value), scale)
             if out is not None:
                 return out
+        if fa4_fits(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+            out = _run_fa4(query, key, value, scale)
+            if out is not None:
+                self._note(query, FA4_CHOICE)
+                return out
         sig = self._signature(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
         if sig not in self._decided:
             args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
@@ -288,11 +380,12 @@ class AttentionGuard:
         return chunked_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, rows=rows,
                             sdpa=original)
 
-    def _note_fp8(self, query: torch.Tensor) -> None:
+    def _note(self, query: torch.Tensor, choice: str) -> None:
+        """Record (and log, when it changed) the kernel that ran an unmasked call of this dtype and head size."""
         what = f"{str(query.dtype).replace('torch.', '')}, head dim {query.shape[-1]}, no mask"
-        if self.choices.get(what) != FP8_CHOICE:
-            self.choices[what] = FP8_CHOICE
-            log.info("attention%s (%s): %s", f" in {self.label}" if self.label else "", what, FP8_CHOICE)
+        if self.choices.get(what) != choice:
+            self.choices[what] = choice
+            log.info("attention%s (%s): %s", f" in {self.label}" if self.label else "", what, choice)
 
     def _log(self, sig: tuple, choice: SDPBackend | None, query, key) -> None:
         dtype = str(sig[1]).replace("torch.", "")
