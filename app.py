@@ -149,13 +149,16 @@ def main(argv=None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     config = parse_args(argv)
 
+    asked: list[int] = []                    # the stop signals that came while starting
+
     def starting(signum, frame):
+        asked.append(signum)
         raise _StoppedWhileStarting(signum)
 
     restore = [handle_signal(name, starting) for name in ("SIGINT", *STOP_SIGNALS)]
     made: list = []                          # the app once built (its runner runs): a stop then ends it cleanly
     try:
-        code = _start(config, made)
+        code = _start(config, made, asked)
     except _StoppedWhileStarting as e:        # Ctrl-C or SIGTERM before the app served: one line, no traceback
         log.info("stopped while starting")
         if not made:
@@ -171,17 +174,22 @@ def main(argv=None) -> int:
     return stop_runner(made[0].runner, signum)
 
 
-class _StoppedWhileStarting(Exception):
-    """Ctrl-C or SIGTERM (Windows: Ctrl-Break) before the app served its page."""
+class _StoppedWhileStarting(BaseException):
+    """Ctrl-C or SIGTERM (Windows: Ctrl-Break) before the app served its page. A BaseException, as KeyboardInterrupt
+    is: the handler raises it wherever the main thread is, often inside an import, and a library's `except
+    Exception` there took an Exception for its own failure and went on (CI: SIGINT during start-up, and the app
+    served anyway and never stopped)."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = int(signum)
 
 
-def _start(config: Config, made: list) -> int:
+def _start(config: Config, made: list, asked: list[int] | None = None) -> int:
     """From the checked options to a served app (put in `made` as soon as it is built): 0, or the exit code after
-    one line."""
+    one line. `asked`: the stop signals that came meanwhile (their handler raises `_StoppedWhileStarting`; should
+    code that catches everything have swallowed it, the stop still happens here, before the app serves)."""
+    asked = asked if asked is not None else []
     for line in ROCM_ENV.lines():
         log.info(line)
     log.info("%s", rocm.configure_host_heap())
@@ -216,6 +224,8 @@ def _start(config: Config, made: list) -> int:
         log.error("the app could not start: %s", e)
         return 2
     app = made[0]
+    if asked:
+        raise _StoppedWhileStarting(asked[0])
     app.launch(**launch_options(config).kwargs(), prevent_thread_lock=True)
     log.info("serving on %s (preset %s, outputs %s); Ctrl-C stops the app", app.local_url, config.preset,
              config.outputs.resolve())
@@ -224,7 +234,7 @@ def _start(config: Config, made: list) -> int:
     return 0
 
 
-class _StopNow(Exception):
+class _StopNow(BaseException):           # (not an Exception: as _StoppedWhileStarting)
     """A second stop signal while the running job finishes its step."""
 
 
