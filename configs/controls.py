@@ -267,7 +267,8 @@ CONTROLS: tuple[Control, ...] = (
             widget="radio", advanced=True,
             info="on: the transformer's attention runs in fp8 through cuDNN (NVIDIA Hopper or newer, with the "
                  "nvidia-cudnn-frontend package): slightly less exact than bf16, and on an H200 with cuDNN 9.19 "
-                 "about 5 % faster a step (BENCHMARKS.md). Jobs that ask for it elsewhere are refused.",
+                 "about 5 % faster a step (BENCHMARKS.md); with FlashAttention-4 installed, bf16 attention is "
+                 "faster: leave this off. Jobs that ask for it elsewhere are refused.",
             help="on: the transformer's attention in fp8 through NVIDIA's cuDNN frontend (Hopper or newer; pip "
                  "install nvidia-cudnn-frontend); off (default): bf16. Refused where the GPU or the install lacks "
                  "it"),
