@@ -21,7 +21,8 @@ from tests.conftest import ROOT
 PACKAGES = ("app", "cli", "common", "configs", "farm", "jobs", "memory", "pipeline", "post", "rocm", "ui", "video")
 HEAVY = {"torch", "diffusers", "transformers", "accelerate", "gradio", "gradio_client", "ray", "av", "safetensors",
          "huggingface_hub", "playwright", "psutil", "tqdm", "PIL", "numpy", "einops", "httpx",
-         "cudnn"}                       # cudnn: the optional cuDNN frontend (rocm/fp8_attention.py)
+         "cudnn",                       # cudnn: the optional cuDNN frontend (rocm/fp8_attention.py)
+         "flash_attn"}                  # flash_attn: the optional FlashAttention-4 (rocm/sdpa.py), CuTe DSL
 ONE_PLATFORM = {"resource", "fcntl", "msvcrt", "winreg", "termios", "ctypes"}
 
 
