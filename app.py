@@ -185,11 +185,10 @@ class _StoppedWhileStarting(BaseException):
         self.signum = int(signum)
 
 
-def _start(config: Config, made: list, asked: list[int] | None = None) -> int:
+def _start(config: Config, made: list, asked: list[int]) -> int:
     """From the checked options to a served app (put in `made` as soon as it is built): 0, or the exit code after
     one line. `asked`: the stop signals that came meanwhile (their handler raises `_StoppedWhileStarting`; should
     code that catches everything have swallowed it, the stop still happens here, before the app serves)."""
-    asked = asked if asked is not None else []
     for line in ROCM_ENV.lines():
         log.info(line)
     log.info("%s", rocm.configure_host_heap())
