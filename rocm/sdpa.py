@@ -177,6 +177,12 @@ def fa4_fits(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> 
             and _fa4_here(query))
 
 
+def _give_up(failed: list[str], kernel: str, e: Exception, instead: str) -> None:
+    """A kernel failed: keep why in `failed` (the process's record: no later call tries it) and say it once."""
+    failed.append(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+    log.warning("%s failed (%s); attention %s for the rest of this process", kernel, failed[0], instead)
+
+
 def _run_fa4(query, key, value, scale) -> torch.Tensor | None:
     """FlashAttention-4 on (batch, heads, tokens, dim) inputs, its output in the fused kernels' layout (token-major:
     `_out_like`), or None once it has failed in this process (said once)."""
@@ -185,9 +191,7 @@ def _run_fa4(query, key, value, scale) -> torch.Tensor | None:
     except torch.OutOfMemoryError:
         raise
     except Exception as e:      # a CuTe DSL compile or launch failure: the fused kernels from here on
-        _FA4_FAILED.append(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
-        log.warning("FlashAttention-4 failed (%s); attention uses PyTorch's fused kernels for the rest of this "
-                    "process", _FA4_FAILED[0])
+        _give_up(_FA4_FAILED, "FlashAttention-4", e, "uses PyTorch's fused kernels")
         return None
     return out.transpose(1, 2)
 
@@ -261,9 +265,7 @@ def _run_fp8(query: torch.Tensor, z: fa.Quantized, scale: Optional[float]) -> to
     except torch.OutOfMemoryError:
         raise
     except Exception as e:      # the frontend or cuDNN refused this graph or this GPU: bf16 from here on
-        _FP8_FAILED.append(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
-        log.warning("fp8 attention failed (%s); attention runs in bf16 for the rest of this process",
-                    _FP8_FAILED[0])
+        _give_up(_FP8_FAILED, "fp8 attention", e, "runs in bf16")
         return None
     if _ACTIVE:
         _ACTIVE[-1]._note(query, FP8_CHOICE)
