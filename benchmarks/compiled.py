@@ -13,16 +13,20 @@ section's latents (25 sampling steps of the real sampler from the same noise).
 `jobs`: whole jobs through the orchestrator (all five full-size models, 20 GB cap, preserved 6) in one process, one
 per `--jobs` entry: eager | compiled | lora (compiled + one random rank-16 LoRA on every block Linear) | teacache
 (compiled + TeaCache 0.15) | attn8 (compiled + fp8 attention) | fp8 (compiled + fp8 compute; converts the
-transformer, so it and fp8+attn8 (fp8 compute + fp8 attention) come last). Per job: end
+transformer, so it and fp8+attn8 (fp8 compute + fp8 attention) come last); as in `step`, a job ending in
+`/fa4` (eager/fa4, compiled/fa4, fp8/fa4, ...) has the bf16 attention through FlashAttention-4 where installed, the
+others through PyTorch's fused kernels (so `eager` is today's eager job whether or not flash-attn-4 is here). Per job: end
 to end, the transformer's sampling, the kernel preparation, the graphs dynamo compiled during the job (0 = no
-recompile). The final latents of each job are saved in `--latents` and compared with the first job's (and, with
-`--compare`, with the latents another process saved).
+recompile). The final latents of each job are saved in `--latents` (`<variant>-<n>.safetensors`, a `/` written
+as `_`) and compared with the first job's (and, with `--compare`, with the latents another process saved); `--out`
+is written again after each job (a run cut short keeps the jobs it finished).
 
     python3 benchmarks/compiled.py step --out step.json
     TORCHINDUCTOR_CACHE_DIR=/tmp/ind python3 benchmarks/compiled.py jobs --jobs eager,compiled --latents lat \
         --out cold.json          # a fresh process: the first compiled job compiles (cold cache)
     TORCHINDUCTOR_CACHE_DIR=/tmp/ind python3 benchmarks/compiled.py jobs --jobs compiled,compiled --latents lat \
         --compare lat/eager-0.safetensors --out warm.json     # a restarted process: warm cache, then a second job
+    python3 benchmarks/compiled.py jobs --jobs eager,compiled/fa4,compiled/fa4 --latents lat --out fa4.json
     python3 benchmarks/compiled.py jobs --tiny --jobs eager,compiled --force --out t.json     # CPU, tiny preset
 """
 from __future__ import annotations
@@ -48,10 +52,19 @@ LINEAR_FLOP, ATTENTION_FLOP = 2.5e14, 2.5e14      # one full-size step at 608×6
 DENSE_PEAKS = (989e12, 1979e12)                    # H100 / H200 dense bf16, fp8 FLOP/s (the floor's peaks)
 
 
+def split_variant(variant: str) -> tuple[str, bool]:
+    """A variant's kind (what comes before any `/`) and whether its bf16 attention may run through FlashAttention-4
+    (the suffix `/fa4`; without it the variant runs inside `rocm.sdpa.flash_attention_4(False)`)."""
+    kind, _, kernel = variant.partition("/")
+    if kernel not in ("", "fa4"):
+        raise SystemExit(f"unknown attention kernel {kernel!r} in {variant!r} (only /fa4)")
+    return kind, kernel == "fa4"
+
+
 def floor_s(variant: str) -> float:
     """The step's arithmetic floor: its products at the dense peak of the precision they run in."""
     bf16, fp8 = DENSE_PEAKS
-    variant = variant.split("/")[0]
+    variant = split_variant(variant)[0]
     return (LINEAR_FLOP / (fp8 if variant.startswith("fp8") else bf16)
             + ATTENTION_FLOP / (fp8 if variant.endswith("attn8") else bf16))
 
@@ -107,8 +120,8 @@ def step_main(args) -> None:
         if variant.startswith("fp8") and not any(isinstance(m, compiled.Fp8Linear) for m in tr.modules()):
             recipe = "rowwise" if args.tiny else compiled.fp8_recipe(device)
             compiled.use_fp8_compute(tr, recipe, device)
-        kind, _, kernel = variant.partition("/")
-        with fp8_attention(kind.endswith("attn8")), flash_attention_4(kernel == "fa4"):
+        kind, fa4 = split_variant(variant)
+        with fp8_attention(kind.endswith("attn8")), flash_attention_4(fa4):
             _step_variant(args, variant, tr, inputs, device, caps, blocks, results, sections)
     cosines = _attention_cosines(tr, inputs, device, caps, blocks) if args.attn_cosine else None
     _report(args, device, build_s, variants, results, sections, cosines)
@@ -166,7 +179,7 @@ def _step_variant(args, variant, tr, inputs, device, caps, blocks, results, sect
     from benchmarks.transformer_step import run_config
     from pipeline import compiled
 
-    blocks.enabled = variant.split("/")[0] != "eager"
+    blocks.enabled = split_variant(variant)[0] != "eager"
     prepare_s = None
     if blocks.enabled:        # the first call compiles (timed here, not in the steps)
         before = compiled.compiled_graphs()
@@ -245,6 +258,7 @@ def jobs_main(args) -> None:
     from pipeline.events import Done
     from pipeline.orchestrator import generate
     from pipeline.request import Request, prepare
+    from rocm.sdpa import flash_attention_4
 
     _ensure_video_writer()
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -256,28 +270,33 @@ def jobs_main(args) -> None:
     lora_name = None
     args.latents.mkdir(parents=True, exist_ok=True)
     rows, first, seen = [], None, {}
+    meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "build_s": build_s, "date": time.strftime("%Y-%m-%d"),
+            "cache": str(compiled.cache_folder())}
     with tempfile.TemporaryDirectory() as outputs:
         for n, variant in enumerate(v for v in args.jobs.split(",") if v):
-            if variant == "lora" and lora_name is None:
+            kind, fa4 = split_variant(variant)
+            if kind == "lora" and lora_name is None:
                 lora_name = write_random_lora(comps.transformer, lora_dir)
-            if variant.startswith("fp8"):
+            if kind.startswith("fp8"):
                 recipe = "rowwise" if device.type == "cpu" else compiled.fp8_recipe(device)
                 if not any(isinstance(m, compiled.Fp8Linear) for m in comps.transformer.modules()):
                     compiled.use_fp8_compute(comps.transformer, recipe, device)
             request = Request(image=_image(height, width), prompt="a red fox runs through fresh snow",
-                              seconds=args.seconds if variant not in ("lora", "teacache") else args.short_seconds,
-                              steps=args.steps, seed=31337, teacache=0.15 if variant == "teacache" else 0.0,
-                              loras=f"{lora_name}:0.8" if variant == "lora" else "",
-                              compile="off" if variant == "eager" else "on",
-                              fp8_attention="on" if variant.endswith("attn8") else "off")
+                              seconds=args.seconds if kind not in ("lora", "teacache") else args.short_seconds,
+                              steps=args.steps, seed=31337, teacache=0.15 if kind == "teacache" else 0.0,
+                              loras=f"{lora_name}:0.8" if kind == "lora" else "",
+                              compile="off" if kind == "eager" else "on",
+                              fp8_attention="on" if kind.endswith("attn8") else "off")
             memory = MemoryManager(device=device, cap_gb=args.cap_gb, preserved_gb=args.preserved_gb)
             memory.set_workload(height, width, 9)
             memory.prepare(**comps.models())
             graphs = compiled.compiled_graphs()
             t = time.perf_counter()
-            events = list(generate(prepare(request, comps.preset.default_resolution), comps, memory,
-                                   outputs=Path(outputs) / f"job{n}", lora_dir=lora_dir,
-                                   compile="force" if args.force else "auto"))
+            with flash_attention_4(fa4):
+                events = list(generate(prepare(request, comps.preset.default_resolution), comps, memory,
+                                       outputs=Path(outputs) / f"job{n}", lora_dir=lora_dir,
+                                       compile="force" if args.force else "auto"))
             total = time.perf_counter() - t
             end = events[-1]
             if not isinstance(end, Done):
@@ -285,7 +304,7 @@ def jobs_main(args) -> None:
             sampling = sum(r.ended - r.started for r in memory.records if r.name == "transformer")
             saved = load_file(str(end.job_dir / "latents.safetensors"))
             latents = saved["history"]
-            save_file({"history": latents}, str(args.latents / f"{variant}-{n}.safetensors"))
+            save_file({"history": latents}, str(args.latents / f"{variant.replace('/', '_')}-{n}.safetensors"))
             row = {"job": n, "variant": variant, "seconds": request.seconds, "total_s": total, "sampling_s": sampling,
                    "preparing_kernels_s": float(end.timings.get("preparing kernels", 0.0)),
                    "graphs_compiled": compiled.compiled_graphs() - graphs,
@@ -305,12 +324,9 @@ def jobs_main(args) -> None:
                 if ref.shape == latents.shape:
                     row.setdefault("latents_rel_err_vs", {})[Path(other).name] = rel(latents, ref)
             rows.append(row)
+            args.out.write_text(json.dumps({"meta": meta, "jobs": rows}, indent=1, default=str))   # after each job
             log.info("job %d (%s): %.1f s end to end, %.1f s sampling, %d graphs compiled", n, variant, total,
                      sampling, row["graphs_compiled"])
-    meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "build_s": build_s, "date": time.strftime("%Y-%m-%d"),
-            "cache": str(compiled.cache_folder())}
-    args.out.write_text(json.dumps({"meta": meta, "jobs": rows}, indent=1, default=str))
     print(f"\n{meta['device']}, torch {meta['torch']}, build {build_s:.0f} s, kernel cache {meta['cache']}")
     print("| job | variant | video s | end to end s | sampling s | preparing kernels s | graphs compiled | "
           "peak reserved GiB | latents vs first (rel.) | vs --compare | bits = last such job |\n"
