@@ -25,12 +25,12 @@ from configs.controls import CONTROLS, Control, control
 from configs.options import OneLineParser, add_process_options, config_from, outputs_problem
 from configs.presets import get_preset
 from configs.runtime import Config
+from jobfolder.folder import finished_video, load_job, result_of
 from jobs import jsonl
 from jobs import store as qs
 from jobs.doors import LOCAL, admitted
 from jobs.line import Waiting
 from jobs.preflight import preflight_for
-from pipeline.jobs import finished_video, load_job, result_of
 from post.steps import EXPORTS, PostRequest, is_post
 from post.steps import request_from as post_request_from
 

@@ -21,8 +21,8 @@ from typing import Any, Iterator
 
 from configs.runtime import FarmOptions
 from farm.workers import JobWorker, Placed, WorkerConfig
+from jobfolder.folder import CHECKPOINT
 from pipeline.events import Done, Failed, LogLine, Started, WorkerLine
-from pipeline.jobs import CHECKPOINT
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ class Farm:
         """After a lost worker: (what to run next, what to tell the user). A job that has its folder continues
         there (pipeline/resume.py): from its last section checkpoint, or from the start when it had not finished
         a section; one lost before its folder existed starts again as it was asked."""
-        from pipeline.checkpoint import load_checkpoint
+        from jobfolder.checkpoint import load_checkpoint
 
         if job_dir is None and isinstance(job, (str, Path)):
             job_dir = Path(job)

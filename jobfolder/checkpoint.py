@@ -10,7 +10,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save
 
 from common.files import atomic_write_bytes
-from pipeline.jobs import CHECKPOINT
+from jobfolder.folder import CHECKPOINT
 
 KEYFRAME_LATENT = "keyframe_latent_{}"       # the keyframes' VAE latents (pipeline/keyframes.py), in time order
 

@@ -21,7 +21,7 @@ from typing import Callable
 
 from common.files import atomic_copy, atomic_write_bytes, atomic_write_json, file_sha256, rename_new
 
-CHECKPOINT = "latents.safetensors"       # the latest section's latents and random state (pipeline/checkpoint.py)
+CHECKPOINT = "latents.safetensors"       # the latest section's latents and random state (jobfolder/checkpoint.py)
 PACKAGES = ("torch", "diffusers", "transformers", "accelerate", "huggingface_hub", "safetensors", "av", "gradio",
             "pillow", "numpy")
 

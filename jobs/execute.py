@@ -15,10 +15,10 @@ from collections.abc import Generator
 from typing import Callable, Iterator
 
 from configs.runtime import Config
+from jobfolder.folder import Job
 from memory.manager import MemoryManager
 from pipeline.cancel import CancelToken
 from pipeline.events import Done, Failed, MemoryReport
-from pipeline.jobs import Job
 from pipeline.orchestrator import generate
 from pipeline.resume import ResumeRequest, resume
 from post.job import CheckedPost, folders_of, run_post
@@ -43,7 +43,7 @@ def run_job(job, components, memory: MemoryManager, config: Config, cancel: Canc
     """The events of `job` (pipeline.request.PreparedRequest: a new job; pipeline.resume.ResumeRequest: continue its
     folder; post.job.CheckedPost: a post-processing job, new or continued, `components` unused), a MemoryReport
     (the memory timeline) just before the end; always ends with one Done or Failed.
-    `owner`: the user who started a new job. `on_open(job)`: called with the run's own job folder (pipeline/jobs.py)
+    `owner`: the user who started a new job. `on_open(job)`: called with the run's own job folder (jobfolder/folder.py)
     as soon as it is open, so what it records is kept by the run's later writes (a farm worker notes itself).
     `split`: this process's part of a job split over several GPUs (jobs/split.py, pipeline/split.py), else None."""
     events: Iterator

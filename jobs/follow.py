@@ -16,11 +16,11 @@ from types import SimpleNamespace
 from typing import Iterator
 
 from configs.generation import DEFAULTS
+from jobfolder.folder import load_job
 from jobs import store as qs
 from jobs.line import Speed, Waiting
 from jobs.runner import ENDED, QueuedJob, Runner
 from pipeline.events import Done, Failed, Progress
-from pipeline.jobs import load_job
 from post.steps import is_post
 
 log = logging.getLogger(__name__)

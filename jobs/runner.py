@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Callable
 
 from common.errors import InputError
+from jobfolder.folder import mark_stopped
 from jobs import jsonl
 from jobs import store as qs
 from jobs.local import Work
@@ -49,7 +50,6 @@ from jobs.preflight import Preflight
 from jobs.text import progress_line
 from pipeline.cancel import CancelToken
 from pipeline.events import Cancelled, Done, Failed, Preview, Progress, SectionVideo, Started
-from pipeline.jobs import mark_stopped
 from post.job import folders_of, is_post_folder
 from post.job import is_done as post_done
 from post.job import prepare_resume as post_resume
@@ -80,7 +80,7 @@ class Stop(enum.Enum):
 
 @dataclass
 class QueuedJob:
-    """A queue entry this process follows: started here, or run here (its job folder is a pipeline.jobs.Job once
+    """A queue entry this process follows: started here, or run here (its job folder is a jobfolder.folder.Job once
     it has one: `job_dir`)."""
     entry: str
     origin: str = "queue"

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Started:
-    """The job has its folder (job.json and its images written, pipeline/jobs.py): from here on, whatever happens
+    """The job has its folder (job.json and its images written, jobfolder/folder.py): from here on, whatever happens
     to the process, `resume` continues it there. A queue notes the folder at this event."""
     job_dir: Path
     resumed: bool = False       # continuing a folder that was made before

@@ -52,8 +52,8 @@ from PIL import Image
 
 from common.errors import InputError
 from common.files import file_sha256
+from jobfolder.folder import CHECKPOINT, finished_video, load_job
 from pipeline import sections as sec
-from pipeline.jobs import CHECKPOINT, finished_video, load_job
 from pipeline.video_input import FIELD, InputVideo, load_video
 
 F1_HISTORY = sum(sec.HISTORY_F1)             # 19 latents of clean context
@@ -139,7 +139,7 @@ def min_frames(window: int) -> int:
 
 
 def job_source(job_dir: Path, request) -> tuple[ExtendSource, Image.Image]:
-    from pipeline.checkpoint import load_checkpoint
+    from jobfolder.checkpoint import load_checkpoint
 
     def refused(why: str, advice: str = "") -> InputError:
         return InputError(FIELD, f"{{file}}: {why}", path=job_dir, advice=advice)

@@ -26,20 +26,20 @@ from common.errors import InputError, JobStopped
 from common.files import file_sha256
 from common.units import MIB
 from configs.video import DECODE_SPEED, ENCODING
+from jobfolder.checkpoint import save_checkpoint
+from jobfolder.folder import Job
 from memory.hostplan import FRAMEPACK_STAGES, HostBudgetError
 from memory.manager import MemoryManager
 from memory.snapshot import host_rss_bytes
 from pipeline import compiled, keyframes, lora, text_to_video, timeline
 from pipeline import sections as sec
 from pipeline.cancel import CancelToken
-from pipeline.checkpoint import save_checkpoint
 from pipeline.components import Components
 from pipeline.decode_speed import decode_speed
 from pipeline.denoiser import FramepackDenoiser
 from pipeline.eta import FINISHING, Remaining
 from pipeline.events import Done, Event, Failed, LogLine, Preview, Progress, SectionVideo, Started
 from pipeline.images import to_model_tensor
-from pipeline.jobs import Job
 from pipeline.logcapture import capture_logs
 from pipeline.preview import preview_image
 from pipeline.prompt_cache import cache_key, default_cache
@@ -143,7 +143,7 @@ class JobRun:
 
     @property
     def job(self) -> Job:
-        """The job's folder (pipeline/jobs.py), open from the job's start (`_open_job`) on."""
+        """The job's folder (jobfolder/folder.py), open from the job's start (`_open_job`) on."""
         if self._job is None:
             raise RuntimeError("the job folder is not open yet")
         return self._job
@@ -509,7 +509,7 @@ class JobRun:
         if written.path.name not in info["videos"]:       # (a resume writes a missing or damaged one again)
             info["videos"].append(written.path.name)
         # The hash of the raw frames (before encoding) lets a resumed job be compared with an uninterrupted one;
-        # the file's, that the file is still the one written (pipeline/jobs.py damaged_sections).
+        # the file's, that the file is still the one written (jobfolder/folder.py damaged_sections).
         info["sections"] = [s for s in info["sections"] if s.get("section") != written.section] + [
             {"section": written.section, "frames": written.frames, "frames_sha256": written.frames_sha256,
              "video_sha256": file_sha256(written.path), "elapsed_s": round(time.monotonic() - self.t0, 3)}]

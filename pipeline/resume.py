@@ -20,10 +20,10 @@ from typing import Any, Generator
 
 from common.errors import InputError
 from configs import PRESETS
+from jobfolder.folder import CHECKPOINT, Job, damaged_sections, incomplete, load_job
 from pipeline import keyframes
 from pipeline.cancel import CancelToken
 from pipeline.events import Failed
-from pipeline.jobs import CHECKPOINT, Job, damaged_sections, incomplete, load_job
 from pipeline.request import PreparedRequest, Request, prepare, setting_problems
 
 log = logging.getLogger(__name__)
@@ -136,8 +136,8 @@ def resume(job: ResumeRequest, components, memory=None, *, cancel=None, lora_dir
            on_open=None, split=None) -> Generator:
     """Continue the checked job folder `job` (from prepare_resume); yields the same events as generate().
     `compile`, `on_open`, `split`: as generate()'s."""
+    from jobfolder.checkpoint import saved_sections
     from memory.manager import MemoryManager
-    from pipeline.checkpoint import saved_sections
     from pipeline.orchestrator import JobRun
     from pipeline.strategy import Resumed, first_strategy
 

@@ -5,7 +5,7 @@ what differs between a new job, an extension and a resumed job of either kind:
 - the job folder (a new one with its prepared images, or the interrupted job's own: `open_folder`, `begin`);
 - the starting state: start and end latents, the latent history, the sections done and the random generator's
   state (`starting_point`): a new job VAE-encodes its images, an extension takes its input's latents
-  (pipeline/extend.py `starting_point`), a resumed job its checkpoint (pipeline/checkpoint.py `SavedSections`);
+  (pipeline/extend.py `starting_point`), a resumed job its checkpoint (jobfolder/checkpoint.py `SavedSections`);
 - the finished sections decoded again before sampling goes on, so the blends match an uninterrupted run
   (`decode_again`), and an input video's frames put before or after the new ones (`put_input`, `lead_frames`);
 - what of the history each section sees (`section_inputs`: an extension's input, limited to its context frames).
@@ -22,11 +22,11 @@ from typing import Any, Generator, Iterator
 import numpy as np
 import torch
 
+from jobfolder.checkpoint import SavedSections
+from jobfolder.folder import Job
 from pipeline import extend, extend_resume
 from pipeline import sections as sec
-from pipeline.checkpoint import SavedSections
 from pipeline.events import Event
-from pipeline.jobs import Job
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class NewJob:
         return 0
 
     def open_folder(self, run: Any) -> Job:
-        """A new folder with the prepared images (job.json written last, pipeline/jobs.py)."""
+        """A new folder with the prepared images (job.json written last, jobfolder/folder.py)."""
         return Job.create(run.outputs, run.request.settings(), run.model_info(), lambda job: self.fill(run, job))
 
     def fill(self, run: Any, job: Job) -> None:

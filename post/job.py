@@ -24,8 +24,8 @@ import rocm
 from common.errors import InputError, JobStopped, WeightsNotFound
 from common.files import atomic_copy, atomic_write_bytes, file_sha256
 from configs.presets import get_preset
+from jobfolder.folder import Job, load_job
 from pipeline.events import Done, Failed, LogLine, Preview, Progress, Started
-from pipeline.jobs import Job, load_job
 from post import export as ex
 from post import modelfiles as mf
 from post.frames import probe, read

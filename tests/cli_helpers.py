@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from pipeline.checkpoint import load_checkpoint
+from jobfolder.checkpoint import load_checkpoint
 from tests.conftest import ROOT, job_folders
 from tests.kill_helpers import shared
 

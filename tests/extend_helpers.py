@@ -10,9 +10,9 @@ import av
 import numpy as np
 import torch
 
+from jobfolder.checkpoint import load_checkpoint
 from pipeline import sections as sec
 from pipeline.cancel import CancelToken
-from pipeline.checkpoint import load_checkpoint
 from pipeline.events import Done, Progress
 from pipeline.orchestrator import generate
 from pipeline.request import prepare

@@ -28,7 +28,7 @@ PRELOAD = ["torch", "diffusers", "transformers", "av", "PIL.Image", "numpy", "sa
 
 @dataclass(frozen=True)
 class KillAt:
-    """Kill the child (SIGKILL) at the `call`th call of `module.attribute` ("pipeline.jobs:atomic_copy"), when it
+    """Kill the child (SIGKILL) at the `call`th call of `module.attribute` ("jobfolder.folder:atomic_copy"), when it
     starts (`after=False`) or right after it returned. With `errno`, that call raises OSError(errno) instead (a
     full disk: errno.ENOSPC), and the child goes on."""
     target: str

@@ -22,7 +22,7 @@ CHROMIUM = Path(os.environ.get("STEADYFRAME_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 REQUIRE_BROWSER = os.environ.get("STEADYFRAME_REQUIRE_BROWSER", "").strip() not in ("", "0", "false", "no")
-JOB_ID = r"^\d{8}-\d{6}-[0-9a-f]{6}$"        # pipeline.jobs.new_job_id: time + random, never user text
+JOB_ID = r"^\d{8}-\d{6}-[0-9a-f]{6}$"        # jobfolder.folder.new_job_id: time + random, never user text
 
 
 def free_port() -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 
-from pipeline.jobs import Job
+from jobfolder.folder import Job
 from pipeline.request import Request
 from tests.conftest import make_image
 from ui import jobs_gallery as jg

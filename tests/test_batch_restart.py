@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pipeline.checkpoint import load_checkpoint
+from jobfolder.checkpoint import load_checkpoint
 from tests.cli_helpers import cli, killed_after
 from tests.conftest import job_folders, make_image
 from tests.kill_helpers import tail

@@ -309,7 +309,7 @@ def test_reuse_settings_keeps_only_valid_values_of_a_hand_edited_job(tmp_path):
 
 
 def test_job_records_are_read_with_bounds(tmp_path):
-    from pipeline.jobs import JOB_JSON_MAX_BYTES, load_job
+    from jobfolder.folder import JOB_JSON_MAX_BYTES, load_job
     from ui import jobs_gallery
 
     good = _job(tmp_path, "20250101-000000-aaaaaa", {"seconds": 2, "seed": 1})
@@ -328,7 +328,7 @@ def test_job_records_are_read_with_bounds(tmp_path):
 
 def test_resume_refuses_a_hand_edited_job_before_loading_anything(tmp_path):
     from common.errors import InputError
-    from pipeline.checkpoint import CHECKPOINT
+    from jobfolder.checkpoint import CHECKPOINT
     from pipeline.resume import resume_request
 
     job = _job(tmp_path, "20250101-000000-dddddd", {"seconds": 1e12, "seed": 1})

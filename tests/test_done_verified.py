@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.jobs import CHECKPOINT, finished_video
+from jobfolder.folder import CHECKPOINT, finished_video
 from tests.conftest import ROOT, make_image
 from tests.kill_helpers import job_folder, shared
 
@@ -111,7 +111,7 @@ def test_an_older_record_without_hashes_is_checked_by_its_frame_counts(tmp_path)
     or a file that does not decode is named; a record naming no final video, or other section names, too."""
     import numpy as np
 
-    from pipeline.jobs import incomplete, result_of
+    from jobfolder.folder import incomplete, result_of
     from video.mp4 import write_mp4
 
     frames = np.zeros((5, 16, 16, 3), np.uint8)

@@ -12,8 +12,8 @@ import pipeline.components as components
 import pipeline.resume
 from common.errors import InputError, WeightsNotFound
 from configs import PRESETS
-from pipeline.checkpoint import save_checkpoint
-from pipeline.jobs import Job
+from jobfolder.checkpoint import save_checkpoint
+from jobfolder.folder import Job
 from pipeline.sections import Section
 from tests.cli_helpers import cli
 from tests.conftest import make_image

@@ -21,8 +21,8 @@ import torch
 
 from common.errors import InputError
 from common.files import file_sha256
+from jobfolder.checkpoint import load_checkpoint
 from pipeline import sections as sec
-from pipeline.checkpoint import load_checkpoint
 from pipeline.extend import load_source, min_frames
 from pipeline.request import Request, prepare
 from pipeline.video_input import resample

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from common.errors import InputError
+from jobfolder.checkpoint import load_checkpoint
 from pipeline import extend
 from pipeline import sections as sec
-from pipeline.checkpoint import load_checkpoint
 from pipeline.request import Request, prepare
 from tests.conftest import make_image
 from tests.extend_helpers import (

@@ -36,7 +36,7 @@ def test_a_full_or_read_only_disk_ends_in_one_line_and_the_job_resumes_once_it_i
     the job: one line naming the folder and what to do, exit 1, the job failed and resumable."""
     out = tmp_path / "out"
     proc = shared().start("generate", "--image", image, *JOB, "--out", out, "-q", separate=True, env=_env(),
-                          kill_at=KillAt("pipeline.checkpoint:atomic_write_bytes", 2, errno=code))
+                          kill_at=KillAt("jobfolder.checkpoint:atomic_write_bytes", 2, errno=code))
     proc.join(300)
     err, said = tail(proc.err, None), tail(proc.log, None)
     job = job_folder(out)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from jobfolder.checkpoint import load_checkpoint
 from pipeline.cancel import CancelToken
-from pipeline.checkpoint import load_checkpoint
 from pipeline.events import Done, Failed, LogLine, Preview, Progress, SectionVideo
 from pipeline.orchestrator import generate
 from pipeline.request import Request, prepare

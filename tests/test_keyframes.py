@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from common.errors import InputError
+from jobfolder.checkpoint import keyframe_latents, load_checkpoint
 from pipeline import keyframes as kf
 from pipeline import sections as sec
-from pipeline.checkpoint import keyframe_latents, load_checkpoint
 from pipeline.denoiser import FramepackDenoiser
 from pipeline.request import Request, prepare
 from tests.conftest import make_image

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.checkpoint import CHECKPOINT, load_checkpoint
+from jobfolder.checkpoint import CHECKPOINT, load_checkpoint
 from tests.kill_helpers import JobProcesses, KillAt, job_folder, tail, wait_for_folder
 from tests.server_helpers import saved_image
 
@@ -130,8 +130,8 @@ MOMENTS = {
                                                                after=True),
     "inside the video writer": KillAt("video.section_writer:write_segments", 2),
     "inside a decode": KillAt("pipeline.orchestrator:JobRun._decode", 2),
-    "before the final file's copy": KillAt("pipeline.jobs:atomic_copy", 1),
-    "after the final file, before job.json says done": KillAt("pipeline.jobs:atomic_copy", 1, after=True),
+    "before the final file's copy": KillAt("jobfolder.folder:atomic_copy", 1),
+    "after the final file, before job.json says done": KillAt("jobfolder.folder:atomic_copy", 1, after=True),
 }
 
 
@@ -146,7 +146,7 @@ def test_a_job_killed_at_a_named_moment_resumes_to_the_same_video(procs, image_1
 def test_a_job_killed_while_its_folder_is_made_leaves_no_folder(procs, image_128x96, tmp_path):
     """Before job.json is written nothing under a job's name exists; there is nothing to resume and nothing lost."""
     out = tmp_path / "out"
-    assert procs.run("generate", "--image", image_128x96, *JOB, "--out", out, kill_at=KillAt("pipeline.jobs:Job.save")) < 0
+    assert procs.run("generate", "--image", image_128x96, *JOB, "--out", out, kill_at=KillAt("jobfolder.folder:Job.save")) < 0
     assert job_folder(out) is None
     (partial,) = out.glob(".*.partial")               # only the hidden folder being made
     assert partial.name.startswith(".") and partial.name.endswith(".partial")

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-PACKAGES = ("app", "cli", "common", "configs", "farm", "jobs", "memory", "pipeline", "post", "rocm", "ui", "video")
+PACKAGES = ("app", "cli", "common", "configs", "farm", "jobfolder", "jobs", "memory", "pipeline", "post", "rocm", "ui",
+            "video")
 HEAVY = {"torch", "diffusers", "transformers", "accelerate", "gradio", "gradio_client", "ray", "av", "safetensors",
          "huggingface_hub", "playwright", "psutil", "tqdm", "PIL", "numpy", "einops", "httpx",
          "cudnn",                       # cudnn: the optional cuDNN frontend (rocm/fp8_attention.py)

@@ -216,7 +216,7 @@ def test_a_tiny_job_with_magcache_skips_steps_and_off_is_the_plain_job(tiny_orig
     computed steps, the log and job.json say so, and the latents differ from the plain job's. On but made never to
     skip: the plain job bit for bit (MagCache's bookkeeping changes no computed step)."""
     import pipeline.magcache as magcache
-    from pipeline.checkpoint import load_checkpoint
+    from jobfolder.checkpoint import load_checkpoint
 
     made = []
     real_init = magcache.MagCache.__init__

@@ -18,8 +18,8 @@ import pytest
 import torch
 from gradio_client import handle_file
 
+from jobfolder.checkpoint import load_checkpoint
 from jobs import store as qs
-from pipeline.checkpoint import load_checkpoint
 from tests.browser_helpers import fill_job, require_browser
 from tests.conftest import ROOT
 from tests.kill_helpers import shared

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
+from jobfolder.checkpoint import load_checkpoint
 from memory.manager import MemoryManager
-from pipeline.checkpoint import load_checkpoint
 from pipeline.events import Done, Failed, LogLine
 from pipeline.request import Request
 from tests.conftest import make_image, run_job

@@ -14,7 +14,7 @@ from tests.conftest import ROOT
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
 LIGHT = ("pipeline.events", "pipeline.cancel", "common.errors", "pipeline.request", "pipeline.resume",
-         "pipeline.jobs", "jobs.runner", "jobs.store", "jobs.preflight", "jobs.local", "cli.commands", "cli.queue",
+         "jobfolder.folder", "jobs.runner", "jobs.store", "jobs.preflight", "jobs.local", "cli.commands", "cli.queue",
          "rocm", "configs", "common.files", "common.units", "common.patches", "common.environment", "memory.estimate")
 
 

@@ -49,7 +49,7 @@ def reference_latents(components, image, prompt, *, mode, window, sections, end_
 
 def our_latents(components, image, prompt, tmp_path, *, mode, window, sections, end_image=None,
                 end_embed_weight=0.0):
-    from pipeline.checkpoint import load_checkpoint
+    from jobfolder.checkpoint import load_checkpoint
     from pipeline.events import Done
     from pipeline.request import Request
 

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from pipeline.checkpoint import CHECKPOINT, load_checkpoint
+from jobfolder.checkpoint import CHECKPOINT, load_checkpoint
 from tests.cli_helpers import cli, killed_after
 from tests.cli_helpers import cli_env as _env
 from tests.cli_helpers import sections_done as _sections_done
@@ -66,7 +66,7 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one(image, uninterrup
     child = textwrap.dedent(f"""
         import os, signal, sys
         sys.argv = ["pipeline", "generate", "--image", {str(image)!r}, *{SETTINGS!r}, "--out", {str(out)!r}, "-q"]
-        import pipeline.checkpoint as ckpt
+        import jobfolder.checkpoint as ckpt
         real_write, calls = ckpt.atomic_write_bytes, []
         def dying_write(path, data):
             calls.append(path)

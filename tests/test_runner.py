@@ -217,7 +217,7 @@ def test_an_entry_of_a_complete_job_folder_ends_done_and_says_what_it_made(runne
     it by the refusal's type (pipeline.resume.AlreadyComplete), and the command line following it reads the video
     and its frames from job.json, not from the entry's message."""
     from cli.commands import _as_event
-    from pipeline.jobs import Job
+    from jobfolder.folder import Job
     from pipeline.resume import AlreadyComplete, prepare_resume
 
     settings = _request().settings()

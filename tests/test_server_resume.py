@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from common.errors import InputError
+from jobfolder.checkpoint import CHECKPOINT, load_checkpoint
 from jobs.runner import Busy
-from pipeline.checkpoint import CHECKPOINT, load_checkpoint
 from pipeline.events import Done, SectionVideo
 from pipeline.request import Request
 from pipeline.sections import make_plan

@@ -138,11 +138,11 @@ def _events_until(events, predicate):
 def test_killed_helper_fails_the_job_and_the_resume_finishes_it(tmp_path, monkeypatch):
     import jobs.split as split_mod
     from configs.runtime import Config
+    from jobfolder.checkpoint import load_checkpoint
     from jobs.local import Work
     from jobs.models import ComponentCache
     from jobs.split import SplitExecutor
     from pipeline.cancel import CancelToken
-    from pipeline.checkpoint import load_checkpoint
     from pipeline.events import Done, Failed, LogLine, Progress
     from pipeline.request import Request, prepare
     from pipeline.resume import prepare_resume

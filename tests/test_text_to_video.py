@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from common.errors import InputError
-from pipeline.checkpoint import load_checkpoint
+from jobfolder.checkpoint import load_checkpoint
 from pipeline.events import Done, LogLine
 from pipeline.request import Request, prepare
 from tests.conftest import make_image, run_job

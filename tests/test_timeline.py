@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from common.errors import InputError
+from jobfolder.checkpoint import load_checkpoint
 from pipeline import timeline as tl
 from pipeline.cancel import CancelToken
-from pipeline.checkpoint import load_checkpoint
 from pipeline.denoiser import FramepackDenoiser
 from pipeline.events import Done, Progress
 from pipeline.orchestrator import generate

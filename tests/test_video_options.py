@@ -10,8 +10,8 @@ import gradio as gr
 import pytest
 
 from configs.controls import CONTROLS, control
+from jobfolder.folder import Job, load_job
 from jobs.runner import NEW_SEED_MAX, with_new_seed, with_new_seed_switch
-from pipeline.jobs import Job, load_job
 from pipeline.request import Request
 from tests.conftest import make_image, run_job
 from ui.access import Access

@@ -209,14 +209,14 @@ def test_a_file_windows_will_not_delete_stays(tmp_path, monkeypatch):
     assert files.unlink_if_possible(tmp_path / "gone") is True
 
 
-# ---- pipeline/jobs.py: the job folder's rename ----------------------------------------------------------------------
+# ---- jobfolder/folder.py: the job folder's rename -------------------------------------------------------------------
 def test_a_job_folder_is_renamed_once_the_scanner_lets_go(tmp_path, monkeypatch):
     """A job folder is made as .<id>.partial and renamed; Windows refuses while a file in it is open (an antivirus
     scanning the images just written)."""
-    from pipeline import jobs
-    from pipeline.jobs import Job
+    from jobfolder import folder
+    from jobfolder.folder import Job
 
-    monkeypatch.setattr(jobs, "package_versions", dict)          # (torch refuses to import on a fake Windows)
+    monkeypatch.setattr(folder, "package_versions", dict)          # (torch refuses to import on a fake Windows)
     _windows(monkeypatch)
     rename, calls = _refused(os.rename, 2)
     monkeypatch.setattr(os, "rename", rename)

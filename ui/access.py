@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import InputError
-from pipeline.jobs import load_job
+from jobfolder.folder import load_job
 from pipeline.request import shown
 from ui.guard import client_key
 

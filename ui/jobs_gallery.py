@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.jobs import atomic_write_bytes, load_job
+from jobfolder.folder import atomic_write_bytes, load_job
 from post.steps import CHUNKS_DIR, is_post
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class JobEntry:
     @property
     def resumable(self) -> bool:
         """Not finished and has a checkpoint to continue from (a stopped, failed or interrupted job)."""
-        from pipeline.checkpoint import CHECKPOINT
+        from jobfolder.checkpoint import CHECKPOINT
 
         if is_post(self.settings):                      # a post job continues at its next chunk
             return self.status != "done" and (self.dir / CHUNKS_DIR).is_dir()

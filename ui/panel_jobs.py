@@ -16,10 +16,10 @@ import gradio as gr
 from PIL import Image
 
 from common.errors import InputError
+from jobfolder.folder import PARTIAL_SUFFIX, atomic_write_bytes
 from jobs import studio
 from jobs.doors import admitted
 from pipeline import keyframes
-from pipeline.jobs import PARTIAL_SUFFIX, atomic_write_bytes
 from ui import jobs_gallery, messages
 from ui import settings as st
 from ui.context import AppContext

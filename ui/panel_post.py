@@ -14,11 +14,11 @@ import gradio as gr
 
 from common.errors import InputError
 from configs.controls import control
+from jobfolder.folder import finished_video, load_job
 from jobs.line import Waiting
 from jobs.runner import Busy
 from jobs.text import progress_line, waiting_text
 from pipeline.events import Cancelled, Done, Failed, Preview, Progress
-from pipeline.jobs import finished_video, load_job
 from post.modelfiles import SUFFIXES
 from post.steps import EXPORTS, PostRequest, request_from
 from ui import doors

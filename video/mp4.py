@@ -127,7 +127,7 @@ def read_frames(path: Path) -> np.ndarray:
 
 
 def decoded_frames(path: Path) -> int:
-    """How many frames the file decodes to (a job's record is checked against it: pipeline/jobs.py). Raises
+    """How many frames the file decodes to (a job's record is checked against it: jobfolder/folder.py). Raises
     OSError (av.FFmpegError is one) when it cannot be opened or decoded."""
     import av
 
