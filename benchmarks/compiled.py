@@ -253,6 +253,7 @@ def jobs_main(args) -> None:
 
     from benchmarks.fullsize import build_components
     from benchmarks.section import _ensure_video_writer, _image
+    from jobfolder.checkpoint import load_checkpoint
     from memory.manager import MemoryManager
     from pipeline import compiled
     from pipeline.events import Done
@@ -302,7 +303,7 @@ def jobs_main(args) -> None:
             if not isinstance(end, Done):
                 raise SystemExit(f"job {n} ({variant}) failed: {end.message}\n{end.detail}")
             sampling = sum(r.ended - r.started for r in memory.records if r.name == "transformer")
-            saved = load_file(str(end.job_dir / "latents.safetensors"))
+            saved, _ = load_checkpoint(end.job_dir)          # the job folder's one reader of its latents
             latents = saved["history"]
             save_file({"history": latents}, str(args.latents / f"{variant.replace('/', '_')}-{n}.safetensors"))
             row = {"job": n, "variant": variant, "seconds": request.seconds, "total_s": total, "sampling_s": sampling,
