@@ -130,6 +130,7 @@ def build_app(config: Config, runner: Runner | None = None, device=None):
     app.queue(max_size=QUEUE_MAX, default_concurrency_limit=4, api_open=False)
     limit_queue_per_client(app, QUEUED_PER_LOGIN, QUEUED_PER_ADDRESS, forwarded=config.web.share)
     idle_quietly(app)
+    no_hidden_trackers(app)
     runner.caps = QueueCaps()                         # clients cannot fill the queue on disk (README: Limits)
     app.runner, app.sessions = runner.start(), sessions
     return app
@@ -142,6 +143,18 @@ def idle_quietly(app) -> None:
     queue = app._queue
     queue.sleep_when_free = QUEUE_POLL_S
     queue.progress_update_sleep_when_free = PROGRESS_POLL_S
+
+
+def no_hidden_trackers(app) -> None:
+    """Gradio's page runs each output's progress tracker through every event even where the event hides its
+    progress (`show_progress="hidden"`): the hidden tracker still renders its timer text and counts it up on every
+    animation frame until the answer comes, and one removed from the page while its event is pending keeps counting
+    for the life of the tab (gradio 6.31: js/statustracker). The page's 1 s and 2 s timers alone (the watch, the
+    queue list) kept an idle headless Chromium at ~0.4 of a core that way. An event whose progress is hidden shows
+    it on no component (`show_progress_on=[]`), so its answer is all the page does."""
+    for fn in app.fns.values():
+        if fn.show_progress == "hidden" and fn.show_progress_on is None:
+            fn.show_progress_on = []
 
 
 def main(argv=None) -> int:

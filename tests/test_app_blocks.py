@@ -52,6 +52,34 @@ def _get(url):
         return e.code
 
 
+def test_an_event_with_hidden_progress_shows_it_on_no_component(built):
+    """app.no_hidden_trackers: Gradio's page runs a hidden progress tracker through every event all the same (an
+    idle page's timers kept headless Chromium busy that way); the page's config names no component for them."""
+    _, blocks = built
+    deps = blocks.get_config_file()["dependencies"]
+    hidden = [d for d in deps if d["show_progress"] == "hidden"]
+    assert len(hidden) > 30                                # the page's timers, live hints, queue list, ...
+    assert all(d["show_progress_on"] == [] for d in hidden), [d["id"] for d in hidden if d["show_progress_on"]]
+    shown = [d for d in deps if d["show_progress"] == "full" and d["show_progress_on"]]
+    assert shown                                           # a job's progress still shows (on the progress bar)
+
+
+def test_the_test_browsers_tracker_file_is_the_one_it_was_written_for():
+    """tests/browser_helpers.py serves the browser tests Gradio's progress tracker with its loop ended once the
+    tracker has left the page (Gradio 6.31's loader otherwise draws 60 frames a second in every open page): the code
+    it changes is in the installed Gradio once. When Gradio changes that file, look again (is the loop still left
+    running? then find it in the new file)."""
+    from pathlib import Path
+
+    import gradio
+
+    from tests.browser_helpers import TRACKER_LOOP
+
+    assets = Path(gradio.__file__).parent / "templates" / "frontend" / "assets"
+    (tracker,) = assets.glob("statustracker-*.js")
+    assert tracker.read_text(encoding="utf-8").count(TRACKER_LOOP) == 1
+
+
 @pytest.mark.parametrize("auth", [None, "user:pw"])
 def test_launch_binds_localhost_and_auth_protects_the_app(built, tmp_path, auth):
     argv = ["--preset", "tiny", "--outputs", str(tmp_path), "--port", str(_free_port())]
