@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import gradio as gr
 import torch
 
 from app import app_runner
@@ -57,6 +58,47 @@ def test_the_page_announces_the_jobs_the_last_run_left_in_the_queue(tmp_path):
         store.update(e.id, status="done")
     assert panel.recovered_text(None) == ""                  # all ran: the note goes
     store.close()
+
+
+def test_the_lists_timer_sends_a_tab_the_list_only_when_it_changed(tmp_path):
+    """The queue list's timer (every REFRESH_S in every open tab) sends a tab nothing while its list is what the tab
+    shows (Gradio's page draws a data frame again whenever it is sent one); a change, a new pick, a button's answer
+    in between, or another tab are sent."""
+    from types import SimpleNamespace
+
+    from ui.access import Access
+    from ui.panel_queue import QueuePanel
+    from ui.queue_api import QueueActions
+
+    outputs = tmp_path / "out"
+    outputs.mkdir()
+    store, _ = qs.QueueStore.open(outputs)
+    try:
+        runner = SimpleNamespace(store=store)
+        panel = QueuePanel(SimpleNamespace(access=Access.of(None), runner=runner),
+                           QueueActions(runner, Access.of(None)), None)
+        tab, other = (SimpleNamespace(username=None, session_hash=h) for h in ("tab", "other"))
+        skipped = (gr.skip(), gr.skip())
+
+        def sent(answer) -> bool:
+            return answer != skipped
+
+        first = store.add({"prompt": "a fox"})
+        assert sent(panel.tick(None, tab))                         # the first look
+        assert not sent(panel.tick(None, tab))                     # the same list: nothing
+        assert sent(panel.tick(None, other))                       # another tab has its own
+        store.add({"prompt": "a hare"})
+        table, pick = panel.tick(None, tab)                        # a new job: sent
+        assert [r[3] for r in table] == ["a fox", "a hare"]
+        assert not sent(panel.tick(None, tab))
+        assert sent(panel.tick(first.id, tab))                     # the tab picked a row
+        assert not sent(panel.tick(first.id, tab))
+        panel.refresh(None, tab)                                   # a button's answer showed the list without it
+        assert sent(panel.tick(first.id, tab))
+        nobody = SimpleNamespace(username=None, session_hash=None)      # no tab to remember: always sent
+        assert sent(panel.tick(first.id, nobody)) and sent(panel.tick(first.id, nobody))
+    finally:
+        store.close()
 
 
 def test_an_interrupted_job_put_back_in_line_is_picked_removed_and_loaded_as_a_waiting_one(tmp_path, tiny_original):

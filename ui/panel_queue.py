@@ -5,6 +5,8 @@ controls into it. `start_queue(ctx)` opens the store, starts the worker and regi
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import gradio as gr
@@ -20,6 +22,7 @@ from ui.queue_api import QueueActions, QueueApi
 log = logging.getLogger(__name__)
 
 REFRESH_S = 2.0             # the list is read again this often while the page is open
+SHOWN_TABS_MAX = 256        # the tabs whose shown list the panel remembers (the oldest forgotten: sent again)
 HEADERS = ["#", "id", "status", "prompt", "note"]         # five: a phone shows them all (nine were cut off)
 PROMPT_CHARS = 48
 LABELS = {"queued job": "Queued job", "images": "Images (one job each)", "jobs file": "Import JSON lines"}
@@ -95,6 +98,8 @@ class QueuePanel:
         self.ctx, self.actions, self.parts = ctx, actions, parts
         self.warning = warning
         self.recovered: dict[str, bool] = {}     # entry id -> interrupted, for the jobs the last run left queued
+        self._shown: OrderedDict[str, tuple] = OrderedDict()    # tab -> the list and choices last sent to it
+        self._shown_lock = threading.Lock()
 
     def recovered_text(self, user) -> str:
         """The jobs the app found in its queue at start (the last run's), while some of them are still to run."""
@@ -115,7 +120,30 @@ class QueuePanel:
         choices = [(f"{n}. {e.id} · {e.status} · {str(e.settings.get('prompt', ''))[:30]}", e.id)
                    for n, e in enumerate(entries, 1)]
         value = picked if any(picked == c[1] for c in choices) else None
-        return rows(entries), gr.update(choices=choices, value=value)
+        table = rows(entries)
+        self._sent(request, (table, choices, value))
+        return table, gr.update(choices=choices, value=value)
+
+    def tick(self, picked=None, request: gr.Request = None):
+        """The timer's refresh: nothing is sent to a tab that shows this list already (Gradio's page draws a data
+        frame again whenever it is sent one, the same or not: every REFRESH_S in every open tab)."""
+        session = str(getattr(request, "session_hash", None) or "")
+        with self._shown_lock:
+            before = self._shown.get(session) if session else None
+        shown = self.refresh(picked, request)
+        with self._shown_lock:
+            unchanged = before is not None and self._shown.get(session) == before
+        return (gr.skip(), gr.skip()) if unchanged else shown
+
+    def _sent(self, request, shown: tuple) -> None:
+        session = getattr(request, "session_hash", None)
+        if not session:
+            return
+        with self._shown_lock:
+            self._shown[session] = shown
+            self._shown.move_to_end(session)
+            while len(self._shown) > SHOWN_TABS_MAX:
+                self._shown.popitem(last=False)
 
     def _after(self, text: str, request, picked=None):
         return (text, *self.refresh(picked, request))
@@ -209,7 +237,7 @@ class QueuePanel:
         shown = [p.status, p.table, p.pick]
         quick = dict(show_progress="hidden", concurrency_limit=2, concurrency_id="queue")
         app.load(self.on_load, p.pick, shown, show_progress="hidden")
-        p.timer.tick(self.refresh, p.pick, [p.table, p.pick], show_progress="hidden", concurrency_limit=4,
+        p.timer.tick(self.tick, p.pick, [p.table, p.pick], show_progress="hidden", concurrency_limit=4,
                      concurrency_id="queue-refresh")
         p.table.select(self.pick_row, None, p.pick, show_progress="hidden", queue=False)
         adding = {**quick, "concurrency_id": "queue-add"}      # checks images: never holds the others' "queue"
