@@ -62,8 +62,11 @@ def _from_rows(i0, i1, i2, i3, t0, t1, t2, t3, s0, s1, s2, s3) -> str:
 
 
 def wire(rows: KeyframeRows, box: gr.Textbox, guard) -> None:
-    """Every row's change rewrites the box (un-queued, so bounded by `guard`: ui/guard.py)."""
+    """Every row's change rewrites the box (un-queued, so bounded by `guard`: ui/guard.py). One event for all the
+    rows' changes, each call after the last one's answer, the last with the page's values then (`always_last`): with
+    an event per row, a time's answer could come back after the strength's typed next and leave the box (and the job
+    Start sent) at strength 1."""
     assert ROWS == 4, "_from_rows takes the values of 4 rows"
     inputs = rows.images + rows.times + rows.strengths
-    for component in inputs:
-        component.change(guard.wrap(_from_rows, gr.skip), inputs, box, queue=False, show_progress="hidden")
+    gr.on([component.change for component in inputs], guard.wrap(_from_rows, gr.skip), inputs, box, queue=False,
+          show_progress="hidden", trigger_mode="always_last")
