@@ -11,6 +11,14 @@ except ImportError:  # pragma: no cover - the browser tests skip themselves (req
 SECTIONS_OF = {1.2: 1, 2.4: 2, 3.6: 3, 4.8: 4, 9.6: 8}          # seconds -> sections at the default window (tiny preset)
 
 
+def wait_ready(page) -> None:
+    """Wait until the page's own load events have answered (the prompt's token count shows): the page's buttons
+    then do what they say. A click on Start as soon as the button showed was once lost with the machine busy (the
+    test waited 40 s for a pop-up that never came)."""
+    page.wait_for_selector("#start-btn")
+    page.wait_for_function("() => document.querySelector('#prompt-tokens')?.innerText.includes('tokens')")
+
+
 def set_number(page, elem_id, value):
     box = page.locator(f"#{elem_id} input[type=number]")
     box.fill(str(value))
@@ -96,16 +104,80 @@ def queue_table(page) -> list[list[str]]:
     }""")
 
 
+# Gradio 6.31's app loader ("Loading..." while the page starts) has a progress tracker whose timer re-arms itself on
+# every animation frame while its status is "pending", and the loader is removed from the page while it is: nothing
+# tells the removed tracker to stop (js/statustracker, `W&&ze()`), so every open page of the app asks for a new frame
+# 60 times a second for as long as it is open. A headless Chromium draws those frames in software: ~0.25 of a core per
+# idle page, the largest single cost of the browser tests (measured 2026-12-02: an idle page 0.39 of a core with the
+# loop, 0.15 without). The test browser is served that one file with the loop ended once its tracker has left the
+# page; where the file is not as expected (another Gradio), Gradio's own is served.
+TRACKER_FILE = "**/assets/statustracker-*.js"
+TRACKER_LOOP = "function ze(){me(()=>{"
+TRACKER_LOOP_ENDED = "function ze(){me(()=>{if($?.isConnected)$.__shown=1;else if($?.__shown)return;"
+# The page's video autoplays and loops (ui/layout.py); Chromium decodes and draws it in software here: a page
+# showing a finished job's video took 1.2 cores (0.26 with the video paused). No test watches a video play (they read
+# its element and files), so the test browser pauses a video as soon as it starts, as a user may.
+PAUSE_VIDEOS_JS = "document.addEventListener('play', (e) => e.target.pause(), true);"
+WAIT_POLL_MS = 50       # page.wait_for_function's polling here, not every animation frame (Playwright's default):
+#                         a wait on every frame made Chromium draw 60 frames a second while a test waited for a job
+
+
+def _tracker_route(route):
+    response = route.fetch()
+    body = response.text()
+    if body.count(TRACKER_LOOP) != 1:
+        return route.fulfill(response=response)
+    route.fulfill(response=response, body=body.replace(TRACKER_LOOP, TRACKER_LOOP_ENDED))
+
+
+class TestBrowser:
+    """A Playwright browser whose pages and contexts get the tracker file and the paused videos above (everything
+    else as Playwright's)."""
+
+    def __init__(self, browser):
+        self._browser = browser
+
+    def new_context(self, **kwargs):
+        context = self._browser.new_context(**kwargs)
+        context.route(TRACKER_FILE, _tracker_route)
+        context.add_init_script(PAUSE_VIDEOS_JS)
+        return context
+
+    def new_page(self, **kwargs):
+        """A page in a context of its own, as Browser.new_page makes it (the context is closed with the browser)."""
+        return self.new_context(**kwargs).new_page()
+
+    def __getattr__(self, name):
+        return getattr(self._browser, name)
+
+
 def chromium():
-    """Debian's Chromium driven by Playwright, headless (a generator for a pytest fixture)."""
-    from playwright.sync_api import sync_playwright
+    """Debian's Chromium driven by Playwright, headless (a generator for a pytest fixture): a TestBrowser, with
+    `Page.wait_for_function` polling every WAIT_POLL_MS unless a test says otherwise."""
+    from playwright.sync_api import Page, sync_playwright
 
     from tests.server_helpers import CHROMIUM, CHROMIUM_ARGS
 
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    wait = Page.wait_for_function
+
+    def wait_for_function(self, expression, *, arg=None, timeout=None, polling=WAIT_POLL_MS):
+        return wait(self, expression, arg=arg, timeout=timeout, polling=polling)
+
+    Page.wait_for_function = wait_for_function
+    try:
+        with sync_playwright() as p:
+            b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+            yield TestBrowser(b)
+            b.close()
+    finally:
+        Page.wait_for_function = wait
+
+
+def open_chromium():
+    """`chromium()` as a context manager, for a test that opens its browser itself."""
+    import contextlib
+
+    return contextlib.contextmanager(chromium)()
 
 
 def require_browser():

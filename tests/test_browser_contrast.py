@@ -104,17 +104,17 @@ def test_on_a_phone_the_bar_stays_small_and_a_stale_error_goes_at_the_next_start
     """Issue 44 item 5: on a phone (390×844) the bottom bar (Start, End, progress, status) takes under a quarter of
     the screen while a job runs (26 % before), and a refused Start's error pop-up closes at the next Start (it
     stayed on top of the new job's preview)."""
-    from tests.browser_helpers import fill_job, wait_status
+    from tests.browser_helpers import fill_job, wait_ready, wait_status
     from tests.conftest import make_image
 
     make_image(96, 80).save(tmp_path / "start.png")
     page = browser.new_page(viewport={"width": 390, "height": 844})
     try:
         page.goto(server.url)
-        page.wait_for_selector("#start-btn")
-        for attempt in range(3):                               # no image yet: refused, an error pop-up (a click
-            page.locator("#start-btn").click()                 # before the page's handlers were wired is lost:
-            try:                                               # with one core busy the CI once saw no pop-up)
+        wait_ready(page)
+        for attempt in range(3):                               # no image yet: refused, an error pop-up (with one
+            page.locator("#start-btn").click()                 # core busy the CI once saw no pop-up)
+            try:
                 page.wait_for_selector(".toast-close", timeout=40_000)
                 break
             except PageTimeout:

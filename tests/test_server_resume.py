@@ -14,7 +14,7 @@ from pipeline.events import Done, SectionVideo
 from pipeline.request import Request
 from pipeline.sections import make_plan
 from tests.conftest import make_image
-from tests.server_helpers import CHROMIUM_ARGS, Gate, api_job, browser_or_skip, job_info, tiny_runner
+from tests.server_helpers import Gate, api_job, browser_or_skip, job_info, tiny_runner
 from ui.sessions import Sessions
 from video.mp4 import read_frames
 
@@ -135,36 +135,34 @@ def test_api_resume_continues_a_stopped_job(server, client, image, tiny_original
 
 
 def test_resume_button_in_the_browser(server, client, image, tiny_original, uninterrupted):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    chromium = browser_or_skip()
+    from tests.browser_helpers import open_chromium
+
+    browser_or_skip()
     stopped = _stopped_after_section_1(client, image, tiny_original)   # the newest job: first in the gallery
     folder = server.outputs / stopped["job_id"]
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(chromium), headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1600})
-            page.set_default_timeout(60_000)
-            page.goto(server.url)
-            page.locator("text=Past jobs").click()
-            thumbnails = page.locator("#jobs-gallery button.thumbnail-item")
-            details = "document.querySelector('#job-details')?.innerText"
-            thumbnails.first.click()
-            page.wait_for_function(f"() => {details}.includes('{stopped['job_id']}')")
-            expect(page.locator("#resume-btn")).to_be_enabled()
-            thumbnails.nth(1).click()                               # an older job: done or failed early
-            page.wait_for_function(f"() => !{details}.includes('{stopped['job_id']}')")
-            expect(page.locator("#resume-btn")).to_be_disabled()
-            thumbnails.first.click()
-            page.wait_for_function(f"() => {details}.includes('{stopped['job_id']}')")
-            expect(page.locator("#resume-btn")).to_be_enabled()
-            page.locator("#resume-btn").click()
-            page.wait_for_function("() => /Done|Failed/.test(document.querySelector('#status').innerText)",
-                                   timeout=120_000)
-            status = page.locator("#status").inner_text()
-            assert "Done" in status and f"{PLANNED} frames" in status, status
-            expect(page.locator("#start-btn")).to_be_enabled()
-            expect(page.locator("#resume-btn")).to_be_disabled()   # the refreshed gallery has no selection
-        finally:
-            browser.close()
+    with open_chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1600})
+        page.set_default_timeout(60_000)
+        page.goto(server.url)
+        page.locator("text=Past jobs").click()
+        thumbnails = page.locator("#jobs-gallery button.thumbnail-item")
+        details = "document.querySelector('#job-details')?.innerText"
+        thumbnails.first.click()
+        page.wait_for_function(f"() => {details}.includes('{stopped['job_id']}')")
+        expect(page.locator("#resume-btn")).to_be_enabled()
+        thumbnails.nth(1).click()                               # an older job: done or failed early
+        page.wait_for_function(f"() => !{details}.includes('{stopped['job_id']}')")
+        expect(page.locator("#resume-btn")).to_be_disabled()
+        thumbnails.first.click()
+        page.wait_for_function(f"() => {details}.includes('{stopped['job_id']}')")
+        expect(page.locator("#resume-btn")).to_be_enabled()
+        page.locator("#resume-btn").click()
+        page.wait_for_function("() => /Done|Failed/.test(document.querySelector('#status').innerText)",
+                               timeout=120_000)
+        status = page.locator("#status").inner_text()
+        assert "Done" in status and f"{PLANNED} frames" in status, status
+        expect(page.locator("#start-btn")).to_be_enabled()
+        expect(page.locator("#resume-btn")).to_be_disabled()   # the refreshed gallery has no selection
     _assert_same_as(folder, uninterrupted)

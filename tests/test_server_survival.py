@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from tests.server_helpers import (
-    CHROMIUM_ARGS,
     Fault,
     Gate,
     api_job,
@@ -29,30 +28,26 @@ def _assert_good_job_runs(server, client, image):
 
 
 def test_a_tab_closed_mid_job_lets_the_job_finish_and_keeps_its_output(server, client, image, tiny_original):
-    from playwright.sync_api import sync_playwright
+    from tests.browser_helpers import open_chromium
 
-    chromium = browser_or_skip()
+    browser_or_skip()
     before = set(server.jobs())
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(chromium), headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1400})
-            page.set_default_timeout(60_000)
-            page.goto(server.url)
-            page.locator("#start-image input[type=file]").set_input_files(str(image))
-            page.locator("#prompt textarea").fill("the tab that was closed")
-            for elem_id, value in (("seconds", 2.4), ("steps", 2)):
-                box = page.locator(f"#{elem_id} input[type=number]")
-                box.fill(str(value))
-                box.press("Enter")
-            page.wait_for_function("() => document.querySelector('#hints').innerText.includes('2 section')")
-            first_block = tiny_original.transformer.single_transformer_blocks[0]
-            with Gate(first_block) as gate:                    # holds the first sampling step
-                page.locator("#start-btn").click()
-                gate.wait()
-                page.close()                                    # the tab goes away mid-job
-        finally:
-            browser.close()
+    with open_chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1400})
+        page.set_default_timeout(60_000)
+        page.goto(server.url)
+        page.locator("#start-image input[type=file]").set_input_files(str(image))
+        page.locator("#prompt textarea").fill("the tab that was closed")
+        for elem_id, value in (("seconds", 2.4), ("steps", 2)):
+            box = page.locator(f"#{elem_id} input[type=number]")
+            box.fill(str(value))
+            box.press("Enter")
+        page.wait_for_function("() => document.querySelector('#hints').innerText.includes('2 section')")
+        first_block = tiny_original.transformer.single_transformer_blocks[0]
+        with Gate(first_block) as gate:                    # holds the first sampling step
+            page.locator("#start-btn").click()
+            gate.wait()
+            page.close()                                    # the tab goes away mid-job
     (job,) = wait_for(lambda: [d for d in set(server.jobs()) - before if job_info(d)["status"] != "running"],
                       120, what="the job to end")
     info = job_info(job)
