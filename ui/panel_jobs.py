@@ -257,11 +257,15 @@ class JobsPanel:
     def wire(self, app: gr.Blocks) -> None:
         ui = self.ui
         app.load(self.refresh_gallery, None, [ui.gallery, ui.jobs_state], show_progress="hidden")
-        ui.refresh.click(self.refresh_gallery, None, [ui.gallery, ui.jobs_state], show_progress="hidden")
         jobs_filter = getattr(ui, "jobs_filter", None)
         if jobs_filter is not None:
-            jobs_filter.change(self.filtered, jobs_filter, [ui.gallery, ui.jobs_state], show_progress="hidden",
-                               trigger_mode="always_last")
+            # Refresh and the filter are one event, each call after the last one's answer, the last with the filter
+            # the page holds then (`always_last`): as two events, Refresh's answer (every job) could come back after
+            # the filter's typed next and stay shown under it (the browser test waited 120 s for its one job)
+            gr.on([ui.refresh.click, jobs_filter.change], self.filtered, jobs_filter, [ui.gallery, ui.jobs_state],
+                  show_progress="hidden", trigger_mode="always_last")
+        else:
+            ui.refresh.click(self.refresh_gallery, None, [ui.gallery, ui.jobs_state], show_progress="hidden")
         ui.gallery.select(self.select_job, ui.jobs_state, self.detail_outputs, show_progress="hidden")
         # each button's result is shown where it lands (issue 44 item 6: it happened at the top, out of view)
         ui.reuse.click(self.reuse_settings, ui.selected_job, ui.controls(), show_progress="hidden") \
