@@ -108,7 +108,7 @@ def queue_table(page) -> list[list[str]]:
 # every animation frame while its status is "pending", and the loader is removed from the page while it is: nothing
 # tells the removed tracker to stop (js/statustracker, `W&&ze()`), so every open page of the app asks for a new frame
 # 60 times a second for as long as it is open. A headless Chromium draws those frames in software: ~0.25 of a core per
-# idle page, the largest single cost of the browser tests (measured 2026-12-02: an idle page 0.39 of a core with the
+# idle page, a large cost of the browser tests (measured 2026-12-02: an idle page 0.39 of a core with the
 # loop, 0.15 without). The test browser is served that one file with the loop ended once its tracker has left the
 # page; where the file is not as expected (another Gradio), Gradio's own is served.
 TRACKER_FILE = "**/assets/statustracker-*.js"
@@ -130,7 +130,7 @@ def _tracker_route(route):
     route.fulfill(response=response, body=body.replace(TRACKER_LOOP, TRACKER_LOOP_ENDED))
 
 
-class TestBrowser:
+class AppBrowser:
     """A Playwright browser whose pages and contexts get the tracker file and the paused videos above (everything
     else as Playwright's)."""
 
@@ -152,7 +152,7 @@ class TestBrowser:
 
 
 def chromium():
-    """Debian's Chromium driven by Playwright, headless (a generator for a pytest fixture): a TestBrowser, with
+    """Debian's Chromium driven by Playwright, headless (a generator for a pytest fixture): an AppBrowser, with
     `Page.wait_for_function` polling every WAIT_POLL_MS unless a test says otherwise."""
     from playwright.sync_api import Page, sync_playwright
 
@@ -167,7 +167,7 @@ def chromium():
     try:
         with sync_playwright() as p:
             b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-            yield TestBrowser(b)
+            yield AppBrowser(b)
             b.close()
     finally:
         Page.wait_for_function = wait
