@@ -93,6 +93,11 @@ def build_parts() -> QueueParts:
                       export, export_file, timer, clear)
 
 
+def _tab(request) -> str:
+    """The tab a handler answers ('' for a call without one: nothing is remembered for it)."""
+    return str(getattr(request, "session_hash", None) or "")
+
+
 class QueuePanel:
     def __init__(self, ctx: AppContext, actions: QueueActions, parts: QueueParts, warning: str | None = None):
         self.ctx, self.actions, self.parts = ctx, actions, parts
@@ -127,7 +132,7 @@ class QueuePanel:
     def tick(self, picked=None, request: gr.Request = None):
         """The timer's refresh: nothing is sent to a tab that shows this list already (Gradio's page draws a data
         frame again whenever it is sent one, the same or not: every REFRESH_S in every open tab)."""
-        session = str(getattr(request, "session_hash", None) or "")
+        session = _tab(request)
         with self._shown_lock:
             before = self._shown.get(session) if session else None
         shown = self.refresh(picked, request)
@@ -136,7 +141,7 @@ class QueuePanel:
         return (gr.skip(), gr.skip()) if unchanged else shown
 
     def _sent(self, request, shown: tuple) -> None:
-        session = getattr(request, "session_hash", None)
+        session = _tab(request)
         if not session:
             return
         with self._shown_lock:
