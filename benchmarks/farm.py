@@ -67,7 +67,9 @@ def _pass(farm, jobs: list, name: str) -> dict:
     return {"wall_s": round(wall, 2), "jobs": rows}
 
 
-def main(argv=None) -> int:
+def main(argv=None, farm=None) -> int:
+    """The benchmark as its command line runs it. `farm`: a farm already started with two workers (the suite's,
+    on its own Ray: tests/test_farm.py), used for both passes instead of starting one, and left running."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", default="0,1", help="the two GPUs (default 0,1)")
     ap.add_argument("--tiny", action="store_true", help="tiny preset on two CPU workers (a smoke test)")
@@ -100,7 +102,9 @@ def main(argv=None) -> int:
         config = WorkerConfig(Config(preset="tiny" if args.tiny else "hunyuan", outputs=outputs,
                                      vram_cap_gb=args.vram_cap_gb, host_ram_gb=args.host_ram_gb),
                               loader=None if args.tiny else "benchmarks.farm:random_components")
-        farm = Farm.start(options, config, num_cpus=2 if args.tiny else None)
+        owned = farm is None
+        if owned:
+            farm = Farm.start(options, config, num_cpus=2 if args.tiny else None)
         try:
             import ray
 
@@ -112,7 +116,8 @@ def main(argv=None) -> int:
             two = _pass(farm, jobs, "two-workers")
             workers = farm.workers()
         finally:
-            farm.shutdown()
+            if owned:
+                farm.shutdown()
 
     ratio = two["wall_s"] / one["wall_s"]
     cap = args.vram_cap_gb * GIB

@@ -62,9 +62,9 @@ def _kill_at(spec: KillAt) -> None:
 
 
 def _child(argv: list[str], log_path: str, kill_at: KillAt | None, err_path: str | None = None,
-           cwd: str | None = None, env: dict | None = None) -> None:
-    """`python -m cli ARGV` in a forked child: its output in `log_path` (stderr in `err_path` when given), in `cwd`
-    with the environment `env` (default: the server's, offline)."""
+           cwd: str | None = None, env: dict | None = None, code: str | None = None) -> None:
+    """`python -m cli ARGV` in a forked child (`python -c CODE` with `code`): its output in `log_path` (stderr in
+    `err_path` when given), in `cwd` with the environment `env` (default: the server's, offline)."""
     for path, fds in ((log_path, (1, 2) if err_path is None else (1,)), (err_path, (2,))):
         if path is not None:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -78,14 +78,19 @@ def _child(argv: list[str], log_path: str, kill_at: KillAt | None, err_path: str
         os.chdir(cwd)
     if kill_at is not None:
         _kill_at(kill_at)
-    code = 1
+    status = 1
     try:
-        from cli.__main__ import run
+        if code is not None:
+            sys.argv = ["-c", *argv]
+            exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+            status = 0
+        else:
+            from cli.__main__ import run
 
-        sys.argv = ["python -m cli", *argv]
-        code = run()
+            sys.argv = ["python -m cli", *argv]
+            status = run()
     except SystemExit as e:                     # argparse's errors and --help, as the interpreter reports them
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if e.code is not None and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)
     except BaseException:  # an uncaught error: the traceback, as the interpreter prints it
@@ -96,7 +101,7 @@ def _child(argv: list[str], log_path: str, kill_at: KillAt | None, err_path: str
         sys.stdout.flush()
         sys.stderr.flush()
         _save_coverage()
-        os._exit(code)
+        os._exit(status)
 
 
 def _save_coverage() -> None:
@@ -119,21 +124,24 @@ class JobProcesses:
         self._context.set_forkserver_preload(PRELOAD)
         self._count = 0
 
-    def start(self, *argv, kill_at: KillAt | None = None, separate: bool = False, cwd=None, env=None):
+    def start(self, *argv, kill_at: KillAt | None = None, separate: bool = False, cwd=None, env=None, code=None):
+        """`python -m cli ARGV` (`python -c CODE ARGV` with `code`) started in a forked child."""
         self._count += 1
         log = self.logs / f"child-{self._count}.log"
         err = self.logs / f"child-{self._count}.err" if separate else None
         proc = self._context.Process(target=_child, args=([str(a) for a in argv], str(log), kill_at,
-                                                          err and str(err), cwd and str(cwd), env), daemon=True)
+                                                          err and str(err), cwd and str(cwd), env, code),
+                                            daemon=True)
         proc.start()
         proc.log, proc.err = log, err
         return proc
 
-    def completed(self, argv, *, cwd=None, env=None, timeout: float = 300):
-        """`python -m cli ARGV` run to its end, as subprocess.run(..., capture_output=True, text=True) reports it."""
+    def completed(self, argv, *, cwd=None, env=None, timeout: float = 300, code=None):
+        """`python -m cli ARGV` (`python -c CODE ARGV` with `code`) run to its end, as subprocess.run(...,
+        capture_output=True, text=True) reports it."""
         import subprocess
 
-        proc = self.start(*argv, separate=True, cwd=cwd, env=env)
+        proc = self.start(*argv, separate=True, cwd=cwd, env=env, code=code)
         proc.join(timeout)
         if proc.exitcode is None:
             proc.kill()

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -194,6 +192,9 @@ def test_a_post_job_runs_on_a_worker(runner, tmp_path):
 
 
 def test_the_app_without_farm_options_never_imports_ray(tmp_path):
+    from tests.cli_helpers import cli_env
+    from tests.kill_helpers import shared
+
     code = textwrap.dedent(f"""
         import sys
         import app
@@ -207,8 +208,10 @@ def test_the_app_without_farm_options_never_imports_ray(tmp_path):
         assert not loaded, loaded
         print("no ray")
     """)
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=240,
-                       env=dict(os.environ, HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False"))
+    # a child of the suite's fork server (tests/kill_helpers.py: torch and the pipeline imported, never Ray), not a
+    # fresh interpreter: the same imports of the app, without 10 s of torch's
+    r = shared().completed([], cwd=ROOT, env=dict(cli_env(), GRADIO_ANALYTICS_ENABLED="False"), timeout=240,
+                           code=code)
     assert r.returncode == 0 and "no ray" in r.stdout, r.stderr[-3000:]
 
 
@@ -229,20 +232,22 @@ def test_farm_options_are_checked():
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_the_farm_benchmark_smoke_mode(tmp_path):
-    """benchmarks/farm.py --tiny: the same two 1-section jobs through one worker, then through two (its own Ray)."""
+def test_the_farm_benchmark_smoke_mode(farm, tmp_path, capsys):
+    """benchmarks/farm.py --tiny: the same two 1-section jobs through one worker, then through two. It runs on this
+    module's farm (two CPU workers started as the benchmark starts its own, farm.dispatch.Farm.start: a third Ray
+    and two more workers cost the suite 25 s)."""
+    from benchmarks.farm import main
+
     out = tmp_path / "farm.json"
-    r = subprocess.run([sys.executable, "benchmarks/farm.py", "--tiny", "--jobs", "2", "--seconds", "1.2", "--out",
-                        str(out)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=560, env=dict(os.environ, HF_HUB_OFFLINE="1"))
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert main(["--tiny", "--jobs", "2", "--seconds", "1.2", "--out", str(out)], farm=farm) == 0
     report = json.loads(out.read_text())
     one, two = report["one_worker"]["jobs"], report["two_workers"]["jobs"]
     assert len(one) == len(two) == 2 and all(j["sections"] == 1 for j in one + two)
     assert {j["worker"] for j in one} == {"worker-1"} and {j["worker"] for j in two} == {"worker-1", "worker-2"}
     assert report["ratio"] == pytest.approx(report["two_workers"]["wall_s"] / report["one_worker"]["wall_s"],
                                             abs=1e-3)
-    assert "ratio two/one" in r.stdout and report["cap_held"]
+    assert "ratio two/one" in capsys.readouterr().out and report["cap_held"]
+    assert all(s.actor is not None for s in farm.slots) and len(farm.workers()) == 2      # the farm left running
 
 
 @pytest.mark.slow
