@@ -104,6 +104,11 @@ def step_main(args) -> None:
     from pipeline import compiled
     from rocm.sdpa import flash_attention_4, fp8_attention
 
+    if args.plain_blocks:         # diffusers' forwards compiled as they are (before pipeline/block_forms.py)
+        from pipeline import block_forms
+
+        block_forms.compiled_form = lambda cls: cls.forward
+        block_forms.fuse_blocks = lambda blocks: None
     device, tr, height, width, image_tokens, build_s = transformer_on_device(args.tiny)
     pack = HostPack.of(tr)
     pack.set_pinned(device.type == "cuda")
@@ -194,8 +199,50 @@ def _step_variant(args, variant, tr, inputs, device, caps, blocks, results, sect
         r.update(variant=variant, where=name, prepare_s=prepare_s, floor_s=floor_s(variant),
                  graphs_compiled=compiled.compiled_graphs() - before)
         results.append(r)
+    if args.profile:
+        results[-len(caps)]["profile"] = _profile_step(variant, tr, inputs, device, caps["resident"])
     if args.section_steps:
         sections[variant] = _section_latents(tr, inputs, device, args.section_steps)
+
+
+KERNEL_KINDS = (   # (kind, what a kernel's name contains), first match wins; names as CUDA and the CPU's aten ops give them
+    ("attention", ("flash", "fmha", "attention", "attn", "sdpa", "cudnn_generated", "FlashAttn")),
+    ("matrix products", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "scaled_mm", "aten::mm", "aten::addmm",
+                         "aten::bmm", "aten::linear")),
+    ("copies", ("Memcpy", "Memset", "aten::copy_", "aten::to")),
+    ("fused elementwise (Inductor)", ("triton_", "cpp_fused")),
+)
+
+
+def _profile_step(variant, tr, inputs, device, resident) -> dict:
+    """One resident step of `variant` under torch.profiler: the device time of its kernels by kind (matrix products,
+    attention, Inductor's fused elementwise kernels, copies, the rest) and the 12 longest, so the gap between the
+    step and its floor is shown kernel by kernel. The stage's weight loading is in "copies"."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.transformer_step import run_config
+
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
+        run_config(f"{variant}, profiled", tr, inputs, device, *resident, 1, 0, 1)
+    kernels: dict[str, float] = {}
+    for e in prof.key_averages():
+        t = (e.self_device_time_total if cuda else e.self_cpu_time_total) / 1e3      # ms
+        if t > 0 and (cuda or e.key.startswith(("aten::", "cpp_fused", "triton_", "steadyframe::"))):
+            kernels[e.key] = kernels.get(e.key, 0.0) + t
+    kinds: dict[str, float] = {}
+    for name, t in kernels.items():
+        kind = next((k for k, marks in KERNEL_KINDS if any(m in name for m in marks)), "other")
+        kinds[kind] = kinds.get(kind, 0.0) + t
+    total = sum(kinds.values())
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
+    print(f"\n{variant}: one profiled step, {total:.1f} ms of {'device' if cuda else 'CPU'} time by kind")
+    for kind, t in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        print(f"  {kind:32s} {t:9.1f} ms  {100 * t / total:5.1f} %")
+    for name, t in top:
+        print(f"    {t:9.2f} ms  {name[:110]}")
+    return {"total_ms": round(total, 2), "kinds_ms": {k: round(v, 2) for k, v in kinds.items()},
+            "top_ms": [(n[:200], round(t, 3)) for n, t in top]}
 
 
 def _report(args, device, build_s, variants, results, sections, cosines=None) -> None:
@@ -354,6 +401,10 @@ def main(argv=None) -> None:
     s.add_argument("--steps", type=int, default=4)
     s.add_argument("--section-steps", type=int, default=25, help="0: no whole-section error")
     s.add_argument("--attn-cosine", action="store_true", help="fp8 attention against bf16 in every call of one step")
+    s.add_argument("--plain-blocks", action="store_true", help="compile diffusers' block forwards as they are, "
+                   "without pipeline/block_forms.py's forms (the GELU epilogue, the split output product)")
+    s.add_argument("--profile", action="store_true", help="one more resident step per variant under torch.profiler: "
+                   "its kernels' time by kind")
     j = sub.add_parser("jobs")
     j.add_argument("--out", type=Path, required=True)
     j.add_argument("--tiny", action="store_true")

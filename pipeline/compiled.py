@@ -10,6 +10,9 @@ parameters of the same shape, dtype and device each time, so it does not recompi
 weights' device copies (memory/deltas.py): no recompile per job either. Attention inside compiled code is one opaque
 operator that runs rocm/sdpa.py's checked kernel choice (its chunked fallback on ROCm included).
 
+Compiled, two products take forms of their own (pipeline/block_forms.py): the MLP's GELU in the product's epilogue
+on NVIDIA GPUs, and the single-stream block's output product without its concatenation; eager runs diffusers' own.
+
 Graphs are static, one per class and set of input shapes: a resolution bucket with a prompt length in tokens (and
 the negative prompt's with CFG > 1) compiles once per process, 12-27 s the first time on an H200 and 2-5 s from
 the disk cache; every later job of those shapes reuses it (no recompile: counted in benchmarks/compiled.py). Static
@@ -60,6 +63,7 @@ from torch.utils._triton import has_triton
 from common.environment import read_environment
 from memory import fp8
 from memory.hostpack import HostPack
+from pipeline import block_forms
 from rocm import fallbacks
 from rocm.arch import device_facts
 
@@ -117,7 +121,7 @@ def compiled_forward(cls: type[nn.Module]):
     eagerly (the CPU, --no-compile, a job with compiling off) never needs."""
     forward = _COMPILED.get(cls)
     if forward is None:
-        forward = _COMPILED.setdefault(cls, torch.compile(cls.forward, dynamic=False))
+        forward = _COMPILED.setdefault(cls, torch.compile(block_forms.compiled_form(cls), dynamic=False))
     return forward
 
 
@@ -137,6 +141,7 @@ class CompiledBlocks:
                 raise RuntimeError(f"{type(block).__name__} has hooks attached ({', '.join(registry.hooks)}); "
                                    f"set up compiled blocks between stages")
             block.forward = self._dispatcher(block)
+        block_forms.fuse_blocks(blocks_of(transformer))
 
     def _dispatcher(self, block: nn.Module):
         cls = type(block)

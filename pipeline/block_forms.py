@@ -1,0 +1,123 @@
+"""The compiled blocks' own forms of two products: the MLP's product with its GELU, and the single-stream block's
+output product without its concatenation (issue 46).
+
+A profile of one compiled step at 608×640 (H200, `benchmarks/compiled.py step --profile`) put 23 ms of its ~65 ms
+of Inductor's fused kernels in two places that are memory traffic only:
+- The single-stream block computes `proj_out(cat([attention, gelu(proj_mlp(x))], -1))`: the MLP's product writes
+  18,485 × 12,288 values, and one fused kernel reads them back with the attention's, applies GELU and writes the
+  15,360-wide concatenation for `proj_out` to read (17.5 ms a step over 40 blocks).
+- The double-stream blocks' MLP (diffusers' `GELU` module, `proj` then GELU) reads and writes its 12,288-wide
+  product once more for the GELU (5.7 ms a step over 20 blocks).
+
+Here, inside the compiled blocks only (eager keeps diffusers' own forward, bit for bit):
+- **`proj_out` is split along its input**: `proj_out(cat([a, m], -1)) = a @ Wa.T + m @ Wm.T + b`, two products on
+  views of the same weight, so the concatenation is never written. The single-stream block's forward is written
+  here for that (`single_block_forward`, the same steps as diffusers' `HunyuanVideoSingleTransformerBlock.forward`,
+  its modules called as they are: norm, attention, Linears; LoRAs are merged into their weights, so they apply).
+- **GELU rides in the product's epilogue** on CUDA: `torch._addmm_activation(..., use_gelu=True)`, PyTorch's call
+  of cuBLASLt's bias + GELU (tanh) epilogue, behind one opaque operator (`steadyframe::linear_gelu_tanh`) so
+  Inductor keeps it whole. Elsewhere (the CPU, ROCm) the same math as diffusers', which Inductor fuses as before.
+Written here because neither diffusers nor Inductor makes these two rewrites (Inductor's Triton GEMM templates,
+which could fuse an epilogue, lost to cuBLAS on every large product of this step: BENCHMARKS.md, autotuning).
+fp8 compute keeps diffusers' forms (its Linears are `Fp8Linear`, products of their own).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@torch.library.custom_op("steadyframe::linear_gelu_tanh", mutates_args=())
+def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """gelu(x @ weight.T + bias, approximate="tanh") in one product: cuBLASLt's GELU epilogue on CUDA."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.is_cuda and torch.version.hip is None:
+        out = torch._addmm_activation(bias, rows, weight.t(), use_gelu=True)
+    else:
+        out = F.gelu(F.linear(rows, weight, bias), approximate="tanh")
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+@linear_gelu_tanh.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def _epilogue(linear: nn.Module, x: torch.Tensor) -> bool:
+    """Whether gelu(linear(x)) can run as one product with its GELU in the epilogue (a plain bf16/fp16 Linear with a
+    bias on an NVIDIA GPU; fp8's Fp8Linear and other devices keep the separate GELU)."""
+    return (type(linear) is nn.Linear and linear.bias is not None and x.is_cuda and torch.version.hip is None
+            and x.dtype in (torch.bfloat16, torch.float16))
+
+
+def linear_gelu(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """gelu(linear(x), approximate="tanh"), in one product where `_epilogue` allows."""
+    if _epilogue(linear, x):
+        return torch.ops.steadyframe.linear_gelu_tanh(x, linear.weight, linear.bias)
+    return F.gelu(linear(x), approximate="tanh")
+
+
+def split_linear(linear: nn.Module, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """linear(cat([first, second], -1)) without the concatenation: two products on the weight's two column blocks
+    (views), summed. A Linear that is not a plain one (fp8's) gets the concatenation."""
+    if type(linear) is not nn.Linear:
+        return linear(torch.cat([first, second], dim=-1))
+    k = first.shape[-1]
+    return F.linear(first, linear.weight[:, :k], linear.bias) + F.linear(second, linear.weight[:, k:])
+
+
+class _FusedGELU(nn.Module):
+    """diffusers' `GELU` module (a Linear `proj`, then GELU) with the product and a tanh GELU in one call while it is
+    being compiled; eager calls run diffusers' forward. Set on a module by swapping its class (`fuse_blocks`)."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() and self.approximate == "tanh":
+            return linear_gelu(self.proj, hidden_states)
+        return super().forward(hidden_states)   # type: ignore[misc]  # the forward of the class it is mixed into
+
+
+_MIXED: dict[type, type] = {}
+
+
+def _fused_class(cls: type) -> type:
+    mixed = _MIXED.get(cls)
+    if mixed is None:
+        mixed = _MIXED.setdefault(cls, type(f"Fused{cls.__name__}", (_FusedGELU, cls), {}))
+    return mixed
+
+
+def fuse_blocks(blocks) -> None:
+    """Give the double-stream blocks' MLP GELU modules (diffusers' `GELU`, tanh) their compiled form, once."""
+    from diffusers.models.activations import GELU
+
+    for block in blocks:
+        for module in list(block.modules()):
+            if type(module) is GELU and module.approximate == "tanh":
+                module.__class__ = _fused_class(GELU)
+
+
+def single_block_forward(block, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                         temb: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                         image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None, *args, **kwargs):
+    """A single-stream block (diffusers' `HunyuanVideoSingleTransformerBlock`) with the MLP's GELU in its product
+    and `proj_out` split (the module docstring): the same steps, each through the block's own modules. The video and
+    text tokens run as one sequence (text last); returns them apart again."""
+    text = encoder_hidden_states.shape[1]
+    residual = torch.cat([hidden_states, encoder_hidden_states], dim=1)
+    normed, gate = block.norm(residual, emb=temb)
+    if type(block.act_mlp) is nn.GELU and block.act_mlp.approximate == "tanh":
+        mlp = linear_gelu(block.proj_mlp, normed)
+    else:
+        mlp = block.act_mlp(block.proj_mlp(normed))
+    attn, attn_text = block.attn(hidden_states=normed[:, :-text, :], encoder_hidden_states=normed[:, -text:, :],
+                                 attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
+    out = residual + gate.unsqueeze(1) * split_linear(block.proj_out, torch.cat([attn, attn_text], dim=1), mlp)
+    return out[:, :-text, :], out[:, -text:, :]
+
+
+def compiled_form(cls: type):
+    """The function the compiler traces for a block class: ours for the single-stream block, else its forward."""
+    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoSingleTransformerBlock
+
+    return single_block_forward if cls is HunyuanVideoSingleTransformerBlock else getattr(cls, "forward")
