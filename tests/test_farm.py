@@ -299,6 +299,17 @@ class _HeldFarm:
         yield Done(self.outputs, None, 0, cancel.cancelled)
 
 
+def _first(stream, kind, within: float = 60.0):
+    """The first event of `kind` a job's stream (`Sessions.stream` with a tick) brings, within `within` seconds."""
+    deadline = time.monotonic() + within
+    for batch in stream:
+        found = [e for e in batch if isinstance(e, kind)]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, f"no {kind.__name__} in {within} s"
+    raise AssertionError(f"the stream ended without a {kind.__name__}")
+
+
 def test_the_queue_fills_every_worker_then_waits(tmp_path):
     from jobs.line import Waiting
 
@@ -308,10 +319,11 @@ def test_the_queue_fills_every_worker_then_waits(tmp_path):
     try:
         jobs = [sessions.submit(_request(i), session=f"s{i}") for i in range(3)]
         streams = [sessions.stream(j, tick_s=0.05) for j in jobs]
-        firsts = [next(s) for s in streams]                # two run at once; the third waits behind both
-        assert sorted(e.message for f in firsts[:2] for e in f) == ["[worker-1] Sampling 1/1",
-                                                                    "[worker-2] Sampling 1/1"]
-        assert firsts[2] == [Waiting(2, None)] and runner.busy
+        # two run at once (each one's first progress; on a busy machine the second may first be told it waits
+        # behind the first, for as long as the dispatcher takes to start it); the third waits behind both
+        firsts = [_first(streams[0], Progress), _first(streams[1], Progress), _first(streams[2], Waiting)]
+        assert sorted(f.message for f in firsts[:2]) == ["[worker-1] Sampling 1/1", "[worker-2] Sampling 1/1"]
+        assert firsts[2] == Waiting(2, None) and runner.busy
         assert sorted(runner.placements().values()) == ["worker-1", "worker-2"]
         assert sessions.cancel("s2").startswith("Cancelled")     # End on a waiting job: it never runs
         farm.release.set()
