@@ -180,9 +180,13 @@ def open_chromium():
     return contextlib.contextmanager(chromium)()
 
 
+EXPECT_TIMEOUT_MS = 60_000     # Playwright's default, 5 s, once ran out before a page's Save answered (a quiet run on
+                               # three workers: the app's server shares its test worker's core with the job it runs)
+
+
 def require_browser():
-    """Playwright's `expect`, or skip the calling test module when Playwright or Chromium is missing (an error under
-    STEADYFRAME_REQUIRE_BROWSER=1, as in CI)."""
+    """Playwright's `expect` (waiting up to EXPECT_TIMEOUT_MS for what it checks), or skip the calling test module
+    when Playwright or Chromium is missing (an error under STEADYFRAME_REQUIRE_BROWSER=1, as in CI)."""
     from tests.server_helpers import CHROMIUM, REQUIRE_BROWSER
 
     try:
@@ -196,4 +200,5 @@ def require_browser():
                                "(apt-get install chromium; bash scripts/install.sh --dev)")
         pytest.skip(f"{missing} is not installed (set STEADYFRAME_REQUIRE_BROWSER=1 to make this an error)",
                     allow_module_level=True)
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
     return expect

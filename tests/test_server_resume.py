@@ -135,9 +135,9 @@ def test_api_resume_continues_a_stopped_job(server, client, image, tiny_original
 
 
 def test_resume_button_in_the_browser(server, client, image, tiny_original, uninterrupted):
-    from playwright.sync_api import expect
+    from tests.browser_helpers import open_chromium, require_browser
 
-    from tests.browser_helpers import open_chromium
+    expect = require_browser()
 
     browser_or_skip()
     stopped = _stopped_after_section_1(client, image, tiny_original)   # the newest job: first in the gallery
