@@ -23,6 +23,8 @@ fp8 compute keeps diffusers' forms (its Linears are `Fp8Linear`, products of the
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -77,14 +79,12 @@ class _FusedGELU(nn.Module):
         return super().forward(hidden_states)   # type: ignore[misc]  # the forward of the class it is mixed into
 
 
-_MIXED: dict[type, type] = {}
+@functools.cache
+def _fused_gelu_class() -> type:
+    """diffusers' `GELU` with `_FusedGELU`'s forward in front (made once, at the first use)."""
+    from diffusers.models.activations import GELU
 
-
-def _fused_class(cls: type) -> type:
-    mixed = _MIXED.get(cls)
-    if mixed is None:
-        mixed = _MIXED.setdefault(cls, type(f"Fused{cls.__name__}", (_FusedGELU, cls), {}))
-    return mixed
+    return type("FusedGELU", (_FusedGELU, GELU), {})
 
 
 def fuse_blocks(blocks) -> None:
@@ -94,7 +94,7 @@ def fuse_blocks(blocks) -> None:
     for block in blocks:
         for module in list(block.modules()):
             if type(module) is GELU and module.approximate == "tanh":
-                module.__class__ = _fused_class(GELU)
+                module.__class__ = _fused_gelu_class()
 
 
 def single_block_forward(block, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
