@@ -218,15 +218,18 @@ def _profile_step(variant, tr, inputs, device, resident) -> dict:
     """One resident step of `variant` under torch.profiler: the device time of its kernels by kind (matrix products,
     attention, Inductor's fused elementwise kernels, copies, the rest) and the 12 longest, so the gap between the
     step and its floor is shown kernel by kernel. The stage's weight loading is in "copies"."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     from benchmarks.transformer_step import run_config
 
     cuda = device.type == "cuda"
-    with profile(activities=[ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
         run_config(f"{variant}, profiled", tr, inputs, device, *resident, 1, 0, 1)
     kernels: dict[str, float] = {}
     for e in prof.key_averages():
+        if cuda and (e.device_type != DeviceType.CUDA or e.is_user_annotation):     # kernels, copies, memsets
+            continue
         t = (e.self_device_time_total if cuda else e.self_cpu_time_total) / 1e3      # ms
         if t > 0 and (cuda or e.key.startswith(("aten::", "cpp_fused", "triton_", "steadyframe::"))):
             kernels[e.key] = kernels.get(e.key, 0.0) + t
@@ -241,8 +244,76 @@ def _profile_step(variant, tr, inputs, device, resident) -> dict:
         print(f"  {kind:32s} {t:9.1f} ms  {100 * t / total:5.1f} %")
     for name, t in top:
         print(f"    {t:9.2f} ms  {name[:110]}")
+    idle = _step_idle(prof) if cuda else None
     return {"total_ms": round(total, 2), "kinds_ms": {k: round(v, 2) for k, v in kinds.items()},
-            "top_ms": [(n[:200], round(t, 3)) for n, t in top]}
+            "top_ms": [(n[:200], round(t, 3)) for n, t in top], "idle": idle}
+
+
+def _step_idle(prof) -> dict | None:
+    """Where the GPU waits inside the profiled run's last timed step: its events read off the profiler and handed to
+    `idle_gaps`, printed."""
+    from torch.autograd import DeviceType
+
+    from benchmarks.transformer_step import STEP_MARK
+
+    events = prof.events()
+    marks = [e for e in events if e.name == STEP_MARK and e.device_type == DeviceType.CPU]
+    if not marks:
+        return None
+    step = marks[-1].time_range
+    kernels, host = [], []
+    for e in events:
+        r = e.time_range
+        if r.end < step.start or r.start > step.end or e.name == STEP_MARK:
+            continue
+        (kernels if e.device_type == DeviceType.CUDA else host).append((e.name, r.start, r.end))
+    idle = idle_gaps(kernels, (step.start, step.end), host)
+    print(f"  the last timed step: {idle['step_ms']:.1f} ms, kernels busy {idle['busy_ms']:.1f} ms, GPU idle "
+          f"{idle['idle_ms']:.1f} ms (before the first kernel {idle['lead_ms']:.1f}, after the last "
+          f"{idle['tail_ms']:.1f}); host waits: {idle['syncs']}")
+    for g in idle["gaps"][:15]:
+        print(f"    {g['ms']:7.3f} ms after {g['after'][:40]!r} before {g['before'][:40]!r}; host in {g['host']}")
+    by_host: dict[str, list[float]] = {}
+    for g in idle["gaps"]:
+        by_host.setdefault(" > ".join(g["host"][-2:]), []).append(g["ms"])
+    for where, ms in sorted(by_host.items(), key=lambda kv: -sum(kv[1]))[:10]:
+        print(f"  {sum(ms):8.2f} ms in {len(ms):4d} gaps, the host in {where[:120]}")
+    return idle
+
+
+
+
+def idle_gaps(kernels, window, host, *, min_us: float = 50.0) -> dict:
+    """The GPU's idle time inside `window` (start, end in µs): `kernels` are (name, start, end) on the device (they
+    may overlap, on several streams), `host` the host's (name, start, end) ops and runtime calls. Every gap of at
+    least `min_us` between busy stretches, longest first, with the kernels on either side and the host ops spanning
+    its start (innermost last), so a gap is put to what the host was doing then; and the host's synchronizing
+    runtime calls counted (each drains the device's queue). Written here because the profiler's tables sum time per
+    name and give no timeline."""
+    start, end = window
+    spans = sorted((max(s, start), min(e, end), n) for n, s, e in kernels if e > start and s < end)
+    gaps, busy, cursor, last = [], 0.0, start, "(the step's start)"
+    for s, e, name in spans:
+        if s > cursor:
+            gaps.append((cursor, s, last, name))
+        if e > cursor:
+            busy += e - max(s, cursor)
+            cursor, last = e, name
+    lead = (spans[0][0] - start) if spans else end - start
+    tail = end - cursor
+    rows = []
+    for s, e, before, after in gaps:
+        if e - s < min_us:
+            continue
+        around = sorted(((hs, -(he - hs), n) for n, hs, he in host if hs <= s < he), key=lambda h: h[0])
+        rows.append({"ms": (e - s) / 1e3, "after": before, "before": after, "host": [n for _, _, n in around][-3:]})
+    rows.sort(key=lambda r: -r["ms"])
+    syncs: dict[str, int] = {}
+    for n, _, _ in host:
+        if n.startswith("cuda") and ("Synchronize" in n or n == "cudaMemcpy"):
+            syncs[n] = syncs.get(n, 0) + 1
+    return {"step_ms": (end - start) / 1e3, "busy_ms": busy / 1e3, "idle_ms": (end - start - busy) / 1e3,
+            "lead_ms": lead / 1e3, "tail_ms": tail / 1e3, "gaps": rows, "syncs": syncs}
 
 
 def _report(args, device, build_s, variants, results, sections, cosines=None) -> None:

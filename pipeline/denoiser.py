@@ -62,6 +62,7 @@ class FramepackDenoiser:
             if magcache_threshold > 0 else None
         self._const: _SectionConstants | None = None
         self._text: dict[str, TextEmbeddings] = {}
+        self._effective: dict[str, int] = {}
         self._guidance: torch.Tensor | None = None
 
     @property
@@ -87,6 +88,9 @@ class FramepackDenoiser:
         image_tokens = tr.image_projection(image_embeds.to(dev, dt))
         self._const = _SectionConstants(context_tokens, rope, image_tokens, latent_shape)
         self._text = {k: v.to(dev, dt) for k, v in texts.items()}
+        # The prompt's tokens that attend (the image tokens, then the text up to its mask's end): fixed for the
+        # section, so read once here, not at every step (reading a device tensor's value waits for the GPU).
+        self._effective = {k: image_tokens.shape[1] + int(v.mask[0].sum(dtype=torch.int)) for k, v in texts.items()}
         self._guidance = torch.tensor([guidance * 1000.0], dtype=dt, device=dev)
         for cache in (self.teacache or self.magcache or {}).values():
             cache.reset()
@@ -94,6 +98,7 @@ class FramepackDenoiser:
     def end_section(self) -> None:
         self._const = None
         self._text = {}
+        self._effective = {}
 
     @torch.no_grad()
     def __call__(self, latents: torch.Tensor, timestep: torch.Tensor, branch: str = "cond") -> torch.Tensor:
@@ -136,9 +141,7 @@ class FramepackDenoiser:
         encoder = tr.context_embedder(text.llama, timestep, text.mask)
         # Image tokens go before the text tokens (the text mask cuts padding off the end).
         encoder = torch.cat([c.image_tokens, encoder], dim=1)
-        mask = torch.cat([text.mask.new_ones((b, c.image_tokens.shape[1])), text.mask], dim=1)
-        effective = int(mask.sum(dim=1, dtype=torch.int)[0])
-        encoder = encoder[:, :effective]
+        encoder = encoder[:, :self._effective[branch]]
 
         cache = self._cache(branch)
         if isinstance(cache, TeaCache):     # TeaCache reads block 0's modulated input; MagCache reads no tensor

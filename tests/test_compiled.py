@@ -350,3 +350,24 @@ def test_fp8_compute_on_a_simulated_mi300_picks_the_fnuz_product(tmp_path, monke
 
     monkeypatch.setattr(compiled, "_probe", probe)
     assert compiled.fp8_recipe(torch.device("cpu")) == "rowwise-fnuz" and tried == ["rowwise-fnuz"]
+
+
+def test_the_step_profiles_idle_gaps_are_the_device_timeline_holes_put_to_the_host_op_then():
+    """benchmarks/compiled.py's `idle_gaps` (the `--profile` step's timeline): overlapping kernels count once, a hole
+    under the shortest gap is not listed, the lead and the tail are the step's edges, each listed gap names the
+    kernels around it and the host ops spanning its start (innermost last), and synchronizing calls are counted."""
+    from benchmarks.compiled import idle_gaps
+
+    kernels = [("a", 100, 300), ("b", 250, 400),       # overlapping: busy 100..400
+               ("c", 420, 500),                         # a 20 µs hole before it: under min_us
+               ("d", 900, 1000)]                        # a 400 µs hole before it
+    host = [("step", 0, 1100), ("Torch-Compiled Region", 450, 700), ("cudaStreamSynchronize", 510, 890),
+            ("cudaLaunchKernel", 10, 20)]
+    g = idle_gaps(kernels, (0, 1100), host, min_us=50)
+    assert g["busy_ms"] == pytest.approx(0.48)          # 300 + 80 + 100 µs
+    assert g["idle_ms"] == pytest.approx(0.62) and g["lead_ms"] == pytest.approx(0.1)
+    assert g["tail_ms"] == pytest.approx(0.1)
+    assert [r["ms"] for r in g["gaps"]] == pytest.approx([0.4, 0.1])
+    assert g["gaps"][0]["after"] == "c" and g["gaps"][0]["before"] == "d"
+    assert g["gaps"][0]["host"] == ["step", "Torch-Compiled Region"]     # the sync starts 10 µs after the hole
+    assert g["gaps"][1]["before"] == "a" and g["syncs"] == {"cudaStreamSynchronize": 1}
