@@ -109,10 +109,6 @@ def step_main(args) -> None:
 
         block_forms.compiled_form = lambda cls: cls.forward
         block_forms.fuse_blocks = lambda blocks: None
-    if args.split_attention:      # the single-stream block's attention through diffusers' processor (split, joined)
-        from pipeline import block_forms
-
-        block_forms._plain_processor = lambda attn: False
     device, tr, height, width, image_tokens, build_s = transformer_on_device(args.tiny)
     pack = HostPack.of(tr)
     pack.set_pinned(device.type == "cuda")
@@ -476,8 +472,6 @@ def main(argv=None) -> None:
     s.add_argument("--steps", type=int, default=4)
     s.add_argument("--section-steps", type=int, default=25, help="0: no whole-section error")
     s.add_argument("--attn-cosine", action="store_true", help="fp8 attention against bf16 in every call of one step")
-    s.add_argument("--split-attention", action="store_true", help="the single-stream blocks' attention through "
-                   "diffusers' processor (its sequence split and joined), not block_forms.whole_sequence_attention")
     s.add_argument("--plain-blocks", action="store_true", help="compile diffusers' block forwards as they are, "
                    "without pipeline/block_forms.py's forms (the GELU epilogue, the split output product)")
     s.add_argument("--profile", action="store_true", help="one more resident step per variant under torch.profiler: "

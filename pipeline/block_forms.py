@@ -1,6 +1,5 @@
-"""The compiled blocks' own forms of two products and an attention: the MLP's product with its GELU, the
-single-stream block's output product without its concatenation, and its attention without splitting its sequence
-(issue 46).
+"""The compiled blocks' own forms of two products: the MLP's product with its GELU, and the single-stream block's
+output product without its concatenation (issue 46).
 
 A profile of one compiled step at 608×640 (H200, `benchmarks/compiled.py step --profile`) put 23 ms of its ~65 ms
 of Inductor's fused kernels in two places that are memory traffic only:
@@ -15,9 +14,6 @@ Here, inside the compiled blocks only (eager keeps diffusers' own forward, bit f
   views of the same weight, so the concatenation is never written. The single-stream block's forward is written
   here for that (`single_block_forward`, the same steps as diffusers' `HunyuanVideoSingleTransformerBlock.forward`,
   its modules called as they are: norm, attention, Linears; LoRAs are merged into their weights, so they apply).
-- **The single-stream block's attention runs on its whole sequence** (`whole_sequence_attention`): diffusers'
-  processor splits and joins the video and prompt tokens around the rotation of q and k and around the output,
-  copies of the whole sequence that the rotary tables' identity rows for the prompt (cos 1, sin 0) make needless.
 - **GELU rides in the product's epilogue** on CUDA: `torch._addmm_activation(..., use_gelu=True)`, PyTorch's call
   of cuBLASLt's bias + GELU (tanh) epilogue, behind one opaque operator (`steadyframe::linear_gelu_tanh`) so
   Inductor keeps it whole. Elsewhere (the CPU, ROCm) the same math as diffusers', which Inductor fuses as before.
@@ -104,9 +100,9 @@ def fuse_blocks(blocks) -> None:
 def single_block_forward(block, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
                          temb: torch.Tensor, attention_mask: torch.Tensor | None = None,
                          image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None, *args, **kwargs):
-    """A single-stream block (diffusers' `HunyuanVideoSingleTransformerBlock`) with the MLP's GELU in its product,
-    `proj_out` split and the attention on the whole sequence (the module docstring): the same steps, each through the
-    block's own modules. The video and text tokens run as one sequence (text last); returns them apart again."""
+    """A single-stream block (diffusers' `HunyuanVideoSingleTransformerBlock`) with the MLP's GELU in its product
+    and `proj_out` split (the module docstring): the same steps, each through the block's own modules. The video and
+    text tokens run as one sequence (text last); returns them apart again."""
     text = encoder_hidden_states.shape[1]
     residual = torch.cat([hidden_states, encoder_hidden_states], dim=1)
     normed, gate = block.norm(residual, emb=temb)
@@ -114,50 +110,10 @@ def single_block_forward(block, hidden_states: torch.Tensor, encoder_hidden_stat
         mlp = linear_gelu(block.proj_mlp, normed)
     else:
         mlp = block.act_mlp(block.proj_mlp(normed))
-    if attention_mask is None and _plain_processor(block.attn):
-        attn = whole_sequence_attention(block.attn, normed, text, image_rotary_emb)
-    else:
-        video, prompt = block.attn(hidden_states=normed[:, :-text, :], encoder_hidden_states=normed[:, -text:, :],
-                                   attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
-        attn = torch.cat([video, prompt], dim=1)
-    out = residual + gate.unsqueeze(1) * split_linear(block.proj_out, attn, mlp)
+    attn, attn_text = block.attn(hidden_states=normed[:, :-text, :], encoder_hidden_states=normed[:, -text:, :],
+                                 attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
+    out = residual + gate.unsqueeze(1) * split_linear(block.proj_out, torch.cat([attn, attn_text], dim=1), mlp)
     return out[:, :-text, :], out[:, -text:, :]
-
-
-def _plain_processor(attn) -> bool:
-    """Whether a single-stream block's attention runs diffusers' own processor (what `whole_sequence_attention`
-    reproduces), with no added projections."""
-    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
-
-    return type(attn.processor) is HunyuanVideoAttnProcessor2_0 and attn.add_q_proj is None
-
-
-def whole_sequence_attention(attn, x: torch.Tensor, text: int,
-                             rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-    """A single-stream block's attention (diffusers' `HunyuanVideoAttnProcessor2_0` without a mask) on its whole
-    sequence, the video tokens then `text` prompt tokens, returned whole. diffusers' processor is handed the two
-    parts, joins them, rotates the video part's q and k and joins each again with its prompt part, and splits the
-    output (which the block joins for its output product): three copies of the sequence and two of q and k a block.
-    Here the rotary tables get `text` more rows that leave a value as it is (cos 1, sin 0: x·1 + r·0 = x exactly),
-    so q and k rotate whole, and nothing is split or joined."""
-    from diffusers.models.attention_dispatch import dispatch_attention_fn
-    from diffusers.models.embeddings import apply_rotary_emb
-
-    q = attn.to_q(x).unflatten(2, (attn.heads, -1))
-    k = attn.to_k(x).unflatten(2, (attn.heads, -1))
-    v = attn.to_v(x).unflatten(2, (attn.heads, -1))
-    if attn.norm_q is not None:
-        q = attn.norm_q(q)
-    if attn.norm_k is not None:
-        k = attn.norm_k(k)
-    if rope is not None:
-        cos, sin = (torch.cat([t, t.new_full((text, t.shape[1]), fill)]) for t, fill in zip(rope, (1.0, 0.0)))
-        q = apply_rotary_emb(q, (cos, sin), sequence_dim=1)
-        k = apply_rotary_emb(k, (cos, sin), sequence_dim=1)
-    processor = attn.processor
-    out = dispatch_attention_fn(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
-                                backend=processor._attention_backend, parallel_config=processor._parallel_config)
-    return out.flatten(2, 3).to(q.dtype)
 
 
 def compiled_form(cls: type):

@@ -37,44 +37,6 @@ def test_the_single_block_form_computes_diffusers_forward(blocks):
     assert not torch.equal(got[0], x)                     # (the block did something)
 
 
-def _rope(block, video, seed=3):
-    g = torch.Generator().manual_seed(seed)
-    head = block.attn.to_q.out_features // block.attn.heads
-    angles = torch.rand(video, head // 2, generator=g, dtype=torch.float64) * 6.0
-    return angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
-
-
-def test_the_single_block_form_with_rotary_tables_computes_diffusers_forward(blocks):
-    """With the rotary tables of the video tokens (the attention on the whole sequence): diffusers' forward. To
-    float32's rounding: diffusers rotates in float32, so in a float64 block the prompt's rows, which its forward
-    leaves as they are, are rounded by the identity rows (in the app's dtypes that is exact: the next test)."""
-    _, single = blocks
-    x, ctx, temb = _inputs(single, seed=4)
-    rope = _rope(single, x.shape[1])
-    want = type(single).forward(single, x, ctx, temb, None, rope)
-    got = block_forms.single_block_forward(single, x, ctx, temb, None, rope)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
-    plain = block_forms.single_block_forward(single, x, ctx, temb)
-    assert not torch.allclose(plain[0], got[0], atol=1e-2)          # (the tables were applied)
-
-
-def test_the_whole_sequence_attention_gives_diffusers_processors_bits_in_fp32_and_bf16(blocks):
-    import copy
-
-    _, single = blocks
-    x, ctx, _ = _inputs(single, seed=5)
-    rope = tuple(t.float() for t in _rope(single, x.shape[1]))
-    text = ctx.shape[1]
-    for dtype in (torch.float32, torch.bfloat16):
-        attn = copy.deepcopy(single.attn).to(dtype)
-        seq = torch.cat([x, ctx], dim=1).to(dtype)
-        assert block_forms._plain_processor(attn)
-        video, prompt = attn(hidden_states=seq[:, :-text], encoder_hidden_states=seq[:, -text:], image_rotary_emb=rope)
-        got = block_forms.whole_sequence_attention(attn, seq, text, rope)
-        assert torch.equal(got, torch.cat([video, prompt], dim=1)), dtype
-
-
 def test_the_split_product_is_the_product_of_the_concatenation():
     g = torch.Generator().manual_seed(1)
     linear = torch.nn.Linear(5 + 11, 6).double()
