@@ -75,3 +75,51 @@ def test_fused_gelu_modules_run_diffusers_forward_eagerly(blocks):
     x = torch.randn(1, 6, modules[0].proj.in_features, dtype=torch.float64)
     want = GELU.forward(modules[0], x)
     assert torch.equal(modules[0](x), want)                              # eager: diffusers' own, bit for bit
+
+
+def test_joined_products_are_the_products_one_by_one_and_mixed_kinds_run_one_by_one():
+    g = torch.Generator().manual_seed(6)
+    linears = [torch.nn.Linear(8, n).double() for n in (5, 7, 3)]
+    x = torch.randn(2, 4, 8, generator=g, dtype=torch.float64)
+    got = block_forms.joined_products(linears, x)
+    for out, linear in zip(got, linears):
+        torch.testing.assert_close(out, linear(x), rtol=1e-12, atol=1e-12)
+
+    class Counted(torch.nn.Linear):
+        calls = 0
+
+        def forward(self, x):
+            Counted.calls += 1
+            return super().forward(x)
+
+    mixed = [linears[0], Counted(8, 2).double()]
+    outs = block_forms.joined_products(mixed, x)
+    assert Counted.calls == 1 and [o.shape[-1] for o in outs] == [5, 2]
+
+
+def test_the_joined_processor_gives_diffusers_processor_compiled_only_and_is_set_once(blocks, monkeypatch):
+    """The joined form against diffusers' processor on both block kinds (float64); eager calls of the swapped
+    processor run diffusers' own."""
+    import copy
+
+    for block in blocks:
+        attn = copy.deepcopy(block.attn)
+        x, ctx, _ = _inputs(block, seed=7)
+        head = attn.to_q.out_features // attn.heads
+        angles = torch.rand(x.shape[1], head // 2, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+        rope = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
+        want = attn(hidden_states=x, encoder_hidden_states=ctx, image_rotary_emb=rope)
+        got = block_forms.joined_attention(attn, x, ctx, None, rope)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)   # (diffusers rotates in float32)
+        block_forms.fuse_blocks([attn])
+        block_forms.fuse_blocks([attn])
+        assert type(attn.processor).__name__ == "JoinedHunyuanVideoAttnProcessor"
+        seen = []
+        monkeypatch.setattr(block_forms, "joined_attention", lambda *a: seen.append(1) or want)
+        again = attn(hidden_states=x, encoder_hidden_states=ctx, image_rotary_emb=rope)          # eager
+        assert seen == [] and all(torch.equal(a, b) for a, b in zip(again, want))
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        attn(hidden_states=x, encoder_hidden_states=ctx, image_rotary_emb=rope)
+        assert seen == [1]
+        monkeypatch.undo()
