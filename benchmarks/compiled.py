@@ -109,10 +109,6 @@ def step_main(args) -> None:
 
         block_forms.compiled_form = lambda cls: cls.forward
         block_forms.fuse_blocks = lambda blocks: None
-    if args.separate_qkv:         # the attention's q, k and v as three products (before block_forms joined them)
-        from pipeline import block_forms
-
-        block_forms.joined_products = lambda linears, x: [linear(x) for linear in linears]
     device, tr, height, width, image_tokens, build_s = transformer_on_device(args.tiny)
     pack = HostPack.of(tr)
     pack.set_pinned(device.type == "cuda")
@@ -476,8 +472,6 @@ def main(argv=None) -> None:
     s.add_argument("--steps", type=int, default=4)
     s.add_argument("--section-steps", type=int, default=25, help="0: no whole-section error")
     s.add_argument("--attn-cosine", action="store_true", help="fp8 attention against bf16 in every call of one step")
-    s.add_argument("--separate-qkv", action="store_true", help="the attention's q, k and v as three products, "
-                   "not joined into one (pipeline/block_forms.py joined_products)")
     s.add_argument("--plain-blocks", action="store_true", help="compile diffusers' block forwards as they are, "
                    "without pipeline/block_forms.py's forms (the GELU epilogue, the split output product)")
     s.add_argument("--profile", action="store_true", help="one more resident step per variant under torch.profiler: "

@@ -1,5 +1,5 @@
-"""The compiled blocks' own forms of three products: the MLP's product with its GELU, the single-stream block's
-output product without its concatenation, and the attention's q, k and v as one product (issue 46).
+"""The compiled blocks' own forms of two products: the MLP's product with its GELU, and the single-stream block's
+output product without its concatenation (issue 46).
 
 A profile of one compiled step at 608×640 (H200, `benchmarks/compiled.py step --profile`) put 23 ms of its ~65 ms
 of Inductor's fused kernels in two places that are memory traffic only:
@@ -14,11 +14,6 @@ Here, inside the compiled blocks only (eager keeps diffusers' own forward, bit f
   views of the same weight, so the concatenation is never written. The single-stream block's forward is written
   here for that (`single_block_forward`, the same steps as diffusers' `HunyuanVideoSingleTransformerBlock.forward`,
   its modules called as they are: norm, attention, Linears; LoRAs are merged into their weights, so they apply).
-- **The attention's q, k and v are one product** (`joined_products`): diffusers multiplies the same tokens by three
-  3,072-wide weights; one product on the three joined (9,216 wide) fills the GPU better (on an H200, 644 against
-  727 TFLOP/s for a 3,072- and a 12,288-wide bf16 product of the step's tokens, 950 against 1,290 in fp8:
-  benchmarks/products.py). The weights are joined at each call (LoRAs are merged into them, streamed blocks bring
-  them), then the output is split; the rest of diffusers' processor is unchanged (`joined_attention`).
 - **GELU rides in the product's epilogue** on CUDA: `torch._addmm_activation(..., use_gelu=True)`, PyTorch's call
   of cuBLASLt's bias + GELU (tanh) epilogue, behind one opaque operator (`steadyframe::linear_gelu_tanh`) so
   Inductor keeps it whole. Elsewhere (the CPU, ROCm) the same math as diffusers', which Inductor fuses as before.
@@ -74,90 +69,6 @@ def split_linear(linear: nn.Module, first: torch.Tensor, second: torch.Tensor) -
     return F.linear(first, linear.weight[:, :k], linear.bias) + F.linear(second, linear.weight[:, k:])
 
 
-def joined_products(linears, x: torch.Tensor) -> list[torch.Tensor]:
-    """[linear(x) for linear in linears] as one product on their weights joined by rows, its output split again:
-    plain Linears (all with a bias or none), or fp8's Linears with weights kept in fp8 (their class's `joined`).
-    Others (LoRA layers, a mix) are called one by one."""
-    kind = type(linears[0])
-    if any(type(linear) is not kind for linear in linears):
-        return [linear(x) for linear in linears]
-    if kind is nn.Linear and len({linear.bias is None for linear in linears}) == 1:
-        bias = None if linears[0].bias is None else torch.cat([linear.bias for linear in linears])
-        out = F.linear(x, torch.cat([linear.weight for linear in linears]), bias)
-    elif hasattr(kind, "joined") and (out := kind.joined(linears, x)) is not None:
-        pass
-    else:
-        return [linear(x) for linear in linears]
-    return list(out.split([linear.out_features for linear in linears], dim=-1))
-
-
-def joined_attention(attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
-                     attention_mask: torch.Tensor | None = None,
-                     image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None):
-    """diffusers' `HunyuanVideoAttnProcessor2_0` with each stream's q, k and v from one product
-    (`joined_products`); every other step as there."""
-    from diffusers.models.attention_dispatch import dispatch_attention_fn
-    from diffusers.models.embeddings import apply_rotary_emb
-
-    if attn.add_q_proj is None and encoder_hidden_states is not None:
-        hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
-    query, key, value = (t.unflatten(2, (attn.heads, -1))
-                         for t in joined_products([attn.to_q, attn.to_k, attn.to_v], hidden_states))
-    if attn.norm_q is not None:
-        query = attn.norm_q(query)
-    if attn.norm_k is not None:
-        key = attn.norm_k(key)
-    if image_rotary_emb is not None:
-        if attn.add_q_proj is None and encoder_hidden_states is not None:
-            text = encoder_hidden_states.shape[1]
-            query = torch.cat([apply_rotary_emb(query[:, :-text], image_rotary_emb, sequence_dim=1),
-                               query[:, -text:]], dim=1)
-            key = torch.cat([apply_rotary_emb(key[:, :-text], image_rotary_emb, sequence_dim=1),
-                             key[:, -text:]], dim=1)
-        else:
-            query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
-            key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
-    if attn.add_q_proj is not None and encoder_hidden_states is not None:
-        eq, ek, ev = (t.unflatten(2, (attn.heads, -1)) for t in
-                      joined_products([attn.add_q_proj, attn.add_k_proj, attn.add_v_proj], encoder_hidden_states))
-        if attn.norm_added_q is not None:
-            eq = attn.norm_added_q(eq)
-        if attn.norm_added_k is not None:
-            ek = attn.norm_added_k(ek)
-        query, key, value = (torch.cat([a, b], dim=1) for a, b in ((query, eq), (key, ek), (value, ev)))
-    processor = attn.processor
-    hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
-                                          is_causal=False, backend=processor._attention_backend,
-                                          parallel_config=processor._parallel_config)
-    hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
-    if encoder_hidden_states is not None:
-        text = encoder_hidden_states.shape[1]
-        hidden_states, encoder_hidden_states = hidden_states[:, :-text], hidden_states[:, -text:]
-        if getattr(attn, "to_out", None) is not None:
-            hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
-        if getattr(attn, "to_add_out", None) is not None:
-            encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
-    return hidden_states, encoder_hidden_states
-
-
-class _JoinedProcessor:
-    """diffusers' `HunyuanVideoAttnProcessor2_0` with `joined_attention` while it is being compiled; eager calls run
-    diffusers' own. Set on a processor by swapping its class (`fuse_blocks`)."""
-
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
-        if torch.compiler.is_compiling():
-            return joined_attention(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
-        return super().__call__(attn, hidden_states, encoder_hidden_states,   # type: ignore[misc]
-                                attention_mask, image_rotary_emb)
-
-
-@functools.cache
-def _joined_processor_class() -> type:
-    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
-
-    return type("JoinedHunyuanVideoAttnProcessor", (_JoinedProcessor, HunyuanVideoAttnProcessor2_0), {})
-
-
 class _FusedGELU(nn.Module):
     """diffusers' `GELU` module (a Linear `proj`, then GELU) with the product and a tanh GELU in one call while it is
     being compiled; eager calls run diffusers' forward. Set on a module by swapping its class (`fuse_blocks`)."""
@@ -177,18 +88,13 @@ def _fused_gelu_class() -> type:
 
 
 def fuse_blocks(blocks) -> None:
-    """Give the double-stream blocks' MLP GELU modules (diffusers' `GELU`, tanh) and every block's attention
-    processor (diffusers' `HunyuanVideoAttnProcessor2_0`) their compiled forms, once."""
+    """Give the double-stream blocks' MLP GELU modules (diffusers' `GELU`, tanh) their compiled form, once."""
     from diffusers.models.activations import GELU
-    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 
     for block in blocks:
         for module in list(block.modules()):
             if type(module) is GELU and module.approximate == "tanh":
                 module.__class__ = _fused_gelu_class()
-            processor = getattr(module, "processor", None)
-            if type(processor) is HunyuanVideoAttnProcessor2_0:
-                processor.__class__ = _joined_processor_class()
 
 
 def single_block_forward(block, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,

@@ -10,9 +10,8 @@ parameters of the same shape, dtype and device each time, so it does not recompi
 weights' device copies (memory/deltas.py): no recompile per job either. Attention inside compiled code is one opaque
 operator that runs rocm/sdpa.py's checked kernel choice (its chunked fallback on ROCm included).
 
-Compiled, three products take forms of their own (pipeline/block_forms.py): the MLP's GELU in the product's
-epilogue on NVIDIA GPUs, the single-stream block's output product without its concatenation, and the attention's
-q, k and v as one product (bf16, or fp8 with `Fp8Linear.joined`); eager runs diffusers' own.
+Compiled, two products take forms of their own (pipeline/block_forms.py): the MLP's GELU in the product's epilogue
+on NVIDIA GPUs, and the single-stream block's output product without its concatenation; eager runs diffusers' own.
 
 Graphs are static, one per class and set of input shapes: a resolution bucket with a prompt length in tokens (and
 the negative prompt's with CFG > 1) compiles once per process, 12-27 s the first time on an H200 and 2-5 s from
@@ -359,18 +358,6 @@ class Fp8Linear(nn.Linear):
         else:
             values = self.weight
         return fp8_linear(x, values, scales, self.bias, self.fp8_recipe)
-
-    @staticmethod
-    def joined(linears: list["Fp8Linear"], x: torch.Tensor) -> torch.Tensor | None:
-        """The products of several of these Linears with one input as one fp8 product (pipeline/block_forms.py
-        `joined_products`): their kept fp8 weights and row scales joined by rows. None where one's weight is not
-        kept in fp8, the recipes differ, or some have a bias and some not."""
-        if (any(linear.weight_scale is None for linear in linears) or len({lin.fp8_recipe for lin in linears}) > 1
-                or len({linear.bias is None for linear in linears}) > 1):
-            return None
-        bias = None if linears[0].bias is None else torch.cat([linear.bias for linear in linears])
-        return fp8_linear(x, torch.cat([linear.weight for linear in linears]),
-                          torch.cat([linear.weight_scale for linear in linears]), bias, linears[0].fp8_recipe)
 
 
 def _probe(device: torch.device, recipe: str) -> None:

@@ -178,32 +178,6 @@ def test_fp8_compute_converts_the_block_linears_only_and_keeps_their_parameters(
     assert 0 < err < 0.08
 
 
-def test_fp8_linears_kept_in_fp8_join_into_one_product_with_their_row_scales():
-    """`Fp8Linear.joined` (block_forms' q/k/v as one product): the same values as the products one by one (the
-    same fp8 weights and scales, the activation's per-token scales alike); None while a weight is not kept in fp8."""
-    from memory import fp8 as mfp8
-
-    tr = _fp8_transformer()
-    compiled.use_fp8_compute(tr, "rowwise")
-    attn = tr.transformer_blocks[0].attn
-    linears = [attn.to_q, attn.to_k, attn.to_v]
-    x = torch.randn(1, 64, 32, dtype=torch.bfloat16)
-    assert compiled.Fp8Linear.joined(linears, x) is None                # bf16 weights: not joined
-    for linear in linears:                                              # keep each weight in fp8, as the pack does
-        values, scales = mfp8.quantize_rows(linear.weight)
-        linear.weight.data = values
-        linear.weight_scale = scales
-    joined = compiled.Fp8Linear.joined(linears, x)
-    one_by_one = torch.cat([linear(x) for linear in linears], dim=-1)
-    assert joined.shape == one_by_one.shape == (1, 64, 96)
-    torch.testing.assert_close(joined.float(), one_by_one.float(), rtol=1e-2, atol=1e-2)
-    from pipeline import block_forms
-
-    outs = block_forms.joined_products(linears, x)
-    assert [o.shape[-1] for o in outs] == [32, 32, 32]
-    torch.testing.assert_close(torch.cat(outs, -1), joined)
-
-
 @pytest.mark.parametrize("packed_first", [False, True], ids=["marked-then-packed", "packed-then-marked"])
 def test_fp8_compute_keeps_weights_in_fp8_on_the_device_resident_streamed_and_with_a_lora(packed_first):
     """The block Linears' weights are stored in fp8 and bound as stored (values + row scales); the product gives
