@@ -281,8 +281,6 @@ def _step_idle(prof) -> dict | None:
     return idle
 
 
-
-
 def idle_gaps(kernels, window, host, *, min_us: float = 50.0) -> dict:
     """The GPU's idle time inside `window` (start, end in µs): `kernels` are (name, start, end) on the device (they
     may overlap, on several streams), `host` the host's (name, start, end) ops and runtime calls. Every gap of at
@@ -305,8 +303,8 @@ def idle_gaps(kernels, window, host, *, min_us: float = 50.0) -> dict:
     for s, e, before, after in gaps:
         if e - s < min_us:
             continue
-        around = sorted(((hs, -(he - hs), n) for n, hs, he in host if hs <= s < he), key=lambda h: h[0])
-        rows.append({"ms": (e - s) / 1e3, "after": before, "before": after, "host": [n for _, _, n in around][-3:]})
+        around = sorted((hs, hs - he, n) for n, hs, he in host if hs <= s < he)     # outermost first
+        rows.append({"ms": (e - s) / 1e3, "after": before, "before": after, "host": [n for *_, n in around][-3:]})
     rows.sort(key=lambda r: -r["ms"])
     syncs: dict[str, int] = {}
     for n, _, _ in host:
