@@ -10,9 +10,9 @@ after warm-ups), each with its arithmetic floor beside it:
 - PyTorch's SDPA backends in bf16: flash, memory-efficient, cuDNN (`sdpa_kernel` restricted to each);
 - FlashAttention-4 (`flash_attn.cute`) where installed: its first call (the CuTe DSL compile), the kernel, and the
   app's bf16 path through the guard (which takes it on the GPUs of `rocm.sdpa.FA4_MAJORS`), eager and compiled;
-- cuDNN's fp8 kernel through the cuDNN frontend (rocm/fp8_attention.py): the kernel alone on quantized inputs, the
-  whole call with the quantization eager (the guard's eager path) and with the quantization compiled
-  (`torch.compile`, as inside the compiled blocks);
+- each fp8 kernel installed (rocm/fp8_attention.py: cuDNN's through the cuDNN frontend, FlashAttention-3's where
+  built): the kernel alone on quantized inputs, the whole call with the quantization eager (the guard's eager path)
+  and with the quantization compiled (`torch.compile`, as inside the compiled blocks);
 - through the app's path: `AttentionGuard` with `fp8_attention(True)`, eager and inside a compiled function (the
   traced quantization + the `steadyframe::fp8_attention` operator).
 
@@ -24,6 +24,7 @@ run cut short keeps what it measured) and logs a table.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import statistics
@@ -173,28 +174,35 @@ def main(argv=None) -> int:
         save()
         return 0
 
-    z = fa.quantize(q, k, v)
-    record("fp8 cuDNN kernel alone (inputs quantized)", lambda: fa.run(z, q.dtype), fp8_floor)
-    record("fp8 quantization alone, eager", lambda: fa.quantize(q, k, v), quant_floor)
-    record("fp8 cuDNN, quantization eager", lambda: fa.attention(q, k, v), fp8_floor + quant_floor)
-    compiled_quantize = None
-    if not args.no_compile:
-        t0 = time.perf_counter()
-        compiled_quantize = torch.compile(fa.quantize, dynamic=False)
-        compiled_quantize(q, k, v)
-        result["compile_quantize_s"] = round(time.perf_counter() - t0, 1)
-        record("fp8 quantization alone, compiled", lambda: compiled_quantize(q, k, v), quant_floor)
-        record("fp8 cuDNN, quantization compiled", lambda: fa.run(compiled_quantize(q, k, v), q.dtype),
+    kernels = [kernel for kernel, here in ((fa.CUDNN, fa._frontend() is not None),
+                                           (fa.FA3, fa._fa3_on(device))) if here]
+    result["fp8_kernels"] = kernels
+    for kernel in kernels:       # each fp8 kernel alone, with the quantization eager and compiled (its own form)
+        z = fa.quantize(q, k, v, kernel=kernel)
+        record(f"fp8 {kernel} kernel alone (inputs quantized)", lambda: fa.run(z, q.dtype, kernel=kernel), fp8_floor)
+        record(f"fp8 quantization alone ({kernel}), eager", lambda: fa.quantize(q, k, v, kernel=kernel), quant_floor)
+        record(f"fp8 {kernel}, quantization eager", lambda: fa.attention(q, k, v, kernel=kernel),
                fp8_floor + quant_floor)
+        if not args.no_compile:
+            t0 = time.perf_counter()
+            compiled_quantize = torch.compile(functools.partial(fa.quantize, kernel=kernel), dynamic=False)
+            compiled_quantize(q, k, v)
+            result[f"compile_quantize_s ({kernel})"] = round(time.perf_counter() - t0, 1)
+            record(f"fp8 quantization alone ({kernel}), compiled", lambda: compiled_quantize(q, k, v), quant_floor)
+            record(f"fp8 {kernel}, quantization compiled",
+                   lambda: fa.run(compiled_quantize(q, k, v), q.dtype, kernel=kernel), fp8_floor + quant_floor)
 
     # accuracy against cuDNN's bf16 output
     for case in ("random", "outlier"):
         cq, ck, cv = (q, k, v) if case == "random" else inputs(n, h, d, device, case, seed=1)
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             ref = reference if case == "random" else F.scaled_dot_product_attention(cq, ck, cv)
-        result["cosine"][f"{case}, fp8 (smoothed, per-head balance)"] = cosine(fa.attention(cq, ck, cv), ref)
-        plain = fa.quantize(cq, ck, cv, smooth=False, per_head=False)
-        result["cosine"][f"{case}, fp8 plain per-tensor (no smoothing)"] = cosine(fa.run(plain, cq.dtype), ref)
+        for kernel in kernels:
+            result["cosine"][f"{case}, fp8 {kernel} (smoothed, per-head scales)"] = cosine(
+                fa.attention(cq, ck, cv, kernel=kernel), ref)
+            plain = fa.quantize(cq, ck, cv, smooth=False, per_head=False, kernel=kernel)
+            result["cosine"][f"{case}, fp8 {kernel} plain per-tensor (no smoothing)"] = cosine(
+                fa.run(plain, cq.dtype, kernel=kernel), ref)
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
             result["cosine"][f"{case}, bf16 flash (for scale)"] = cosine(F.scaled_dot_product_attention(cq, ck, cv),
                                                                          ref)
@@ -216,6 +224,7 @@ def main(argv=None) -> int:
             record("guard, fp8 switch on, compiled", lambda: block(q, k, v), fp8_floor + quant_floor)
         result["guard_choices"] = dict(guard.choices)
         result["fp8_failed"] = list(sdpa._FP8_FAILED)
+        result["fp8_kernel"] = fa.chosen()
     save()
     log.info("%s", json.dumps(result, indent=1))
     return 0

@@ -25,10 +25,20 @@ Blackwell-only):
 - The softmax's probabilities are rounded to e4m3 inside the kernel at scale 448 (they lie in [0, 1]: the bound
   cuDNN's documentation gives), the output at 448 / amax(V − m) (|O − m| ≤ amax(V − m)).
 
+**FlashAttention-3's fp8 kernel** (Tri Dao's Hopper kernels, `flash_attn_3`; not on PyPI: built from the
+flash-attention repository's `hopper/` folder, scripts/build_flash_attention_3.sh builds just the forward this
+model uses in ~2 minutes on 16 cores): where it is installed and the GPU is a Hopper (compute capability 9.x, the
+only one it is built for), the process runs its fp8 calls through it instead of cuDNN's (`kernel`, chosen once per
+process): on an H200 its kernel took 4.92 ms against cuDNN's fp8 5.54 and FlashAttention-4's bf16 6.04 at this
+model's shape (BENCHMARKS.md). It takes one descale per batch and head, so its quantization (`quantize(...,
+kernel=FA3)`) skips the balance and scales each head of q, k and v by its own largest value (K and V still
+smoothed); it writes bf16 (no output rounding) and keeps its probabilities in e4m3 at 2^8 (its softmax subtracts
+8 from the row's largest exponent), which `emulate(..., kernel=FA3)` follows.
+
 `emulate` runs the same arithmetic in float32 with every rounding the kernel makes (tests compare it against the
 float reference on the CPU, outlier channels included); `attention` runs it on the GPU. The quantization is
-written here, not taken from a library, because the frontend takes already quantized tensors and leaves the
-choice of scales to its caller (SageAttention's kernels, which do both, are not installable here).
+written here, not taken from a library, because both kernels take already quantized tensors and leave the
+choice of scales to their caller (SageAttention's kernels, which do both, are not installable here).
 """
 from __future__ import annotations
 
@@ -47,14 +57,18 @@ P_SCALE = FP8_MAX                               # the probabilities (≤ 1) are 
 MIN_CAPABILITY = (9, 0)                         # Hopper: cuDNN's fp8 flash attention forward (sm_90 and newer)
 MIN_CUDNN = 90100                               # cuDNN 9.1: fp8 SDPA forward on Hopper
 EXTRA = 'pip install nvidia-cudnn-frontend (or pip install -e ".[fp8-attention]")'
+CUDNN, FA3 = "cuDNN frontend", "FlashAttention-3"  # the two fp8 kernels (`kernel`)
+FA3_MAJOR = 9                                   # FlashAttention-3's kernels are Hopper's (sm_90a) alone
+FA3_P_SCALE = 256.0                             # its probabilities in e4m3: exp2(s - max + 8), at most 2^8
 _TINY = torch.finfo(torch.float32).tiny
 
 
 @dataclass
 class Quantized:
-    """q, k, v in e4m3 (the caller's shapes (batch, heads, tokens, dim)), their descales (float32 (1, 1, 1, 1) each:
-    real value = stored × descale) and V's mean over tokens (float32, added back to the output). The output is
-    stored at V's scale (|O − m| ≤ amax(V − m)): scale_o = 1 / descale_v."""
+    """q, k, v in e4m3 (the caller's shapes (batch, heads, tokens, dim)), their descales (float32, real value =
+    stored × descale: (1, 1, 1, 1) each for cuDNN, (batch, heads, 1, 1) for FlashAttention-3) and V's mean over
+    tokens (float32, added back to the output). cuDNN's output is stored at V's scale (|O − m| ≤ amax(V − m)):
+    scale_o = 1 / descale_v."""
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
@@ -82,10 +96,12 @@ def _to_fp8(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
 
 
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, smooth: bool = True,
-             per_head: bool = True) -> Quantized:
-    """q, k, v (batch, heads, tokens, dim) in e4m3 with their descales: K and V smoothed and q/k balanced per head
-    (the module's docstring); `smooth` / `per_head` False: plain per-tensor scales (the comparison in tests). The
-    e4m3 tensors keep the memory layout of the inputs (diffusers' (batch, tokens, heads, dim) seen transposed)."""
+             per_head: bool = True, kernel: str | None = None) -> Quantized:
+    """q, k, v (batch, heads, tokens, dim) in e4m3 with their descales for `kernel` (default: this process's,
+    `chosen`): K and V smoothed; for cuDNN q/k balanced per head and one scale per tensor, for FlashAttention-3 one
+    scale per batch and head (the module's docstring); `smooth` / `per_head` False: plain per-tensor scales (the
+    comparison in tests). The e4m3 tensors keep the memory layout of the inputs (diffusers' (batch, tokens, heads,
+    dim) seen transposed)."""
     qf, kf, vf = q.float(), k.float(), v.float()
     if smooth:
         kf = kf - kf.mean(dim=-2, keepdim=True)
@@ -93,21 +109,26 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, smooth: bool 
         vf = vf - v_mean
     else:
         v_mean = vf.new_zeros((*vf.shape[:-2], 1, vf.shape[-1]))
-    if per_head:
+    if per_head and (kernel or chosen()) == FA3:
+        dq, dk, dv = ((x.abs().amax(dim=(-2, -1), keepdim=True) / FP8_MAX).clamp(min=_TINY) for x in (qf, kf, vf))
+    elif per_head:
         aq = qf.abs().amax(dim=(-2, -1), keepdim=True).clamp(min=_TINY)
         ak = kf.abs().amax(dim=(-2, -1), keepdim=True).clamp(min=_TINY)
         r = (ak / aq).sqrt()
         qf, kf = qf * r, kf / r
-    dq, dk, dv = _scale(qf), _scale(kf), _scale(vf)
+        dq, dk, dv = _scale(qf), _scale(kf), _scale(vf)
+    else:
+        dq, dk, dv = _scale(qf), _scale(kf), _scale(vf)
     out = [_to_fp8(x, d) for x, d in ((qf, dq), (kf, dk), (vf, dv))]
     laid = [torch.empty_strided(t.shape, t.stride(), dtype=FP8, device=t.device).copy_(x)
             for t, x in zip((q, k, v), out)]
     return Quantized(laid[0], laid[1], laid[2], dq, dk, dv, v_mean)
 
 
-def emulate(z: Quantized, scale: float | None = None, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The fp8 kernel's arithmetic in float32 (every rounding it makes: inputs, probabilities, output): what
-    `attention` computes, up to the order of the sums. For tests and the CPU."""
+def emulate(z: Quantized, scale: float | None = None, out_dtype: torch.dtype = torch.float32,
+            kernel: str = CUDNN) -> torch.Tensor:
+    """`kernel`'s fp8 arithmetic in float32 (every rounding it makes: inputs, probabilities, and cuDNN's e4m3
+    output): what `attention` computes, up to the order of the sums. For tests and the CPU."""
     q = z.q.float() * z.descale_q
     k = z.k.float() * z.descale_k
     v = z.v.float() * z.descale_v
@@ -115,10 +136,12 @@ def emulate(z: Quantized, scale: float | None = None, out_dtype: torch.dtype = t
     s = (q @ k.transpose(-2, -1)) * scale
     p = torch.exp(s - s.amax(dim=-1, keepdim=True))              # unnormalised, as flash attention keeps it
     denom = p.sum(dim=-1, keepdim=True)
-    p8 = (p * P_SCALE).to(FP8).float() / P_SCALE
+    p_scale = FA3_P_SCALE if kernel == FA3 else P_SCALE
+    p8 = (p * p_scale).to(FP8).float() / p_scale
     o = (p8 @ v) / denom
-    o8 = (o * z.scale_o).clamp(-FP8_MAX, FP8_MAX).to(FP8).float() * z.descale_o
-    return (o8 + z.v_mean).to(out_dtype)
+    if kernel != FA3:                                              # cuDNN's Hopper kernel writes e4m3
+        o = (o * z.scale_o).clamp(-FP8_MAX, FP8_MAX).to(FP8).float() * z.descale_o
+    return (o + z.v_mean).to(out_dtype)
 
 
 # ---- availability -------------------------------------------------------------------------------------------------
@@ -129,6 +152,48 @@ def _frontend() -> Any | None:
     except ImportError:
         return None
     return cudnn
+
+
+_FA3: list = []                 # [flash_attn_func or None]: FlashAttention-3, looked up once
+_KERNEL: list[str] = []         # [the fp8 kernel of this process], chosen once (`kernel`)
+
+
+def _flash3() -> Any | None:
+    """FlashAttention-3's forward (`flash_attn_interface.flash_attn_func`, the module its build installs), or None
+    where it is not installed (or does not import: then said once)."""
+    if not _FA3:
+        try:
+            from flash_attn_interface import flash_attn_func
+        except ImportError:
+            flash_attn_func = None
+        except Exception as e:        # installed but broken (built for another PyTorch or CUDA): cuDNN's kernel
+            log.warning("FlashAttention-3 is installed but does not import (%s: %s); fp8 attention uses cuDNN's "
+                        "kernel", type(e).__name__, " ".join(str(e).split())[:200])
+            flash_attn_func = None
+        _FA3.append(flash_attn_func)
+    return _FA3[0]
+
+
+def _fa3_on(device: torch.device) -> bool:
+    return (device.type == "cuda" and not torch.version.hip and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(device)[0] == FA3_MAJOR and _flash3() is not None)
+
+
+def kernel(device: torch.device | str | None = None) -> str:
+    """The fp8 kernel this process runs, chosen at its first fp8 job (rocm/sdpa.py `fp8_attention`, eagerly):
+    FlashAttention-3 where it is installed and `device` (default: the current CUDA device) is a Hopper, else
+    cuDNN's. Measured faster (the module's docstring); one choice per process, so compiled blocks keep their graph."""
+    if not _KERNEL:
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        _KERNEL.append(FA3 if _fa3_on(torch.device(device)) else CUDNN)
+    return _KERNEL[0]
+
+
+def chosen() -> str:
+    """The kernel `kernel` chose (cuDNN's before any choice): read inside compiled code, which cannot ask the
+    device; dynamo guards on it."""
+    return _KERNEL[0] if _KERNEL else CUDNN
 
 
 def unavailable(device: torch.device | str) -> str | None:
@@ -145,6 +210,8 @@ def unavailable(device: torch.device | str) -> str | None:
         name = torch.cuda.get_device_name(device)
         return (f"{need}; {name} has compute capability {capability[0]}.{capability[1]}. Leave fp8 attention off "
                 f"(--fp8-compute's fp8 products still work from 8.9)")
+    if _fa3_on(device):
+        return None
     cudnn = _frontend()
     if cudnn is None:
         return f"{need} and NVIDIA's cuDNN frontend, which is not installed: {EXTRA}"
@@ -231,19 +298,29 @@ def _graph_for(z: Quantized, out: torch.Tensor, scale: float) -> _Graph:
     return graph
 
 
-def run(z: Quantized, dtype: torch.dtype, scale: float | None = None) -> torch.Tensor:
-    """softmax(q kᵀ · scale) v of quantized inputs through cuDNN's fp8 kernel, back in `dtype` and in the fused
-    kernels' layout ((batch, heads, tokens, dim) stored token-major). Raises what the frontend raises when cuDNN
-    cannot build or run the graph."""
+def run(z: Quantized, dtype: torch.dtype, scale: float | None = None, kernel: str | None = None) -> torch.Tensor:
+    """softmax(q kᵀ · scale) v of inputs quantized for `kernel` (default: this process's, `chosen`) through its fp8
+    kernel, back in `dtype` and in the fused kernels' layout ((batch, heads, tokens, dim) stored token-major).
+    Raises what the kernel raises when it cannot run."""
     b, h, n, d = z.q.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    result = torch.empty((b, n, h, d), dtype=dtype, device=z.q.device).transpose(1, 2)
+    if (kernel or chosen()) == FA3:     # (batch, tokens, heads, dim) in and out; descales (batch, heads)
+        q8, k8, v8 = (t.transpose(1, 2) for t in (z.q, z.k, z.v))
+        descales = [x.expand(b, h, 1, 1).reshape(b, h) for x in (z.descale_q, z.descale_k, z.descale_v)]
+        flash = _flash3()
+        assert flash is not None                        # (chosen only where it imports: `kernel`)
+        out = flash(q8, k8, v8, softmax_scale=scale, q_descale=descales[0], k_descale=descales[1],
+                    v_descale=descales[2])
+        out = out[0] if isinstance(out, tuple) else out
+        return result.copy_(out.transpose(1, 2).float() + z.v_mean)
     out = torch.empty((b, n, h, d), dtype=FP8, device=z.q.device).transpose(1, 2)
     _graph_for(z, out, scale).run(_frontend(), z, out)
-    result = torch.empty((b, n, h, d), dtype=dtype, device=z.q.device).transpose(1, 2)
     return result.copy_(out.float() * z.descale_o + z.v_mean)
 
 
-def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None,
+              kernel: str | None = None) -> torch.Tensor:
     """`run` of `quantize`: the whole fp8 attention of one call that `fits`, eagerly (compiled blocks quantize
     inside their graph instead: rocm/sdpa.py)."""
-    return run(quantize(query, key, value), query.dtype, scale)
+    return run(quantize(query, key, value, kernel=kernel), query.dtype, scale, kernel)

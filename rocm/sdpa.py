@@ -22,8 +22,10 @@ other call, every GPU elsewhere and every call after it failed once in the proce
 kernel chosen below. `flash_attention_4(False)` turns it off for a block (the benchmarks' comparison).
 
 **fp8 attention** (the job's "fp8 attention" setting; rocm/fp8_attention.py): inside `fp8_attention(True)` (the
-orchestrator's transformer sampling), a call that fits cuDNN's fp8 kernel has q/k/v quantized (K and V smoothed,
-q/k balanced per head) and runs through the cuDNN frontend. In compiled blocks the quantization is traced into the
+orchestrator's transformer sampling), a call that fits the fp8 kernels has q/k/v quantized (K and V smoothed, the
+scales per head) and runs through FlashAttention-3's fp8 kernel where it is installed on a Hopper GPU (measured the
+fastest), else through cuDNN's via the cuDNN frontend: `fa.kernel`, chosen once per process when the switch is
+first turned on. In compiled blocks the quantization is traced into the
 block's graph (Inductor fuses it with what comes before) and the kernel is a second opaque operator,
 `steadyframe::fp8_attention`; dynamo guards on the switch, so each setting has its graph (compiled once per
 process, reused by every later job). A call that does not fit, and every call after the frontend failed once in
@@ -114,6 +116,8 @@ _ACTIVE: list["AttentionGuard"] = []                          # the guards insid
 _FP8 = False                    # inside fp8_attention(True): calls that fit run in fp8 (dynamo guards on it)
 _FP8_FAILED: list[str] = []     # why the fp8 kernel failed in this process (then bf16 for the rest of it)
 FP8_CHOICE = "fp8 (cuDNN frontend; K and V smoothed, q/k balanced per head, per-tensor scales)"
+FP8_FA3_CHOICE = "fp8 (FlashAttention-3; K and V smoothed, scales per head)"
+FP8_CHOICES = {fa.CUDNN: FP8_CHOICE, fa.FA3: FP8_FA3_CHOICE}
 _FA4_ON = True                  # flash_attention_4(False): the fused kernels below only
 _FA4_FAILED: list[str] = []     # why FlashAttention-4 failed in this process (then the fused kernels for the rest)
 _FA4: list = []                 # [flash_attn_func or None], looked up once
@@ -198,9 +202,11 @@ def _run_fa4(query, key, value, scale) -> torch.Tensor | None:
 
 @contextmanager
 def fp8_attention(on: bool) -> Iterator[None]:
-    """Attention calls that fit cuDNN's fp8 kernel run in fp8 inside this block when `on` (the job's setting,
+    """Attention calls that fit the fp8 kernels run in fp8 inside this block when `on` (the job's setting,
     checked against the device before the job was queued: rocm.fp8_attention.unavailable)."""
     global _FP8
+    if on:
+        fa.kernel()             # chosen now, eagerly: compiled code reads the choice (fa.chosen)
     before, _FP8 = _FP8, bool(on)
     try:
         yield
@@ -268,7 +274,7 @@ def _run_fp8(query: torch.Tensor, z: fa.Quantized, scale: Optional[float]) -> to
         _give_up(_FP8_FAILED, "fp8 attention", e, "runs in bf16")
         return None
     if _ACTIVE:
-        _ACTIVE[-1]._note(query, FP8_CHOICE)
+        _ACTIVE[-1]._note(query, FP8_CHOICES[fa.chosen()])
     return out
 
 

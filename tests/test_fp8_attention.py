@@ -250,3 +250,92 @@ def test_the_switch_reaches_the_transformers_attention_in_a_job(tiny_original, t
     heads = tiny_original.transformer.config.num_attention_heads
     assert all(shape[1] == heads for shape in asked_on)          # only the transformer's calls asked
     assert any(not torch.equal(on[key], off[key]) for key in on)
+
+
+# ---- FlashAttention-3's fp8 kernel --------------------------------------------------------------------------------
+def test_fa3_quantization_scales_each_head_to_e4m3s_range_and_matches_the_float_reference():
+    q, k, v = _qkv(seed=6, outliers=True)
+    q = q * torch.tensor([1.0, 0.01, 0.5, 0.2]).view(1, 4, 1, 1).to(q.dtype)      # heads of very different ranges
+    z = fa.quantize(q, k, v, kernel=fa.FA3)
+    assert z.descale_q.shape == (1, 4, 1, 1) and z.descale_v.shape == (1, 4, 1, 1)
+    for t in (z.q, z.k, z.v):                       # every head reaches 448: its own scale, no shared one
+        assert torch.equal(t.float().abs().amax(dim=(-2, -1)).flatten(), torch.full((4,), 448.0))
+    assert z.q.stride() == q.stride()
+    truth = _reference(q, k, v)
+    whole, row = _cosine(fa.emulate(z, kernel=fa.FA3), truth)
+    assert whole >= 0.995 and row >= 0.99
+    plain = _cosine(fa.emulate(fa.quantize(q, k, v, smooth=False, per_head=False, kernel=fa.FA3), kernel=fa.FA3),
+                    truth)
+    assert plain[1] < row                                                 # the smoothing and head scales matter
+
+
+def _fake_fa3(calls):
+    """FlashAttention-3's fp8 forward as its arithmetic on the CPU (`emulate`), in its interface: (batch, tokens,
+    heads, dim) e4m3 in, descales (batch, heads), bf16 out with the log-sum-exp beside it."""
+    def flash_attn_func(q, k, v, softmax_scale=None, q_descale=None, k_descale=None, v_descale=None):
+        calls.append((q.dtype, tuple(q.shape), q.stride(-1), tuple(q_descale.shape), softmax_scale))
+        b, _, h, _ = q.shape
+        z = fa.Quantized(*(t.transpose(1, 2) for t in (q, k, v)),
+                         *(d.reshape(b, h, 1, 1) for d in (q_descale, k_descale, v_descale)),
+                         torch.zeros(b, h, 1, v.shape[-1]))
+        return fa.emulate(z, softmax_scale, torch.bfloat16, kernel=fa.FA3).transpose(1, 2), None
+    return flash_attn_func
+
+
+@pytest.fixture
+def cpu_fa3(monkeypatch):
+    """This process's fp8 kernel is FlashAttention-3 (its forward emulated on the CPU); `fa.run` is the real one."""
+    calls = []
+    monkeypatch.setattr(fa, "_FA3", [_fake_fa3(calls)])
+    monkeypatch.setattr(fa, "_KERNEL", [fa.FA3])
+    monkeypatch.setattr(fa, "fits", lambda q, k, v, mask, p, causal, gqa: mask is None and q.dim() == 4)
+    monkeypatch.setattr(sdpa, "_FP8_FAILED", [])
+    return calls
+
+
+def test_the_guard_runs_fp8_calls_through_fa3_in_its_layout_with_the_mean_added_back(cpu_fa3):
+    q, k, v = _qkv(seed=7, tokens=128)
+    v = v + 3.0                                     # a mean over the tokens: the smoothing takes it out, run adds it
+    with sdpa.AttentionGuard("cpu", force_chunked=True, label="transformer") as guard, sdpa.fp8_attention(True):
+        out = F.scaled_dot_product_attention(q, k, v, scale=0.1)
+    assert cpu_fa3 == [(torch.float8_e4m3fn, (1, 128, 4, 64), 1, (1, 4), 0.1)]
+    assert out.dtype == q.dtype and out.stride() == q.stride()           # the fused kernels' layout
+    z = fa.quantize(q, k, v, kernel=fa.FA3)
+    expected = fa.emulate(z, 0.1, kernel=fa.FA3)         # (the kernel's bf16 output, then the mean: one more
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=0)       # bf16 rounding than emulate)
+    assert _cosine(out, _reference(q, k, v, 0.1))[0] >= 0.995
+    assert guard.choices and sdpa.FP8_FA3_CHOICE in guard.choices.values()
+
+
+@pytest.mark.skipif(not CAN_COMPILE, reason="no C++ compiler: torch.compile cannot build CPU kernels here")
+def test_compiled_code_quantizes_per_head_for_fa3(cpu_fa3):
+    q, k, v = _qkv(seed=8, tokens=64, heads=2, dim=32)
+    fn = torch.compile(lambda a, b, c: F.scaled_dot_product_attention(a, b, c) * 1.0, dynamic=False)
+    with sdpa.AttentionGuard("cpu", force_chunked=True) as guard, sdpa.fp8_attention(True):
+        compiled_out = fn(q, k, v)
+    assert cpu_fa3 and all(call[3] == (1, 2) for call in cpu_fa3)          # per-head descales reached the kernel
+    assert sdpa.FP8_FA3_CHOICE in guard.choices.values()
+    assert _cosine(compiled_out, _reference(q, k, v))[0] >= 0.995
+
+
+def test_the_process_takes_fa3_where_installed_on_hopper_and_cudnn_elsewhere(monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    cuda = torch.device("cuda", 0)
+
+    def choice(capability, installed):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        monkeypatch.setattr(fa, "_FA3", [_fake_fa3([]) if installed else None])
+        monkeypatch.setattr(fa, "_KERNEL", [])
+        return fa.kernel(cuda), fa.chosen()
+
+    assert choice((9, 0), True) == (fa.FA3, fa.FA3)
+    assert choice((9, 0), False) == (fa.CUDNN, fa.CUDNN)
+    assert choice((10, 0), True) == (fa.CUDNN, fa.CUDNN)                  # built for Hopper alone
+    monkeypatch.setattr(fa, "_frontend", lambda: None)                     # no cuDNN frontend: FA3 is enough
+    monkeypatch.setattr(fa, "_FA3", [_fake_fa3([])])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert fa.unavailable(cuda) is None
+    monkeypatch.setattr(fa, "_FA3", [None])
+    assert "not installed: pip install nvidia-cudnn-frontend" in fa.unavailable(cuda)
