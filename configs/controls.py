@@ -260,17 +260,19 @@ CONTROLS: tuple[Control, ...] = (
             help="an image at a time of the video, original mode: TIME=FILE or TIME:STRENGTH=FILE (strength 0-1, "
                  "default 1), e.g. --keyframe 2.5=middle.png; repeat for several (job.json and batch lines: "
                  "\"[2.5s] middle.png [4s, 0.8] other.png\")"),
-    # fp8 attention (rocm/fp8_attention.py, chosen in rocm/sdpa.py): cuDNN's fp8 kernel through the cuDNN frontend;
-    # refused before the job is queued where the GPU or the install lacks it (jobs/preflight.py). Last row: the
-    # /video API's positional order of the others stays.
+    # fp8 attention (rocm/fp8_attention.py, chosen in rocm/sdpa.py): FlashAttention-3's fp8 kernel where it is built,
+    # else cuDNN's through the cuDNN frontend; refused before the job is queued where the GPU or the install lacks
+    # both (jobs/preflight.py). Last row: the /video API's positional order of the others stays.
     Control("fp8_attention", "choice", "off", choices=ON_OFF, label="fp8 attention", field="fp8 attention",
             widget="radio", advanced=True,
-            info="on: the transformer's attention runs in fp8 through cuDNN (NVIDIA Hopper or newer, with the "
-                 "nvidia-cudnn-frontend package): slightly less exact than bf16, and on an H200 with cuDNN 9.19 "
-                 "about 5 % faster a step (BENCHMARKS.md); with FlashAttention-4 installed, bf16 attention is "
-                 "faster: leave this off. Jobs that ask for it elsewhere are refused.",
-            help="on: the transformer's attention in fp8 through NVIDIA's cuDNN frontend (Hopper or newer; pip "
-                 "install nvidia-cudnn-frontend); off (default): bf16. Refused where the GPU or the install lacks "
+            info="on: the transformer's attention runs in fp8 (NVIDIA Hopper or newer): through FlashAttention-3 "
+                 "where it is built (scripts/build_flash_attention_3.sh; on an H200 with fp8 compute a step went "
+                 "from 0.61x to 0.55x of eager), else through cuDNN (the nvidia-cudnn-frontend package; slower "
+                 "than FlashAttention-4's bf16). Slightly less exact than bf16 (BENCHMARKS.md). Jobs that ask for "
+                 "it elsewhere are refused.",
+            help="on: the transformer's attention in fp8 through FlashAttention-3 where built "
+                 "(scripts/build_flash_attention_3.sh), else NVIDIA's cuDNN frontend (Hopper or newer; pip install "
+                 "nvidia-cudnn-frontend); off (default): bf16. Refused where the GPU or the install lacks "
                  "it"),
 )
 

@@ -9,7 +9,8 @@ when its turn comes.
 - a post-processing job (post/): its videos read, its steps planned, each model file read and its architecture
   recognised (post/job.py `check`);
 - "fp8 attention" on: the device can run it (rocm/fp8_attention.py `unavailable`: an NVIDIA GPU of compute
-  capability 9.0 or newer, the cuDNN frontend installed), else the job is refused naming the setting.
+  capability 9.0 or newer with the cuDNN frontend installed, or a Hopper GPU with FlashAttention-3 built),
+  else the job is refused naming the setting.
 
 `preflight_for(config, device)` builds it, the same way for the app (its runner: Start, the API, the queue panel),
 the command line (generate, batch, resume) and `python -m cli queue add`: from the process's Config (cap, host RAM,

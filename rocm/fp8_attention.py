@@ -214,7 +214,9 @@ def unavailable(device: torch.device | str) -> str | None:
         return None
     cudnn = _frontend()
     if cudnn is None:
-        return f"{need} and NVIDIA's cuDNN frontend, which is not installed: {EXTRA}"
+        also = (" (or, on this Hopper GPU, FlashAttention-3: bash scripts/build_flash_attention_3.sh)"
+                if capability[0] == FA3_MAJOR else "")
+        return f"{need} and NVIDIA's cuDNN frontend, which is not installed: {EXTRA}{also}"
     try:
         version = int(cudnn.backend_version())
     except Exception as e:          # the frontend found no usable libcudnn: say so, whatever it raised

@@ -339,3 +339,23 @@ def test_the_process_takes_fa3_where_installed_on_hopper_and_cudnn_elsewhere(mon
     assert fa.unavailable(cuda) is None
     monkeypatch.setattr(fa, "_FA3", [None])
     assert "not installed: pip install nvidia-cudnn-frontend" in fa.unavailable(cuda)
+    assert "FlashAttention-3: bash scripts/build_flash_attention_3.sh" in fa.unavailable(cuda)
+
+
+def test_the_build_script_keeps_the_fp8_head_128_forward_and_drops_the_rest():
+    """scripts/build_flash_attention_3.sh --dry-run: the flags it builds with and what it would run (nothing runs)."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "build_flash_attention_3.sh"
+    r = subprocess.run(["bash", str(script), "--dry-run"], capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "FA3_DIR": "/nonexistent/fa"})
+    assert r.returncode == 0, r.stderr
+    off = {line.split("=")[0].removeprefix("FLASH_ATTENTION_DISABLE_") for line in r.stdout.splitlines()
+           if line.startswith("FLASH_ATTENTION_DISABLE_")}
+    assert {"BACKWARD", "SPLIT", "PAGEDKV", "VARLEN", "HDIM64", "HDIM256", "SM80"} <= off
+    assert not off & {"FP8", "HDIM128"}                       # what rocm/fp8_attention.py runs stays in
+    assert "checkout --quiet 0251105a2fb19d2957484b7f023cd8c115286ced" in r.stdout
+    assert "pip install --no-build-isolation --no-deps ." in r.stdout and not Path("/nonexistent/fa").exists()
+    bad = subprocess.run(["bash", str(script), "--bogus"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown option '--bogus'" in bad.stderr
