@@ -139,13 +139,18 @@ def test_the_guard_runs_fitting_calls_in_fp8_only_inside_the_switch(cpu_kernel):
 
 
 @pytest.mark.skipif(not CAN_COMPILE, reason="no C++ compiler: torch.compile cannot build CPU kernels here")
-def test_compiled_code_traces_the_quantization_and_calls_the_fp8_operator(cpu_kernel):
+@pytest.mark.parametrize("kernel", ["cpu_kernel", "cpu_fa3"])
+def test_compiled_code_traces_the_quantization_and_calls_the_fp8_operator(kernel, request):
+    """cuDNN's form and FlashAttention-3's (its descales one per head) both traced into the compiled function."""
+    asked = request.getfixturevalue(kernel)
     q, k, v = _qkv(seed=4, tokens=64, heads=2, dim=32)
     fn = torch.compile(lambda a, b, c: F.scaled_dot_product_attention(a, b, c) * 1.0, dynamic=False)
     with sdpa.AttentionGuard("cpu", force_chunked=True) as guard, sdpa.fp8_attention(True):
         compiled_out = fn(q, k, v)
         eager_out = F.scaled_dot_product_attention(q, k, v)
-    assert sdpa.FP8_CHOICE in guard.choices.values()
+    assert sdpa.FP8_CHOICES[fa.chosen()] in guard.choices.values()
+    if kernel == "cpu_fa3":
+        assert asked and all(call[3] == (1, 2) for call in asked)        # per-head descales reached the kernel
     torch.testing.assert_close(compiled_out.float(), eager_out.float(), atol=1e-2, rtol=0)
     assert _cosine(compiled_out, _reference(q, k, v))[0] >= 0.995
 
@@ -305,17 +310,6 @@ def test_the_guard_runs_fp8_calls_through_fa3_in_its_layout_with_the_mean_added_
     torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=0)       # bf16 rounding than emulate)
     assert _cosine(out, _reference(q, k, v, 0.1))[0] >= 0.995
     assert guard.choices and sdpa.FP8_FA3_CHOICE in guard.choices.values()
-
-
-@pytest.mark.skipif(not CAN_COMPILE, reason="no C++ compiler: torch.compile cannot build CPU kernels here")
-def test_compiled_code_quantizes_per_head_for_fa3(cpu_fa3):
-    q, k, v = _qkv(seed=8, tokens=64, heads=2, dim=32)
-    fn = torch.compile(lambda a, b, c: F.scaled_dot_product_attention(a, b, c) * 1.0, dynamic=False)
-    with sdpa.AttentionGuard("cpu", force_chunked=True) as guard, sdpa.fp8_attention(True):
-        compiled_out = fn(q, k, v)
-    assert cpu_fa3 and all(call[3] == (1, 2) for call in cpu_fa3)          # per-head descales reached the kernel
-    assert sdpa.FP8_FA3_CHOICE in guard.choices.values()
-    assert _cosine(compiled_out, _reference(q, k, v))[0] >= 0.995
 
 
 def test_the_process_takes_fa3_where_installed_on_hopper_and_cudnn_elsewhere(monkeypatch):
