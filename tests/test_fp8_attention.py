@@ -283,7 +283,7 @@ def _fake_fa3(calls):
         z = fa.Quantized(*(t.transpose(1, 2) for t in (q, k, v)),
                          *(d.reshape(b, h, 1, 1) for d in (q_descale, k_descale, v_descale)),
                          torch.zeros(b, h, 1, v.shape[-1]))
-        return fa.emulate(z, softmax_scale, torch.bfloat16, kernel=fa.FA3).transpose(1, 2), None
+        return fa.emulate(z, softmax_scale, torch.bfloat16, kernel=fa.FA3).transpose(1, 2).contiguous(), None
     return flash_attn_func
 
 
