@@ -23,7 +23,8 @@ PACKAGES = ("app", "cli", "common", "configs", "farm", "jobfolder", "jobs", "mem
 HEAVY = {"torch", "diffusers", "transformers", "accelerate", "gradio", "gradio_client", "ray", "av", "safetensors",
          "huggingface_hub", "playwright", "psutil", "tqdm", "PIL", "numpy", "einops", "httpx",
          "cudnn",                       # cudnn: the optional cuDNN frontend (rocm/fp8_attention.py)
-         "flash_attn"}                  # flash_attn: the optional FlashAttention-4 (rocm/sdpa.py), CuTe DSL
+         "flash_attn",                  # flash_attn: the optional FlashAttention-4 (rocm/sdpa.py), CuTe DSL
+         "flash_attn_interface"}        # the optional FlashAttention-3 (rocm/fp8_attention.py), its CUDA extension
 ONE_PLATFORM = {"resource", "fcntl", "msvcrt", "winreg", "termios", "ctypes"}
 
 
