@@ -20,7 +20,7 @@ import torch
 
 from common.units import GIB
 from configs.rocm_profiles import DEFAULTS
-from rocm import fallbacks
+from rocm import fallbacks, fp8_attention
 from rocm.arch import detect_arch, resolve_runtime, visible_devices_note
 from rocm.arch import device_facts as torch_device_facts
 from rocm.attention import attention_check
@@ -66,7 +66,7 @@ def _attention_flags() -> dict:
             fn = getattr(torch.backends.cuda, name, None)
             if fn is not None:
                 out["flash_attention_built"] = bool(fn())
-    for pkg in ("flash_attn", "xformers", "sageattention"):
+    for pkg in ("flash_attn", "flash_attn_interface", "cudnn", "xformers", "sageattention"):
         out[f"package_{pkg}"] = importlib.util.find_spec(pkg) is not None
     return out
 
@@ -202,6 +202,7 @@ def _verdicts(rt, env, reset: bool) -> dict:
 def _attention(rt, env, run: bool, small: bool, progress) -> dict:
     out = _attention_flags()
     out["aotriton"] = aotriton_note(rt.backend, rt.arch, env)
+    out["fp8_attention"] = fp8_attention.describe("cpu" if rt.backend == "cpu" else "cuda")
     if not run:
         out["check"] = {"ran": False, "reason": "no GPU (--attention times a small shape on the CPU)"
                         if rt.backend == "cpu" else "disabled (--no-attention)"}

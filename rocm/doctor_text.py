@@ -37,9 +37,12 @@ def _verdict_lines(ver: dict) -> list[str]:
 
 
 def _attention_lines(att: dict) -> list[str]:
-    lines = ["", "attention    " + ", ".join(f"{k}={v}" for k, v in att.items() if k not in ("check", "aotriton"))]
+    lines = ["", "attention    " + ", ".join(f"{k}={v}" for k, v in att.items()
+                                           if k not in ("check", "aotriton", "fp8_attention"))]
     if att.get("aotriton"):
         lines.append(f"  note: {att['aotriton']}")
+    if att.get("fp8_attention"):
+        lines.append(f"  fp8 attention: {att['fp8_attention']}")
     check = att.get("check", {})
     if not check.get("ran"):
         lines.append(f"  timing skipped: {check.get('reason', '-')}")

@@ -226,6 +226,14 @@ def unavailable(device: torch.device | str) -> str | None:
     return None
 
 
+def describe(device: torch.device | str) -> str:
+    """One line for `python -m rocm doctor`: the fp8 attention kernel `device` would run, or why none."""
+    why = unavailable(device)
+    if why is not None:
+        return f"off here: {why}"
+    return f"available: {FA3 if _fa3_on(torch.device(device)) else CUDNN}"
+
+
 def fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask, dropout_p: float,
          is_causal: bool, enable_gqa: bool) -> bool:
     """Does this attention call fit the fp8 kernel (the module's docstring)? Others run in bf16."""

@@ -42,6 +42,7 @@ def test_text_report():
         assert "probe table  skipped: no GPU (--probe" in out and "no GPU: probe table skipped" not in out
         # nothing GPU-only is listed as if it applied: no conv tiers, no cuDNN/MIOpen flags, no arch source
         assert "conv tiers   not used without a GPU" in out
+        assert "  fp8 attention: off here: fp8 attention needs an NVIDIA GPU" in out and "package_cudnn=" in out
         for gpu_only in ("tier 1: native", "cudnn/MIOpen enabled", "arch from", "wheel arches", "KFD arch"):
             assert gpu_only not in out, gpu_only
     assert seconds < 30
