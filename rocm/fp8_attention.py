@@ -29,8 +29,8 @@ Blackwell-only):
 flash-attention repository's `hopper/` folder, scripts/build_flash_attention_3.sh builds just the forward this
 model uses in ~2 minutes on 16 cores): where it is installed and the GPU is a Hopper (compute capability 9.x, the
 only one it is built for), the process runs its fp8 calls through it instead of cuDNN's (`kernel`, chosen once per
-process): on an H200 its kernel took 4.92 ms against cuDNN's fp8 5.54 and FlashAttention-4's bf16 6.04 at this
-model's shape (BENCHMARKS.md). It takes one descale per batch and head, so its quantization (`quantize(...,
+process): on an H200 its kernel took 4.80 ms against cuDNN's fp8 5.54 and FlashAttention-4's bf16 5.86 at this
+model's shape, in one run (BENCHMARKS.md). It takes one descale per batch and head, so its quantization (`quantize(...,
 kernel=FA3)`) skips the balance and scales each head of q, k and v by its own largest value (K and V still
 smoothed); it writes bf16 (no output rounding) and keeps its probabilities in e4m3 at 2^8 (its softmax subtracts
 8 from the row's largest exponent), which `emulate(..., kernel=FA3)` follows.
