@@ -91,7 +91,9 @@ def test_one_warm_child_per_probing_block(tmp_path):
         for frames in (3, 4, 5):
             fb.conv3d(torch.randn(1, 4, frames, 8, 8), torch.randn(4, 4, 3, 3, 3), padding=1)
     assert [p["outcome"] for p in fb.stats().probes] == ["ok"] * 3
-    assert len(probe.last_pids) == 1 and live_group_members(probe.last_pids[0]) == []
+    assert len(probe.last_pids) == 1
+    wait_for(lambda: live_group_members(probe.last_pids[0]) == [], timeout=10,      # killed: on a busy machine a
+             what="the probe child's group to be gone")                          # member may take a moment to die
 
 
 def test_probing_is_off_outside_rocm_by_default(tmp_path):
