@@ -37,6 +37,7 @@ from ui.launch import (  # noqa: E402
     port_problem,
     public_without_login,
     security_warnings,
+    serve,
 )
 from ui.prompt_tokens import TokenCounter  # noqa: E402
 from ui.sessions import Sessions  # noqa: E402
@@ -238,7 +239,7 @@ def _start(config: Config, made: list, asked: list[int]) -> int:
     app = made[0]
     if asked:
         raise _StoppedWhileStarting(asked[0])
-    app.launch(**launch_options(config).kwargs(), prevent_thread_lock=True)
+    serve(app, **launch_options(config).kwargs(), prevent_thread_lock=True)
     log.info("serving on %s (preset %s, outputs %s); Ctrl-C stops the app", app.local_url, config.preset,
              config.outputs.resolve())
     if app.share_url:

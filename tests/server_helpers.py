@@ -113,7 +113,7 @@ def launched(outputs: Path, components, *argv: str, max_file_size: int | None = 
     """`python app.py --preset tiny ...` in this process, as main() launches it (launch options from the command
     line), serving until the block ends."""
     import app as app_module
-    from ui.launch import launch_options, parse_args
+    from ui.launch import launch_options, parse_args, serve
 
     port = free_port()
     config = parse_args(["--preset", "tiny", "--outputs", str(outputs), "--port", str(port), *argv])
@@ -123,7 +123,7 @@ def launched(outputs: Path, components, *argv: str, max_file_size: int | None = 
     if max_file_size is not None:
         kwargs["max_file_size"] = max_file_size
     assert kwargs["server_name"] == "127.0.0.1"
-    blocks.launch(**kwargs, prevent_thread_lock=True)             # (quiet: the app's launch options say so)
+    serve(blocks, **kwargs, prevent_thread_lock=True)             # (quiet: the app's launch options say so)
     try:
         yield Server(f"http://127.0.0.1:{port}/", blocks, runner, Path(outputs).resolve(), config)
     finally:

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import socket
+import time
 import urllib.error
 import urllib.request
 
 import pytest
 
 import app as app_module
-from ui.launch import launch_options, parse_args
+from ui.launch import launch_options, parse_args, serve
 
 
 def _free_port() -> int:
@@ -87,7 +88,7 @@ def test_launch_binds_localhost_and_auth_protects_the_app(built, tmp_path, auth)
     blocks = app_module.build_app(config)
     kwargs = launch_options(config).kwargs()
     assert kwargs["server_name"] == "127.0.0.1"
-    blocks.launch(**kwargs, prevent_thread_lock=True)
+    serve(blocks, **kwargs, prevent_thread_lock=True)
     try:
         base = f"http://127.0.0.1:{config.web.port}"
         assert _get(base + "/") == 200                         # the page itself (a login form with --auth)
@@ -137,3 +138,39 @@ def test_handlers_turn_a_job_into_updates(tmp_path, tiny_original):
     (update,) = list(run("no-such-ticket"))                     # changes nothing on the page (and is a valid
     assert list(update.values()) == [gr.skip()]                # answer: Gradio refuses an empty dict)
     runner.close(timeout=30)
+
+
+def test_the_start_check_waits_for_a_page_slower_than_gradios_3_s():
+    """A page whose first answer takes 3.5 s (a busy machine's first render): Gradio's own check says "localhost is
+    not accessible" (launch() then raises), the app's start check waits for it (ui/launch.py `patient_url_ok`)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import gradio.networking as networking
+
+    from ui.launch import patient_url_ok
+
+    answered = []
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            if not answered:
+                time.sleep(3.5)
+            answered.append(1)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    try:
+        assert networking.url_ok(url) is False                 # Gradio's: its first 3 s request timed out
+        answered.clear()
+        assert patient_url_ok(url, within_s=20) is True
+        assert not patient_url_ok("http://127.0.0.1:9/", within_s=1)    # nothing listening: no, within its time
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -7,11 +7,13 @@ import ipaddress
 import logging
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from starlette.middleware import Middleware
 
+from common import patches
 from configs import LIMITS, MEMORY
 from configs.options import OneLineParser, add_process_options, add_web_options, config_from
 from configs.presets import get_preset
@@ -206,6 +208,42 @@ class LaunchOptions:
                 "quiet": True,
                 "app_kwargs": {"lifespan": cleanup_lifespan(self.temp_max_age_s),
                                "middleware": [Middleware(BodyCap)]}}      # (starlette: Gradio's)
+
+
+START_CHECK_S = 60.0     # how long the start check waits for the page to answer (a busy machine's first render)
+_ANSWERED = (200, 401, 301, 302, 303, 307, 308)    # what Gradio's own check counts as the page answering
+
+
+def patient_url_ok(url: str, within_s: float = START_CHECK_S) -> bool:
+    """Does the page at `url` answer within `within_s`? Gradio's own check (`gradio.networking.url_ok`, which
+    launch() asks before it returns) gives up at the first request that takes over 3 s, and then launch() raises
+    "When localhost is not accessible, a shareable link must be created": on a busy 2-core machine the page's
+    first render took longer (a CI run of the tests failed so). Written here because Gradio has no setting for it:
+    the same question, asked again until `within_s` has passed, each request waiting up to 10 s."""
+    import httpx
+
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            if httpx.head(url, timeout=10, verify=False).status_code in _ANSWERED:
+                return True
+        except (httpx.TimeoutException, httpx.ConnectError, ConnectionError):
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+
+
+def serve(blocks, **kwargs) -> None:
+    """`blocks.launch(**kwargs)` (the app's one way to start its server) with Gradio's start check made patient
+    (`patient_url_ok`), through the one patch registry."""
+    import gradio.networking as networking
+
+    patch = patches.patch(networking, "url_ok", patient_url_ok, "ui.launch.serve")
+    try:
+        blocks.launch(**kwargs)
+    finally:
+        patches.restore(patch)
 
 
 def port_problem(host: str, port: int | None) -> str | None:
