@@ -13,7 +13,8 @@ section's latents (25 sampling steps of the real sampler from the same noise).
 `jobs`: whole jobs through the orchestrator (all five full-size models, 20 GB cap, preserved 6) in one process, one
 per `--jobs` entry: eager | compiled | lora (compiled + one random rank-16 LoRA on every block Linear) | teacache
 (compiled + TeaCache 0.15) | attn8 (compiled + fp8 attention) | fp8 (compiled + fp8 compute; converts the
-transformer, so it and fp8+attn8 (fp8 compute + fp8 attention) come last); as in `step`, a job ending in
+transformer, so it and fp8+attn8 (fp8 compute + fp8 attention) come last), and their joins with `+` (fp8+attn8+lora,
+fp8+attn8+teacache: the LoRA or TeaCache on that variant); as in `step`, a job ending in
 `/fa4` (eager/fa4, compiled/fa4, fp8/fa4, ...) has the bf16 attention through FlashAttention-4 where installed, the
 others through PyTorch's fused kernels (so `eager` is today's eager job whether or not flash-attn-4 is here). Per job: end
 to end, the transformer's sampling, the kernel preparation, the graphs dynamo compiled during the job (0 = no
@@ -216,7 +217,7 @@ KERNEL_KINDS = (   # (kind, what a kernel's name contains), first match wins; na
 
 def _profile_step(variant, tr, inputs, device, resident) -> dict:
     """One resident step of `variant` under torch.profiler: the device time of its kernels by kind (matrix products,
-    attention, Inductor's fused elementwise kernels, copies, the rest) and the 12 longest, so the gap between the
+    attention, Inductor's fused elementwise kernels, copies, the rest) and the 30 longest, so the gap between the
     step and its floor is shown kernel by kernel. The stage's weight loading is in "copies"."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -238,7 +239,7 @@ def _profile_step(variant, tr, inputs, device, resident) -> dict:
         kind = next((k for k, marks in KERNEL_KINDS if any(m in name for m in marks)), "other")
         kinds[kind] = kinds.get(kind, 0.0) + t
     total = sum(kinds.values())
-    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:30]
     print(f"\n{variant}: one profiled step, {total:.1f} ms of {'device' if cuda else 'CPU'} time by kind")
     for kind, t in sorted(kinds.items(), key=lambda kv: -kv[1]):
         print(f"  {kind:32s} {t:9.1f} ms  {100 * t / total:5.1f} %")
@@ -393,18 +394,20 @@ def jobs_main(args) -> None:
     with tempfile.TemporaryDirectory() as outputs:
         for n, variant in enumerate(v for v in args.jobs.split(",") if v):
             kind, fa4 = split_variant(variant)
-            if kind == "lora" and lora_name is None:
+            parts = kind.split("+")        # e.g. fp8+attn8+lora: fp8 compute, fp8 attention and the LoRA together
+            lora, teacache = "lora" in parts, "teacache" in parts
+            if lora and lora_name is None:
                 lora_name = write_random_lora(comps.transformer, lora_dir)
             if kind.startswith("fp8"):
                 recipe = "rowwise" if device.type == "cpu" else compiled.fp8_recipe(device)
                 if not any(isinstance(m, compiled.Fp8Linear) for m in comps.transformer.modules()):
                     compiled.use_fp8_compute(comps.transformer, recipe, device)
             request = Request(image=_image(height, width), prompt="a red fox runs through fresh snow",
-                              seconds=args.seconds if kind not in ("lora", "teacache") else args.short_seconds,
-                              steps=args.steps, seed=31337, teacache=0.15 if kind == "teacache" else 0.0,
-                              loras=f"{lora_name}:0.8" if kind == "lora" else "",
+                              seconds=args.short_seconds if lora or teacache else args.seconds,
+                              steps=args.steps, seed=31337, teacache=0.15 if teacache else 0.0,
+                              loras=f"{lora_name}:0.8" if lora else "",
                               compile="off" if kind == "eager" else "on",
-                              fp8_attention="on" if kind.endswith("attn8") else "off")
+                              fp8_attention="on" if "attn8" in parts else "off")
             memory = MemoryManager(device=device, cap_gb=args.cap_gb, preserved_gb=args.preserved_gb)
             memory.set_workload(height, width, 9)
             memory.prepare(**comps.models())

@@ -91,6 +91,17 @@ def _scale(x: torch.Tensor) -> torch.Tensor:
     return (x.abs().amax().float() / FP8_MAX).clamp(min=_TINY).reshape(1, 1, 1, 1)
 
 
+def _centered_amax(x: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """max |x − mean| over tokens and channels (dims -2, -1) per batch and head, read off each channel's largest and
+    smallest value: x's largest deviation is max − mean or mean − min, and float rounding is monotonic, so this is
+    the very value the centred tensor's amax gives, bit for bit. The compiled block reads x once for the mean, the
+    maximum and the minimum together (one pass instead of a second over x − mean: BENCHMARKS.md, the fp8 step's
+    profile)."""
+    top = x.amax(dim=-2, keepdim=True) - mean
+    bottom = mean - x.amin(dim=-2, keepdim=True)
+    return torch.maximum(top, bottom).amax(dim=-1, keepdim=True)
+
+
 def _to_fp8(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
     return (x / descale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
@@ -103,14 +114,18 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, smooth: bool 
     comparison in tests). The e4m3 tensors keep the memory layout of the inputs (diffusers' (batch, tokens, heads,
     dim) seen transposed)."""
     qf, kf, vf = q.float(), k.float(), v.float()
+    fa3 = per_head and (kernel or chosen()) == FA3
     if smooth:
-        kf = kf - kf.mean(dim=-2, keepdim=True)
-        v_mean = vf.mean(dim=-2, keepdim=True)
-        vf = vf - v_mean
+        k_mean, v_mean = kf.mean(dim=-2, keepdim=True), vf.mean(dim=-2, keepdim=True)
+        if fa3:     # each head's amax of K − mean and V − mean from the same pass as the means (`_centered_amax`)
+            dk, dv = ((_centered_amax(x, m) / FP8_MAX).clamp(min=_TINY) for x, m in ((kf, k_mean), (vf, v_mean)))
+        kf, vf = kf - k_mean, vf - v_mean
     else:
         v_mean = vf.new_zeros((*vf.shape[:-2], 1, vf.shape[-1]))
-    if per_head and (kernel or chosen()) == FA3:
-        dq, dk, dv = ((x.abs().amax(dim=(-2, -1), keepdim=True) / FP8_MAX).clamp(min=_TINY) for x in (qf, kf, vf))
+    if fa3:
+        dq = (qf.abs().amax(dim=(-2, -1), keepdim=True) / FP8_MAX).clamp(min=_TINY)
+        if not smooth:
+            dk, dv = ((x.abs().amax(dim=(-2, -1), keepdim=True) / FP8_MAX).clamp(min=_TINY) for x in (kf, vf))
     elif per_head:
         aq = qf.abs().amax(dim=(-2, -1), keepdim=True).clamp(min=_TINY)
         ak = kf.abs().amax(dim=(-2, -1), keepdim=True).clamp(min=_TINY)
@@ -126,9 +141,10 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, smooth: bool 
 
 
 def emulate(z: Quantized, scale: float | None = None, out_dtype: torch.dtype = torch.float32,
-            kernel: str = CUDNN) -> torch.Tensor:
+            kernel: str = CUDNN, with_mean: bool = True) -> torch.Tensor:
     """`kernel`'s fp8 arithmetic in float32 (every rounding it makes: inputs, probabilities, and cuDNN's e4m3
-    output): what `attention` computes, up to the order of the sums. For tests and the CPU."""
+    output): what `attention` computes (`run`'s `with_mean` as there), up to the order of the sums. For tests and
+    the CPU."""
     q = z.q.float() * z.descale_q
     k = z.k.float() * z.descale_k
     v = z.v.float() * z.descale_v
@@ -141,7 +157,7 @@ def emulate(z: Quantized, scale: float | None = None, out_dtype: torch.dtype = t
     o = (p8 @ v) / denom
     if kernel != FA3:                                              # cuDNN's Hopper kernel writes e4m3
         o = (o * z.scale_o).clamp(-FP8_MAX, FP8_MAX).to(FP8).float() * z.descale_o
-    return (o + z.v_mean).to(out_dtype)
+    return (o + z.v_mean if with_mean else o).to(out_dtype)
 
 
 # ---- availability -------------------------------------------------------------------------------------------------
@@ -308,13 +324,16 @@ def _graph_for(z: Quantized, out: torch.Tensor, scale: float) -> _Graph:
     return graph
 
 
-def run(z: Quantized, dtype: torch.dtype, scale: float | None = None, kernel: str | None = None) -> torch.Tensor:
+def run(z: Quantized, dtype: torch.dtype, scale: float | None = None, kernel: str | None = None,
+        with_mean: bool = True) -> torch.Tensor:
     """softmax(q kᵀ · scale) v of inputs quantized for `kernel` (default: this process's, `chosen`) through its fp8
     kernel, back in `dtype` and in the fused kernels' layout ((batch, heads, tokens, dim) stored token-major).
-    Raises what the kernel raises when it cannot run."""
+    `with_mean` False: without V's mean (z.v_mean), for a caller that adds it where it reads the output (compiled
+    blocks: rocm/sdpa.py). Raises what the kernel raises when it cannot run."""
     b, h, n, d = z.q.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     result = torch.empty((b, n, h, d), dtype=dtype, device=z.q.device).transpose(1, 2)
+    mean = z.v_mean if with_mean else 0.0
     if (kernel or chosen()) == FA3:     # (batch, tokens, heads, dim) in and out; descales (batch, heads)
         q8, k8, v8 = (t.transpose(1, 2) for t in (z.q, z.k, z.v))
         descales = [x.expand(b, h, 1, 1).reshape(b, h) for x in (z.descale_q, z.descale_k, z.descale_v)]
@@ -324,11 +343,11 @@ def run(z: Quantized, dtype: torch.dtype, scale: float | None = None, kernel: st
                     v_descale=descales[2])
         out = (out[0] if isinstance(out, tuple) else out).transpose(1, 2)      # already the fused kernels' layout
         if out.dtype == dtype and out.stride() == result.stride():
-            return out.add_(z.v_mean.to(dtype))       # one pass in place (a float copy and add cost 21 ms a step)
-        return result.copy_(out.float() + z.v_mean)
+            return out.add_(z.v_mean.to(dtype)) if with_mean else out     # in place: one pass
+        return result.copy_(out.float() + mean)
     out = torch.empty((b, n, h, d), dtype=FP8, device=z.q.device).transpose(1, 2)
     _graph_for(z, out, scale).run(_frontend(), z, out)
-    return result.copy_(out.float() * z.descale_o + z.v_mean)
+    return result.copy_(out.float() * z.descale_o + mean)
 
 
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None,
