@@ -17,13 +17,21 @@ Here, inside the compiled blocks only (eager keeps diffusers' own forward, bit f
 - **GELU rides in the product's epilogue** on CUDA: `torch._addmm_activation(..., use_gelu=True)`, PyTorch's call
   of cuBLASLt's bias + GELU (tanh) epilogue, behind one opaque operator (`steadyframe::linear_gelu_tanh`) so
   Inductor keeps it whole. Elsewhere (the CPU, ROCm) the same math as diffusers', which Inductor fuses as before.
-Written here because neither diffusers nor Inductor makes these two rewrites (Inductor's Triton GEMM templates,
+- **Elsewhere the tanh GELU is written as `x · sigmoid(2u)`** (`gelu_tanh`; u = √(2/π)(x + 0.044715x³), the same
+  function: (1 + tanh u) / 2 = sigmoid(2u)). Inductor lowers `tanh` to libdevice's correctly rounded tanh, dozens
+  of instructions, but `exp` (in sigmoid) to the GPU's fast exp2. Under fp8 compute the MLP's GELU sits in the
+  kernel that quantizes its output per token, which evaluates it twice (the row's largest value, then the values):
+  with tanh those kernels were bound by arithmetic, 51 ms of an fp8 step on an H200 (37 ms the single-stream
+  block's, 14 ms the double-stream blocks'), several times their memory traffic.
+Written here because neither diffusers nor Inductor makes these rewrites (Inductor's Triton GEMM templates,
 which could fuse an epilogue, lost to cuBLAS on every large product of this step: BENCHMARKS.md, autotuning).
-fp8 compute keeps diffusers' forms (its Linears are `Fp8Linear`, products of their own).
+fp8 compute's Linears (`Fp8Linear`, products of their own) keep the concatenation and a GELU of their own output
+(`gelu_tanh`).
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -53,11 +61,21 @@ def _epilogue(linear: nn.Module, x: torch.Tensor) -> bool:
             and x.dtype in (torch.bfloat16, torch.float16))
 
 
+_TWO_SQRT_2_OVER_PI = 2.0 * math.sqrt(2.0 / math.pi)
+
+
+def gelu_tanh(h: torch.Tensor) -> torch.Tensor:
+    """gelu(h, approximate="tanh") as h · sigmoid(2u), computed in float32 (the module docstring: a form Inductor
+    compiles to fast exponentials instead of libdevice's tanh), in h's dtype (half precision computed in float32)."""
+    hf = h if h.dtype in (torch.float32, torch.float64) else h.float()
+    return (hf * torch.sigmoid(_TWO_SQRT_2_OVER_PI * (hf + 0.044715 * hf * hf * hf))).to(h.dtype)
+
+
 def linear_gelu(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """gelu(linear(x), approximate="tanh"), in one product where `_epilogue` allows."""
+    """gelu(linear(x), approximate="tanh"), in one product where `_epilogue` allows, else `gelu_tanh` of it."""
     if _epilogue(linear, x):
         return torch.ops.steadyframe.linear_gelu_tanh(x, linear.weight, linear.bias)
-    return F.gelu(linear(x), approximate="tanh")
+    return gelu_tanh(linear(x))
 
 
 def split_linear(linear: nn.Module, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:

@@ -53,6 +53,20 @@ def test_the_gelu_product_operator_is_tanh_gelu_of_the_product_and_checks_as_an_
     torch.library.opcheck(torch.ops.steadyframe.linear_gelu_tanh, (x, w, b))  # schema, fake tensor, autograd reg.
 
 
+def test_gelu_tanh_is_the_tanh_gelu_written_with_sigmoid():
+    x = torch.linspace(-12, 12, 20001, dtype=torch.float64)
+    torch.testing.assert_close(block_forms.gelu_tanh(x), F.gelu(x, approximate="tanh"), rtol=1e-13, atol=1e-15)
+    assert not torch.allclose(block_forms.gelu_tanh(x), F.gelu(x), atol=1e-6)          # tanh's, not the exact GELU
+    h = (x * 3).to(torch.bfloat16)
+    got = block_forms.gelu_tanh(h)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), F.gelu(h.float(), approximate="tanh").bfloat16().float(), rtol=8e-3,
+                               atol=1e-6)                                              # one bf16 rounding apart
+    linear = torch.nn.Linear(8, 16).double()        # not an epilogue case (the CPU): the product, then gelu_tanh
+    xs = torch.randn(3, 8, dtype=torch.float64)
+    torch.testing.assert_close(block_forms.linear_gelu(linear, xs), F.gelu(linear(xs), approximate="tanh"))
+
+
 def test_the_epilogue_is_used_only_for_a_plain_half_precision_linear_on_an_nvidia_gpu():
     linear = torch.nn.Linear(4, 4).to(torch.bfloat16)
     assert not block_forms._epilogue(linear, torch.zeros(2, 4, dtype=torch.bfloat16))      # the CPU
