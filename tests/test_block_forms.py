@@ -89,3 +89,78 @@ def test_fused_gelu_modules_run_diffusers_forward_eagerly(blocks):
     x = torch.randn(1, 6, modules[0].proj.in_features, dtype=torch.float64)
     want = GELU.forward(modules[0], x)
     assert torch.equal(modules[0](x), want)                              # eager: diffusers' own, bit for bit
+
+
+def _rows_reference(h, first=None):
+    """[first | gelu_tanh(h)] in float64 and each row's largest |value| taken from those values."""
+    values = F.gelu(h.double(), approximate="tanh").reshape(-1, h.shape[-1])
+    if first is not None:
+        values = torch.cat([first.double().reshape(-1, first.shape[-1]), values], dim=1)
+    return values, values.abs().amax(dim=1)
+
+
+def test_gelu_rows_fp8_bounds_each_rows_largest_gelu_from_its_extremes():
+    g = torch.Generator().manual_seed(3)
+    rows = [torch.randn(64, generator=g) * 3,                     # the usual row: its largest GELU is GELU(max)
+            -torch.rand(64, generator=g) * 0.7 - 0.01,            # all in (-0.75, 0): |GELU| largest at the min
+            -torch.rand(64, generator=g) * 5 - 0.8,               # all below -0.75: the bound 0.1700408
+            torch.zeros(64)]                                       # nothing: scale 1
+    h = torch.stack(rows).to(torch.bfloat16)
+    q, s = block_forms.gelu_rows_fp8(h)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == h.shape and s.dtype == torch.float32
+    values, amax = _rows_reference(h)
+    assert torch.all(s.double() * 448 >= amax * (1 - 1e-6))                   # never below the row's largest
+    torch.testing.assert_close(s[:2].double() * 448, amax[:2], rtol=1e-6, atol=0)   # tight where it can be
+    assert abs(float(s[2]) * 448 - 0.1700408) < 1e-6 and float(s[3]) == 1.0
+    assert float(q[:2].float().abs().amax(dim=1).min()) >= 416                     # full range used (e4m3 steps)
+    back = q.float().double() * s.double()[:, None]
+    assert torch.all((back - values).abs() <= amax[:, None] * 2 ** -4 + 1e-12)     # within e4m3's rounding
+
+
+def test_gelu_rows_fp8_puts_the_first_values_in_front_with_their_own_range():
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(2, 5, 48, generator=g).to(torch.bfloat16)
+    first = (torch.randn(2, 5, 16, generator=g) * torch.tensor([1.0, 40.0]).view(2, 1, 1)).to(torch.bfloat16)
+    q, s = block_forms.gelu_rows_fp8(h, first=first)
+    assert q.shape == (10, 64)
+    values, amax = _rows_reference(h, first)
+    torch.testing.assert_close(s.double() * 448, amax, rtol=1e-6, atol=0)
+    back = q.float().double() * s.double()[:, None]
+    assert torch.all((back - values).abs() <= amax[:, None] * 2 ** -4 + 1e-12)
+    assert float(q[5:, :16].float().abs().amax()) >= 416        # the second batch's rows: their range is first's
+
+
+def _rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def test_under_fp8_compute_the_blocks_mlps_take_rows_quantized_with_their_gelu(monkeypatch):
+    """The single-stream block's form and the double-stream block's MLP (compiled, row-wise fp8) give what
+    diffusers' forward gives with the same fp8 Linears, within fp8's rounding: the GELU's rows reach the product
+    quantized by `gelu_rows_fp8` (counted), and the first values are the attention's output."""
+    from pipeline import compiled
+    from tests.test_compiled import _fp8_transformer
+
+    tr = _fp8_transformer()
+    compiled.use_fp8_compute(tr, "rowwise")
+    block_forms.fuse_blocks(compiled.blocks_of(tr))
+    double, single = tr.transformer_blocks[0], tr.single_transformer_blocks[0]
+    assert type(double.ff).__name__ == "FusedFeedForward" and block_forms._rows_fp8_ready(single.proj_out)
+    seen = []
+    real = block_forms.gelu_rows_fp8
+    monkeypatch.setattr(block_forms, "gelu_rows_fp8", lambda h, first=None: seen.append(
+        (tuple(h.shape), None if first is None else tuple(first.shape))) or real(h, first))
+    g = torch.Generator().manual_seed(5)
+    x, ctx, temb = (torch.randn(1, n, 32, generator=g).to(torch.bfloat16) for n in (40, 7, 1))
+    temb = temb[:, 0]
+    want = type(single).forward(single, x, ctx, temb)
+    got = block_forms.single_block_forward(single, x, ctx, temb)
+    assert seen == [((1, 47, 128), (1, 47, 32))]
+    for a, b in zip(got, want):
+        assert _rel(a - (x if a.shape == x.shape else ctx), b - (x if b.shape == x.shape else ctx)) < 0.05
+    hidden = torch.randn(1, 40, 32, generator=g).to(torch.bfloat16)
+    plain = type(double.ff).__mro__[2].forward(double.ff, hidden)          # diffusers' FeedForward.forward
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)     # the form is for compiled code
+    fused = double.ff(hidden)
+    assert seen[-1] == ((1, 40, 128), None) and fused.shape == plain.shape
+    assert 0 < _rel(fused, plain) < 0.05
