@@ -23,15 +23,6 @@ Here, inside the compiled blocks only (eager keeps diffusers' own forward, bit f
   kernel that quantizes its output per token, which evaluates it twice (the row's largest value, then the values):
   with tanh those kernels were bound by arithmetic, 51 ms of an fp8 step on an H200 (37 ms the single-stream
   block's, 14 ms the double-stream blocks'), several times their memory traffic.
-- **Under fp8 compute, the MLP's GELU output is quantized per token from its input's extremes**
-  (`gelu_rows_fp8`): the row-wise fp8 product of `proj_out` (single-stream, with the attention's output in front)
-  and of the MLP's second Linear (double-stream, `_FusedFeedForward`) needs each row's largest |value|. Inductor
-  evaluated the GELU for that maximum and again for the values, the arithmetic bound those kernels. GELU (tanh) is
-  increasing above its minimum (x ≈ −0.7525, −0.170041) and |GELU| decreasing between it and 0, so the row's largest
-  |GELU| is bounded by GELU(max x) and, on the negative side, |GELU(min x)| (min x ≥ −0.75) or 0.1700408: one pass
-  for the row's max and min of x, one for the values (a rounding-level excess of the bound's GELU over the values'
-  is clamped at 448). The values are scaled by the reciprocal of the row's scale (one multiplication, not a
-  division per value).
 Written here because neither diffusers nor Inductor makes these rewrites (Inductor's Triton GEMM templates,
 which could fuse an epilogue, lost to cuBLAS on every large product of this step: BENCHMARKS.md, autotuning).
 fp8 compute's Linears (`Fp8Linear`, products of their own) keep the concatenation and a GELU of their own output
@@ -45,8 +36,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from memory.fp8 import FP8, FP8_MAX
 
 
 @torch.library.custom_op("steadyframe::linear_gelu_tanh", mutates_args=())
@@ -82,35 +71,6 @@ def gelu_tanh(h: torch.Tensor) -> torch.Tensor:
     return (hf * torch.sigmoid(_TWO_SQRT_2_OVER_PI * (hf + 0.044715 * hf * hf * hf))).to(h.dtype)
 
 
-GELU_NEGATIVE_FROM = -0.75          # |gelu_tanh| decreases from here to 0 (its minimum is at x ≈ -0.75246)
-GELU_NEGATIVE_BOUND = 0.1700408     # ≥ |gelu_tanh| anywhere below 0 (its minimum is -0.17004075)
-
-
-def _rows_fp8_ready(linear: nn.Module) -> bool:
-    """Does `linear` take rows quantized by its caller (fp8 compute's Linear, row-wise: pipeline/compiled.py)?"""
-    takes = getattr(linear, "takes_rows", None)
-    return callable(takes) and bool(takes())
-
-
-def gelu_rows_fp8(h: torch.Tensor, first: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """([first | gelu_tanh(h)] per token in e4m3fn, float32 scale per token): the rows a row-wise fp8 product takes
-    (`Fp8Linear.forward_rows`), each row's largest |value| bounded from h's largest and smallest entries (the module
-    docstring). `first` (tokens, …, f): values put in front of the GELU's in each row (the single-stream block's
-    attention output), their own largest |value| taken as it is."""
-    hf = h.reshape(-1, h.shape[-1]).float()
-    low = hf.amin(dim=1)
-    below = torch.where(low < GELU_NEGATIVE_FROM, torch.full_like(low, GELU_NEGATIVE_BOUND), -gelu_tanh(low))
-    amax = torch.maximum(gelu_tanh(hf.amax(dim=1)), below)
-    values = gelu_tanh(hf)
-    if first is not None:
-        ff = first.reshape(-1, first.shape[-1]).float()
-        amax = torch.maximum(amax, ff.abs().amax(dim=1))
-        values = torch.cat([ff, values], dim=1)
-    scale = amax / FP8_MAX
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return (values * (1.0 / scale)[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
-
-
 def linear_gelu(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """gelu(linear(x), approximate="tanh"), in one product where `_epilogue` allows, else `gelu_tanh` of it."""
     if _epilogue(linear, x):
@@ -137,28 +97,6 @@ class _FusedGELU(nn.Module):
         return super().forward(hidden_states)   # type: ignore[misc]  # the forward of the class it is mixed into
 
 
-class _FusedFeedForward(nn.Module):
-    """diffusers' `FeedForward` (GELU (tanh) with its `proj`, dropout, Linear) whose last product takes the GELU's
-    output quantized per token by `gelu_rows_fp8` while being compiled under row-wise fp8 compute; otherwise (eager,
-    bf16, another activation) diffusers' forward. Set by swapping the module's class (`fuse_blocks`)."""
-
-    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        net = self.net
-        if (torch.compiler.is_compiling() and len(net) == 3 and getattr(net[0], "approximate", None) == "tanh"
-                and _rows_fp8_ready(net[0].proj) and _rows_fp8_ready(net[2]) and not net[1].p):
-            xq, xs = gelu_rows_fp8(net[0].proj(hidden_states))
-            out = net[2].forward_rows(xq, xs, hidden_states.dtype)
-            return out.view(*hidden_states.shape[:-1], out.shape[-1])
-        return super().forward(hidden_states, *args, **kwargs)   # type: ignore[misc]  # the class it is mixed into
-
-
-@functools.cache
-def _fused_feed_forward_class() -> type:
-    from diffusers.models.attention import FeedForward
-
-    return type("FusedFeedForward", (_FusedFeedForward, FeedForward), {})
-
-
 @functools.cache
 def _fused_gelu_class() -> type:
     """diffusers' `GELU` with `_FusedGELU`'s forward in front (made once, at the first use)."""
@@ -168,17 +106,13 @@ def _fused_gelu_class() -> type:
 
 
 def fuse_blocks(blocks) -> None:
-    """Give the double-stream blocks' MLPs (diffusers' `FeedForward` and its `GELU`, tanh) their compiled forms,
-    once."""
+    """Give the double-stream blocks' MLP GELU modules (diffusers' `GELU`, tanh) their compiled form, once."""
     from diffusers.models.activations import GELU
-    from diffusers.models.attention import FeedForward
 
     for block in blocks:
         for module in list(block.modules()):
             if type(module) is GELU and module.approximate == "tanh":
                 module.__class__ = _fused_gelu_class()
-            elif type(module) is FeedForward:
-                module.__class__ = _fused_feed_forward_class()
 
 
 def single_block_forward(block, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
@@ -190,23 +124,13 @@ def single_block_forward(block, hidden_states: torch.Tensor, encoder_hidden_stat
     text = encoder_hidden_states.shape[1]
     residual = torch.cat([hidden_states, encoder_hidden_states], dim=1)
     normed, gate = block.norm(residual, emb=temb)
-    tanh = type(block.act_mlp) is nn.GELU and block.act_mlp.approximate == "tanh"
-    rows_fp8 = tanh and _rows_fp8_ready(block.proj_mlp) and _rows_fp8_ready(block.proj_out)
-    if rows_fp8:
-        mlp = block.proj_mlp(normed)            # its GELU is taken with the quantization for proj_out, below
-    elif tanh:
+    if type(block.act_mlp) is nn.GELU and block.act_mlp.approximate == "tanh":
         mlp = linear_gelu(block.proj_mlp, normed)
     else:
         mlp = block.act_mlp(block.proj_mlp(normed))
     attn, attn_text = block.attn(hidden_states=normed[:, :-text, :], encoder_hidden_states=normed[:, -text:, :],
                                  attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
-    attended = torch.cat([attn, attn_text], dim=1)
-    if rows_fp8:
-        projected = block.proj_out.forward_rows(*gelu_rows_fp8(mlp, first=attended), residual.dtype)
-        projected = projected.view(*residual.shape[:-1], projected.shape[-1])
-    else:
-        projected = split_linear(block.proj_out, attended, mlp)
-    out = residual + gate.unsqueeze(1) * projected
+    out = residual + gate.unsqueeze(1) * split_linear(block.proj_out, torch.cat([attn, attn_text], dim=1), mlp)
     return out[:, :-text, :], out[:, -text:, :]
 
 

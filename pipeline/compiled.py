@@ -331,7 +331,9 @@ def fp8_linear(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bias
         values, scales = as_fnuz(values, scales)
     dtype, top = (torch.float8_e4m3fnuz, FNUZ_MAX) if fnuz else (fp8.FP8, fp8.FP8_MAX)
     if recipe.removesuffix(FNUZ) == "rowwise":
-        out = fp8_rows_product(*_quantize_activation(rows, fnuz), values, scales, bias, x.dtype)
+        xq, xs = _quantize_activation(rows, fnuz)
+        out = torch._scaled_mm(xq, values.t(), scale_a=xs[:, None], scale_b=scales[None, :], bias=bias,
+                               out_dtype=x.dtype, use_fast_accum=True)
     else:
         xs = (rows.abs().amax().float() / top).clamp(min=torch.finfo(torch.float32).tiny)
         xq = torch.div(rows.float(), xs).clamp(-top, top).to(dtype)
@@ -343,38 +345,19 @@ def fp8_linear(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bias
     return out.reshape(*x.shape[:-1], values.shape[0])
 
 
-def fp8_rows_product(xq: torch.Tensor, xs: torch.Tensor, values: torch.Tensor, scales: torch.Tensor,
-                     bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """(rows, out) = (xq · xs) @ (values · scales)ᵀ + bias: the row-wise fp8 product of rows already quantized per
-    token (`xs` (rows,) float32) and a weight stored per row (memory/fp8.py)."""
-    return torch._scaled_mm(xq, values.t(), scale_a=xs[:, None], scale_b=scales[None, :], bias=bias,
-                            out_dtype=out_dtype, use_fast_accum=True)
-
-
 class Fp8Linear(nn.Linear):
     """A block Linear under fp8 compute (its class swapped in place; the same Parameters). Bound to a weight kept in
     fp8 (memory/fp8.py: the values in `weight`, the row scales in `weight_scale`) it multiplies them as they are;
     bound to a weight in the model's dtype it quantizes it for the product (per row, as the storage would)."""
     fp8_recipe = "rowwise"
 
-    def _stored(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The weight as e4m3 values and row scales (kept so, or quantized for this product)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         scales = self.weight_scale
         if scales is None:
-            return fp8.quantize_rows(self.weight)
-        return self.weight, scales
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp8_linear(x, *self._stored(), self.bias, self.fp8_recipe)
-
-    def takes_rows(self) -> bool:
-        """Does this product take rows quantized by its caller (`forward_rows`)? Row-wise e4m3fn only."""
-        return self.fp8_recipe == "rowwise"
-
-    def forward_rows(self, xq: torch.Tensor, xs: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-        """The product of rows the caller quantized per token (e4m3fn values (rows, in), float32 scales (rows,)):
-        pipeline/block_forms.py quantizes the MLP's GELU output so, `takes_rows` where it may."""
-        return fp8_rows_product(xq, xs, *self._stored(), self.bias, out_dtype)
+            values, scales = fp8.quantize_rows(self.weight)
+        else:
+            values = self.weight
+        return fp8_linear(x, values, scales, self.bias, self.fp8_recipe)
 
 
 def _probe(device: torch.device, recipe: str) -> None:
