@@ -114,25 +114,21 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, smooth: bool 
     comparison in tests). The e4m3 tensors keep the memory layout of the inputs (diffusers' (batch, tokens, heads,
     dim) seen transposed)."""
     qf, kf, vf = q.float(), k.float(), v.float()
-    fa3 = per_head and (kernel or chosen()) == FA3
     if smooth:
         k_mean, v_mean = kf.mean(dim=-2, keepdim=True), vf.mean(dim=-2, keepdim=True)
-        if fa3:     # each head's amax of K − mean and V − mean from the same pass as the means (`_centered_amax`)
-            dk, dv = ((_centered_amax(x, m) / FP8_MAX).clamp(min=_TINY) for x, m in ((kf, k_mean), (vf, v_mean)))
-        kf, vf = kf - k_mean, vf - v_mean
     else:
-        v_mean = vf.new_zeros((*vf.shape[:-2], 1, vf.shape[-1]))
-    if fa3:
-        dq = (qf.abs().amax(dim=(-2, -1), keepdim=True) / FP8_MAX).clamp(min=_TINY)
-        if not smooth:
-            dk, dv = ((x.abs().amax(dim=(-2, -1), keepdim=True) / FP8_MAX).clamp(min=_TINY) for x in (kf, vf))
-    elif per_head:
-        aq = qf.abs().amax(dim=(-2, -1), keepdim=True).clamp(min=_TINY)
-        ak = kf.abs().amax(dim=(-2, -1), keepdim=True).clamp(min=_TINY)
-        r = (ak / aq).sqrt()
-        qf, kf = qf * r, kf / r
-        dq, dk, dv = _scale(qf), _scale(kf), _scale(vf)
-    else:
+        k_mean = v_mean = vf.new_zeros((*vf.shape[:-2], 1, vf.shape[-1]))
+    fa3 = per_head and (kernel or chosen()) == FA3
+    if fa3:     # one descale per batch and head; K's and V's from the means' pass (`_centered_amax`)
+        dq, dk, dv = ((a / FP8_MAX).clamp(min=_TINY) for a in (qf.abs().amax(dim=(-2, -1), keepdim=True),
+                                                               _centered_amax(kf, k_mean), _centered_amax(vf, v_mean)))
+    kf, vf = kf - k_mean, vf - v_mean                   # (exact where the means are zeros: not smoothing)
+    if not fa3:
+        if per_head:
+            aq = qf.abs().amax(dim=(-2, -1), keepdim=True).clamp(min=_TINY)
+            ak = kf.abs().amax(dim=(-2, -1), keepdim=True).clamp(min=_TINY)
+            r = (ak / aq).sqrt()
+            qf, kf = qf * r, kf / r
         dq, dk, dv = _scale(qf), _scale(kf), _scale(vf)
     out = [_to_fp8(x, d) for x, d in ((qf, dq), (kf, dk), (vf, dv))]
     laid = [torch.empty_strided(t.shape, t.stride(), dtype=FP8, device=t.device).copy_(x)
