@@ -25,8 +25,10 @@ Here, inside the compiled blocks only (eager keeps diffusers' own forward, bit f
   block's, 14 ms the double-stream blocks'), several times their memory traffic.
 Written here because neither diffusers nor Inductor makes these rewrites (Inductor's Triton GEMM templates,
 which could fuse an epilogue, lost to cuBLAS on every large product of this step: BENCHMARKS.md, autotuning).
-fp8 compute's Linears (`Fp8Linear`, products of their own) keep the concatenation and a GELU of their own output
-(`gelu_tanh`).
+Under fp8 compute the MLP's output Linear (`Fp8Linear`, products of its own) takes the GELU instead: its
+`gelu_rows` applies it while quantizing its input per token, one pass over the rows with the attention's output
+read in place (pipeline/fp8_rows.py), in the single-stream blocks (`single_block_forward`) and the double-stream
+blocks' MLPs (diffusers' `FeedForward`, given a compiled form here the way its GELU module is).
 """
 from __future__ import annotations
 
@@ -106,32 +108,83 @@ def _fused_gelu_class() -> type:
 
 
 def fuse_blocks(blocks) -> None:
-    """Give the double-stream blocks' MLP GELU modules (diffusers' `GELU`, tanh) their compiled form, once."""
+    """Give the double-stream blocks' MLPs (diffusers' `FeedForward`) and their GELU modules (diffusers' `GELU`,
+    tanh) their compiled forms, once."""
     from diffusers.models.activations import GELU
+    from diffusers.models.attention import FeedForward
 
     for block in blocks:
         for module in list(block.modules()):
             if type(module) is GELU and module.approximate == "tanh":
                 module.__class__ = _fused_gelu_class()
+            elif type(module) is FeedForward:
+                module.__class__ = _fused_feed_forward_class()
+
+
+def _rows_product(linear: nn.Module):
+    """The Linear's own product of GELU rows (`Fp8Linear.gelu_rows`: the GELU and the per-token quantization of its
+    input in one pass, pipeline/fp8_rows.py), or None for a plain Linear."""
+    return getattr(linear, "gelu_rows", None)
 
 
 def single_block_forward(block, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
                          temb: torch.Tensor, attention_mask: torch.Tensor | None = None,
                          image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None, *args, **kwargs):
     """A single-stream block (diffusers' `HunyuanVideoSingleTransformerBlock`) with the MLP's GELU in its product
-    and `proj_out` split (the module docstring): the same steps, each through the block's own modules. The video and
-    text tokens run as one sequence (text last); returns them apart again."""
+    and `proj_out` split (the module docstring), or under fp8 compute the GELU in `proj_out`'s quantization of its
+    input (`_rows_product`): the same steps, each through the block's own modules. The video and text tokens run as
+    one sequence (text last); returns them apart again."""
     text = encoder_hidden_states.shape[1]
     residual = torch.cat([hidden_states, encoder_hidden_states], dim=1)
     normed, gate = block.norm(residual, emb=temb)
-    if type(block.act_mlp) is nn.GELU and block.act_mlp.approximate == "tanh":
+    tanh = type(block.act_mlp) is nn.GELU and block.act_mlp.approximate == "tanh"
+    rows_product = _rows_product(block.proj_out) if tanh else None
+    if rows_product is not None:
+        mlp = block.proj_mlp(normed)            # its GELU: in proj_out's quantization below
+    elif tanh:
         mlp = linear_gelu(block.proj_mlp, normed)
     else:
         mlp = block.act_mlp(block.proj_mlp(normed))
     attn, attn_text = block.attn(hidden_states=normed[:, :-text, :], encoder_hidden_states=normed[:, -text:, :],
                                  attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
-    out = residual + gate.unsqueeze(1) * split_linear(block.proj_out, torch.cat([attn, attn_text], dim=1), mlp)
+    if rows_product is not None:
+        projected = rows_product((attn, attn_text), mlp)
+    else:
+        projected = split_linear(block.proj_out, torch.cat([attn, attn_text], dim=1), mlp)
+    out = residual + gate.unsqueeze(1) * projected
     return out[:, :-text, :], out[:, -text:, :]
+
+
+class _FusedFeedForward(nn.Module):
+    """diffusers' `FeedForward` (GELU module, dropout, Linear) whose output Linear, under fp8 compute, takes the GELU
+    into its input's quantization (`_rows_product`) while it is being compiled; otherwise diffusers' forward."""
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if torch.compiler.is_compiling() and not args and not kwargs:
+            rows_product = _feed_forward_rows(self)
+            if rows_product is not None:
+                return rows_product((), self.net[0].proj(hidden_states))
+        return super().forward(hidden_states, *args, **kwargs)   # type: ignore[misc]  # the class it is mixed into
+
+
+def _feed_forward_rows(ff: nn.Module):
+    """The output Linear's product of GELU rows for a FeedForward of [tanh GELU, dropout, Linear(, dropout)] whose
+    dropouts do nothing, else None."""
+    from diffusers.models.activations import GELU
+
+    net = list(ff.net)
+    if len(net) < 3 or not isinstance(net[0], GELU) or net[0].approximate != "tanh":
+        return None
+    quiet = all(isinstance(m, nn.Dropout) and (m.p == 0 or not m.training) for m in net[1:2] + net[3:])
+    return _rows_product(net[2]) if quiet else None
+
+
+@functools.cache
+def _fused_feed_forward_class() -> type:
+    """diffusers' `FeedForward` with `_FusedFeedForward`'s forward in front (made once, at the first use)."""
+    from diffusers.models.attention import FeedForward
+
+    return type("FusedFeedForward", (_FusedFeedForward, FeedForward), {})
 
 
 def compiled_form(cls: type):

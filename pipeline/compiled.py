@@ -50,6 +50,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -63,7 +64,7 @@ from torch.utils._triton import has_triton
 from common.environment import read_environment
 from memory import fp8
 from memory.hostpack import HostPack
-from pipeline import block_forms
+from pipeline import block_forms, fp8_rows
 from rocm import fallbacks
 from rocm.arch import device_facts
 
@@ -332,8 +333,7 @@ def fp8_linear(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bias
     dtype, top = (torch.float8_e4m3fnuz, FNUZ_MAX) if fnuz else (fp8.FP8, fp8.FP8_MAX)
     if recipe.removesuffix(FNUZ) == "rowwise":
         xq, xs = _quantize_activation(rows, fnuz)
-        out = torch._scaled_mm(xq, values.t(), scale_a=xs[:, None], scale_b=scales[None, :], bias=bias,
-                               out_dtype=x.dtype, use_fast_accum=True)
+        out = fp8_rows.rowwise_product(xq, xs, values, scales, bias, x.dtype)
     else:
         xs = (rows.abs().amax().float() / top).clamp(min=torch.finfo(torch.float32).tiny)
         xq = torch.div(rows.float(), xs).clamp(-top, top).to(dtype)
@@ -351,13 +351,27 @@ class Fp8Linear(nn.Linear):
     bound to a weight in the model's dtype it quantizes it for the product (per row, as the storage would)."""
     fp8_recipe = "rowwise"
 
+    def fp8_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(e4m3fn values (out, in), float32 row scales (out,)) of the weight: as kept, or quantized now."""
+        if self.weight_scale is None:
+            return fp8.quantize_rows(self.weight)
+        return self.weight, self.weight_scale
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scales = self.weight_scale
-        if scales is None:
-            values, scales = fp8.quantize_rows(self.weight)
-        else:
-            values = self.weight
+        values, scales = self.fp8_weight()
         return fp8_linear(x, values, scales, self.bias, self.fp8_recipe)
+
+    def gelu_rows(self, first: Sequence[torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+        """self(cat([*first, gelu_tanh(h)], -1)): the MLP's output product, its input's GELU and per-token
+        quantization in one pass (pipeline/fp8_rows.py) under the row-wise recipe; `first`: () or the attention's
+        output as one or two (batch, tokens, width) pieces, video then prompt tokens. The compiled blocks' forms
+        call it (pipeline/block_forms.py)."""
+        if self.fp8_recipe != "rowwise":
+            return self(fp8_rows.gelu_cat(first, h))
+        values, scales = self.fp8_weight()
+        xq, xs = fp8_rows.quantize_gelu_rows(first, h)
+        out = fp8_rows.rowwise_product(xq, xs, values, scales, self.bias, h.dtype)
+        return out.reshape(*h.shape[:-1], values.shape[0])
 
 
 def _probe(device: torch.device, recipe: str) -> None:

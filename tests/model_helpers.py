@@ -90,3 +90,16 @@ def frames_hash(last) -> str:
     """One hash of every section's frames of the job that ended with `last` (its Done)."""
     info = json.loads((last.job_dir / "job.json").read_text())
     return hashlib.sha256("".join(s["frames_sha256"] for s in info["sections"]).encode()).hexdigest()
+
+
+def small_transformer():
+    """The tiny preset's transformer 32 wide (2 heads of 16: multiples of 16, as the fp8 products need at full size),
+    bf16, seeded."""
+    from diffusers import HunyuanVideoFramepackTransformer3DModel
+
+    from configs.presets import PRESETS
+
+    cfg = dict(PRESETS["tiny"].tiny_configs["transformer"])
+    cfg.update(num_attention_heads=2, attention_head_dim=16)
+    torch.manual_seed(0)
+    return HunyuanVideoFramepackTransformer3DModel(**cfg).eval().requires_grad_(False).to(torch.bfloat16)

@@ -18,6 +18,7 @@ from pipeline import compiled
 from pipeline.events import Done, LogLine, Progress
 from pipeline.request import Request
 from tests.conftest import make_image
+from tests.model_helpers import small_transformer
 
 CAN_COMPILE = shutil.which("g++") or shutil.which("c++") or shutil.which("cl")
 NEEDS_COMPILER = pytest.mark.skipif(not CAN_COMPILE, reason="no C++ compiler: torch.compile cannot build CPU kernels "
@@ -146,19 +147,8 @@ def test_fp8_compute_is_refused_with_a_clear_message_where_it_cannot_run():
     assert models_for(_config("--preset", "tiny"), torch.device("cpu")).fp8_compute is None
 
 
-def _fp8_transformer():
-    from diffusers import HunyuanVideoFramepackTransformer3DModel
-
-    from configs.presets import PRESETS
-
-    cfg = dict(PRESETS["tiny"].tiny_configs["transformer"])
-    cfg.update(num_attention_heads=2, attention_head_dim=16)            # 32 wide: multiples of 16, as full size
-    torch.manual_seed(0)
-    return HunyuanVideoFramepackTransformer3DModel(**cfg).eval().requires_grad_(False).to(torch.bfloat16)
-
-
 def test_fp8_compute_converts_the_block_linears_only_and_keeps_their_parameters():
-    tr = _fp8_transformer()
+    tr = small_transformer()
     before = {n: m.weight for n, m in tr.named_modules() if isinstance(m, torch.nn.Linear)}
     x = torch.randn(64, 32, dtype=torch.bfloat16)
     q = tr.transformer_blocks[0].attn.to_q
@@ -189,12 +179,12 @@ def test_fp8_compute_keeps_weights_in_fp8_on_the_device_resident_streamed_and_wi
     from memory.manager import MemoryManager
     from tests.model_helpers import step_inputs, two_steps
 
-    twin = _fp8_transformer()                   # the same weights, never packed: each product quantizes bf16
+    twin = small_transformer()                  # the same weights, never packed: each product quantizes bf16
     compiled.use_fp8_compute(twin, "rowwise")
     inputs = step_inputs(twin, seed=2)
     per_product = two_steps(twin, inputs)
     bf16 = twin.transformer_blocks[0].attn.to_q.weight.detach()
-    tr = _fp8_transformer()
+    tr = small_transformer()
     if packed_first:
         plain_bytes = HostPack.of(tr).host_bytes
     compiled.use_fp8_compute(tr, "rowwise")
