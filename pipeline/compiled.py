@@ -446,6 +446,7 @@ def use_fp8_compute(transformer: nn.Module, recipe: str = "rowwise", device: tor
     pack = HostPack.existing(transformer)
     if pack is not None:
         pack.keep_marked(device)
+    fp8_rows.prepare()                  # its kernel's operator, registered before any block is traced
     log.info("fp8 compute: %d block Linears multiply in float8 e4m3 (%s scaling), weights kept in fp8 on the device",
              len(names), recipe)
     return len(names)

@@ -25,7 +25,6 @@ make rows of this width persistent. Used on NVIDIA GPUs where Triton imports (ro
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import torch
@@ -36,14 +35,21 @@ from pipeline.block_forms import gelu_tanh
 MAX_ROW = 32768         # widest row (padded to a power of two) a program holds in registers; wider rows: PyTorch
 
 
-@functools.cache
-def _kernels():
-    """pipeline/fp8_rows_kernel.py, or None without Triton (Windows, the CPU build): the PyTorch form."""
-    try:
-        from pipeline import fp8_rows_kernel
-    except ImportError:
-        return None
-    return fp8_rows_kernel
+_READY: dict[str, object] = {}     # "kernels": pipeline/fp8_rows_kernel.py, "op": its operator (`prepare`)
+
+
+def prepare() -> bool:
+    """Import the kernel and register its operator, once per process and outside compiled code (a traced call
+    would register it again); whether it can run here (False without Triton: Windows, the CPU build)."""
+    if "kernels" not in _READY:
+        try:
+            from pipeline import fp8_rows_kernel
+        except ImportError:
+            _READY["kernels"] = None
+            return False
+        _READY["kernels"] = fp8_rows_kernel
+        _READY["op"] = _register()
+    return _READY["kernels"] is not None
 
 
 def _next_pow2(k: int) -> int:
@@ -75,14 +81,14 @@ def launch(kernel, first: Sequence[torch.Tensor], h: torch.Tensor, q: torch.Tens
     f0, f1 = tiles(k1)
     h0, h1 = tiles(k2)
     if num_warps is None:
-        num_warps = 16 if k1 + k2 >= 8192 else 8 if k1 + k2 >= 2048 else 4
+        num_warps = 8 if k1 + k2 >= 2048 else 4      # the fastest at full size (benchmarks/fp8_rows.py, H200)
     kernel[(batch * n,)](a, b, h, q, s, n, n_a, a_sb, a_st, b_sb, b_st, h.stride(1), k1, k2,
                          F0=f0, F1=f1, H0=h0, H1=h1, num_warps=num_warps)
 
 
 def _usable(first: Sequence[torch.Tensor], h: torch.Tensor) -> bool:
     """Whether the kernel runs these rows: an NVIDIA GPU with Triton, rows it holds, inputs it reads as they are."""
-    if not (h.is_cuda and torch.version.hip is None and _kernels() is not None and h.dim() == 3
+    if not (h.is_cuda and torch.version.hip is None and _READY.get("op") is not None and h.dim() == 3
             and (h.shape[0] == 1 or h.stride(0) == h.shape[1] * h.stride(1))):
         return False
     k1 = first[0].shape[-1] if first else 0
@@ -93,9 +99,8 @@ def _usable(first: Sequence[torch.Tensor], h: torch.Tensor) -> bool:
             and all(p.shape[-1] == k1 for p in first) and sum(p.shape[1] for p in first) in (0, h.shape[1]))
 
 
-@functools.cache
-def _op():
-    """`steadyframe::gelu_rows_fp8`, registered at the first use (a Triton op: Inductor calls the kernel itself)."""
+def _register():
+    """`steadyframe::gelu_rows_fp8` (a Triton op: Inductor calls the kernel itself)."""
     from torch.library import triton_op, wrap_triton
 
     @triton_op("steadyframe::gelu_rows_fp8", mutates_args=())
@@ -104,7 +109,7 @@ def _op():
         width = (first[0].shape[-1] if first else 0) + h.shape[-1]
         q = torch.empty((rows, width), dtype=fp8.FP8, device=h.device)
         s = torch.empty((rows,), dtype=torch.float32, device=h.device)
-        launch(wrap_triton(_kernels().jitted), first, h, q, s)
+        launch(wrap_triton(_READY["kernels"].jitted), first, h, q, s)  # type: ignore[attr-defined]
         return q, s
 
     return gelu_rows_fp8
@@ -131,8 +136,10 @@ def quantize_gelu_rows(first: Sequence[torch.Tensor], h: torch.Tensor) -> tuple[
     """(e4m3fn values (rows, width), float32 scales (rows,)) of cat([*first, gelu_tanh(h)], -1) per token: the
     kernel where `_usable`, else `reference` (the same math). `first`: () or the attention's output as one or two
     (batch, tokens, width) pieces (the video's tokens, then the prompt's); h (batch, tokens, width)."""
+    if not torch.compiler.is_compiling():
+        prepare()                       # (compiled code: done by fp8 compute's setup, pipeline/compiled.py)
     if _usable(first, h):
-        return _op()(list(first), h)
+        return _READY["op"](list(first), h)     # type: ignore[operator]
     return reference(first, h)
 
 
