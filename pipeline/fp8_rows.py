@@ -9,18 +9,22 @@ Under fp8 compute each block Linear quantizes its input per token (row) before i
 Compiled by Inductor, each is one kernel that reads a row twice (its largest value first, then the values; the GELU
 evaluated both times) through a looped reduction, since rows of 12,288–15,360 values are beyond its persistent
 reductions. A profile of the fp8 step at 608×640 (H200) put them at 33 ms (the single-stream blocks', 0.83 ms a
-block, ~1.0 TB/s) and 10 ms (the double-stream blocks') of its 121 ms of fused kernels.
+block) and 10 ms (the double-stream blocks') of its 121 ms of fused kernels; multi-kernel persistent reductions
+did not help (BENCHMARKS.md).
 
-Here one Triton program holds a whole row in registers: it reads the row once (the attention's part from its two
-pieces, the video and the prompt tokens, so their concatenation is never written), applies the GELU once, takes the
-row's largest value and writes the fp8 values and the row's scale. The math is `memory/fp8.py`'s `quantize_rows` of
-`block_forms.gelu_tanh`'s output (GELU rounded to the input's dtype, IEEE divisions), so the kernel differs from
-the PyTorch form only where the GPU's exponential rounds differently. Rows are independent and nothing is summed:
-the same bits every run.
+Here one Triton program holds a whole row in registers (each part as two tiles of powers of two, `tiles`: nothing
+padded at full size): it reads the row once (the attention's part from its two pieces, the video and the prompt
+tokens, so their concatenation is never written), applies the GELU once, takes the row's largest value and writes
+the fp8 values and the row's scale. The math (`reference`) is `memory/fp8.py`'s `quantize_rows` of
+`block_forms.gelu_tanh`'s output with its two divisions as PyTorch's CUDA kernels make them or nearly: the scale
+as largest × (1/448) (PyTorch divides by a number so), the values × (1/s) (one product instead of an IEEE division
+per value, which made a first version arithmetic-bound). On an H200 it gave eager PyTorch's bits on the step's rows,
+at 0.37 ms against Inductor's 0.60 for a single-stream block. Rows are independent and nothing is summed: the same
+bits every run.
 
 Written here because no library fuses an activation with dynamic per-token fp8 scaling for `torch._scaled_mm`
-(TransformerEngine's fused casts use its own delayed or block scaling and its own GEMMs), and Inductor does not
-make rows of this width persistent. Used on NVIDIA GPUs where Triton imports (rocm: the PyTorch form, as before);
+(TransformerEngine's fused casts use its own delayed or block scaling and its own GEMMs), and Inductor does not by default
+make rows of this width persistent. Used on NVIDIA GPUs where Triton imports (elsewhere `reference`, the same math);
 `quantize_gelu_rows` picks, every caller goes through it.
 """
 from __future__ import annotations
@@ -32,9 +36,7 @@ import torch
 from memory import fp8
 from pipeline.block_forms import gelu_tanh
 
-MAX_ROW = 32768         # widest row (padded to a power of two) a program holds in registers; wider rows: PyTorch
-
-
+MAX_ROW = 32768         # widest row (its two tiles) a program holds in registers; wider rows: PyTorch
 _READY: dict[str, object] = {}     # "kernels": pipeline/fp8_rows_kernel.py, "op": its operator (`prepare`)
 
 
