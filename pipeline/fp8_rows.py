@@ -46,11 +46,12 @@ def prepare() -> bool:
     if "kernels" not in _READY:
         try:
             from pipeline import fp8_rows_kernel
-        except ImportError:
+            op = _register()
+        except (ImportError, AttributeError):       # no Triton, or a PyTorch before Triton ops (2.6)
             _READY["kernels"] = None
             return False
         _READY["kernels"] = fp8_rows_kernel
-        _READY["op"] = _register()
+        _READY["op"] = op
     return _READY["kernels"] is not None
 
 
@@ -103,15 +104,13 @@ def _usable(first: Sequence[torch.Tensor], h: torch.Tensor) -> bool:
 
 def _register():
     """`steadyframe::gelu_rows_fp8` (a Triton op: Inductor calls the kernel itself)."""
-    from torch.library import triton_op, wrap_triton
-
-    @triton_op("steadyframe::gelu_rows_fp8", mutates_args=())
+    @torch.library.triton_op("steadyframe::gelu_rows_fp8", mutates_args=())
     def gelu_rows_fp8(first: list[torch.Tensor], h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows = h.shape[0] * h.shape[1]
         width = (first[0].shape[-1] if first else 0) + h.shape[-1]
         q = torch.empty((rows, width), dtype=fp8.FP8, device=h.device)
         s = torch.empty((rows,), dtype=torch.float32, device=h.device)
-        launch(wrap_triton(_READY["kernels"].jitted), first, h, q, s)  # type: ignore[attr-defined]
+        launch(torch.library.wrap_triton(_READY["kernels"].jitted), first, h, q, s)  # type: ignore[attr-defined]
         return q, s
 
     return gelu_rows_fp8

@@ -24,7 +24,8 @@ HEAVY = {"torch", "diffusers", "transformers", "accelerate", "gradio", "gradio_c
          "huggingface_hub", "playwright", "psutil", "tqdm", "PIL", "numpy", "einops", "httpx",
          "cudnn",                       # cudnn: the optional cuDNN frontend (rocm/fp8_attention.py)
          "flash_attn",                  # flash_attn: the optional FlashAttention-4 (rocm/sdpa.py), CuTe DSL
-         "flash_attn_interface"}        # the optional FlashAttention-3 (rocm/fp8_attention.py), its CUDA extension
+         "flash_attn_interface",        # the optional FlashAttention-3 (rocm/fp8_attention.py), its CUDA extension
+         "triton"}                      # Triton (pipeline/fp8_rows_kernel.py), where PyTorch's wheel brings it
 ONE_PLATFORM = {"resource", "fcntl", "msvcrt", "winreg", "termios", "ctypes"}
 
 
