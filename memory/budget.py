@@ -72,7 +72,7 @@ class MemoryBudget:
         return transformer_residency([c.nbytes for c in pack.blocks], pack.rest.nbytes, self.cap_bytes,
                                      self.preserved_bytes, self.workload, hidden, _dtype_bytes(model),
                                      slot_count=self.slot_count,
-                                     stage_bytes=max((c.host_nbytes for c in pack.blocks if c.stores_fp8),
+                                     stage_bytes=max((c.host_nbytes for c in pack.blocks if not c.copies_as_stored),
                                                      default=0))
 
     def place(self, models: dict[str, torch.nn.Module], packs: dict[str, HostPack]) -> dict[str, Placement]:

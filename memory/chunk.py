@@ -6,7 +6,7 @@ the parameters are bound to during a stage; the host layout is the same for plai
 holds the Linear weights as e4m3fn + a float32 scale per row. Binding swaps `.data` pointers only (the same
 Parameter objects throughout; a model built empty gets real Parameters on its first binding). A weight kept in
 fp8 on the device (memory/fp8.py `keep_on_device`, for fp8 compute) is stored in fp8 whatever the storage setting,
-and its region of the device layout holds that stored form (values, then the row scales) instead of bf16.
+and its region of the device layout is that stored form (values, then the row scales), as large as it is.
 """
 from __future__ import annotations
 
@@ -100,7 +100,6 @@ class Chunk:
         self.host: torch.Tensor | None = None
         self.pinned = False
         seen: dict[int, _Entry] = {}
-        offset = 0
         for module in modules:
             for kind, table in (("param", module._parameters), ("buffer", module._buffers)):
                 for key, tensor in table.items():
@@ -112,14 +111,13 @@ class Chunk:
                         continue
                     n = tensor.numel() * tensor.element_size()
                     name_ = f"{prefixes[id(module)]}.{key}".lstrip(".")
-                    entry = _Entry([place], offset, n, tensor.shape, tensor.dtype, name_,
+                    entry = _Entry([place], 0, n, tensor.shape, tensor.dtype, name_,
                                    quantizable=fp8.quantizable(module, key, tensor))
                     entry.keep = _keeps(entry)
                     seen[id(tensor)] = entry
                     self.entries.append(entry)
-                    offset += _align(n)
         self.ids = set(seen)
-        self.nbytes = offset
+        self.nbytes = self._device_layout()
         if files is None:                                       # in memory: copy into one flat buffer
             self.home = "ram"
             self.host_nbytes = self._layout(False)
@@ -141,6 +139,27 @@ class Chunk:
         self.bind_idle()                                        # the originals are freed here
 
     # ---- layout and views ---------------------------------------------------------------------------------------
+    def _device_layout(self) -> int:
+        """Offsets of every entry in the device layout; returns its size. A weight kept in fp8 takes its stored
+        form's bytes (the values, then the row scales, as in the host layout), not its bf16 region's: the whole
+        full-size transformer then takes ~12.5 GB on the device instead of 24, so fewer blocks are streamed under
+        a cap, and a chunk whose host buffer holds nothing else in fp8 is copied to the device as it is."""
+        off = 0
+        for e in self.entries:
+            e.offset = off
+            if e.keep:
+                values, scales = fp8.stored_bytes(tuple(e.shape))
+                off += _align(values) + _align(scales)
+            else:
+                off += _align(e.nbytes)
+        return off
+
+    @property
+    def copies_as_stored(self) -> bool:
+        """Is the device layout the host buffer's, byte for byte? (True unless fp8 storage rounds weights that the
+        device holds in the model's dtype: those are turned back on the device, `memory.chunkload.finish_stored`)"""
+        return not any(self.is_fp8(e) and not e.keep for e in self.entries)
+
     def _layout(self, quantized: bool) -> int:
         """Offsets of every entry in the host buffer for plain or fp8 storage; returns its size."""
         off = 0
@@ -316,6 +335,7 @@ class Chunk:
         values = [self.value(e) for e in self.entries] if self.home == "ram" else None   # with the old layout
         for e, k in zip(self.entries, keep):
             e.keep = k
+        self.nbytes = self._device_layout()
         if values is None:
             self.host_nbytes = self._layout(self.fp8)
             self._refresh_idle()

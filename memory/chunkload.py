@@ -155,7 +155,7 @@ def load_chunk(chunk: Chunk, device: torch.device, staging: Staging | None = Non
         chunk.bind(buf)
         return buf
     buf = torch.empty(chunk.nbytes, dtype=torch.uint8, device=device)
-    if chunk.home == "ram" and not chunk.stores_fp8:
+    if chunk.home == "ram" and chunk.copies_as_stored:
         buf.copy_(chunk.host, non_blocking=non_blocking and chunk.pinned)
     elif chunk.home == "ram":
         stored = torch.empty(chunk.host_nbytes, dtype=torch.uint8, device=device)

@@ -15,7 +15,8 @@ benchmarks/hostram.py (full size; BENCHMARKS.md).
 
 **Kept in fp8 on the device** (fp8 compute, pipeline/compiled.py): a Linear marked with `keep_on_device` has its
 weight stored in fp8 on the host whatever the storage setting, and its device copy is the stored form too: the
-e4m3fn values and their row scales, inside the region its bf16 weight would take (memory/chunk.py). While bound,
+e4m3fn values and their row scales, in a device region of that size (memory/chunk.py: about half the bf16
+weight's, so the blocks' device copies and what is streamed under a cap are halved too). While bound,
 the Parameter holds the fp8 values and the module's `weight_scale` buffer the scales (None otherwise), so the
 product multiplies them as they are: no dequantising on the way in, no cast of the weight in each product.
 """

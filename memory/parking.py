@@ -65,7 +65,7 @@ class ParkedBlocks:
     def take(self, chunk: Chunk) -> torch.Tensor | None:
         """The parked buffer of `chunk` (which leaves the park), or None."""
         entry = self._bufs.pop(id(chunk), None)
-        if entry is None:
+        if entry is None or entry[2].numel() != chunk.nbytes:     # none, or parked before its layout changed
             return None
         self.kept_bytes += chunk.file_bytes
         return entry[2]

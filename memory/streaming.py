@@ -13,7 +13,8 @@ Mechanics (CUDA and ROCm; on the CPU the same code runs with plain copies and no
   and the freed slot is given the block after the last one in flight (that copy starts once the event has passed).
 - A chunk stored in fp8 is copied (half the bytes) into a staging buffer of its slot and turned back into the
   model's dtype in the slot on the side stream, before the copy event: the block computes in bf16 as before;
-  weights kept in fp8 for fp8 compute (memory/fp8.py) are copied into the slot as they are stored.
+  weights kept in fp8 for fp8 compute (memory/fp8.py) are copied as they are stored: a chunk with nothing else in
+  fp8 (`Chunk.copies_as_stored`) straight into its slot, in one copy.
 - A chunk with weight deltas (LoRAs, memory/deltas.py) gets them merged into its slot after the copy, on the side
   stream, before the copy event. The host never waits for the GPU; slots are never freed while in use, so no `record_stream` is needed.
 A block called out of order (another model calling it directly, a skipped step that breaks the cycle) is loaded
@@ -65,7 +66,7 @@ class BlockStreamer:
         self.depth = max(1, min(depth, len(chunks) - 1)) if len(chunks) > 1 else 0
         self.n_slots = self.depth + 1
         self.slot_bytes = max(c.nbytes for c in chunks)
-        self.stage_bytes = max((c.host_nbytes for c in chunks if c.stores_fp8), default=0)
+        self.stage_bytes = max((c.host_nbytes for c in chunks if not c.copies_as_stored), default=0)
         self.cuda = self.device.type == "cuda"
         self.misses = 0
         self.copies = 0
@@ -134,7 +135,7 @@ class BlockStreamer:
         self.bytes_copied += chunk.nbytes
 
     def _copy(self, chunk: Chunk, s: int, slot: torch.Tensor, non_blocking: bool) -> None:
-        if not chunk.stores_fp8:
+        if chunk.copies_as_stored:
             slot[:chunk.nbytes].copy_(chunk.host, non_blocking=non_blocking)
             return
         stored = self._stages[s][:chunk.host_nbytes]

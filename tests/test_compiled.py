@@ -195,6 +195,16 @@ def test_fp8_compute_keeps_weights_in_fp8_on_the_device_resident_streamed_and_wi
     kept = [e for c in pack.chunks for e in c.entries if e.keep]
     assert len(kept) == sum(isinstance(m, compiled.Fp8Linear) for m in tr.modules()) > 0
     assert all(c.stores_fp8 for c in pack.blocks) and not pack.rest.stores_fp8 and not pack.fp8
+    # the device layout is the stored form: a kept weight takes its values and scales' bytes, not bf16's, and
+    # a block is copied to the device as its host buffer is (no staging, nothing turned on the device)
+    for c in pack.blocks:
+        bf16_bytes = sum(-(-e.nbytes // 256) * 256 for e in c.entries)
+        assert c.copies_as_stored and c.nbytes == c.host_nbytes < bf16_bytes, (c.name, c.nbytes, bf16_bytes)
+        for e in c.entries:
+            if e.keep:
+                values, scales = fp8.stored_bytes(tuple(e.shape))
+                nxt = next((f.offset for f in c.entries if f.offset > e.offset), c.nbytes)
+                assert nxt - e.offset == -(-values // 256) * 256 + -(-scales // 256) * 256 < e.nbytes
     resident = MemoryManager(device="cpu", plan_on_cpu=True)
     with resident.stage("transformer", transformer=tr):
         assert q.weight.dtype == fp8.FP8 and q.weight_scale.dtype == torch.float32
@@ -221,6 +231,36 @@ def test_fp8_compute_keeps_weights_in_fp8_on_the_device_resident_streamed_and_wi
             assert torch.equal(q.weight_scale, scales)
     finally:
         clear_deltas(pack)
+
+
+def test_fp8_compute_with_fp8_storage_turns_the_other_weights_on_the_device_resident_and_streamed():
+    """fp8 storage rounds the weights that fp8 compute does not keep (the modulation Linears) too: those are turned
+    back into bf16 on the device, so a block is staged, not copied as stored; resident and streamed give the same
+    bits, and the kept weights bind as stored."""
+    from memory import fp8
+    from memory.hostpack import HostPack
+    from memory.manager import MemoryManager
+    from tests.model_helpers import step_inputs, two_steps
+
+    tr = small_transformer()
+    inputs = step_inputs(tr, seed=4)
+    compiled.use_fp8_compute(tr, "rowwise")
+    pack = HostPack.of(tr)
+    for c in pack.chunks:
+        c.set_fp8(True)
+    assert all(c.stores_fp8 and not c.copies_as_stored for c in pack.blocks)
+    assert all(c.host_nbytes < c.nbytes for c in pack.blocks)         # the modulation Linears: fp8 on the host
+    q = tr.transformer_blocks[0].attn.to_q
+    resident = MemoryManager(device="cpu", plan_on_cpu=True)
+    with resident.stage("transformer", transformer=tr):
+        assert q.weight.dtype == fp8.FP8 and tr.transformer_blocks[0].norm1.linear.weight.dtype == torch.bfloat16
+        whole = two_steps(tr, inputs)
+    cap_gb = (pack.rest.nbytes + pack.blocks[0].nbytes) / 2 ** 30
+    streaming = MemoryManager(device="cpu", cap_gb=cap_gb, preserved_gb=0, plan_on_cpu=True)
+    with streaming.stage("transformer", transformer=tr) as rec:
+        streamed = two_steps(tr, inputs)
+    assert "blocks" in rec.placement["transformer"] and rec.streamed_bytes_per_pass > 0 and rec.stream_misses == 0
+    assert all(torch.equal(a, b) for a, b in zip(whole, streamed))
 
 
 def test_a_compiler_failure_on_the_first_call_goes_on_eagerly_once_and_is_remembered(tiny_original, tmp_path,
