@@ -42,7 +42,6 @@ def _qk(a_ptr, b_ptr, a_sb, a_st, b_sb, b_st, wa_ptr, wb_ptr, cos_ptr, sin_ptr, 
     partner = h * D + (d ^ 1)[None, :]
     x = _load(a_ptr, b_ptr, a_sb, a_st, b_sb, b_st, b, t, col, n_a, valid)
     xp = _load(a_ptr, b_ptr, a_sb, a_st, b_sb, b_st, b, t, partner, n_a, valid)
-    eps = (tl.zeros((1,), tl.float64) + eps).to(tl.float32)   # float32 whether the caller passes 32 or 64 bits
     r = tl.div_rn(1.0, tl.sqrt_rn(tl.sum(x * x, axis=1) * (1.0 / D) + eps))
     in_a = (t < n_a)[:, None]
     w = tl.where(in_a, tl.load(wa_ptr + d).to(tl.float32)[None, :], tl.load(wb_ptr + d).to(tl.float32)[None, :])
@@ -99,16 +98,16 @@ def qkv_stats(q_a, q_b, k_a, k_b, v_a, v_b, q_sb, q_st, qb_sb, qb_st, k_sb, k_st
 
 
 @triton.jit
-def _centered(total, hi, lo, n):
-    """(the mean, max |x − mean| over the channels) from the sums, maxima and minima of each channel over n tokens
-    (the mean as PyTorch's: the sum × (1/n) in float32)."""
-    inv_n = tl.div_rn(tl.full((1,), 1.0, tl.float32), (tl.zeros((1,), tl.int32) + n).to(tl.float32))
+def _centered(total, hi, lo, inv_n):
+    """(the mean, max |x − mean| over the channels) from the sums, maxima and minima of each channel (the mean as
+    PyTorch's: the sum × (1/n))."""
     mean = total * inv_n
     return mean, tl.max(tl.maximum(hi - mean, mean - lo), axis=0)
 
 
-def qkv_scales(part, scales, means, n, chunks, D: tl.constexpr):
-    """Pass 2, one program per batch × head: the chunks' statistics summed in chunk order (the same bits every run);
+def qkv_scales(part, scales, means, inv_n, chunks, D: tl.constexpr):
+    """Pass 2, one program per batch × head: the chunks' statistics summed in chunk order (the same bits every run;
+    inv_n: 1/tokens in float32);
     scales[bh] = (descale q, k, v, then their inverses) with descale = largest |x| (K and V centred) × (1/448),
     at least float32's smallest normal; means[bh] = (k's mean, v's mean) over the tokens."""
     bh = tl.program_id(0).to(tl.int64)
@@ -130,8 +129,8 @@ def qkv_scales(part, scales, means, n, chunks, D: tl.constexpr):
         v_sum += tl.load(row + 1 + 3 * D + d)
         v_hi = tl.maximum(v_hi, tl.load(row + 1 + 4 * D + d))
         v_lo = tl.minimum(v_lo, tl.load(row + 1 + 5 * D + d))
-    k_mean, k_amax = _centered(k_sum, k_hi, k_lo, n)
-    v_mean, v_amax = _centered(v_sum, v_hi, v_lo, n)
+    k_mean, k_amax = _centered(k_sum, k_hi, k_lo, inv_n)
+    v_mean, v_amax = _centered(v_sum, v_hi, v_lo, inv_n)
     tiny = 1.1754943508222875e-38
     dq = tl.maximum(qmax * 0.002232142857142857, tiny)           # × (1/448) in float32
     dk = tl.maximum(k_amax * 0.002232142857142857, tiny)
