@@ -98,7 +98,7 @@ def launch(kernels, pieces: Sequence[torch.Tensor], weights: Sequence[torch.Tens
     common = (q_a, q_b, k_a, k_b, v_a, v_b, *strides, *weights, cos, sin, cos.stride(0))
     kernels.stats[(chunks, batch * heads)](*common, part, n, n_a, heads, chunks, eps, ROWS=rows, BT=bt, D=d,
                                            num_warps=num_warps)
-    kernels.scales[(batch * heads,)](part, scales, means, 1.0 / n, chunks, D=d, num_warps=4)
+    kernels.scales[(batch * heads,)](part, scales, means, n, chunks, D=d, num_warps=4)
     kernels.quantize[(-(-n // bt), batch * heads)](*common, scales, means, q8, k8, v8, n, n_a, heads, eps, BT=bt,
                                                    D=d, num_warps=num_warps)
     return scales, means

@@ -98,16 +98,15 @@ def qkv_stats(q_a, q_b, k_a, k_b, v_a, v_b, q_sb, q_st, qb_sb, qb_st, k_sb, k_st
 
 
 @triton.jit
-def _centered(total, hi, lo, inv_n):
+def _centered(total, hi, lo, n):
     """(the mean, max |x − mean| over the channels) from the sums, maxima and minima of each channel (the mean as
     PyTorch's: the sum × (1/n))."""
-    mean = total * inv_n
+    mean = total * tl.div_rn(1.0, n.to(tl.float32))
     return mean, tl.max(tl.maximum(hi - mean, mean - lo), axis=0)
 
 
-def qkv_scales(part, scales, means, inv_n, chunks, D: tl.constexpr):
-    """Pass 2, one program per batch × head: the chunks' statistics summed in chunk order (the same bits every run;
-    inv_n: 1/tokens in float32);
+def qkv_scales(part, scales, means, n, chunks, D: tl.constexpr):
+    """Pass 2, one program per batch × head: the chunks' statistics summed in chunk order (the same bits every run);
     scales[bh] = (descale q, k, v, then their inverses) with descale = largest |x| (K and V centred) × (1/448),
     at least float32's smallest normal; means[bh] = (k's mean, v's mean) over the tokens."""
     bh = tl.program_id(0).to(tl.int64)
@@ -129,8 +128,8 @@ def qkv_scales(part, scales, means, inv_n, chunks, D: tl.constexpr):
         v_sum += tl.load(row + 1 + 3 * D + d)
         v_hi = tl.maximum(v_hi, tl.load(row + 1 + 4 * D + d))
         v_lo = tl.minimum(v_lo, tl.load(row + 1 + 5 * D + d))
-    k_mean, k_amax = _centered(k_sum, k_hi, k_lo, inv_n)
-    v_mean, v_amax = _centered(v_sum, v_hi, v_lo, inv_n)
+    k_mean, k_amax = _centered(k_sum, k_hi, k_lo, n)
+    v_mean, v_amax = _centered(v_sum, v_hi, v_lo, n)
     tiny = 1.1754943508222875e-38
     dq = tl.maximum(qmax * 0.002232142857142857, tiny)           # × (1/448) in float32
     dk = tl.maximum(k_amax * 0.002232142857142857, tiny)
