@@ -319,18 +319,14 @@ def _fp8_quantized_op(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, desc
     if out is None:
         q, k, v = ((t.float() * d).to(dtype) for t, d in ((q8, descale_q), (k8, descale_k), (v8, descale_v)))
         out = _checked(q, k, v, None, 0.0, False, scale, False)
-    shaped = _quantized_out(q8, v8, dtype)
+    shaped = _out_like(q8.new_empty((0,), dtype=dtype).expand(q8.shape), v8)
     return out if out.stride() == shaped.stride() and out.dtype == dtype else shaped.copy_(out)
-
-
-def _quantized_out(q8: torch.Tensor, v8: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    b, h, n, _ = q8.shape
-    return q8.new_empty((b, n, h, v8.shape[-1]), dtype=dtype).transpose(1, 2)
 
 
 @_fp8_quantized_op.register_fake
 def _(q8, k8, v8, descale_q, descale_k, descale_v, v_mean, scale, dtype):
-    return _quantized_out(q8, v8, dtype)
+    b, h, n, _ = q8.shape
+    return q8.new_empty((b, n, h, v8.shape[-1]), dtype=dtype).transpose(1, 2)
 
 
 def _fused_choice(args) -> SDPBackend | None:
