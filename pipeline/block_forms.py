@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rocm import fp8_qkv, sdpa
+
 
 @torch.library.custom_op("steadyframe::linear_gelu_tanh", mutates_args=())
 def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -109,9 +111,11 @@ def _fused_gelu_class() -> type:
 
 def fuse_blocks(blocks) -> None:
     """Give the double-stream blocks' MLPs (diffusers' `FeedForward`) and their GELU modules (diffusers' `GELU`,
-    tanh) their compiled forms, once."""
+    tanh), and the blocks' attention processors (diffusers' `HunyuanVideoAttnProcessor2_0`), their compiled forms,
+    once."""
     from diffusers.models.activations import GELU
     from diffusers.models.attention import FeedForward
+    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 
     for block in blocks:
         for module in list(block.modules()):
@@ -119,6 +123,79 @@ def fuse_blocks(blocks) -> None:
                 module.__class__ = _fused_gelu_class()
             elif type(module) is FeedForward:
                 module.__class__ = _fused_feed_forward_class()
+            elif type(getattr(module, "processor", None)) is HunyuanVideoAttnProcessor2_0:
+                module.processor.__class__ = _fused_processor_class()
+
+
+class _FusedAttnProcessor:
+    """diffusers' `HunyuanVideoAttnProcessor2_0` whose attention, while compiled under fp8 attention through
+    FlashAttention-3 (`sdpa.fp8_prequantized`), goes from the q/k/v products straight to the kernel's e4m3 inputs in
+    rocm/fp8_qkv.py's passes (the q/k norms, the rotary embedding, K and V's smoothing and the head scales in them);
+    otherwise, and for a call those passes do not take, diffusers' call."""
+
+    def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None, image_rotary_emb=None) -> torch.Tensor:
+        if (torch.compiler.is_compiling() and attention_mask is None and encoder_hidden_states is not None
+                and image_rotary_emb is not None and getattr(self, "_parallel_config", None) is None
+                and sdpa.fp8_prequantized()):
+            out = _prequantized_attention(attn, hidden_states, encoder_hidden_states, image_rotary_emb)
+            if out is not None:
+                return out
+        return super().__call__(attn, hidden_states, encoder_hidden_states,   # type: ignore[misc]  # (mixed in)
+                                attention_mask, image_rotary_emb)
+
+
+def _norm_weight(norm) -> tuple[torch.Tensor, float] | None:
+    """(weight, eps) of diffusers' RMSNorm with a weight and no bias, else None."""
+    from diffusers.models.normalization import RMSNorm
+
+    if type(norm) is not RMSNorm or norm.weight is None or getattr(norm, "bias", None) is not None:
+        return None
+    return norm.weight, float(norm.eps)
+
+
+def _prequantized_attention(attn, hidden: torch.Tensor, text: torch.Tensor, rotary) -> tuple | None:
+    """diffusers' processor's steps with the attention's inputs quantized by rocm/fp8_qkv.py and the kernel called on
+    them (`steadyframe::fp8_attention_quantized`, V's mean added back here where the output product reads it), or
+    None where those passes do not take this call (then nothing computed here is used: the graph drops it)."""
+    single = attn.add_q_proj is None
+    norms = [_norm_weight(n) for n in ((attn.norm_q, attn.norm_q, attn.norm_k, attn.norm_k) if single else
+                                       (attn.norm_q, attn.norm_added_q, attn.norm_k, attn.norm_added_k))]
+    if any(n is None for n in norms) or len({eps for _, eps in norms}) != 1:   # type: ignore[misc]
+        return None
+    n_a = hidden.shape[1]
+    if single:
+        x = torch.cat([hidden, text], dim=1)
+        q, k, v = attn.to_q(x), attn.to_k(x), attn.to_v(x)
+        pieces = [q[:, :n_a], q[:, n_a:], k[:, :n_a], k[:, n_a:], v[:, :n_a], v[:, n_a:]]
+    else:
+        pieces = [attn.to_q(hidden), attn.add_q_proj(text), attn.to_k(hidden), attn.add_k_proj(text),
+                  attn.to_v(hidden), attn.add_v_proj(text)]
+    weights = [w for w, _ in norms]     # type: ignore[misc]
+    cos, sin = rotary
+    if not fp8_qkv.usable(pieces, weights, cos, sin):
+        return None
+    q8, k8, v8, scales, means = fp8_qkv.quantize(pieces, weights, cos, sin, norms[0][1])   # type: ignore[index]
+    b, n, h, d = q8.shape
+    descales = [scales[:, i].reshape(b, h, 1, 1) for i in range(3)]
+    v_mean = means[:, 1].reshape(b, h, 1, d)
+    out = torch.ops.steadyframe.fp8_attention_quantized(q8.transpose(1, 2), k8.transpose(1, 2), v8.transpose(1, 2),
+                                                         *descales, v_mean, None, hidden.dtype)
+    out = (out.float() + v_mean).to(hidden.dtype).transpose(1, 2).flatten(2, 3)
+    video, prompt = out[:, :n_a], out[:, n_a:]
+    if getattr(attn, "to_out", None) is not None:
+        video = attn.to_out[1](attn.to_out[0](video))
+    if getattr(attn, "to_add_out", None) is not None:
+        prompt = attn.to_add_out(prompt)
+    return video, prompt
+
+
+@functools.cache
+def _fused_processor_class() -> type:
+    """diffusers' `HunyuanVideoAttnProcessor2_0` with `_FusedAttnProcessor`'s call in front (made once)."""
+    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
+
+    return type("FusedHunyuanVideoAttnProcessor", (_FusedAttnProcessor, HunyuanVideoAttnProcessor2_0), {})
 
 
 def _rows_product(linear: nn.Module):

@@ -49,6 +49,7 @@ from common.patches import Patch
 from common.units import GIB
 from configs.rocm_profiles import AOTRITON_EXPERIMENTAL_VAR
 from rocm import fp8_attention as fa
+from rocm import fp8_qkv
 from rocm.arch import detect_runtime
 from rocm.env import aotriton_gated
 
@@ -206,8 +207,8 @@ def fp8_attention(on: bool) -> Iterator[None]:
     """Attention calls that fit the fp8 kernels run in fp8 inside this block when `on` (the job's setting,
     checked against the device before the job was queued: rocm.fp8_attention.unavailable)."""
     global _FP8
-    if on:
-        fa.kernel()             # chosen now, eagerly: compiled code reads the choice (fa.chosen)
+    if on and fa.kernel() == fa.FA3:    # chosen now, eagerly: compiled code reads the choice (fa.chosen)
+        fp8_qkv.prepare()               # and the compiled blocks' quantization passes, outside traced code
     before, _FP8 = _FP8, bool(on)
     try:
         yield
@@ -296,6 +297,40 @@ def _fp8_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q8: tor
 @_fp8_op.register_fake
 def _(query, key, value, q8, k8, v8, descale_q, descale_k, descale_v, v_mean, scale):
     return _out_like(query, value)
+
+
+def fp8_prequantized() -> bool:
+    """Do the compiled blocks hand fp8 attention inputs already quantized (rocm/fp8_qkv.py's passes, called by the
+    blocks' attention form in pipeline/block_forms.py)? Inside `fp8_attention(True)` with FlashAttention-3 chosen
+    and the passes prepared; read in traced code (dynamo guards on it)."""
+    return _FP8 and fa.chosen() == fa.FA3 and fp8_qkv.ready()
+
+
+@torch.library.custom_op("steadyframe::fp8_attention_quantized", mutates_args=())
+def _fp8_quantized_op(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, descale_q: torch.Tensor,
+                      descale_k: torch.Tensor, descale_v: torch.Tensor, v_mean: torch.Tensor, scale: Optional[float],
+                      dtype: torch.dtype) -> torch.Tensor:
+    """The fp8 kernel's output for inputs quantized by the caller ((batch, heads, tokens, dim) views, K and V less
+    their means), without V's mean, in `dtype` and the fused kernels' layout. Where the kernel has failed: bf16
+    attention of the dequantized inputs (V's mean left out alike)."""
+    z = fa.Quantized(q8, k8, v8, descale_q, descale_k, descale_v, v_mean)
+    like = q8.new_empty((0, q8.shape[-1]), dtype=dtype)
+    out = _run_fp8(like, z, scale, with_mean=False)
+    if out is None:
+        q, k, v = ((t.float() * d).to(dtype) for t, d in ((q8, descale_q), (k8, descale_k), (v8, descale_v)))
+        out = _checked(q, k, v, None, 0.0, False, scale, False)
+    shaped = _quantized_out(q8, v8, dtype)
+    return out if out.stride() == shaped.stride() and out.dtype == dtype else shaped.copy_(out)
+
+
+def _quantized_out(q8: torch.Tensor, v8: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    b, h, n, _ = q8.shape
+    return q8.new_empty((b, n, h, v8.shape[-1]), dtype=dtype).transpose(1, 2)
+
+
+@_fp8_quantized_op.register_fake
+def _(q8, k8, v8, descale_q, descale_k, descale_v, v_mean, scale, dtype):
+    return _quantized_out(q8, v8, dtype)
 
 
 def _fused_choice(args) -> SDPBackend | None:

@@ -1,0 +1,149 @@
+"""fp8 attention's inputs in the compiled blocks, from the q/k/v products to FlashAttention-3's e4m3 tensors in three
+Triton passes (issue 46).
+
+What an attention call of HunyuanVideo's blocks computes before the kernel, under fp8 attention through
+FlashAttention-3 (rocm/fp8_attention.py `quantize(..., kernel=FA3)`): q and k normalized per head (RMSNorm over the
+head's 128 channels, the prompt's tokens with their own weights in the double-stream blocks), the rotary embedding
+on the video's tokens, then one descale per head: the largest |q|, and for K and V (smoothed: less their mean over
+the tokens) the largest deviation from that mean. Inductor compiled that into six to eight kernels a block that
+read and wrote q and k in bf16 between them; a profile of the fp8 step at 608×640 (H200) put them at ~49 ms of its
+~560 (norm and rotary 21 ms, the statistics 13, the quantization 15), at 1.3–2 TB/s.
+
+Here (`quantize`, a Triton operator Inductor calls as it is):
+1. `qkv_stats`: each program takes a chunk of tokens of one head, computes q and k as the attention sees them
+   (norm and rotary in registers, rounded to bf16 where PyTorch rounds) and v, and writes the chunk's partial
+   statistics: max |q|, and each channel's sum, maximum and minimum for k and v;
+2. `qkv_scales`: one program per head sums the chunks in their order (the same bits every run, no atomics) into the
+   means and the descales (× (1/448), as PyTorch divides by a number) and their inverses;
+3. `qkv_quantize`: q and k computed again (the same bits), K and V less their means, times the inverse descale,
+   rounded to e4m3 in (batch, tokens, heads, dim), FlashAttention-3's layout.
+The products' outputs are read twice and the e4m3 tensors written once: nothing in bf16 is written between. The
+video's and the prompt's tokens are read from their two tensors (the double-stream blocks' two products), so their
+concatenation is not written either.
+
+Compared with `fp8_attention.quantize` on the same q/k/v: its divisions are products with the inverse here, and the
+sums run in another order, so a value may land one e4m3 step apart (tests/test_fp8_qkv.py, in Triton's interpreter
+on the CPU). Written here because FlashAttention-3 takes inputs already quantized and leaves their scales to its
+caller, and no library fuses a normalization and rotary prologue with SageAttention-style smoothing.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from rocm.fp8_attention import FP8
+
+ROWS = 256              # tokens per program in the statistics pass (partials: 1 + 6·128 floats each)
+STATS_BT, STATS_WARPS = 16, 8       # the statistics pass: tokens held at once, warps per program
+BT, WARPS = 16, 2                   # the quantization pass: the same
+_READY: dict[str, object] = {}      # "kernels": rocm/fp8_qkv_kernel.py, "op": its operator (`prepare`)
+
+
+def prepare() -> bool:
+    """Import the kernels and register their operator, once per process and outside compiled code; whether they
+    can run here (False without Triton or Triton operators)."""
+    if "kernels" not in _READY:
+        try:
+            from rocm import fp8_qkv_kernel
+            op = _register()
+        except (ImportError, AttributeError):       # no Triton (Windows, the CPU build), or a PyTorch before 2.6
+            _READY["kernels"] = None
+            return False
+        _READY["kernels"] = fp8_qkv_kernel
+        _READY["op"] = op
+    return _READY["kernels"] is not None
+
+
+def ready() -> bool:
+    """Prepared and able to run (read in traced code: no import, no registration there)."""
+    return _READY.get("op") is not None
+
+
+def usable(pieces: Sequence[torch.Tensor], weights: Sequence[torch.Tensor], cos: torch.Tensor,
+           sin: torch.Tensor) -> bool:
+    """Whether the kernels take these: an NVIDIA GPU, bf16 (batch, tokens, heads × 128) pieces with contiguous
+    channels, bf16 norm weights of 128, float rotary tables of (video tokens, 128)."""
+    if not ready() or len(pieces) != 6 or len(weights) != 4:
+        return False
+    a = pieces[0]
+    d = weights[0].shape[0] if weights[0].dim() == 1 else 0
+    return (a.is_cuda and torch.version.hip is None and d == 128 and a.dim() == 3 and a.shape[-1] % d == 0
+            and all(p.dim() == 3 and p.dtype == torch.bfloat16 and p.stride(-1) == 1 and p.shape[-1] == a.shape[-1]
+                    and p.shape[0] == a.shape[0] and p.device == a.device for p in pieces)
+            and all(p.shape[1] == a.shape[1] for p in pieces[0::2])
+            and all(p.shape[1] == pieces[1].shape[1] for p in pieces[1::2])
+            and all(w.shape == (d,) and w.dtype == torch.bfloat16 and w.is_contiguous() for w in weights)
+            and cos.shape == sin.shape == (a.shape[1], d) and cos.stride() == sin.stride() and cos.stride(-1) == 1
+            and cos.dtype == sin.dtype and cos.dtype in (torch.float32, torch.bfloat16))
+
+
+def launch(kernels, pieces: Sequence[torch.Tensor], weights: Sequence[torch.Tensor], cos: torch.Tensor,
+           sin: torch.Tensor, eps: float, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
+           rows: int = ROWS, stats_bt: int = STATS_BT, stats_warps: int = STATS_WARPS, bt: int = BT,
+           warps: int = WARPS, interpreted: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the three passes (`kernels`: the jitted ones, or Triton's interpreter in tests with `interpreted`) into
+    q8, k8, v8 (batch, tokens, heads, 128); returns (scales (batch × heads, 6): descales q, k, v then their
+    inverses; means (batch × heads, 2, 128): k's, v's). `pieces`: q, k, v as (video, prompt) pairs, each (batch,
+    tokens, heads × 128); `weights`: the norm weights of q (video, prompt) and k (video, prompt). Passes 1 and 3
+    run once per piece (the video's with the rotary embedding)."""
+    d = weights[0].shape[0]
+    batch, heads = pieces[0].shape[0], pieces[0].shape[-1] // d
+    sizes = (pieces[0].shape[1], pieces[1].shape[1])
+    n = sum(sizes)
+    chunks = [-(-m // rows) for m in sizes]
+    dev = pieces[0].device
+    part = torch.empty(batch * heads * sum(chunks) * (1 + 6 * d), dtype=torch.float32, device=dev)
+    scales = torch.empty((batch * heads, 6), dtype=torch.float32, device=dev)
+    means = torch.empty((batch * heads, 2, d), dtype=torch.float32, device=dev)
+    for p, (m, rope) in enumerate(zip(sizes, (True, False))):
+        if not m:
+            continue
+        q, k, v = pieces[p], pieces[2 + p], pieces[4 + p]
+        args = (q, k, v, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                weights[p], weights[2 + p], cos, sin, cos.stride(0))
+        kernels.stats[(chunks[p], batch * heads)](*args, part, m, chunks[0] if p else 0, sum(chunks), heads, eps,
+                                                  ROWS=rows, BT=stats_bt, D=d, ROPE=rope, INTERPRETED=interpreted,
+                                                  num_warps=stats_warps)
+    kernels.scales[(batch * heads,)](part, scales, means, n, sum(chunks), D=d, num_warps=4)
+    for p, (m, rope) in enumerate(zip(sizes, (True, False))):
+        if not m:
+            continue
+        q, k, v = pieces[p], pieces[2 + p], pieces[4 + p]
+        args = (q, k, v, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                weights[p], weights[2 + p], cos, sin, cos.stride(0))
+        kernels.quantize[(-(-m // bt), batch * heads)](*args, scales, means, q8, k8, v8, m, sizes[0] if p else 0, n,
+                                                       heads, eps, BT=bt, D=d, ROPE=rope, INTERPRETED=interpreted,
+                                                       num_warps=warps)
+    return scales, means
+
+
+class _Jitted:
+    """The jitted kernels as `launch` takes them, each wrapped for torch.library (Inductor then calls it itself)."""
+
+    def __init__(self, module, wrap):
+        self.stats, self.scales, self.quantize = (wrap(k) for k in (module.stats_jit, module.scales_jit,
+                                                                    module.quantize_jit))
+
+
+def _register():
+    """`steadyframe::qkv_fp8` (a Triton operator)."""
+    @torch.library.triton_op("steadyframe::qkv_fp8", mutates_args=())
+    def qkv_fp8(pieces: list[torch.Tensor], weights: list[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        a = pieces[0]
+        d = weights[0].shape[0]
+        shape = (a.shape[0], a.shape[1] + pieces[1].shape[1], a.shape[-1] // d, d)
+        q8, k8, v8 = (torch.empty(shape, dtype=FP8, device=a.device) for _ in range(3))
+        kernels = _Jitted(_READY["kernels"], torch.library.wrap_triton)
+        scales, means = launch(kernels, pieces, weights, cos, sin, eps, q8, k8, v8)
+        return q8, k8, v8, scales, means
+
+    return qkv_fp8
+
+
+def quantize(pieces: Sequence[torch.Tensor], weights: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+             eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q8, k8, v8 (batch, tokens, heads, 128) e4m3; scales (batch × heads, 6); means (batch × heads, 2, 128)) of the
+    attention's inputs (`launch` says which), through the operator: call only where `usable`."""
+    return _READY["op"](list(pieces), list(weights), cos, sin, float(eps))     # type: ignore[operator]

@@ -1,0 +1,220 @@
+"""The Triton kernels of rocm/fp8_qkv.py (its docstring says what and why). Imported only where Triton is: `fp8_qkv`
+imports it when it is prepared. The plain functions are compiled by `triton.jit` below (or, with TRITON_INTERPRET=1
+set before Triton is imported, run by Triton's interpreter: the tests on the CPU).
+
+Each launch covers one piece of the token sequence (the video's tokens, with the rotary embedding: ROPE; or the
+prompt's), so a program reads one tensor with one stride and branches on nothing per value. A head's 128 channels
+are held as their 64 pairs (even, odd), the rotary embedding's unit, split from one contiguous load."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _bf16(x, INTERPRETED: tl.constexpr):
+    """float32 → the nearest bfloat16 value (ties to even), as float32. On the GPU the hardware's conversion; in
+    Triton's interpreter (which truncates in its conversions) the same rounding written out in integers."""
+    if INTERPRETED:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.bfloat16).to(tl.float32)
+
+
+@triton.jit
+def _pairs(ptr, D: tl.constexpr):
+    """A vector of D values at ptr as (even, odd) channels, float32."""
+    return tl.split(tl.reshape(tl.load(ptr + tl.arange(0, D)).to(tl.float32), (D // 2, 2)))
+
+
+@triton.jit
+def _tile(base, t, st, valid, BT: tl.constexpr, D: tl.constexpr):
+    """Rows t ([BT]) of D channels from base (row stride st) as (even, odd) [BT, D/2] float32; 0 where not valid."""
+    x = tl.load(base + t[:, None] * st + tl.arange(0, D)[None, :], mask=valid[:, None], other=0.0)
+    return tl.split(tl.reshape(x.to(tl.float32), (BT, D // 2, 2)))
+
+
+@triton.jit
+def _qk(base, t, st, valid, we, wo, ce, co, se, so, eps, ROPE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr,
+        INTERPRETED: tl.constexpr):
+    """q or k of one head for rows t, as the attention sees them: diffusers' RMSNorm over the D channels,
+    bf16(bf16(x · rsqrt(mean(x²) + eps)) · w), then with ROPE its `apply_rotary_emb` on the pairs:
+    bf16(x₂ᵢ·cos − x₂ᵢ₊₁·sin), bf16(x₂ᵢ₊₁·cos + x₂ᵢ·sin) in float32. (even, odd) [BT, D/2] float32."""
+    e, o = _tile(base, t, st, valid, BT, D)
+    r = tl.div_rn(1.0, tl.sqrt_rn((tl.sum(e * e, axis=1) + tl.sum(o * o, axis=1)) * (1.0 / D) + eps))
+    ne = _bf16(_bf16(e * r[:, None], INTERPRETED) * we[None, :], INTERPRETED)
+    no = _bf16(_bf16(o * r[:, None], INTERPRETED) * wo[None, :], INTERPRETED)
+    if ROPE:
+        return _bf16(ne * ce - no * se, INTERPRETED), _bf16(no * co + ne * so, INTERPRETED)
+    else:
+        return ne, no
+
+
+@triton.jit
+def _rotary(cos, sin, t, cs_st, valid, ROPE: tl.constexpr, BT: tl.constexpr, D: tl.constexpr):
+    """The rotary tables' rows t as (cos even, cos odd, sin even, sin odd), or four zeros without ROPE."""
+    if ROPE:
+        ce, co = _tile(cos, t, cs_st, valid, BT, D)
+        se, so = _tile(sin, t, cs_st, valid, BT, D)
+    else:
+        ce = tl.zeros((BT, D // 2), dtype=tl.float32)
+        co = ce
+        se = ce
+        so = ce
+    return ce, co, se, so
+
+
+@triton.jit
+def _eps32(eps):
+    """eps as float32 whether the caller passes 32 or 64 bits (Inductor passes Python floats as fp64)."""
+    return (tl.zeros((1,), tl.float64) + eps).to(tl.float32)
+
+
+def qkv_stats(q, k, v, q_sb, q_st, k_sb, k_st, v_sb, v_st, wq, wk, cos, sin, cs_st, part, n, chunk0, chunks, H,
+              eps, ROWS: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
+              INTERPRETED: tl.constexpr):
+    """Pass 1 over one piece of n tokens, one program per (chunk of ROWS tokens, batch × head): q and k as the
+    attention sees them (`_qk`) and v, gathered per value across the chunk in registers and reduced once at its end;
+    writes part[batch × head, chunk0 + chunk] = max |q|, then for k and for v each channel's sum, maximum and
+    minimum over the chunk's tokens (1 + 6·D floats)."""
+    chunk = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = bh % H
+    eps = _eps32(eps)
+    we, wo = _pairs(wq, D)
+    ke_w, ko_w = _pairs(wk, D)
+    q_hi = tl.zeros((BT, D // 2), dtype=tl.float32)
+    k_se = tl.zeros((BT, D // 2), dtype=tl.float32)
+    k_so = tl.zeros((BT, D // 2), dtype=tl.float32)
+    k_he = tl.full((BT, D // 2), float("-inf"), tl.float32)
+    k_ho = tl.full((BT, D // 2), float("-inf"), tl.float32)
+    k_le = tl.full((BT, D // 2), float("inf"), tl.float32)
+    k_lo = tl.full((BT, D // 2), float("inf"), tl.float32)
+    v_s = tl.zeros((BT, D), dtype=tl.float32)
+    v_h = tl.full((BT, D), float("-inf"), tl.float32)
+    v_l = tl.full((BT, D), float("inf"), tl.float32)
+    d = tl.arange(0, D)
+    for i in range(0, ROWS, BT):
+        t = (chunk * ROWS + i + tl.arange(0, BT)).to(tl.int64)
+        valid = t < n
+        ce, co, se, so = _rotary(cos, sin, t, cs_st, valid, ROPE, BT, D)
+        a, c = _qk(q + b * q_sb + h * D, t, q_st, valid, we, wo, ce, co, se, so, eps, ROPE, BT, D, INTERPRETED)
+        q_hi = tl.maximum(q_hi, tl.maximum(tl.abs(a), tl.abs(c)))
+        a, c = _qk(k + b * k_sb + h * D, t, k_st, valid, ke_w, ko_w, ce, co, se, so, eps, ROPE, BT, D, INTERPRETED)
+        k_se += a
+        k_so += c
+        m = valid[:, None]
+        k_he = tl.maximum(k_he, tl.where(m, a, float("-inf")))
+        k_ho = tl.maximum(k_ho, tl.where(m, c, float("-inf")))
+        k_le = tl.minimum(k_le, tl.where(m, a, float("inf")))
+        k_lo = tl.minimum(k_lo, tl.where(m, c, float("inf")))
+        x = tl.load(v + b * v_sb + h * D + t[:, None] * v_st + d[None, :], mask=m, other=0.0).to(tl.float32)
+        v_s += x
+        v_h = tl.maximum(v_h, tl.where(m, x, float("-inf")))
+        v_l = tl.minimum(v_l, tl.where(m, x, float("inf")))
+    row = part + (bh * chunks + chunk0 + chunk).to(tl.int64) * (1 + 6 * D)
+    tl.store(row, tl.max(tl.max(q_hi, axis=1), axis=0))
+    pairs = tl.arange(0, D // 2) * 2
+    tl.store(row + 1 + pairs, tl.sum(k_se, axis=0))
+    tl.store(row + 2 + pairs, tl.sum(k_so, axis=0))
+    tl.store(row + 1 + D + pairs, tl.max(k_he, axis=0))
+    tl.store(row + 2 + D + pairs, tl.max(k_ho, axis=0))
+    tl.store(row + 1 + 2 * D + pairs, tl.min(k_le, axis=0))
+    tl.store(row + 2 + 2 * D + pairs, tl.min(k_lo, axis=0))
+    tl.store(row + 1 + 3 * D + d, tl.sum(v_s, axis=0))
+    tl.store(row + 1 + 4 * D + d, tl.max(v_h, axis=0))
+    tl.store(row + 1 + 5 * D + d, tl.min(v_l, axis=0))
+
+
+@triton.jit
+def _centered(total, hi, lo, n):
+    """(the mean, max |x − mean| over the channels) from the sums, maxima and minima of each channel over n tokens
+    (the mean as PyTorch's: the sum × (1/n) in float32)."""
+    inv_n = tl.div_rn(tl.full((1,), 1.0, tl.float32), (tl.zeros((1,), tl.int32) + n).to(tl.float32))
+    mean = total * inv_n
+    return mean, tl.max(tl.maximum(hi - mean, mean - lo), axis=0)
+
+
+def qkv_scales(part, scales, means, n, chunks, D: tl.constexpr):
+    """Pass 2, one program per batch × head: the chunks' statistics summed in chunk order (the same bits every run);
+    scales[bh] = (descale q, k, v, then their inverses) with descale = largest |x| (K and V centred) × (1/448),
+    at least float32's smallest normal; means[bh] = (k's mean, v's mean) over the n tokens."""
+    bh = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, D)
+    one = tl.arange(0, 1)
+    qmax = tl.zeros((1,), dtype=tl.float32)
+    k_sum = tl.zeros((D,), dtype=tl.float32)
+    v_sum = tl.zeros((D,), dtype=tl.float32)
+    k_hi = tl.full((D,), float("-inf"), tl.float32)
+    v_hi = tl.full((D,), float("-inf"), tl.float32)
+    k_lo = tl.full((D,), float("inf"), tl.float32)
+    v_lo = tl.full((D,), float("inf"), tl.float32)
+    for c in range(0, chunks):
+        row = part + (bh * chunks + c) * (1 + 6 * D)
+        qmax = tl.maximum(qmax, tl.load(row + one))
+        k_sum += tl.load(row + 1 + d)
+        k_hi = tl.maximum(k_hi, tl.load(row + 1 + D + d))
+        k_lo = tl.minimum(k_lo, tl.load(row + 1 + 2 * D + d))
+        v_sum += tl.load(row + 1 + 3 * D + d)
+        v_hi = tl.maximum(v_hi, tl.load(row + 1 + 4 * D + d))
+        v_lo = tl.minimum(v_lo, tl.load(row + 1 + 5 * D + d))
+    k_mean, k_amax = _centered(k_sum, k_hi, k_lo, n)
+    v_mean, v_amax = _centered(v_sum, v_hi, v_lo, n)
+    tiny = 1.1754943508222875e-38
+    dq = tl.maximum(qmax * 0.002232142857142857, tiny)           # × (1/448) in float32
+    dk = tl.zeros((1,), dtype=tl.float32) + tl.maximum(k_amax * 0.002232142857142857, tiny)
+    dv = tl.zeros((1,), dtype=tl.float32) + tl.maximum(v_amax * 0.002232142857142857, tiny)
+    at = scales + bh * 6 + one
+    tl.store(at, dq)
+    tl.store(at + 1, dk)
+    tl.store(at + 2, dv)
+    tl.store(at + 3, tl.div_rn(tl.full((1,), 1.0, tl.float32), dq))
+    tl.store(at + 4, tl.div_rn(tl.full((1,), 1.0, tl.float32), dk))
+    tl.store(at + 5, tl.div_rn(tl.full((1,), 1.0, tl.float32), dv))
+    tl.store(means + bh * 2 * D + d, k_mean)
+    tl.store(means + bh * 2 * D + D + d, v_mean)
+
+
+@triton.jit
+def _put(out, even, odd, inv, valid, BT: tl.constexpr, D: tl.constexpr):
+    """out rows (pointers of row starts, [BT]) = e4m3(clamp(x · inv, ±448)) of the pairs joined back, in out's dtype
+    (the tests: float32, before rounding)."""
+    x = tl.reshape(tl.join(even, odd), (BT, D))
+    x = tl.clamp(x * inv, -448.0, 448.0)
+    tl.store(out[:, None] + tl.arange(0, D)[None, :], x.to(out.dtype.element_ty), mask=valid[:, None])
+
+
+def qkv_quantize(q, k, v, q_sb, q_st, k_sb, k_st, v_sb, v_st, wq, wk, cos, sin, cs_st, scales, means, q8, k8, v8,
+                 n, tok0, n_all, H, eps, BT: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
+                 INTERPRETED: tl.constexpr):
+    """Pass 3 over one piece of n tokens (tokens tok0… of the n_all of q8/k8/v8), one program per (BT tokens,
+    batch × head): q, k and v again as in pass 1 (the same bits), K and V less their means, each times its head's
+    inverse descale, rounded to e4m3 into (batch, tokens, heads, D)."""
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = bh % H
+    bh64 = bh.to(tl.int64)
+    eps = _eps32(eps)
+    t = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)
+    valid = t < n
+    sc = scales + bh64 * 6
+    ce, co, se, so = _rotary(cos, sin, t, cs_st, valid, ROPE, BT, D)
+    out = ((b * n_all + tok0 + t) * H + h) * D
+    we, wo = _pairs(wq, D)
+    a, c = _qk(q + b * q_sb + h * D, t, q_st, valid, we, wo, ce, co, se, so, eps, ROPE, BT, D, INTERPRETED)
+    _put(q8 + out, a, c, tl.load(sc + 3), valid, BT, D)
+    we, wo = _pairs(wk, D)
+    me, mo = _pairs(means + bh64 * 2 * D, D)
+    a, c = _qk(k + b * k_sb + h * D, t, k_st, valid, we, wo, ce, co, se, so, eps, ROPE, BT, D, INTERPRETED)
+    _put(k8 + out, a - me[None, :], c - mo[None, :], tl.load(sc + 4), valid, BT, D)
+    x = tl.load(v + b * v_sb + h * D + t[:, None] * v_st + tl.arange(0, D)[None, :], mask=valid[:, None],
+                other=0.0).to(tl.float32)
+    mv = tl.load(means + bh64 * 2 * D + D + tl.arange(0, D))
+    x = tl.clamp((x - mv[None, :]) * tl.load(sc + 5), -448.0, 448.0)
+    tl.store(v8 + out[:, None] + tl.arange(0, D)[None, :], x.to(v8.dtype.element_ty), mask=valid[:, None])
+
+
+stats_jit = triton.jit(qkv_stats)
+scales_jit = triton.jit(qkv_scales)
+quantize_jit = triton.jit(qkv_quantize)

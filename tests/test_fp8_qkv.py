@@ -1,0 +1,189 @@
+"""fp8 attention's inputs from the q/k/v products in three Triton passes (rocm/fp8_qkv.py): the kernels in Triton's
+interpreter on the CPU against diffusers' norm and rotary steps followed by rocm/fp8_attention.py's quantization for
+FlashAttention-3, and the blocks' attention form (pipeline/block_forms.py) that calls them, against diffusers'
+processor."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline import block_forms
+from rocm import fp8_attention as fa
+from rocm import fp8_qkv, sdpa
+
+ROOT = Path(__file__).resolve().parents[1]
+D = 128
+
+
+def reference(pieces, weights, cos, sin, eps):
+    """What the passes compute, the way the code before them did: diffusers' RMSNorm and `apply_rotary_emb` on the
+    video's tokens, the tokens joined, then `fp8_attention.quantize(..., kernel=FA3)`; in the passes' output forms."""
+    from diffusers.models.embeddings import apply_rotary_emb
+    from diffusers.models.normalization import RMSNorm
+
+    heads = pieces[0].shape[-1] // D
+
+    def norm(x, w):
+        m = RMSNorm(D, eps=eps).to(w.dtype).requires_grad_(False)
+        m.weight.data.copy_(w)
+        return m(x.unflatten(2, (heads, D)))
+
+    def qk(a, b, wa, wb):
+        return torch.cat([apply_rotary_emb(norm(a, wa), (cos, sin), sequence_dim=1), norm(b, wb)], dim=1)
+
+    q, k = qk(pieces[0], pieces[1], weights[0], weights[1]), qk(pieces[2], pieces[3], weights[2], weights[3])
+    v = torch.cat([pieces[4], pieces[5]], dim=1).unflatten(2, (heads, D))
+    with torch.no_grad():
+        z = fa.quantize(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), kernel=fa.FA3)
+    b = q.shape[0]
+    descales = torch.stack([t.reshape(b * heads) for t in (z.descale_q, z.descale_k, z.descale_v)], dim=1)
+    scales = torch.cat([descales, 1.0 / descales], dim=1)
+    k_mean = k.float().mean(dim=1).reshape(b * heads, D)
+    means = torch.stack([k_mean, z.v_mean.reshape(b * heads, D)], dim=1)
+    return (*(t.transpose(1, 2).contiguous() for t in (z.q, z.k, z.v)), scales, means)
+
+
+def make(batch=2, heads=2, n_a=40, n_b=9, single=False, seed=0):
+    """Pieces, weights and rotary tables of one attention call (K and V with offsets for the smoothing to take)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, scale=1.0, shift=0.0):
+        return (torch.randn(*shape, generator=g) * scale + shift).bfloat16()
+
+    if single:
+        q, k, v = r(batch, n_a + n_b, heads * D, scale=2), r(batch, n_a + n_b, heads * D, scale=2, shift=3.0), \
+            r(batch, n_a + n_b, heads * D)
+        pieces = [q[:, :n_a], q[:, n_a:], k[:, :n_a], k[:, n_a:], v[:, :n_a], v[:, n_a:]]
+        wq, wk = r(D, shift=1.0), r(D, shift=1.0)
+        weights = [wq, wq, wk, wk]
+    else:
+        pieces = [r(batch, n_a, heads * D, scale=2), r(batch, n_b, heads * D, scale=2),
+                  r(batch, n_a, heads * D, scale=2, shift=3.0), r(batch, n_b, heads * D, shift=-1.0),
+                  r(batch, n_a, heads * D), r(batch, n_b, heads * D, shift=2.0)]
+        weights = [r(D, shift=1.0) for _ in range(4)]
+    angles = torch.rand(n_a, D // 2, generator=g) * 6
+    cos = angles.cos().repeat_interleave(2, dim=1).contiguous()
+    sin = angles.sin().repeat_interleave(2, dim=1).contiguous()
+    return pieces, weights, cos, sin
+
+
+# Run in a process of its own: Triton's interpreter is chosen before Triton is imported. The kernels write float32
+# (the values before their e4m3 rounding: the interpreter rounds to fp8 by truncating, the GPU to nearest as
+# PyTorch does), so the test rounds them with PyTorch.
+_INTERPRETED = textwrap.dedent("""
+    import json, torch
+    from rocm import fp8_qkv, fp8_qkv_kernel
+    from rocm.fp8_attention import FP8
+    from tests.test_fp8_qkv import make, reference
+    kernels = fp8_qkv._Jitted(fp8_qkv_kernel, lambda k: k)
+    results = {}
+    for name, single, rows, bt in (("double-stream", False, 16, 8), ("single-stream", True, 24, 8),
+                                   ("one chunk", False, 256, 16)):
+        pieces, weights, cos, sin = make(single=single)
+        shape = (2, 49, 2, 128)
+        q8, k8, v8 = (torch.full(shape, float("nan")) for _ in range(3))
+        scales, means = fp8_qkv.launch(kernels, pieces, weights, cos, sin, 1e-6, q8, k8, v8, rows=rows, stats_bt=bt,
+                                       bt=bt, interpreted=True)
+        want = reference(pieces, weights, cos, sin, 1e-6)
+        r = {"nan": any(bool(t.isnan().any()) for t in (q8, k8, v8, scales, means))}
+        for i, key in enumerate("qkv"):
+            got = (q8, k8, v8)[i].to(FP8).view(torch.uint8)
+            r[key + " differ"] = int((got != want[i].view(torch.uint8)).sum())
+        r["scales rel"] = float(((scales - want[3]).abs() / want[3]).max())
+        r["means abs"] = float((means - want[4]).abs().max())
+        r["largest code"] = float(q8.to(FP8).float().abs().amax())
+        results[name] = r
+    print(json.dumps(results))
+""")
+
+
+def test_the_passes_in_tritons_interpreter_quantize_as_the_steps_before_them():
+    """Norm, rotary, smoothing and the head scales: the e4m3 values of the steps they replace (diffusers' norm and
+    rotary, then fp8_attention.quantize for FlashAttention-3), for the two pieces of a double-stream block, the views
+    of one single-stream product, several chunks of tokens and one; descales and means a float32 rounding apart."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(results) == {"double-stream", "single-stream", "one chunk"}
+    for name, r in results.items():
+        assert not r["nan"], name                       # every value, scale and mean written
+        for key in "qkv":                               # of 25,088 each; sums in another order may move one
+            assert r[key + " differ"] <= 25, (name, key, r)
+        assert r["scales rel"] < 1e-6 and r["means abs"] < 1e-5, (name, r)
+        assert r["largest code"] == 448.0, name         # each head's largest |q| maps to e4m3's largest
+
+
+def test_the_passes_are_chosen_for_bf16_heads_of_128_on_an_nvidia_gpu_only(monkeypatch):
+    pieces, weights, cos, sin = make()
+    monkeypatch.setitem(fp8_qkv._READY, "op", object())         # as if prepared
+    assert not fp8_qkv.usable(pieces, weights, cos, sin)        # the CPU
+    meta = [p.to("meta") for p in pieces]
+    assert not fp8_qkv.usable(meta, weights, cos, sin)
+    monkeypatch.setitem(fp8_qkv._READY, "op", None)             # not prepared (no Triton): never
+    assert not fp8_qkv.ready()
+
+
+@pytest.fixture(scope="module")
+def blocks_128():
+    """A transformer of the tiny preset with heads of 128 (2 heads), bf16, one block of each kind."""
+    from diffusers import HunyuanVideoFramepackTransformer3DModel
+
+    from configs.presets import PRESETS
+
+    cfg = dict(PRESETS["tiny"].tiny_configs["transformer"])
+    cfg.update(num_attention_heads=2, attention_head_dim=128, num_layers=1, num_single_layers=1)
+    torch.manual_seed(0)
+    tr = HunyuanVideoFramepackTransformer3DModel(**cfg).eval().requires_grad_(False).to(torch.bfloat16)
+    return tr.transformer_blocks[0], tr.single_transformer_blocks[0]
+
+
+@pytest.mark.parametrize("kind", ["double-stream", "single-stream"])
+def test_the_attention_form_quantizes_through_the_passes_while_compiled_under_fp8(blocks_128, kind, monkeypatch):
+    """The blocks' attention form under fp8 attention through FlashAttention-3 while compiling: the products' outputs
+    go to the passes as the video's and the prompt's pieces with their norm weights (the reference here stands for
+    the kernels on the CPU), then to the fp8 attention operator (here its bf16 fallback on the dequantized inputs),
+    V's mean added back: close to diffusers' processor. Not compiling, or without the setting: diffusers' bits."""
+    import copy
+
+    block = copy.deepcopy(blocks_128[0 if kind == "double-stream" else 1])
+    block_forms.fuse_blocks([block])
+    attn = block.attn
+    assert type(attn.processor).__name__ == "FusedHunyuanVideoAttnProcessor"
+    g = torch.Generator().manual_seed(1)
+    width = attn.to_q.in_features
+    video, text = (torch.randn(1, 24, width, generator=g).bfloat16(), torch.randn(1, 6, width, generator=g).bfloat16())
+    _, _, cos, sin = make(n_a=24)
+    plain = type(attn.processor).__mro__[2].__call__(attn.processor, attn, video, text, None, (cos, sin))  # diffusers'
+    assert all(torch.equal(a, b) for a, b in zip(attn(video, text, image_rotary_emb=(cos, sin)), plain))
+    seen = []
+
+    def passes(pieces, weights, cos_, sin_, eps):
+        seen.append(([tuple(p.shape) for p in pieces], [w.data_ptr() for w in weights]))
+        return reference(pieces, weights, cos_, sin_, eps)
+
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(sdpa, "fp8_prequantized", lambda: True)
+    monkeypatch.setattr(fp8_qkv, "usable", lambda *a: True)
+    monkeypatch.setattr(fp8_qkv, "quantize", passes)
+    monkeypatch.setattr(sdpa, "_FP8_FAILED", ["FlashAttention-3 absent on the CPU"])     # the operator's fallback
+    got = attn(video, text, image_rotary_emb=(cos, sin))
+    norms = (attn.norm_q, attn.norm_k) if kind == "single-stream" else (attn.norm_q, attn.norm_added_q,
+                                                                        attn.norm_k, attn.norm_added_k)
+    expect = [n.weight.data_ptr() for n in norms]
+    expect = [expect[0], expect[0], expect[1], expect[1]] if kind == "single-stream" else expect
+    inner = attn.to_q.out_features
+    assert seen == [([(1, 24, inner), (1, 6, inner)] * 3, expect)]
+    for a, b in zip(got, plain):
+        assert a.shape == b.shape
+        assert float((a.float() - b.float()).norm() / b.float().norm()) < 0.05     # e4m3's rounding of q/k/v
+    monkeypatch.setattr(sdpa, "fp8_prequantized", lambda: False)    # the setting off: diffusers' call
+    assert all(torch.equal(a, b) for a, b in zip(attn(video, text, image_rotary_emb=(cos, sin)), plain))
