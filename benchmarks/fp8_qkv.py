@@ -1,0 +1,123 @@
+"""fp8 attention's inputs in the compiled blocks: rocm/fp8_qkv.py's three Triton passes at the full-size step's
+shapes, for a few launch settings, against the steps they replace run eagerly (issue 46).
+
+    python3 benchmarks/fp8_qkv.py --out fp8_qkv.json          # an NVIDIA GPU with Triton; ~1 minute
+
+For the single-stream blocks (q, k, v as one product each over 17,500 video + 985 prompt tokens × 3,072: the pieces
+are views) and the double-stream blocks (the video's and the prompt's products apart), each setting (tokens per
+statistics program, tokens and warps of the statistics and quantization programs) is timed with CUDA events (median
+of `--reps`), beside the floor at the GPU's memory bandwidth (`--bandwidth`, 4.8 TB/s on an H200: q, k, v read twice
+and the e4m3 tensors written once). The default setting's e4m3 values are compared with diffusers' norm and rotary
+steps followed by `rocm.fp8_attention.quantize` for FlashAttention-3, eagerly: the count of values that differ.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+if not __package__:          # `python3 benchmarks/<this>.py`: run again as a module (benchmarks/_script.py)
+    import _script
+
+    _script.as_module(__file__)
+
+import torch  # noqa: E402
+
+from benchmarks.attention import timed  # noqa: E402
+from rocm import fp8_attention as fa  # noqa: E402
+from rocm import fp8_qkv  # noqa: E402
+
+log = logging.getLogger("benchmarks.fp8_qkv")
+VIDEO, PROMPT, HEADS, D = 17_500, 985, 24, 128
+SETTINGS = (   # (tokens per statistics program, its tokens at once, its warps, quantization tokens, its warps)
+    (fp8_qkv.ROWS, fp8_qkv.STATS_BT, fp8_qkv.STATS_WARPS, fp8_qkv.BT, fp8_qkv.WARPS),
+    (512, 16, 8, 32, 4),
+    (256, 32, 8, 16, 4),
+    (128, 8, 4, 8, 1),
+)
+
+
+def _inputs(single: bool, dev: torch.device):
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def r(*shape, shift=0.0):
+        return (torch.randn(*shape, generator=g, device=dev) + shift).bfloat16()
+
+    if single:
+        q, k, v = (r(1, VIDEO + PROMPT, HEADS * D, shift=s) for s in (0.0, 2.0, 0.5))
+        pieces = [q[:, :VIDEO], q[:, VIDEO:], k[:, :VIDEO], k[:, VIDEO:], v[:, :VIDEO], v[:, VIDEO:]]
+        wq, wk = r(D, shift=1.0), r(D, shift=1.0)
+        weights = [wq, wq, wk, wk]
+    else:
+        pieces = [r(1, n, HEADS * D, shift=s) for s in (0.0, 2.0, 0.5) for n in (VIDEO, PROMPT)]
+        weights = [r(D, shift=1.0) for _ in range(4)]
+    angles = torch.rand(VIDEO, D // 2, generator=g, device=dev) * 6
+    cos = angles.cos().repeat_interleave(2, dim=1).contiguous()
+    sin = angles.sin().repeat_interleave(2, dim=1).contiguous()
+    return pieces, weights, cos, sin
+
+
+def _eager(pieces, weights, cos, sin, eps):
+    """diffusers' steps and rocm.fp8_attention.quantize (FlashAttention-3's form): (q8, k8, v8) (batch, tokens,
+    heads, dim)."""
+    from diffusers.models.embeddings import apply_rotary_emb
+    from diffusers.models.normalization import RMSNorm
+
+    def norm(x, w):
+        m = RMSNorm(D, eps=eps).to(device=w.device, dtype=w.dtype).requires_grad_(False)
+        m.weight.data.copy_(w)
+        return m(x.unflatten(2, (HEADS, D)))
+
+    def qk(a, b, wa, wb):
+        return torch.cat([apply_rotary_emb(norm(a, wa), (cos, sin), sequence_dim=1), norm(b, wb)], dim=1)
+
+    q, k = qk(pieces[0], pieces[1], weights[0], weights[1]), qk(pieces[2], pieces[3], weights[2], weights[3])
+    v = torch.cat([pieces[4], pieces[5]], dim=1).unflatten(2, (HEADS, D))
+    z = fa.quantize(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), kernel=fa.FA3)
+    return [t.transpose(1, 2) for t in (z.q, z.k, z.v)]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--bandwidth", type=float, default=4.8e12)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    dev = torch.device("cuda")
+    assert fp8_qkv.prepare(), "Triton does not import here"
+    kernels = fp8_qkv._Jitted(fp8_qkv._READY["kernels"], lambda k: k)
+    n = VIDEO + PROMPT
+    floor_ms = (3 * n * HEADS * D * 2 * 2 + 3 * n * HEADS * D) / args.bandwidth * 1e3
+    rows = []
+    with torch.no_grad():
+        for single in (True, False):
+            pieces, weights, cos, sin = _inputs(single, dev)
+            out = [torch.empty((1, n, HEADS, D), dtype=fa.FP8, device=dev) for _ in range(3)]
+            want = _eager(pieces, weights, cos, sin, 1e-6)
+            for i, (r_, sbt, sw, bt, w) in enumerate(SETTINGS):
+                def run():
+                    return fp8_qkv.launch(kernels, pieces, weights, cos, sin, 1e-6, *out, rows=r_, stats_bt=sbt,
+                                          stats_warps=sw, bt=bt, warps=w)
+                ms = timed(run, args.reps)
+                row = {"block": "single-stream" if single else "double-stream", "rows": r_, "stats_bt": sbt,
+                       "stats_warps": sw, "bt": bt, "warps": w, "ms": round(ms, 4), "floor_ms": round(floor_ms, 4),
+                       "GB/s": round((3 * n * HEADS * D * 5) / ms / 1e6, 1)}
+                if i == 0:
+                    run()
+                    row["values that differ from eager"] = [int((a.view(torch.uint8) != b.view(torch.uint8)).sum())
+                                                            for a, b in zip(out, want)]
+                rows.append(row)
+                log.info("%s", row)
+    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                    "rows": rows}, indent=1))
+    print("| block | rows | stats bt/warps | quant bt/warps | ms | floor ms | values differing from eager |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(f"| {r['block']} | {r['rows']} | {r['stats_bt']}/{r['stats_warps']} | {r['bt']}/{r['warps']} | "
+              f"{r['ms']:.3f} | {r['floor_ms']:.3f} | {r.get('values that differ from eager', '')} |")
+
+
+if __name__ == "__main__":
+    main()
