@@ -37,7 +37,6 @@ from rocm.fp8_attention import FP8
 ROWS = 256              # tokens per program in the statistics pass (partials: 1 + 6·128 floats each)
 STATS_BT, STATS_WARPS = 16, 8       # the statistics pass: tokens held at once, warps per program
 BT, WARPS = 16, 2                   # the quantization pass: the same
-SCALES_CB = 16                      # the scales' pass: chunks read at once
 _READY: dict[str, object] = {}      # "kernels": rocm/fp8_qkv_kernel.py, "op": its operator (`prepare`)
 
 
@@ -106,7 +105,7 @@ def launch(kernels, pieces: Sequence[torch.Tensor], weights: Sequence[torch.Tens
         kernels.stats[(chunks[p], batch * heads)](*args, part, m, chunks[0] if p else 0, sum(chunks), heads, eps,
                                                   ROWS=rows, BT=stats_bt, D=d, ROPE=rope, INTERPRETED=interpreted,
                                                   num_warps=stats_warps)
-    kernels.scales[(batch * heads,)](part, scales, means, n, sum(chunks), D=d, CB=SCALES_CB, num_warps=8)
+    kernels.scales[(batch * heads,)](part, scales, means, n, sum(chunks), D=d, num_warps=4)
     for p, (m, rope) in enumerate(zip(sizes, (True, False))):
         if not m:
             continue

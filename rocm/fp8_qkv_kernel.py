@@ -136,39 +136,34 @@ def _centered(total, hi, lo, n):
     return mean, tl.max(tl.maximum(hi - mean, mean - lo), axis=0)
 
 
-def qkv_scales(part, scales, means, n, chunks, D: tl.constexpr, CB: tl.constexpr):
-    """Pass 2, one program per batch × head: the chunks' statistics gathered CB chunks at a time (each accumulator
-    keeps its chunk's column) and reduced once at the end, in a fixed order (the same bits every run); scales[bh]
-    = (descale q, k, v, then their inverses) with descale = largest |x| (K and V centred) × (1/448), at least
-    float32's smallest normal; means[bh] = (k's mean, v's mean) over the n tokens."""
+def qkv_scales(part, scales, means, n, chunks, D: tl.constexpr):
+    """Pass 2, one program per batch × head: the chunks' statistics summed in chunk order (the same bits every run);
+    scales[bh] = (descale q, k, v, then their inverses) with descale = largest |x| (K and V centred) × (1/448),
+    at least float32's smallest normal; means[bh] = (k's mean, v's mean) over the n tokens."""
     bh = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, D)
-    q_hi = tl.zeros((CB,), dtype=tl.float32)
-    k_sum = tl.zeros((CB, D), dtype=tl.float32)
-    v_sum = tl.zeros((CB, D), dtype=tl.float32)
-    k_hi = tl.full((CB, D), float("-inf"), tl.float32)
-    v_hi = tl.full((CB, D), float("-inf"), tl.float32)
-    k_lo = tl.full((CB, D), float("inf"), tl.float32)
-    v_lo = tl.full((CB, D), float("inf"), tl.float32)
-    for c0 in range(0, chunks, CB):
-        c = c0 + tl.arange(0, CB)
-        live = c < chunks
-        rows = part + (bh * chunks + c) * (1 + 6 * D)
-        q_hi = tl.maximum(q_hi, tl.load(rows, mask=live, other=0.0))
-        at = rows[:, None] + 1 + d[None, :]
-        m = live[:, None]
-        k_sum += tl.load(at, mask=m, other=0.0)
-        k_hi = tl.maximum(k_hi, tl.load(at + D, mask=m, other=float("-inf")))
-        k_lo = tl.minimum(k_lo, tl.load(at + 2 * D, mask=m, other=float("inf")))
-        v_sum += tl.load(at + 3 * D, mask=m, other=0.0)
-        v_hi = tl.maximum(v_hi, tl.load(at + 4 * D, mask=m, other=float("-inf")))
-        v_lo = tl.minimum(v_lo, tl.load(at + 5 * D, mask=m, other=float("inf")))
-    k_mean, k_amax = _centered(tl.sum(k_sum, axis=0), tl.max(k_hi, axis=0), tl.min(k_lo, axis=0), n)
-    v_mean, v_amax = _centered(tl.sum(v_sum, axis=0), tl.max(v_hi, axis=0), tl.min(v_lo, axis=0), n)
-    tiny = 1.1754943508222875e-38
     one = tl.arange(0, 1)
-    dq = tl.zeros((1,), dtype=tl.float32) + tl.maximum(tl.max(q_hi, axis=0) * 0.002232142857142857, tiny)
-    dk = tl.zeros((1,), dtype=tl.float32) + tl.maximum(k_amax * 0.002232142857142857, tiny)     # × (1/448)
+    qmax = tl.zeros((1,), dtype=tl.float32)
+    k_sum = tl.zeros((D,), dtype=tl.float32)
+    v_sum = tl.zeros((D,), dtype=tl.float32)
+    k_hi = tl.full((D,), float("-inf"), tl.float32)
+    v_hi = tl.full((D,), float("-inf"), tl.float32)
+    k_lo = tl.full((D,), float("inf"), tl.float32)
+    v_lo = tl.full((D,), float("inf"), tl.float32)
+    for c in range(0, chunks):
+        row = part + (bh * chunks + c) * (1 + 6 * D)
+        qmax = tl.maximum(qmax, tl.load(row + one))
+        k_sum += tl.load(row + 1 + d)
+        k_hi = tl.maximum(k_hi, tl.load(row + 1 + D + d))
+        k_lo = tl.minimum(k_lo, tl.load(row + 1 + 2 * D + d))
+        v_sum += tl.load(row + 1 + 3 * D + d)
+        v_hi = tl.maximum(v_hi, tl.load(row + 1 + 4 * D + d))
+        v_lo = tl.minimum(v_lo, tl.load(row + 1 + 5 * D + d))
+    k_mean, k_amax = _centered(k_sum, k_hi, k_lo, n)
+    v_mean, v_amax = _centered(v_sum, v_hi, v_lo, n)
+    tiny = 1.1754943508222875e-38
+    dq = tl.maximum(qmax * 0.002232142857142857, tiny)           # × (1/448) in float32
+    dk = tl.zeros((1,), dtype=tl.float32) + tl.maximum(k_amax * 0.002232142857142857, tiny)
     dv = tl.zeros((1,), dtype=tl.float32) + tl.maximum(v_amax * 0.002232142857142857, tiny)
     at = scales + bh * 6 + one
     tl.store(at, dq)
