@@ -29,6 +29,11 @@ Under fp8 compute the MLP's output Linear (`Fp8Linear`, products of its own) tak
 `gelu_rows` applies it while quantizing its input per token, one pass over the rows with the attention's output
 read in place (pipeline/fp8_rows.py), in the single-stream blocks (`single_block_forward`) and the double-stream
 blocks' MLPs (diffusers' `FeedForward`, given a compiled form here the way its GELU module is).
+Under fp8 attention through FlashAttention-3 the blocks' attention processors (diffusers'
+`HunyuanVideoAttnProcessor2_0`) take a compiled form too: the q/k/v products' outputs go straight to
+rocm/fp8_qkv.py's Triton passes (the q/k norms, the rotary embedding, K and V's smoothing and the head scales, with
+nothing written in bf16 between) and the kernel, instead of diffusers' steps and the attention guard's
+quantization; every other case keeps diffusers' processor.
 """
 from __future__ import annotations
 

@@ -28,7 +28,9 @@ fastest), else through cuDNN's via the cuDNN frontend: `fa.kernel`, chosen once 
 first turned on. In compiled blocks the quantization is traced into the
 block's graph (Inductor fuses it with what comes before) and the kernel is a second opaque operator,
 `steadyframe::fp8_attention`, whose output leaves V's mean to the graph (added where the output is read, not in a
-pass of its own: 10 ms a step in the profile); dynamo guards on the switch, so each setting has its graph (compiled once per
+pass of its own: 10 ms a step in the profile); with FlashAttention-3 the blocks' attention form (pipeline/block_forms.py)
+quantizes the inputs itself in rocm/fp8_qkv.py's Triton passes and calls a third operator,
+`steadyframe::fp8_attention_quantized` (`fp8_prequantized` says when); dynamo guards on the switch, so each setting has its graph (compiled once per
 process, reused by every later job). A call that does not fit, and every call after the frontend failed once in
 the process (one warning), runs in bf16 as without the setting.
 """
