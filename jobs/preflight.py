@@ -100,7 +100,7 @@ class Preflight:
         workload = Workload(prepared.height, prepared.width, request.latent_window)
         try:
             nominal_plan(self.preset, request.mode, self.config.vram_cap_gb, request.preserved_gb, self.device_type,
-                         self.config.host_ram_gb, self.config.weight_storage, workload)
+                         self.config.host_ram_gb, self.config.weight_storage, workload, self.config.fp8_compute)
         except HostBudgetError as e:
             return str(e)
         return None

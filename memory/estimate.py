@@ -30,13 +30,16 @@ def _items(cfg) -> tuple:
 
 
 @lru_cache(maxsize=16)
-def _chunk_sizes(kind: str, config_items: tuple, dtype_bytes: int, files: bool = False
+def _chunk_sizes(kind: str, config_items: tuple, dtype_bytes: int, files: bool = False, kept: bool = False
                  ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(bytes per chunk in the model's dtype, bytes per chunk in fp8 storage); chunk 0 is the rest, then blocks.
-    `files`: the weights are read from files (the Llama's embedding is then no chunk)."""
+    `files`: the weights are read from files (the Llama's embedding is then no chunk). `kept`: fp8 compute's Linears
+    (memory/fp8.py `compute_target`) kept in fp8 in the first, as memory/chunk.py lays them out on the device and,
+    without fp8 storage, in host RAM."""
     import torch
 
     from memory import fp8
+    from memory.chunk import ALIGN as _ALIGN
     from memory.chunk import _align
     from memory.hostpack import block_list
 
@@ -56,6 +59,7 @@ def _chunk_sizes(kind: str, config_items: tuple, dtype_bytes: int, files: bool =
     blocks = block_list(model)
     in_blocks = {id(m) for b in blocks for m in b.modules()}
     groups = [[m for m in model.modules() if id(m) not in in_blocks]] + [list(b.modules()) for b in blocks]
+    names = {id(m): n for n, m in model.named_modules()}
     plain, stored = [], []
     for modules in groups:
         a = b = 0
@@ -63,12 +67,16 @@ def _chunk_sizes(kind: str, config_items: tuple, dtype_bytes: int, files: bool =
             for name, p in m._parameters.items():
                 if p is None:
                     continue
-                a += _align(p.numel() * dtype_bytes)
+                whole = _align(p.numel() * dtype_bytes)
                 if fp8.quantizable(m, name, p):
                     values, scales = fp8.stored_bytes(tuple(p.shape))
                     b += _align(values) + _align(scales)
+                    keep = kept and fp8.compute_target(names[id(m)], m) \
+                        and fp8.kept_fits(tuple(p.shape), whole, _ALIGN)
+                    a += _align(values) + _align(scales) if keep else whole
                 else:
-                    b += _align(p.numel() * dtype_bytes)
+                    b += whole
+                    a += whole
         plain.append(a)
         stored.append(b)
     return tuple(plain), tuple(stored)
@@ -89,12 +97,12 @@ def _hidden(config_items: tuple) -> int:
 
 
 def nominal_transformer_plan(preset, cap_gb: float, preserved_gb: float, workload: Workload = Workload(),
-                             weight_storage: str = "native") -> ResidencyPlan:
+                             weight_storage: str = "native", fp8_compute: bool = False) -> ResidencyPlan:
     """What of the transformer stays on the GPU for a job of `workload` (its bucket and window): the same rule
     (memory/plan.py `transformer_residency`) on the same sizes as the planner when the job runs
-    (memory/budget.py), from the config alone."""
+    (memory/budget.py), from the config alone; with `fp8_compute` its Linears kept in fp8 on the device."""
     items, dtype_bytes = _transformer_config(preset)
-    plain, stored = _chunk_sizes("transformer", items, dtype_bytes)
+    plain, stored = _chunk_sizes("transformer", items, dtype_bytes, kept=fp8_compute)
     stage = max((s for s, p in zip(stored[1:], plain[1:]) if s != p), default=0) if weight_storage == "fp8" else 0
     return transformer_residency(plain[1:], plain[0], int(cap_gb * GIB), int(preserved_gb * GIB), workload,
                                  _hidden(items), dtype_bytes, slot_count=MEMORY.prefetch_depth + 1,
@@ -102,11 +110,13 @@ def nominal_transformer_plan(preset, cap_gb: float, preserved_gb: float, workloa
 
 
 def nominal_models(preset, mode: str, cap_gb: float, preserved_gb: float, device_type: str,
-                   weight_storage: str = "native", workload: Workload = Workload()) -> list[ModelHost]:
+                   weight_storage: str = "native", workload: Workload = Workload(),
+                   fp8_compute: bool = False) -> list[ModelHost]:
     gpu = device_type == "cuda"
     quant = weight_storage == "fp8"
     items, dtype_bytes = _transformer_config(preset)
     tr = _chunk_sizes("transformer", items, dtype_bytes)
+    laid = _chunk_sizes("transformer", items, dtype_bytes, kept=True)[0] if fp8_compute else tr[0]   # device layout
     if preset.tiny:
         llama = _chunk_sizes("llama", _items(preset.tiny_configs["llama"]), 4)
         small = {"text_encoder_2": 0.001, "vae": 0.001, "image_encoder": 0.001}
@@ -115,17 +125,18 @@ def nominal_models(preset, mode: str, cap_gb: float, preserved_gb: float, device
         small = {r: getattr(preset, r).size_gb for r in ("text_encoder_2", "vae", "image_encoder")}
     files = not preset.tiny
     out = []
-    for name, (plain, stored) in (("text_encoder", llama), ("transformer", tr)):
-        chunk_bytes = stored if quant else plain
+    for name, (plain, stored), device in (("text_encoder", llama, llama[0]), ("transformer", tr, laid)):
+        chunk_bytes = stored if quant else device
         streamed: tuple[int, ...] = ()
         if gpu and name == "transformer":
-            streamed = nominal_transformer_plan(preset, cap_gb, preserved_gb, workload, weight_storage).streamed
+            streamed = nominal_transformer_plan(preset, cap_gb, preserved_gb, workload, weight_storage,
+                                                fp8_compute).streamed
         elif gpu:
             text = text_residency(plain[1:], plain[0], int(small["text_encoder_2"] * GB), int(cap_gb * GIB),
                                   slot_count=MEMORY.prefetch_depth + 1)
             streamed = text.streamed if text is not None else ()
         chunks = frozenset(i + 1 for i in streamed)
-        transient = tuple((chunk_bytes[i] if i in chunks else 0) if gpu else plain[i] for i in range(len(plain)))
+        transient = tuple((chunk_bytes[i] if i in chunks else 0) if gpu else device[i] for i in range(len(plain)))
         out.append(ModelHost(name, chunk_bytes, tuple(plain) if files else None, transient, chunks))
     for name, size in small.items():
         b = int(size * GB)           # the presets' sizes are the hub's decimal GB
@@ -144,11 +155,12 @@ def nominal_overhead(device_type: str, workload: Workload = Workload()) -> int:
 
 def nominal_plan(preset, mode: str, cap_gb: float, preserved_gb: float, device_type: str,
                  host_ram_gb: float | None = None, weight_storage: str = "native",
-                 workload: Workload = Workload()) -> HostPlan:
+                 workload: Workload = Workload(), fp8_compute: bool = False) -> HostPlan:
     """The host plan of a default-length job of `workload` (a request's bucket and window; the default: the nominal
-    608×640); raises HostBudgetError (with the minimum) if none fits."""
+    608×640; `fp8_compute`: the transformer's Linears kept in fp8); raises HostBudgetError (with the minimum) if
+    none fits."""
     budget = int(host_ram_gb * GIB) if host_ram_gb is not None else default_host_budget()[0]
-    models = nominal_models(preset, mode, cap_gb, preserved_gb, device_type, weight_storage, workload)
+    models = nominal_models(preset, mode, cap_gb, preserved_gb, device_type, weight_storage, workload, fp8_compute)
     return plan_host(models, FRAMEPACK_STAGES, NOMINAL_SECTIONS, budget, nominal_overhead(device_type, workload),
                      int(MEMORY.host_reserve_gb * GIB), pinned=device_type == "cuda" and MEMORY.pin_host_memory,
                      gpu=device_type == "cuda")
@@ -156,25 +168,27 @@ def nominal_plan(preset, mode: str, cap_gb: float, preserved_gb: float, device_t
 
 def describe_preserved(preset, cap_gb: float, preserved_gb: float, device_type: str,
                        host_ram_gb: float | None = None, weight_storage: str = "native",
-                       size: tuple[int, int] = (608, 640), window: int = 9) -> str:
+                       size: tuple[int, int] = (608, 640), window: int = 9, fp8_compute: bool = False) -> str:
     """What the preserved-memory slider means on this machine, in one line (the UI shows it live), with the host
     side: how much host RAM a default job takes of the budget and what is read from the weight files. `size`:
-    the job's (height, width), for the activation estimate (memory/resolution.py says what the size costs)."""
-    host = describe_host(preset, cap_gb, preserved_gb, device_type, host_ram_gb, weight_storage)
+    the job's (height, width), for the activation estimate (memory/resolution.py says what the size costs);
+    `fp8_compute`: --fp8-compute's Linears kept in fp8 (half their bytes on the GPU and in RAM)."""
+    host = describe_host(preset, cap_gb, preserved_gb, device_type, host_ram_gb, weight_storage, fp8_compute)
     if device_type != "cuda":
         return (f"CPU run: no GPU, so nothing is capped or streamed (the slider only matters on a GPU; "
                 f"a {cap_gb:g} GB cap with {preserved_gb:g} GB preserved would apply there). {host}")
     plan = nominal_transformer_plan(preset, cap_gb, preserved_gb, Workload(size[0], size[1], window),
-                                    weight_storage)
+                                    weight_storage, fp8_compute)
     warn = plan.warnings()
     return plan.describe() + (f". Warning: {'; '.join(warn)}" if warn else "") + f". {host}"
 
 
 def describe_host(preset, cap_gb: float, preserved_gb: float, device_type: str, host_ram_gb: float | None = None,
-                  weight_storage: str = "native") -> str:
+                  weight_storage: str = "native", fp8_compute: bool = False) -> str:
     """'Host: 21.3 of 24.0 GB (...)' for a default-length job, or why the budget cannot work."""
     try:
-        plan = nominal_plan(preset, "original", cap_gb, preserved_gb, device_type, host_ram_gb, weight_storage)
+        plan = nominal_plan(preset, "original", cap_gb, preserved_gb, device_type, host_ram_gb, weight_storage,
+                            fp8_compute=fp8_compute)
     except HostBudgetError as e:
         return f"Host RAM: {e}"
     held = "pinned" if plan.pinned else "in RAM"

@@ -40,6 +40,15 @@ class Kept(NamedTuple):
     scales: torch.Tensor
 
 
+def compute_target(name: str, module: nn.Module) -> bool:
+    """Is this module of the transformer (`name`: its name there) one of the Linears fp8 compute multiplies in fp8
+    and keeps in fp8 (pipeline/compiled.py `use_fp8_compute`; memory/estimate.py sizes them so before a job)? The
+    blocks' Linears, not their modulation layers (one row of input: nothing to gain), both sizes multiples of 16
+    (the fp8 product's)."""
+    return (name.startswith(("transformer_blocks.", "single_transformer_blocks.")) and isinstance(module, nn.Linear)
+            and ".norm" not in f".{name}" and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+
 def keep_on_device(linear: nn.Linear) -> None:
     """Mark `linear` (before the model is packed): its weight is stored and bound in fp8 with row scales."""
     setattr(linear, KEEP_ATTR, True)

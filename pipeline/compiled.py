@@ -312,12 +312,6 @@ class Fp8ProductFailed(Fp8ComputeUnavailable):
     earlier start): the products run in bf16 instead, said in one warning (jobs/models.py)."""
 
 
-def _fp8_target(name: str, module: nn.Module) -> bool:
-    """The block Linears multiplied in fp8: not the modulation layers (one row of input: nothing to gain)."""
-    return (name.startswith(("transformer_blocks.", "single_transformer_blocks.")) and isinstance(module, nn.Linear)
-            and ".norm" not in f".{name}" and module.in_features % 16 == 0 and module.out_features % 16 == 0)
-
-
 def fp8_linear(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
                recipe: str = "rowwise") -> torch.Tensor:
     """x @ (values · scales)ᵀ + bias with one fp8 product (PyTorch's `torch._scaled_mm`: cuBLASLt / hipBLASLt).
@@ -438,7 +432,7 @@ def use_fp8_compute(transformer: nn.Module, recipe: str = "rowwise", device: tor
         raise ValueError(f"fp8 recipe {recipe!r}: one of {', '.join(ALL_RECIPES)}")
     names = []
     for name, module in transformer.named_modules():
-        if _fp8_target(name, module):
+        if fp8.compute_target(name, module):
             module.__class__ = Fp8Linear
             module.fp8_recipe = recipe
             fp8.keep_on_device(module)

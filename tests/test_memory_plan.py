@@ -115,6 +115,53 @@ def test_the_estimate_before_a_job_and_the_planner_as_it_runs_give_the_same_plan
         assert host.streamed == frozenset(i + 1 for i in planner.streamed)     # what the host plan streams
 
 
+def test_the_estimate_sizes_fp8_computes_weights_as_the_planner_does():
+    """--fp8-compute keeps the blocks' Linears in fp8 on the GPU and in RAM (memory/chunk.py): the estimate (from the
+    config, `fp8_compute=True`) gives the planner's plan of the model so converted, and the host plan's chunk bytes
+    are the pack's."""
+    from diffusers import HunyuanVideoFramepackTransformer3DModel
+
+    from configs.presets import PRESETS
+    from memory.budget import MemoryBudget
+    from memory.estimate import nominal_models, nominal_transformer_plan
+    from memory.hostpack import HostPack
+    from memory.plan import Workload
+    from pipeline.compiled import use_fp8_compute
+
+    transformer = HunyuanVideoFramepackTransformer3DModel(**PRESETS["tiny"].tiny_configs["transformer"]).eval()
+    plain = [c.nbytes for c in HostPack.of(transformer).blocks]
+    assert use_fp8_compute(transformer) > 0
+    pack = HostPack.of(transformer)
+    blocks = [c.nbytes for c in pack.blocks]
+    assert all(a < b for a, b in zip(blocks, plain))                 # the kept weights in their own size
+    preserved = 1 << 20
+    cap = (pack.rest.nbytes + blocks[0] + blocks[-1] // 2 + preserved) // 1024 * 1024   # the last block streamed
+    workload = Workload()
+    planner = MemoryBudget(cap, preserved, workload=workload).transformer_plan(transformer, pack)
+    assert planner == nominal_transformer_plan(TINY, cap / GIB, preserved / GIB, workload, fp8_compute=True)
+    assert planner != nominal_transformer_plan(TINY, cap / GIB, preserved / GIB, workload)      # bf16's sizes
+    assert planner.streamed == (len(blocks) - 1,)
+    host = next(m for m in nominal_models(TINY, "original", cap / GIB, preserved / GIB, "cuda", workload=workload,
+                                          fp8_compute=True) if m.name == "transformer")
+    assert host.streamed == frozenset(i + 1 for i in planner.streamed)
+    assert tuple(host.chunk_bytes) == tuple(c.host_nbytes for c in [pack.rest, *pack.blocks])
+
+
+def test_the_page_says_what_fp8_compute_keeps_on_the_gpu():
+    """At full size under the 20 GB cap with 6 GB preserved: 44 of 60 blocks stay resident in bf16, 56 with
+    --fp8-compute (the placement the H200 run logged, BENCHMARKS.md), on the page's memory plan."""
+    import torch
+
+    from configs.runtime import Config
+    from ui.context import preserved_text
+
+    assert "(44/60 blocks)" in describe_preserved(HUNYUAN, 20, 6, "cuda")
+    text = describe_preserved(HUNYUAN, 20, 6, "cuda", fp8_compute=True)
+    assert "15.6 GB transformer resident (56/60 blocks), 1.7 GB streamed per step" in text, text
+    page = preserved_text(HUNYUAN, Config(fp8_compute=True, vram_cap_gb=20), torch.device("cuda"), 6, 20)
+    assert "(56/60 blocks)" in page
+
+
 def test_a_split_share_keeps_more_and_the_largest_blocks_resident(real_sizes):
     """A share of a job split over N GPUs (pipeline/split.py) holds 1/N of the tokens in its blocks: the activations
     it does not need and the smaller streaming slots go to resident blocks (less streamed per step, never more than

@@ -129,7 +129,7 @@ def hints_markdown(plan: str, problems: list[tuple[str, str]]) -> str:
 
 def preserved_hint(preset, cap_gb: float, preserved_gb, device_type: str, host_ram_gb: float | None = None,
                    weight_storage: str = "native", max_gb: float | None = None,
-                   size: tuple[int, int] | None = None, window: int = 9) -> str:
+                   size: tuple[int, int] | None = None, window: int = 9, fp8_compute: bool = False) -> str:
     """What the preserved-memory slider means here, GPU and host side (memory.estimate.describe_preserved), never
     raising. A value that cannot work (more than the cap or the card holds, or a plan that runs out of memory)
     starts with "⚠ … cannot work" and says why."""
@@ -143,7 +143,8 @@ def preserved_hint(preset, cap_gb: float, preserved_gb, device_type: str, host_r
                 f"{cap_gb:g} GB, or your card's memory if smaller). Choose a value up to {top:g} GB.")
     try:
         sized: dict[str, Any] = {"size": size, "window": window} if size else {}
-        text = describe_preserved(preset, float(cap_gb), value, device_type, host_ram_gb, weight_storage, **sized)
+        text = describe_preserved(preset, float(cap_gb), value, device_type, host_ram_gb, weight_storage, **sized,
+                                  fp8_compute=fp8_compute)
     except Exception:  # the hint must never break the page
         log.warning("could not describe the memory plan", exc_info=True)
         return "(the memory plan could not be computed; see the log)"

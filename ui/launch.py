@@ -87,7 +87,7 @@ def host_budget_problem(config: Config, device_type: str) -> str | None:
         log.info("%s", default_host_budget()[1])
     try:
         plan = nominal_plan(get_preset(config.preset), "original", config.vram_cap_gb, MEMORY.preserved_min_gb,
-                            device_type, config.host_ram_gb, config.weight_storage)
+                            device_type, config.host_ram_gb, config.weight_storage, fp8_compute=config.fp8_compute)
     except HostBudgetError as e:
         cpu = (" Without a GPU the whole transformer sits in RAM, and the real models are far too slow to be useful "
                "anyway: --preset tiny runs anywhere.") if device_type == "cpu" else ""
