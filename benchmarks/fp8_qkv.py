@@ -58,24 +58,32 @@ def _inputs(single: bool, dev: torch.device):
     return pieces, weights, cos, sin
 
 
-def _eager(pieces, weights, cos, sin, eps):
-    """diffusers' steps and rocm.fp8_attention.quantize (FlashAttention-3's form): (q8, k8, v8) (batch, tokens,
-    heads, dim)."""
+def reference(pieces, weights, cos, sin, eps):
+    """What the passes compute, the way the code before them did (the tests' reference too): diffusers' RMSNorm and `apply_rotary_emb` on the
+    video's tokens, the tokens joined, then `fp8_attention.quantize(..., kernel=FA3)`; in the passes' output forms."""
     from diffusers.models.embeddings import apply_rotary_emb
     from diffusers.models.normalization import RMSNorm
+
+    heads = pieces[0].shape[-1] // D
 
     def norm(x, w):
         m = RMSNorm(D, eps=eps).to(device=w.device, dtype=w.dtype).requires_grad_(False)
         m.weight.data.copy_(w)
-        return m(x.unflatten(2, (HEADS, D)))
+        return m(x.unflatten(2, (heads, D)))
 
     def qk(a, b, wa, wb):
         return torch.cat([apply_rotary_emb(norm(a, wa), (cos, sin), sequence_dim=1), norm(b, wb)], dim=1)
 
     q, k = qk(pieces[0], pieces[1], weights[0], weights[1]), qk(pieces[2], pieces[3], weights[2], weights[3])
-    v = torch.cat([pieces[4], pieces[5]], dim=1).unflatten(2, (HEADS, D))
-    z = fa.quantize(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), kernel=fa.FA3)
-    return [t.transpose(1, 2) for t in (z.q, z.k, z.v)]
+    v = torch.cat([pieces[4], pieces[5]], dim=1).unflatten(2, (heads, D))
+    with torch.no_grad():
+        z = fa.quantize(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), kernel=fa.FA3)
+    b = q.shape[0]
+    descales = torch.stack([t.reshape(b * heads) for t in (z.descale_q, z.descale_k, z.descale_v)], dim=1)
+    scales = torch.cat([descales, 1.0 / descales], dim=1)
+    k_mean = k.float().mean(dim=1).reshape(b * heads, D)
+    means = torch.stack([k_mean, z.v_mean.reshape(b * heads, D)], dim=1)
+    return (*(t.transpose(1, 2).contiguous() for t in (z.q, z.k, z.v)), scales, means)
 
 
 def main(argv=None) -> None:
@@ -95,7 +103,7 @@ def main(argv=None) -> None:
         for single in (True, False):
             pieces, weights, cos, sin = _inputs(single, dev)
             out = [torch.empty((1, n, HEADS, D), dtype=fa.FP8, device=dev) for _ in range(3)]
-            want = _eager(pieces, weights, cos, sin, 1e-6)
+            want = reference(pieces, weights, cos, sin, 1e-6)[:3]
             for i, (r_, sbt, sw, bt, w) in enumerate(SETTINGS):
                 def run():
                     return fp8_qkv.launch(kernels, pieces, weights, cos, sin, 1e-6, *out, rows=r_, stats_bt=sbt,

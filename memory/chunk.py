@@ -59,6 +59,14 @@ def _keeps(entry: _Entry) -> bool:
         and fp8.kept_fits(tuple(entry.shape), _align(entry.nbytes), ALIGN)
 
 
+def _region(entry: _Entry, stored_fp8: bool) -> int:
+    """The aligned bytes an entry takes in a buffer: its fp8 values and row scales, or its own bytes."""
+    if stored_fp8:
+        values, scales = fp8.stored_bytes(tuple(entry.shape))
+        return _align(values) + _align(scales)
+    return _align(entry.nbytes)
+
+
 def _placeholder(entry: _Entry) -> torch.Tensor:
     """What a tensor with no host copy in its dtype points at between stages: its shape and dtype in one element
     (NaN for floats, so a model run outside a stage shows it instead of computing quietly)."""
@@ -147,11 +155,7 @@ class Chunk:
         off = 0
         for e in self.entries:
             e.offset = off
-            if e.keep:
-                values, scales = fp8.stored_bytes(tuple(e.shape))
-                off += _align(values) + _align(scales)
-            else:
-                off += _align(e.nbytes)
+            off += _region(e, e.keep)
         return off
 
     @property
@@ -177,14 +181,7 @@ class Chunk:
 
     def stored_nbytes(self, quantized: bool) -> int:
         """Bytes of the host buffer in plain or fp8 form (without changing anything)."""
-        total = 0
-        for e in self.entries:
-            if self._stored_fp8(e, quantized):
-                values, scales = fp8.stored_bytes(tuple(e.shape))
-                total += _align(values) + _align(scales)
-            else:
-                total += _align(e.nbytes)
-        return total
+        return sum(_region(e, self._stored_fp8(e, quantized)) for e in self.entries)
 
     @property
     def file_bytes(self) -> int:

@@ -102,26 +102,27 @@ def launch(kernels, pieces: Sequence[torch.Tensor], weights: Sequence[torch.Tens
     part = torch.empty(batch * heads * sum(chunks) * (1 + 6 * d), dtype=torch.float32, device=dev)
     scales = torch.empty((batch * heads, 6), dtype=torch.float32, device=dev)
     means = torch.empty((batch * heads, 2, d), dtype=torch.float32, device=dev)
-    for p, (m, rope) in enumerate(zip(sizes, (True, False))):
-        if not m:
-            continue
-        q, k, v = pieces[p], pieces[2 + p], pieces[4 + p]
-        args = (q, k, v, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                weights[p], weights[2 + p], cos, sin, cos.stride(0))
+    for p, m, rope, args in _per_piece(pieces, weights, cos, sin):
         kernels.stats[(chunks[p], batch * heads)](*args, part, m, chunks[0] if p else 0, sum(chunks), heads, eps,
                                                   ROWS=rows, BT=stats_bt, D=d, ROPE=rope, INTERPRETED=interpreted,
                                                   num_warps=stats_warps)
     kernels.scales[(batch * heads,)](part, scales, means, n, sum(chunks), D=d, num_warps=4)
-    for p, (m, rope) in enumerate(zip(sizes, (True, False))):
-        if not m:
-            continue
-        q, k, v = pieces[p], pieces[2 + p], pieces[4 + p]
-        args = (q, k, v, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                weights[p], weights[2 + p], cos, sin, cos.stride(0))
+    for p, m, rope, args in _per_piece(pieces, weights, cos, sin):
         kernels.quantize[(-(-m // bt), batch * heads)](*args, scales, means, q8, k8, v8, m, sizes[0] if p else 0, n,
                                                        heads, eps, BT=bt, D=d, ROPE=rope, INTERPRETED=interpreted,
                                                        num_warps=warps)
     return scales, means
+
+
+def _per_piece(pieces: Sequence[torch.Tensor], weights: Sequence[torch.Tensor], cos: torch.Tensor,
+               sin: torch.Tensor):
+    """(piece index, its tokens, whether it takes the rotary embedding, the kernels' first arguments for it) for
+    each piece with tokens: the video's (0, with the rotary embedding), then the prompt's (1)."""
+    for p in (0, 1):
+        q, k, v = pieces[p], pieces[2 + p], pieces[4 + p]
+        if q.shape[1]:
+            yield p, q.shape[1], p == 0, (q, k, v, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+                                          v.stride(1), weights[p], weights[2 + p], cos, sin, cos.stride(0))
 
 
 class _Jitted:
