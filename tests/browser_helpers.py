@@ -36,8 +36,16 @@ def fill_job(page, image, *, prompt="a cat walks through the grass", seconds=1.2
     if mode == "f1":
         page.locator("#mode label").filter(has_text="F1").click()
     n = SECTIONS_OF[seconds]
-    shows = f"() => document.querySelector('#hints').innerText.includes('{n} section')"
-    typed = {"seconds": seconds, "steps": steps}
+    type_numbers(page, {"seconds": seconds, "steps": steps}, "hints", [f"{n} section"])
+
+
+def type_numbers(page, typed: dict, shown_in: str, words: list[str]) -> None:
+    """Type each value of `typed` into its number box (by elem_id), then wait until the element `shown_in` says
+    every one of `words`. A value the box lost (the driver's typing, while the page re-renders) is typed again, up
+    to three times; if the boxes hold what was typed and the text never follows, that is the app's fault and fails
+    at once."""
+    js = "[" + ",".join(repr(w) for w in words) + "]"
+    shows = f"() => {js}.every(w => document.querySelector('#{shown_in}').innerText.includes(w))"
     for attempt in range(3):
         for name, value in typed.items():
             set_number(page, name, value)
@@ -46,12 +54,12 @@ def fill_job(page, image, *, prompt="a cat walks through the grass", seconds=1.2
             return
         except PageTimeout:
             boxes = {name: page.locator(f"#{name} input[type=number]").input_value() for name in typed}
-            hints = page.locator("#hints").inner_text()
-        # the boxes hold what was typed: the hints did not follow them (the app's fault: ui/panel_controls.live_display)
+            text = page.locator(f"#{shown_in}").inner_text()
+        # the boxes hold what was typed: the text did not follow them (the app's fault: ui/panel_controls.live_display)
         if all(float(boxes[name] or "nan") == value for name, value in typed.items()):
-            raise AssertionError(f"the hints never said {n} section(s) with {boxes} in the boxes: {hints!r}")
-        print(f"fill_job: a typed value was lost (the boxes hold {boxes}); typing again")   # the driver's: type again
-    raise AssertionError(f"the boxes never kept {typed}: {boxes}; hints {hints!r}")
+            raise AssertionError(f"#{shown_in} never said {words} with {boxes} in the boxes: {text!r}")
+        print(f"type_numbers: a typed value was lost (the boxes hold {boxes}); typing again")   # the driver's
+    raise AssertionError(f"the boxes never kept {typed}: {boxes}; #{shown_in} {text!r}")
 
 
 def status(page) -> str:

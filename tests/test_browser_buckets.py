@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser_helpers import fill_job, require_browser, set_number, wait_status
+from tests.browser_helpers import fill_job, require_browser, type_numbers, wait_status
 from tests.server_helpers import job_info, launched, wait_for
 
 pytestmark = pytest.mark.slow
@@ -17,10 +17,9 @@ def _plan(page) -> str:
     return page.locator("#preserved-info").inner_text()
 
 
-def _wait_plan(page, *words):
-    js = "[" + ",".join(repr(w) for w in words) + "]"
-    page.wait_for_function(f"() => {js}.every(w => document.querySelector('#preserved-info').innerText.includes(w))",
-                           timeout=60_000)
+def _set(page, typed: dict, *words):
+    """Type the sizes and wait until the memory plan says `words` (a value the box lost is typed again)."""
+    type_numbers(page, typed, "preserved-info", list(words))
 
 
 def test_960_and_custom_sizes_change_the_plan_and_an_over_cap_size_is_refused(browser, tiny_original, tmp_path):
@@ -38,14 +37,13 @@ def test_960_and_custom_sizes_change_the_plan_and_an_over_cap_size_is_refused(br
         page.locator("#advanced").get_by_text("Advanced").first.click()
         page.wait_for_selector("#resolution input[type=number]")
 
-        set_number(page, "resolution", 960)            # the 96×80 image's bucket at 960: 1008×864 (W×H)
-        _wait_plan(page, "(the bucket of 960)", "fits under the 6.5 GB cap", "tokens per step")
+        _set(page, {"resolution": 960},               # the 96×80 image's bucket at 960: 1008×864 (W×H)
+             "(the bucket of 960)", "fits under the 6.5 GB cap", "tokens per step")
         at_960 = _plan(page)
         assert "1008×864" in at_960 and "cannot fit" not in at_960
 
-        set_number(page, "width", 2048)
-        set_number(page, "height", 2048)
-        _wait_plan(page, "2048×2048 (custom) cannot fit", "nearest size of the same shape that fits")
+        _set(page, {"width": 2048, "height": 2048}, "2048×2048 (custom) cannot fit",
+             "nearest size of the same shape that fits")
         assert _plan(page) != at_960
 
         page.locator("#start-btn").click()             # refused before anything loads
@@ -54,9 +52,7 @@ def test_960_and_custom_sizes_change_the_plan_and_an_over_cap_size_is_refused(br
         assert not server.runner.models.is_loaded("original")
         assert not outputs.exists() or not [d for d in outputs.iterdir() if not d.name.startswith(".")]
 
-        set_number(page, "width", 96)                  # a custom size that fits: a job of that size
-        set_number(page, "height", 64)
-        _wait_plan(page, "96×64 (custom)", "fits under the 6.5 GB cap")
+        _set(page, {"width": 96, "height": 64}, "96×64 (custom)", "fits under the 6.5 GB cap")   # a size that fits
         page.locator("#start-btn").click()
         assert "Done" in wait_status(page, "Done", "Failed", timeout=300_000)
         jobs = wait_for(lambda: [d for d in outputs.iterdir() if (d / "final.mp4").exists()], what="a finished job")
