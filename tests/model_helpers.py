@@ -103,3 +103,20 @@ def small_transformer():
     cfg.update(num_attention_heads=2, attention_head_dim=16)
     torch.manual_seed(0)
     return HunyuanVideoFramepackTransformer3DModel(**cfg).eval().requires_grad_(False).to(torch.bfloat16)
+
+
+def in_triton_interpreter(script: str) -> dict:
+    """Run `script` in a process of its own with Triton's interpreter (TRITON_INTERPRET=1 must be set before Triton
+    is imported: the tests of our Triton kernels on the CPU) and return the JSON object its last line prints."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

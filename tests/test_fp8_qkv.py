@@ -4,12 +4,7 @@ FlashAttention-3, and the blocks' attention form (pipeline/block_forms.py) that 
 processor."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,9 +12,7 @@ import torch
 from pipeline import block_forms
 from rocm import fp8_qkv, sdpa
 from tests.fp8_qkv_helpers import make, reference
-
-ROOT = Path(__file__).resolve().parents[1]
-
+from tests.model_helpers import in_triton_interpreter
 
 # Run in a process of its own: Triton's interpreter is chosen before Triton is imported. The kernels write float32
 # (the values before their e4m3 rounding: the interpreter rounds to fp8 by truncating, the GPU to nearest as
@@ -55,11 +48,7 @@ def test_the_passes_in_tritons_interpreter_quantize_as_the_steps_before_them():
     """Norm, rotary, smoothing and the head scales: the e4m3 values of the steps they replace (diffusers' norm and
     rotary, then fp8_attention.quantize for FlashAttention-3), for the two pieces of a double-stream block, the views
     of one single-stream product, several chunks of tokens and one; descales and means a float32 rounding apart."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    results = in_triton_interpreter(_INTERPRETED)
     assert set(results) == {"double-stream", "single-stream", "one chunk"}
     for name, r in results.items():
         assert not r["nan"], name                       # every value, scale and mean written

@@ -4,21 +4,14 @@ single-stream block, the double-stream blocks' FeedForward) against the same pro
 from __future__ import annotations
 
 import copy
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
 from memory import fp8
 from pipeline import block_forms, compiled, fp8_rows
-from tests.model_helpers import small_transformer
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.model_helpers import in_triton_interpreter, small_transformer
 
 # Run in a process of its own: Triton's interpreter must be chosen before Triton is imported. The kernel writes
 # float32 (the values before their e4m3 rounding: the interpreter rounds to fp8 by truncating, the GPU to nearest
@@ -54,11 +47,7 @@ _INTERPRETED = textwrap.dedent("""
 
 
 def test_the_kernel_in_tritons_interpreter_gives_the_pytorch_forms_bits():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    results = in_triton_interpreter(_INTERPRETED)
     assert set(results) == {"two pieces", "one piece", "none"}
     for name, r in results.items():
         assert r["scales equal"], name
