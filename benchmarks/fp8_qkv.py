@@ -95,7 +95,7 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     dev = torch.device("cuda")
     assert fp8_qkv.prepare(), "Triton does not import here"
-    kernels = fp8_qkv._Jitted(fp8_qkv._READY["kernels"], lambda k: k)
+    kernels = fp8_qkv.prepared()
     n = VIDEO + PROMPT
     floor_ms = (3 * n * HEADS * D * 2 * 2 + 3 * n * HEADS * D) / args.bandwidth * 1e3
     rows = []

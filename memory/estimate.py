@@ -29,13 +29,20 @@ def _items(cfg) -> tuple:
     return tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in dict(cfg).items()))
 
 
-@lru_cache(maxsize=16)
 def _chunk_sizes(kind: str, config_items: tuple, dtype_bytes: int, files: bool = False, kept: bool = False
                  ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(bytes per chunk in the model's dtype, bytes per chunk in fp8 storage); chunk 0 is the rest, then blocks.
     `files`: the weights are read from files (the Llama's embedding is then no chunk). `kept`: fp8 compute's Linears
     (memory/fp8.py `compute_target`) kept in fp8 in the first, as memory/chunk.py lays them out on the device and,
     without fp8 storage, in host RAM."""
+    plain, stored, with_kept = _sizes(kind, config_items, dtype_bytes, files)
+    return (with_kept if kept else plain), stored
+
+
+@lru_cache(maxsize=16)
+def _sizes(kind: str, config_items: tuple, dtype_bytes: int, files: bool
+           ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """`_chunk_sizes`'s three forms from one model built on the meta device: plain, fp8 storage, fp8 compute's."""
     import torch
 
     from memory import fp8
@@ -60,26 +67,27 @@ def _chunk_sizes(kind: str, config_items: tuple, dtype_bytes: int, files: bool =
     in_blocks = {id(m) for b in blocks for m in b.modules()}
     groups = [[m for m in model.modules() if id(m) not in in_blocks]] + [list(b.modules()) for b in blocks]
     names = {id(m): n for n, m in model.named_modules()}
-    plain, stored = [], []
+    plain, stored, with_kept = [], [], []
     for modules in groups:
-        a = b = 0
+        a = b = c = 0
         for m in modules:
             for name, p in m._parameters.items():
                 if p is None:
                     continue
                 whole = _align(p.numel() * dtype_bytes)
+                a += whole
                 if fp8.quantizable(m, name, p):
                     values, scales = fp8.stored_bytes(tuple(p.shape))
                     b += _align(values) + _align(scales)
-                    keep = kept and fp8.compute_target(names[id(m)], m) \
-                        and fp8.kept_fits(tuple(p.shape), whole, _ALIGN)
-                    a += _align(values) + _align(scales) if keep else whole
+                    keep = fp8.compute_target(names[id(m)], m) and fp8.kept_fits(tuple(p.shape), whole, _ALIGN)
+                    c += _align(values) + _align(scales) if keep else whole
                 else:
                     b += whole
-                    a += whole
+                    c += whole
         plain.append(a)
         stored.append(b)
-    return tuple(plain), tuple(stored)
+        with_kept.append(c)
+    return tuple(plain), tuple(stored), tuple(with_kept)
 
 
 def _transformer_config(preset) -> tuple[tuple, int]:

@@ -35,24 +35,22 @@ import torch
 
 from memory import fp8
 from pipeline.block_forms import gelu_tanh
+from rocm import triton_ops
 
 MAX_ROW = 32768         # widest row (its two tiles) a program holds in registers; wider rows: PyTorch
 _READY: dict[str, object] = {}     # "kernels": pipeline/fp8_rows_kernel.py, "op": its operator (`prepare`)
 
 
 def prepare() -> bool:
-    """Import the kernel and register its operator, once per process and outside compiled code (a traced call
-    would register it again); whether it can run here (False without Triton: Windows, the CPU build)."""
-    if "kernels" not in _READY:
-        try:
-            from pipeline import fp8_rows_kernel
-            op = _register()
-        except (ImportError, AttributeError):       # no Triton, or a PyTorch before Triton ops (2.6)
-            _READY["kernels"] = None
-            return False
-        _READY["kernels"] = fp8_rows_kernel
-        _READY["op"] = op
-    return _READY["kernels"] is not None
+    """Import the kernel and register its operator, once per process and outside compiled code
+    (rocm/triton_ops.py); whether it can run here."""
+    return triton_ops.prepare(_READY, _load)
+
+
+def _load():
+    from pipeline import fp8_rows_kernel  # Triton: imported only here
+
+    return fp8_rows_kernel, _register()
 
 
 def _next_pow2(k: int) -> int:

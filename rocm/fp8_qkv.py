@@ -38,6 +38,7 @@ from collections.abc import Sequence
 
 import torch
 
+from rocm import triton_ops
 from rocm.fp8_attention import FP8
 
 ROWS = 256              # tokens per program in the statistics pass (partials: 1 + 6·128 floats each)
@@ -47,18 +48,20 @@ _READY: dict[str, object] = {}      # "kernels": rocm/fp8_qkv_kernel.py, "op": i
 
 
 def prepare() -> bool:
-    """Import the kernels and register their operator, once per process and outside compiled code; whether they
-    can run here (False without Triton or Triton operators)."""
-    if "kernels" not in _READY:
-        try:
-            from rocm import fp8_qkv_kernel
-            op = _register()
-        except (ImportError, AttributeError):       # no Triton (Windows, the CPU build), or a PyTorch before 2.6
-            _READY["kernels"] = None
-            return False
-        _READY["kernels"] = fp8_qkv_kernel
-        _READY["op"] = op
-    return _READY["kernels"] is not None
+    """Import the kernels and register their operator, once per process and outside compiled code
+    (rocm/triton_ops.py); whether they can run here."""
+    return triton_ops.prepare(_READY, _load)
+
+
+def _load():
+    from rocm import fp8_qkv_kernel  # Triton: imported only here
+
+    return fp8_qkv_kernel, _register()
+
+
+def prepared() -> Kernels:
+    """The prepared kernels, unwrapped (benchmarks/fp8_qkv.py launches them itself); after `prepare` returned True."""
+    return Kernels(_READY["kernels"])
 
 
 def ready() -> bool:
@@ -125,10 +128,11 @@ def _per_piece(pieces: Sequence[torch.Tensor], weights: Sequence[torch.Tensor], 
                                           v.stride(1), weights[p], weights[2 + p], cos, sin, cos.stride(0))
 
 
-class _Jitted:
-    """The jitted kernels as `launch` takes them, each wrapped for torch.library (Inductor then calls it itself)."""
+class Kernels:
+    """The kernels of `module` (rocm/fp8_qkv_kernel.py: the jitted ones, or Triton's interpreter's in tests) as
+    `launch` takes them, each through `wrap` (torch.library's, so Inductor calls it itself; by default as they are)."""
 
-    def __init__(self, module, wrap):
+    def __init__(self, module, wrap=lambda kernel: kernel):
         self.stats, self.scales, self.quantize = (wrap(k) for k in (module.stats_jit, module.scales_jit,
                                                                     module.quantize_jit))
 
@@ -142,7 +146,7 @@ def _register():
         d = weights[0].shape[0]
         shape = (a.shape[0], a.shape[1] + pieces[1].shape[1], a.shape[-1] // d, d)
         q8, k8, v8 = (torch.empty(shape, dtype=FP8, device=a.device) for _ in range(3))
-        kernels = _Jitted(_READY["kernels"], torch.library.wrap_triton)
+        kernels = Kernels(_READY["kernels"], torch.library.wrap_triton)
         scales, means = launch(kernels, pieces, weights, cos, sin, eps, q8, k8, v8)
         return q8, k8, v8, scales, means
 

@@ -22,7 +22,7 @@ _INTERPRETED = textwrap.dedent("""
     from rocm import fp8_qkv, fp8_qkv_kernel
     from rocm.fp8_attention import FP8
     from tests.fp8_qkv_helpers import make, reference
-    kernels = fp8_qkv._Jitted(fp8_qkv_kernel, lambda k: k)
+    kernels = fp8_qkv.Kernels(fp8_qkv_kernel)
     results = {}
     for name, single, rows, bt in (("double-stream", False, 16, 8), ("single-stream", True, 24, 8),
                                    ("one chunk", False, 256, 16)):
