@@ -489,8 +489,16 @@ def main(argv=None) -> None:
     j.add_argument("--latents", type=Path, default=Path("latents"))
     j.add_argument("--compare", type=Path, action="append")
     j.add_argument("--force", action="store_true", help="compile also on the CPU (tiny preset)")
+    for p in (s, j):
+        p.add_argument("--qkv-setting", type=Path, help="rocm/fp8_qkv.py's launch setting from this JSON file "
+                       "(benchmarks/fp8_qkv.py --best) instead of its default")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.qkv_setting:
+        from rocm import fp8_qkv
+
+        fp8_qkv.SETTING = fp8_qkv.Setting(**json.loads(args.qkv_setting.read_text()))
+        logging.getLogger("benchmarks.compiled").info("q/k/v passes: %s", fp8_qkv.SETTING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     (step_main if args.what == "step" else jobs_main)(args)
 

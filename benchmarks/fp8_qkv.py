@@ -4,17 +4,19 @@ shapes, for a few launch settings, against the steps they replace run eagerly (i
     python3 benchmarks/fp8_qkv.py --out fp8_qkv.json          # an NVIDIA GPU with Triton; ~1 minute
 
 For the single-stream blocks (q, k, v as one product each over 17,500 video + 985 prompt tokens × 3,072: the pieces
-are views) and the double-stream blocks (the video's and the prompt's products apart), each setting (tokens per
-statistics program, tokens and warps of the statistics and quantization programs) is timed with CUDA events (median
-of `--reps`), beside the floor at the GPU's memory bandwidth (`--bandwidth`, 4.8 TB/s on an H200: q, k, v read twice
-and the e4m3 tensors written once). The default setting's e4m3 values are compared with diffusers' norm and rotary
-steps followed by `rocm.fp8_attention.quantize` for FlashAttention-3, eagerly: the count of values that differ.
+are views) and the double-stream blocks (the video's and the prompt's products apart), each launch setting
+(`rocm.fp8_qkv.Setting`: the default, then one or two fields changed) is timed with CUDA events (median of `--reps`),
+beside the floor at the GPU's memory bandwidth (`--bandwidth`, 4.8 TB/s on an H200: q, k, v read twice and the e4m3
+tensors written once). Each setting's e4m3 values are compared with diffusers' norm and rotary steps followed by
+`rocm.fp8_attention.quantize` for FlashAttention-3, eagerly: the count of values that differ. `--best` writes the
+fastest setting for `benchmarks/compiled.py step --qkv-setting`.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+from dataclasses import asdict
 from pathlib import Path
 
 if not __package__:          # `python3 benchmarks/<this>.py`: run again as a module (benchmarks/_script.py)
@@ -30,11 +32,20 @@ from rocm import fp8_qkv  # noqa: E402
 
 log = logging.getLogger("benchmarks.fp8_qkv")
 VIDEO, PROMPT, HEADS, D = 17_500, 985, 24, 128
-SETTINGS = (   # (tokens per statistics program, its tokens at once, its warps, quantization tokens, its warps)
-    (fp8_qkv.ROWS, fp8_qkv.STATS_BT, fp8_qkv.STATS_WARPS, fp8_qkv.BT, fp8_qkv.WARPS),
-    (512, 16, 8, 32, 4),
-    (256, 32, 8, 16, 4),
-    (128, 8, 4, 8, 1),
+SETTINGS = (   # rocm/fp8_qkv.py's default first, then one or two fields changed each
+    fp8_qkv.SETTING,
+    fp8_qkv.Setting(heads_first=False, chunks_at_once=1),       # the launches before 2026-12-03's third session
+    fp8_qkv.Setting(heads_first=False),
+    fp8_qkv.Setting(stages=2),
+    fp8_qkv.Setting(stages=3),
+    fp8_qkv.Setting(stats_bt=8, stats_warps=4),
+    fp8_qkv.Setting(stats_warps=4),
+    fp8_qkv.Setting(stats_bt=32),
+    fp8_qkv.Setting(rows=512),
+    fp8_qkv.Setting(rows=128, stats_bt=8, stats_warps=4),
+    fp8_qkv.Setting(bt=32, warps=4),
+    fp8_qkv.Setting(bt=8, warps=1),
+    fp8_qkv.Setting(chunks_at_once=32),
 )
 
 
@@ -91,6 +102,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--bandwidth", type=float, default=4.8e12)
+    ap.add_argument("--best", type=Path, help="write the fastest setting here (summed over both block kinds), for "
+                                              "`compiled.py step --qkv-setting`")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     dev = torch.device("cuda")
@@ -104,27 +117,31 @@ def main(argv=None) -> None:
             pieces, weights, cos, sin = _inputs(single, dev)
             out = [torch.empty((1, n, HEADS, D), dtype=fa.FP8, device=dev) for _ in range(3)]
             want = reference(pieces, weights, cos, sin, 1e-6)[:3]
-            for i, (r_, sbt, sw, bt, w) in enumerate(SETTINGS):
+            for setting in SETTINGS:
                 def run():
-                    return fp8_qkv.launch(kernels, pieces, weights, cos, sin, 1e-6, *out, rows=r_, stats_bt=sbt,
-                                          stats_warps=sw, bt=bt, warps=w)
+                    return fp8_qkv.launch(kernels, pieces, weights, cos, sin, 1e-6, *out, setting=setting)
                 ms = timed(run, args.reps)
-                row = {"block": "single-stream" if single else "double-stream", "rows": r_, "stats_bt": sbt,
-                       "stats_warps": sw, "bt": bt, "warps": w, "ms": round(ms, 4), "floor_ms": round(floor_ms, 4),
-                       "GB/s": round((3 * n * HEADS * D * 5) / ms / 1e6, 1)}
-                if i == 0:
-                    run()
-                    row["values that differ from eager"] = [int((a.view(torch.uint8) != b.view(torch.uint8)).sum())
-                                                            for a, b in zip(out, want)]
+                row = {"block": "single-stream" if single else "double-stream", **asdict(setting), "ms": round(ms, 4),
+                       "floor_ms": round(floor_ms, 4), "GB/s": round((3 * n * HEADS * D * 5) / ms / 1e6, 1)}
+                run()
+                row["values that differ from eager"] = [int((a.view(torch.uint8) != b.view(torch.uint8)).sum())
+                                                        for a, b in zip(out, want)]
                 rows.append(row)
                 log.info("%s", row)
+    best = min(SETTINGS, key=lambda st: sum(r["ms"] for r in rows
+                                            if all(r[k] == v for k, v in asdict(st).items())))
+    if args.best:
+        args.best.write_text(json.dumps(asdict(best)))
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                     "rows": rows}, indent=1))
-    print("| block | rows | stats bt/warps | quant bt/warps | ms | floor ms | values differing from eager |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+    print(f"fastest: {best}")
+    print("| block | setting (changed from the default) | ms | floor ms | values differing from eager |")
+    print("|---|---|---:|---:|---|")
+    base = asdict(fp8_qkv.SETTING)
     for r in rows:
-        print(f"| {r['block']} | {r['rows']} | {r['stats_bt']}/{r['stats_warps']} | {r['bt']}/{r['warps']} | "
-              f"{r['ms']:.3f} | {r['floor_ms']:.3f} | {r.get('values that differ from eager', '')} |")
+        changed = ", ".join(f"{k}={r[k]}" for k in base if r[k] != base[k]) or "default"
+        print(f"| {r['block']} | {changed} | {r['ms']:.3f} | {r['floor_ms']:.3f} | "
+              f"{r['values that differ from eager']} |")
 
 
 if __name__ == "__main__":

@@ -35,15 +35,28 @@ caller, and no library fuses a normalization and rotary prologue with SageAttent
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from rocm import triton_ops
 from rocm.fp8_attention import FP8
 
-ROWS = 256              # tokens per program in the statistics pass (partials: 1 + 6·128 floats each)
-STATS_BT, STATS_WARPS = 16, 8       # the statistics pass: tokens held at once, warps per program
-BT, WARPS = 16, 2                   # the quantization pass: the same
+
+@dataclass(frozen=True)
+class Setting:
+    """How the passes are launched (benchmarks/fp8_qkv.py times several)."""
+    rows: int = 256             # tokens per program in the statistics pass (partials: 1 + 6·128 floats each)
+    stats_bt: int = 16          # the statistics pass: tokens held at once
+    stats_warps: int = 8        # … its warps per program
+    stages: int = 1             # … its loop's software-pipelining stages (1: none)
+    bt: int = 16                # the quantization pass: tokens per program
+    warps: int = 2              # … its warps per program
+    heads_first: bool = True    # neighbouring programs take the heads of one block of tokens (`_ids` in the kernels)
+    chunks_at_once: int = 16    # the scales pass: chunks' statistics read at once
+
+
+SETTING = Setting()
 _READY: dict[str, object] = {}      # "kernels": rocm/fp8_qkv_kernel.py, "op": its operator (`prepare`)
 
 
@@ -89,8 +102,7 @@ def usable(pieces: Sequence[torch.Tensor], weights: Sequence[torch.Tensor], cos:
 
 def launch(kernels, pieces: Sequence[torch.Tensor], weights: Sequence[torch.Tensor], cos: torch.Tensor,
            sin: torch.Tensor, eps: float, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
-           rows: int = ROWS, stats_bt: int = STATS_BT, stats_warps: int = STATS_WARPS, bt: int = BT,
-           warps: int = WARPS, interpreted: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+           setting: Setting | None = None, interpreted: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the three passes (`kernels`: the jitted ones, or Triton's interpreter in tests with `interpreted`) into
     q8, k8, v8 (batch, tokens, heads, 128); returns (scales (batch × heads, 6): descales q, k, v then their
     inverses; means (batch × heads, 2, 128): k's, v's). `pieces`: q, k, v as (video, prompt) pairs, each (batch,
@@ -100,20 +112,25 @@ def launch(kernels, pieces: Sequence[torch.Tensor], weights: Sequence[torch.Tens
     batch, heads = pieces[0].shape[0], pieces[0].shape[-1] // d
     sizes = (pieces[0].shape[1], pieces[1].shape[1])
     n = sum(sizes)
-    chunks = [-(-m // rows) for m in sizes]
+    st = setting or SETTING
+    chunks = [-(-m // st.rows) for m in sizes]
     dev = pieces[0].device
     part = torch.empty(batch * heads * sum(chunks) * (1 + 6 * d), dtype=torch.float32, device=dev)
     scales = torch.empty((batch * heads, 6), dtype=torch.float32, device=dev)
     means = torch.empty((batch * heads, 2, d), dtype=torch.float32, device=dev)
+
+    def grid(blocks):
+        return (batch * heads, blocks) if st.heads_first else (blocks, batch * heads)
+
     for p, m, rope, args in _per_piece(pieces, weights, cos, sin):
-        kernels.stats[(chunks[p], batch * heads)](*args, part, m, chunks[0] if p else 0, sum(chunks), heads, eps,
-                                                  ROWS=rows, BT=stats_bt, D=d, ROPE=rope, INTERPRETED=interpreted,
-                                                  num_warps=stats_warps)
-    kernels.scales[(batch * heads,)](part, scales, means, n, sum(chunks), D=d, num_warps=4)
+        kernels.stats[grid(chunks[p])](*args, part, m, chunks[0] if p else 0, sum(chunks), heads, eps, ROWS=st.rows,
+                                       BT=st.stats_bt, D=d, ROPE=rope, HEADS_FIRST=st.heads_first,
+                                       STAGES=st.stages, INTERPRETED=interpreted, num_warps=st.stats_warps)
+    kernels.scales[(batch * heads,)](part, scales, means, n, sum(chunks), D=d, CB=st.chunks_at_once, num_warps=4)
     for p, m, rope, args in _per_piece(pieces, weights, cos, sin):
-        kernels.quantize[(-(-m // bt), batch * heads)](*args, scales, means, q8, k8, v8, m, sizes[0] if p else 0, n,
-                                                       heads, eps, BT=bt, D=d, ROPE=rope, INTERPRETED=interpreted,
-                                                       num_warps=warps)
+        kernels.quantize[grid(-(-m // st.bt))](*args, scales, means, q8, k8, v8, m, sizes[0] if p else 0, n, heads,
+                                               eps, BT=st.bt, D=d, ROPE=rope, HEADS_FIRST=st.heads_first,
+                                               INTERPRETED=interpreted, num_warps=st.warps)
     return scales, means
 
 

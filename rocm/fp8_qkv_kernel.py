@@ -70,38 +70,36 @@ def _eps32(eps):
     return (tl.zeros((1,), tl.float64) + eps).to(tl.float32)
 
 
-def qkv_stats(q, k, v, q_sb, q_st, k_sb, k_st, v_sb, v_st, wq, wk, cos, sin, cs_st, part, n, chunk0, chunks, H,
-              eps, ROWS: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
-              INTERPRETED: tl.constexpr):
-    """Pass 1 over one piece of n tokens, one program per (chunk of ROWS tokens, batch × head): q and k as the
-    attention sees them (`_qk`) and v, gathered per value across the chunk in registers and reduced once at its end;
-    writes part[batch × head, chunk0 + chunk] = max |q|, then for k and for v each channel's sum, maximum and
-    minimum over the chunk's tokens (1 + 6·D floats)."""
-    chunk = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = bh % H
-    eps = _eps32(eps)
-    we, wo = _pairs(wq, D)
-    ke_w, ko_w = _pairs(wk, D)
-    q_hi = tl.zeros((BT, D // 2), dtype=tl.float32)
-    k_se = tl.zeros((BT, D // 2), dtype=tl.float32)
-    k_so = tl.zeros((BT, D // 2), dtype=tl.float32)
-    k_he = tl.full((BT, D // 2), float("-inf"), tl.float32)
-    k_ho = tl.full((BT, D // 2), float("-inf"), tl.float32)
-    k_le = tl.full((BT, D // 2), float("inf"), tl.float32)
-    k_lo = tl.full((BT, D // 2), float("inf"), tl.float32)
-    v_s = tl.zeros((BT, D), dtype=tl.float32)
-    v_h = tl.full((BT, D), float("-inf"), tl.float32)
-    v_l = tl.full((BT, D), float("inf"), tl.float32)
+@triton.jit
+def _ids(HEADS_FIRST: tl.constexpr):
+    """(the program's block of tokens, its batch × head) from its two ids: with HEADS_FIRST the heads of one block
+    of tokens are neighbouring programs, so they run together and read the same rotary rows and the same token rows
+    of q, k and v (one row of every head is one contiguous stretch)."""
+    if HEADS_FIRST:
+        return tl.program_id(1), tl.program_id(0)
+    else:
+        return tl.program_id(0), tl.program_id(1)
+
+
+@triton.jit
+def _gather(q, k, v, q_st, k_st, v_st, we, wo, ke_w, ko_w, cos, sin, cs_st, n, t0, eps,
+            q_hi, k_se, k_so, k_he, k_ho, k_le, k_lo, v_s, v_h, v_l,
+            ROWS: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, MASKED: tl.constexpr,
+            STAGES: tl.constexpr, INTERPRETED: tl.constexpr):
+    """The statistics of rows t0 … t0 + ROWS of one head (q, k, v: the head's first channel) added to the
+    accumulators (each keeps a value per (row of BT, channel)). MASKED: rows from n on are left out; without it every
+    row is there and the compiler drops the masks (a constant all-true mask), the chunks but each piece's last."""
     d = tl.arange(0, D)
-    for i in range(0, ROWS, BT):
-        t = (chunk * ROWS + i + tl.arange(0, BT)).to(tl.int64)
-        valid = t < n
+    for i in tl.range(0, ROWS, BT, num_stages=STAGES):
+        t = (t0 + i + tl.arange(0, BT)).to(tl.int64)
+        if MASKED:
+            valid = t < n
+        else:
+            valid = tl.full((BT,), 1, tl.int1)
         ce, co, se, so = _rotary(cos, sin, t, cs_st, valid, ROPE, BT, D)
-        a, c = _qk(q + b * q_sb + h * D, t, q_st, valid, we, wo, ce, co, se, so, eps, ROPE, BT, D, INTERPRETED)
+        a, c = _qk(q, t, q_st, valid, we, wo, ce, co, se, so, eps, ROPE, BT, D, INTERPRETED)
         q_hi = tl.maximum(q_hi, tl.maximum(tl.abs(a), tl.abs(c)))
-        a, c = _qk(k + b * k_sb + h * D, t, k_st, valid, ke_w, ko_w, ce, co, se, so, eps, ROPE, BT, D, INTERPRETED)
+        a, c = _qk(k, t, k_st, valid, ke_w, ko_w, ce, co, se, so, eps, ROPE, BT, D, INTERPRETED)
         k_se += a
         k_so += c
         m = valid[:, None]
@@ -109,10 +107,43 @@ def qkv_stats(q, k, v, q_sb, q_st, k_sb, k_st, v_sb, v_st, wq, wk, cos, sin, cs_
         k_ho = tl.maximum(k_ho, tl.where(m, c, float("-inf")))
         k_le = tl.minimum(k_le, tl.where(m, a, float("inf")))
         k_lo = tl.minimum(k_lo, tl.where(m, c, float("inf")))
-        x = tl.load(v + b * v_sb + h * D + t[:, None] * v_st + d[None, :], mask=m, other=0.0).to(tl.float32)
+        x = tl.load(v + t[:, None] * v_st + d[None, :], mask=m, other=0.0).to(tl.float32)
         v_s += x
         v_h = tl.maximum(v_h, tl.where(m, x, float("-inf")))
         v_l = tl.minimum(v_l, tl.where(m, x, float("inf")))
+    return q_hi, k_se, k_so, k_he, k_ho, k_le, k_lo, v_s, v_h, v_l
+
+
+def qkv_stats(q, k, v, q_sb, q_st, k_sb, k_st, v_sb, v_st, wq, wk, cos, sin, cs_st, part, n, chunk0, chunks, H,
+              eps, ROWS: tl.constexpr, BT: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
+              HEADS_FIRST: tl.constexpr, STAGES: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Pass 1 over one piece of n tokens, one program per (chunk of ROWS tokens, batch × head): q and k as the
+    attention sees them (`_qk`) and v, gathered per value across the chunk in registers and reduced once at its end;
+    writes part[batch × head, chunk0 + chunk] = max |q|, then for k and for v each channel's sum, maximum and
+    minimum over the chunk's tokens (1 + 6·D floats). Only a piece's last chunk masks its rows (`_gather`)."""
+    chunk, bh = _ids(HEADS_FIRST)
+    b = (bh // H).to(tl.int64)
+    h = bh % H
+    eps = _eps32(eps)
+    we, wo = _pairs(wq, D)
+    ke_w, ko_w = _pairs(wk, D)
+    zero = tl.zeros((BT, D // 2), dtype=tl.float32)
+    low = tl.full((BT, D // 2), float("-inf"), tl.float32)
+    high = tl.full((BT, D // 2), float("inf"), tl.float32)
+    v_s = tl.zeros((BT, D), dtype=tl.float32)
+    v_h = tl.full((BT, D), float("-inf"), tl.float32)
+    v_l = tl.full((BT, D), float("inf"), tl.float32)
+    qb, kb, vb = q + b * q_sb + h * D, k + b * k_sb + h * D, v + b * v_sb + h * D
+    t0 = chunk * ROWS
+    if t0 + ROWS <= n:
+        q_hi, k_se, k_so, k_he, k_ho, k_le, k_lo, v_s, v_h, v_l = _gather(
+            qb, kb, vb, q_st, k_st, v_st, we, wo, ke_w, ko_w, cos, sin, cs_st, n, t0, eps,
+            zero, zero, zero, low, low, high, high, v_s, v_h, v_l, ROWS, BT, D, ROPE, False, STAGES, INTERPRETED)
+    else:
+        q_hi, k_se, k_so, k_he, k_ho, k_le, k_lo, v_s, v_h, v_l = _gather(
+            qb, kb, vb, q_st, k_st, v_st, we, wo, ke_w, ko_w, cos, sin, cs_st, n, t0, eps,
+            zero, zero, zero, low, low, high, high, v_s, v_h, v_l, ROWS, BT, D, ROPE, True, STAGES, INTERPRETED)
+    d = tl.arange(0, D)
     row = part + (bh * chunks + chunk0 + chunk).to(tl.int64) * (1 + 6 * D)
     tl.store(row, tl.max(tl.max(q_hi, axis=1), axis=0))
     pairs = tl.arange(0, D // 2) * 2
@@ -136,29 +167,38 @@ def _centered(total, hi, lo, n):
     return mean, tl.max(tl.maximum(hi - mean, mean - lo), axis=0)
 
 
-def qkv_scales(part, scales, means, n, chunks, D: tl.constexpr):
-    """Pass 2, one program per batch × head: the chunks' statistics summed in chunk order (the same bits every run);
-    scales[bh] = (descale q, k, v, then their inverses) with descale = largest |x| (K and V centred) × (1/448),
-    at least float32's smallest normal; means[bh] = (k's mean, v's mean) over the n tokens."""
+def qkv_scales(part, scales, means, n, chunks, D: tl.constexpr, CB: tl.constexpr):
+    """Pass 2, one program per batch × head: the chunks' statistics gathered CB chunks at a time (each accumulator
+    keeps its chunk's row; one program walking the chunks one by one took 2.7 ms of a step, waiting on each load)
+    and reduced once at the end, in a fixed order (the same bits every run); scales[bh] = (descale q, k, v, then
+    their inverses) with descale = largest |x| (K and V centred) × (1/448), at least float32's smallest normal;
+    means[bh] = (k's mean, v's mean) over the n tokens."""
     bh = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, D)
     one = tl.arange(0, 1)
-    qmax = tl.zeros((1,), dtype=tl.float32)
-    k_sum = tl.zeros((D,), dtype=tl.float32)
-    v_sum = tl.zeros((D,), dtype=tl.float32)
-    k_hi = tl.full((D,), float("-inf"), tl.float32)
-    v_hi = tl.full((D,), float("-inf"), tl.float32)
-    k_lo = tl.full((D,), float("inf"), tl.float32)
-    v_lo = tl.full((D,), float("inf"), tl.float32)
-    for c in range(0, chunks):
-        row = part + (bh * chunks + c) * (1 + 6 * D)
-        qmax = tl.maximum(qmax, tl.load(row + one))
-        k_sum += tl.load(row + 1 + d)
-        k_hi = tl.maximum(k_hi, tl.load(row + 1 + D + d))
-        k_lo = tl.minimum(k_lo, tl.load(row + 1 + 2 * D + d))
-        v_sum += tl.load(row + 1 + 3 * D + d)
-        v_hi = tl.maximum(v_hi, tl.load(row + 1 + 4 * D + d))
-        v_lo = tl.minimum(v_lo, tl.load(row + 1 + 5 * D + d))
+    q_hi = tl.zeros((CB,), dtype=tl.float32)
+    k_sum = tl.zeros((CB, D), dtype=tl.float32)
+    v_sum = tl.zeros((CB, D), dtype=tl.float32)
+    k_hi = tl.full((CB, D), float("-inf"), tl.float32)
+    v_hi = tl.full((CB, D), float("-inf"), tl.float32)
+    k_lo = tl.full((CB, D), float("inf"), tl.float32)
+    v_lo = tl.full((CB, D), float("inf"), tl.float32)
+    for c0 in range(0, chunks, CB):
+        c = c0 + tl.arange(0, CB)
+        live = c < chunks
+        rows = part + (bh * chunks + c) * (1 + 6 * D)
+        q_hi = tl.maximum(q_hi, tl.load(rows, mask=live, other=0.0))
+        at = rows[:, None] + 1 + d[None, :]
+        m = live[:, None]
+        k_sum += tl.load(at, mask=m, other=0.0)
+        k_hi = tl.maximum(k_hi, tl.load(at + D, mask=m, other=float("-inf")))
+        k_lo = tl.minimum(k_lo, tl.load(at + 2 * D, mask=m, other=float("inf")))
+        v_sum += tl.load(at + 3 * D, mask=m, other=0.0)
+        v_hi = tl.maximum(v_hi, tl.load(at + 4 * D, mask=m, other=float("-inf")))
+        v_lo = tl.minimum(v_lo, tl.load(at + 5 * D, mask=m, other=float("inf")))
+    qmax = tl.zeros((1,), dtype=tl.float32) + tl.max(q_hi, axis=0)
+    k_sum, k_hi, k_lo = tl.sum(k_sum, axis=0), tl.max(k_hi, axis=0), tl.min(k_lo, axis=0)
+    v_sum, v_hi, v_lo = tl.sum(v_sum, axis=0), tl.max(v_hi, axis=0), tl.min(v_lo, axis=0)
     k_mean, k_amax = _centered(k_sum, k_hi, k_lo, n)
     v_mean, v_amax = _centered(v_sum, v_hi, v_lo, n)
     tiny = 1.1754943508222875e-38
@@ -187,16 +227,16 @@ def _put(out, even, odd, inv, valid, BT: tl.constexpr, D: tl.constexpr):
 
 def qkv_quantize(q, k, v, q_sb, q_st, k_sb, k_st, v_sb, v_st, wq, wk, cos, sin, cs_st, scales, means, q8, k8, v8,
                  n, tok0, n_all, H, eps, BT: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
-                 INTERPRETED: tl.constexpr):
+                 HEADS_FIRST: tl.constexpr, INTERPRETED: tl.constexpr):
     """Pass 3 over one piece of n tokens (tokens tok0… of the n_all of q8/k8/v8), one program per (BT tokens,
     batch × head): q, k and v again as in pass 1 (the same bits), K and V less their means, each times its head's
     inverse descale, rounded to e4m3 into (batch, tokens, heads, D)."""
-    bh = tl.program_id(1)
+    block, bh = _ids(HEADS_FIRST)
     b = (bh // H).to(tl.int64)
     h = bh % H
     bh64 = bh.to(tl.int64)
     eps = _eps32(eps)
-    t = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)
+    t = (block * BT + tl.arange(0, BT)).to(tl.int64)
     valid = t < n
     sc = scales + bh64 * 6
     ce, co, se, so = _rotary(cos, sin, t, cs_st, valid, ROPE, BT, D)

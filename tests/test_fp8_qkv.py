@@ -24,13 +24,15 @@ _INTERPRETED = textwrap.dedent("""
     from tests.fp8_qkv_helpers import make, reference
     kernels = fp8_qkv.Kernels(fp8_qkv_kernel)
     results = {}
-    for name, single, rows, bt in (("double-stream", False, 16, 8), ("single-stream", True, 24, 8),
-                                   ("one chunk", False, 256, 16)):
+    cases = (("double-stream", False, dict(rows=16, stats_bt=8, bt=8, chunks_at_once=2)),
+             ("single-stream", True, dict(rows=24, stats_bt=8, bt=8, heads_first=False)),
+             ("one chunk", False, dict(rows=256, stats_bt=16, bt=16)))
+    for name, single, setting in cases:
         pieces, weights, cos, sin = make(single=single)
         shape = (2, 49, 2, 128)
         q8, k8, v8 = (torch.full(shape, float("nan")) for _ in range(3))
-        scales, means = fp8_qkv.launch(kernels, pieces, weights, cos, sin, 1e-6, q8, k8, v8, rows=rows, stats_bt=bt,
-                                       bt=bt, interpreted=True)
+        scales, means = fp8_qkv.launch(kernels, pieces, weights, cos, sin, 1e-6, q8, k8, v8,
+                                       setting=fp8_qkv.Setting(**setting), interpreted=True)
         want = reference(pieces, weights, cos, sin, 1e-6)
         r = {"nan": any(bool(t.isnan().any()) for t in (q8, k8, v8, scales, means))}
         for i, key in enumerate("qkv"):
