@@ -49,9 +49,11 @@ class Setting:
     rows: int = 256             # tokens per program in the statistics pass (partials: 1 + 6·128 floats each)
     stats_bt: int = 16          # the statistics pass: tokens held at once
     stats_warps: int = 8        # … its warps per program
-    stages: int = 1             # … its loop's software-pipelining stages (1: none)
+    stages: int = 3             # … its loop's software-pipelining stages (1: none)
+    stats_heads: int = 1        # … heads per program (a power of two; fewer where the heads are not a multiple)
     bt: int = 16                # the quantization pass: tokens per program
     warps: int = 2              # … its warps per program
+    heads: int = 1              # … heads per program (as stats_heads)
     heads_first: bool = True    # neighbouring programs take the heads of one block of tokens (`_ids` in the kernels)
     chunks_at_once: int = 16    # the scales pass: chunks' statistics read at once
 
@@ -119,19 +121,31 @@ def launch(kernels, pieces: Sequence[torch.Tensor], weights: Sequence[torch.Tens
     scales = torch.empty((batch * heads, 6), dtype=torch.float32, device=dev)
     means = torch.empty((batch * heads, 2, d), dtype=torch.float32, device=dev)
 
-    def grid(blocks):
-        return (batch * heads, blocks) if st.heads_first else (blocks, batch * heads)
+    def grid(blocks, at_once):
+        groups = batch * heads // at_once
+        return (groups, blocks) if st.heads_first else (blocks, groups)
 
+    hs, hq = _heads_at_once(st.stats_heads, heads), _heads_at_once(st.heads, heads)
     for p, m, rope, args in _per_piece(pieces, weights, cos, sin):
-        kernels.stats[grid(chunks[p])](*args, part, m, chunks[0] if p else 0, sum(chunks), heads, eps, ROWS=st.rows,
-                                       BT=st.stats_bt, D=d, ROPE=rope, HEADS_FIRST=st.heads_first,
-                                       STAGES=st.stages, INTERPRETED=interpreted, num_warps=st.stats_warps)
+        kernels.stats[grid(chunks[p], hs)](*args, part, m, chunks[0] if p else 0, sum(chunks), heads, eps,
+                                           ROWS=st.rows, BT=st.stats_bt, HG=hs, D=d, ROPE=rope,
+                                           HEADS_FIRST=st.heads_first, STAGES=st.stages, INTERPRETED=interpreted,
+                                           num_warps=st.stats_warps)
     kernels.scales[(batch * heads,)](part, scales, means, n, sum(chunks), D=d, CB=st.chunks_at_once, num_warps=4)
     for p, m, rope, args in _per_piece(pieces, weights, cos, sin):
-        kernels.quantize[grid(-(-m // st.bt))](*args, scales, means, q8, k8, v8, m, sizes[0] if p else 0, n, heads,
-                                               eps, BT=st.bt, D=d, ROPE=rope, HEADS_FIRST=st.heads_first,
-                                               INTERPRETED=interpreted, num_warps=st.warps)
+        kernels.quantize[grid(-(-m // st.bt), hq)](*args, scales, means, q8, k8, v8, m, sizes[0] if p else 0, n,
+                                                   heads, eps, BT=st.bt, HG=hq, D=d, ROPE=rope,
+                                                   HEADS_FIRST=st.heads_first, INTERPRETED=interpreted,
+                                                   num_warps=st.warps)
     return scales, means
+
+
+def _heads_at_once(wanted: int, heads: int) -> int:
+    """The most heads a program takes: `wanted` (a power of two) or fewer, dividing `heads` (24: up to 8)."""
+    at_once = 1
+    while at_once * 2 <= wanted and heads % (at_once * 2) == 0:
+        at_once *= 2
+    return at_once
 
 
 def _per_piece(pieces: Sequence[torch.Tensor], weights: Sequence[torch.Tensor], cos: torch.Tensor,

@@ -24,9 +24,9 @@ _INTERPRETED = textwrap.dedent("""
     from tests.fp8_qkv_helpers import make, reference
     kernels = fp8_qkv.Kernels(fp8_qkv_kernel)
     results = {}
-    cases = (("double-stream", False, dict(rows=16, stats_bt=8, bt=8, chunks_at_once=2)),
-             ("single-stream", True, dict(rows=24, stats_bt=8, bt=8, heads_first=False)),
-             ("one chunk", False, dict(rows=256, stats_bt=16, bt=16)))
+    cases = (("double-stream", False, dict(rows=16, stats_bt=8, bt=8, chunks_at_once=2, stats_heads=2, heads=2)),
+             ("single-stream", True, dict(rows=24, stats_bt=8, bt=8, heads_first=False, stats_heads=1, heads=1)),
+             ("one chunk", False, dict(rows=256, stats_bt=16, bt=16, stats_heads=2, heads=1)))
     for name, single, setting in cases:
         pieces, weights, cos, sin = make(single=single)
         shape = (2, 49, 2, 128)
