@@ -178,5 +178,6 @@ def main(argv=None) -> None:
         print(f"| {r['block']} | {changed} | {r['ms']:.3f} | {r['statistics and scales ms']:.3f} | "
               f"{r['quantization ms']:.3f} | {r['floor_ms']:.3f} | {r['values that differ from eager']} |")
 
+
 if __name__ == "__main__":
     main()

@@ -174,3 +174,70 @@ def test_the_start_check_waits_for_a_page_slower_than_gradios_3_s():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_late_end_answer_never_stays_over_the_jobs_end(built, monkeypatch):
+    """The CI (a full run, tests/test_browser_ui.py's phone test): End's answer ("Stopping at the next step…") and
+    the job's stream reach the page by two roads; End sets the job's cancel flag before it answers, so on a busy
+    machine its answer landed after the stream's "Stopped" and the page said "Stopping…" for 180 s of a job that had
+    stopped in 2.9 s. End's follow-up, which the page asks only once it shows End's answer, shows the job's end again
+    if the stream has sent it; if it has not, the stream sends it after. Either way the page ends on the job's end."""
+    from types import SimpleNamespace
+
+    import gradio as gr
+
+    from pipeline.events import Done, Progress
+    from ui.sessions import STOPPING
+
+    _, blocks = built
+    stop = _fn(blocks, "stop")
+    follow_up = _fn(blocks, "shown_end")
+    assert follow_up.trigger_after == stop._id and follow_up.queue is False           # asked after End's answer
+    assert [o._id for o in follow_up.outputs] == [stop.outputs[0]._id]                # ... and it writes the status
+    panel = stop.fn.__wrapped__.__self__                                               # (ui/guard.py: functools.wraps)
+    ui = panel.ui
+
+    job = SimpleNamespace(id="job-1", entry="job-1", started=True, finished=False,
+                          cancel=SimpleNamespace(cancelled=False),
+                          request=SimpleNamespace(fps=30, mode="original", seed=1))
+    progress = Progress("sampling", 1, 3, 2, 6, 1.0, None)
+    ended = Done(job_dir=None, video=None, frames=0, stopped=True, timings={"total": 2.9})
+
+    def stream(job_, tick_s=None):
+        yield [progress]
+        yield [ended]
+
+    monkeypatch.setattr(panel, "runner", SimpleNamespace(get=lambda job_id: job if job_id == job.id else None))
+    monkeypatch.setattr(panel, "sessions", SimpleNamespace(current=lambda session: job, stream=stream,
+                                                           cancel=lambda session: STOPPING))
+    tab = SimpleNamespace(session_hash="tab-1", username=None, client=SimpleNamespace(host="127.0.0.1"))
+    page = {}
+
+    def show(updates):          # the page: the last answer to reach a component is what it shows
+        for component, value in updates.items():
+            if value != gr.skip():
+                page[component] = value
+
+    def end_answer():
+        status, *_ = stop.fn(tab)
+        show({ui.status: status})
+
+    # End's answer lands after the stream's last update (the CI): the follow-up shows the end again
+    for updates in panel.run(job.id, tab):
+        show(updates)
+    assert "Stopped" in page[ui.status]
+    end_answer()
+    assert STOPPING in page[ui.status]
+    show({ui.status: follow_up.fn(tab)})
+    assert "Stopped" in page[ui.status], page[ui.status]
+
+    # End's answer lands first (the usual order): the follow-up changes nothing, the stream's end comes after
+    job.id = job.entry = "job-2"
+    updates = panel.run(job.id, tab)
+    show(next(updates))
+    show(next(updates))                             # the progress: the job runs
+    end_answer()
+    assert follow_up.fn(tab) == gr.skip()
+    for u in updates:
+        show(u)
+    assert "Stopped" in page[ui.status], page[ui.status]

@@ -52,6 +52,7 @@ class RunPanel:
         self.ctx, self.jobs, self.runner, self.sessions, self.ui = ctx, jobs, ctx.runner, ctx.sessions, ctx.ui
         self._confirmed: dict[str, str] = {}            # session -> the long job it was asked to confirm
         self._watching: dict[str, Watch] = {}           # session -> the job it shows and did not start
+        self._ended: dict[str, tuple[str, str]] = {}    # session -> (its job, the last status its stream sent)
         self._lock = threading.Lock()
 
     # ---- Start / Resume -------------------------------------------------------------------------------------------
@@ -119,8 +120,8 @@ class RunPanel:
         return f"⚠ {message}", progress_html(None, idle_text=NOT_STARTED)
 
     # ---- the running job --------------------------------------------------------------------------------------------
-    def run(self, job_id):
-        ui = self.ui
+    def run(self, job_id, request: gr.Request = None):
+        ui, session = self.ui, getattr(request, "session_hash", None)
         job = self.runner.get(job_id)
         if job is None or job.cancel.cancelled and not job.started:
             yield {ui.status: gr.skip()}    # dropped while waiting (End or tab closed), or not started
@@ -133,7 +134,11 @@ class RunPanel:
                 view.apply(event)
             if not any(isinstance(event, Progress) for event in batch):   # (log lines alone do not stop the clock)
                 view.tick()
-            yield self._updates(view)
+            updates = self._updates(view)
+            if view.result is not None and session:     # before it is sent: End's follow-up reads it (shown_end)
+                with self._lock:
+                    self._ended[session] = (job.id, view.status)
+            yield updates
         if view.result is not None and getattr(view.result, "job_dir", None) is not None:
             self.jobs.keep_preview(view)
         if isinstance(view.result, Failed):         # the page keeps what the job made; the pop-up says Error
@@ -249,11 +254,25 @@ class RunPanel:
     def stop_busy():
         return "■ The server is busy; press End again.", gr.skip(), gr.skip()
 
+    def shown_end(self, request: gr.Request):
+        """After End's answer is on the page: the job's end again, if its stream already sent it. End's answer and
+        the stream reach the page by two roads, so "Stopping…" (End sets the job's cancel flag, then answers) could
+        land after the stream's "Stopped" and stay there (a busy CI machine: 180 s). The page asks this only once it
+        has shown End's answer, and run() notes the end before sending it, so the end the page shows last is the
+        job's: either noted here already (shown again), or sent by the stream after this answer."""
+        job = self.sessions.current(request.session_hash)
+        with self._lock:
+            ended = self._ended.get(request.session_hash)
+        if job is None or ended is None or ended[0] != job.id:
+            return gr.skip()
+        return ended[1]
+
     def tab_closed(self, request: gr.Request):
         self.sessions.drop_waiting(request.session_hash)
         with self._lock:
             self._confirmed.pop(request.session_hash, None)
             self._watching.pop(request.session_hash, None)
+            self._ended.pop(request.session_hash, None)
 
     # ---- wiring -----------------------------------------------------------------------------------------------------
     def wire(self, app: gr.Blocks, job_state: gr.State) -> None:
@@ -279,7 +298,8 @@ class RunPanel:
         queue_job(ui.resume.click(self.submit_resume, ui.selected_job, started_outputs, **checks))
         # End reaches this tab's job whether it runs or waits; never waits behind the GPU queue
         ui.end.click(HandlerGuard(STOP_CALLS_MAX).wrap(self.stop, self.stop_busy), None, [ui.status, ui.start, ui.end],
-                     queue=False, show_progress="hidden", api_name="stop")
+                     queue=False, show_progress="hidden", api_name="stop") \
+            .then(self.ctx.quick.wrap(self.shown_end, gr.skip), None, ui.status, queue=False, show_progress="hidden")
         app.unload(self.tab_closed)
         watch_outputs = [ui.preview, ui.video, ui.progress, ui.status, ui.start, ui.end, ui.log]
         gr.Timer(WATCH_S).tick(self.watch, None, watch_outputs, show_progress="hidden",
