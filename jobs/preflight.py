@@ -3,7 +3,8 @@ panel, command line, batch file, farm), so that a job that cannot run is refused
 when its turn comes.
 
 - its request (pipeline/request.py `prepare`: every field, the images decoded once, an input video read);
-- its size fits under the VRAM cap (pipeline/resolution.py);
+- its size fits under the VRAM cap (pipeline/resolution.py), its blocks counted as the process's weight storage
+  and --fp8-compute lay them on the GPU;
 - the host-RAM budget can hold it (memory/estimate.py: the nominal plan, nothing loaded);
 - its LoRAs: each file read and checked against the transformer's layers (its config: nothing loaded);
 - a post-processing job (post/): its videos read, its steps planned, each model file read and its architecture
@@ -73,7 +74,8 @@ class Preflight:
             raise InputError("preserved memory", f"{request.preserved_gb:g} GB is more than the VRAM cap ({cap:g} "
                                                  f"GB) can preserve: choose at most {cap:g} GB")
         if prepared.source is None:             # an extension's size is its input's
-            check_fits(prepared, self.preset, self.config.vram_cap_gb, self.config.weight_storage)
+            check_fits(prepared, self.preset, self.config.vram_cap_gb, self.config.weight_storage,
+                       self.config.fp8_compute)
         problem = self.host_problem(prepared)
         if problem:
             raise InputError("host RAM", problem)

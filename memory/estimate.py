@@ -4,11 +4,11 @@ for the up-front check of --host-ram-gb (app start, CLI) that refuses a budget n
 is read (`nominal_plan`).
 
 Sizes: the transformer and the Llama are built on the meta device with the real configs (exact bytes per chunk,
-and their fp8 sizes), the Llama trimmed as a job loads it (memory/llama_trim.py: without its last layers and final
-norm, and with real weights without its embedding, whose rows are read from the files per prompt); CLIP, the VAE
-and SigLIP are one chunk of their preset size. The process's own memory is not known yet: the larger of what it
-holds now and an estimate (configs/memory.py, host_overhead_gb on a GPU). The plan a job makes measures it instead
-(MemoryManager.arrange_host).
+and their fp8 sizes; the size check, memory/resolution.py, reads the transformer's from here too), the Llama
+trimmed as a job loads it (memory/llama_trim.py: without its last layers and final norm, and with real weights
+without its embedding, whose rows are read from the files per prompt); CLIP, the VAE and SigLIP are one chunk of
+their preset size. The process's own memory is not known yet: the larger of what it holds now and an estimate
+(configs/memory.py, host_overhead_gb on a GPU). The plan a job makes measures it instead (MemoryManager.arrange_host).
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def _sizes(kind: str, config_items: tuple, dtype_bytes: int, files: bool
     return tuple(plain), tuple(stored), tuple(with_kept)
 
 
-def _transformer_config(preset) -> tuple[tuple, int]:
+def transformer_config(preset) -> tuple[tuple, int]:
     """(config items, bytes per weight) of the preset's transformer: the tiny one's config in fp32, the real one's
     in bf16."""
     if preset.tiny:
@@ -98,10 +98,27 @@ def _transformer_config(preset) -> tuple[tuple, int]:
     return REAL_TRANSFORMER_CONFIG, 2
 
 
-def _hidden(config_items: tuple) -> int:
+def transformer_hidden(config_items: tuple) -> int:
     """The transformer's hidden size (diffusers' defaults for what the config leaves out: 24 heads of 128)."""
     cfg = dict(config_items)
     return int(cfg.get("num_attention_heads", 24)) * int(cfg.get("attention_head_dim", 128))
+
+
+def transformer_device_sizes(preset, weight_storage: str = "native", fp8_compute: bool = False
+                             ) -> tuple[tuple[int, ...], int]:
+    """(bytes per chunk on the GPU, chunk 0 the rest and then the blocks; the bytes staged beside each streaming
+    slot) of the preset's transformer: the one count of what it lays on the device before a job, read by the
+    residency estimate here and by the size check (memory/resolution.py), so the two never disagree.
+
+    `fp8_compute`: the Linears fp8 compute multiplies (memory/fp8.py `compute_target`) take their fp8 values and row
+    scales, as memory/chunk.py lays them out on the device. fp8 storage (`weight_storage == "fp8"`) leaves the device
+    layout as it is, but a streamed block whose stored form is not that layout byte for byte (without fp8 compute
+    every block; with it, still those whose modulation Linears are stored in fp8 and turned back to bf16 on the
+    device) is copied into a staging buffer of its stored bytes beside its slot (memory/streaming.py)."""
+    items, dtype_bytes = transformer_config(preset)
+    device, stored = _chunk_sizes("transformer", items, dtype_bytes, kept=fp8_compute)
+    stage = max((s for s, d in zip(stored[1:], device[1:]) if s != d), default=0) if weight_storage == "fp8" else 0
+    return device, stage
 
 
 def nominal_transformer_plan(preset, cap_gb: float, preserved_gb: float, workload: Workload = Workload(),
@@ -109,11 +126,10 @@ def nominal_transformer_plan(preset, cap_gb: float, preserved_gb: float, workloa
     """What of the transformer stays on the GPU for a job of `workload` (its bucket and window): the same rule
     (memory/plan.py `transformer_residency`) on the same sizes as the planner when the job runs
     (memory/budget.py), from the config alone; with `fp8_compute` its Linears kept in fp8 on the device."""
-    items, dtype_bytes = _transformer_config(preset)
-    plain, stored = _chunk_sizes("transformer", items, dtype_bytes, kept=fp8_compute)
-    stage = max((s for s, p in zip(stored[1:], plain[1:]) if s != p), default=0) if weight_storage == "fp8" else 0
-    return transformer_residency(plain[1:], plain[0], int(cap_gb * GIB), int(preserved_gb * GIB), workload,
-                                 _hidden(items), dtype_bytes, slot_count=MEMORY.prefetch_depth + 1,
+    items, dtype_bytes = transformer_config(preset)
+    device, stage = transformer_device_sizes(preset, weight_storage, fp8_compute)
+    return transformer_residency(device[1:], device[0], int(cap_gb * GIB), int(preserved_gb * GIB), workload,
+                                 transformer_hidden(items), dtype_bytes, slot_count=MEMORY.prefetch_depth + 1,
                                  stage_bytes=stage)
 
 
@@ -122,7 +138,7 @@ def nominal_models(preset, mode: str, cap_gb: float, preserved_gb: float, device
                    fp8_compute: bool = False) -> list[ModelHost]:
     gpu = device_type == "cuda"
     quant = weight_storage == "fp8"
-    items, dtype_bytes = _transformer_config(preset)
+    items, dtype_bytes = transformer_config(preset)
     tr = _chunk_sizes("transformer", items, dtype_bytes)
     laid = _chunk_sizes("transformer", items, dtype_bytes, kept=True)[0] if fp8_compute else tr[0]   # device layout
     if preset.tiny:

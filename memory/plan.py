@@ -15,7 +15,6 @@ resolution and window.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from common.units import GIB
 
@@ -162,20 +161,6 @@ def activation_bytes(tokens: int, hidden: int = 3072, dtype_bytes: int = 2,
                      factor: float = ACTIVATION_FACTOR) -> int:
     """Peak activation memory of one transformer block (fused attention: no score matrix)."""
     return int(tokens * hidden * dtype_bytes * factor)
-
-
-@lru_cache(maxsize=8)
-def transformer_sizes(config_items: tuple, bytes_per_param: int) -> tuple[tuple[int, ...], int]:
-    """Per-block and other bytes of a FramePack transformer config, counted on the meta device (no memory)."""
-    import torch
-    from diffusers import HunyuanVideoFramepackTransformer3DModel
-
-    with torch.device("meta"):
-        model = HunyuanVideoFramepackTransformer3DModel(**dict(config_items))
-    blocks = [*model.transformer_blocks, *model.single_transformer_blocks]
-    sizes = tuple(sum(p.numel() for p in b.parameters()) * bytes_per_param for b in blocks)
-    total = sum(p.numel() for p in model.parameters()) * bytes_per_param
-    return sizes, total - sum(sizes)
 
 
 TEXT_RESERVE_BYTES = 2 * GIB       # activations of the text encoders (≤ ~350 tokens) + headroom

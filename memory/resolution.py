@@ -11,8 +11,10 @@ GPU:
 - transformer activations = tokens × hidden × dtype bytes × 20 (memory.plan.ACTIVATION_FACTOR: live tensors at
   a block's peak with fused attention, measured 19.4).
 - the transformer's least GPU memory = the always-resident part + one resident block + the streaming slots
-  (prefetch depth + 1 blocks, the largest) + the activations: the most streaming there is. Preserved memory only
-  moves weights between resident and streamed above that floor.
+  (prefetch depth + 1 blocks, the largest, each with its fp8 storage's staging buffer) + the activations: the most
+  streaming there is. Preserved memory only moves weights between resident and streamed above that floor. The
+  sizes are what the blocks take on the device (memory/estimate.py `transformer_device_sizes`, the residency
+  estimate's count): with fp8 compute its Linears in fp8, about 0.6 GB less at full size.
 - VAE decode = the VAE's weights + the tile's estimate (memory.vae.memory_estimate: 13.5 × C0 × tile pixels ×
   dtype bytes, measured 13.2, plus the decoded frames kept for blending) for the largest decode of a job: 2w + 1
   latent frames. The tiles are chosen as memory.vae.VaeDecodePolicy chooses them, with the room it keeps free for
@@ -32,7 +34,8 @@ import torch
 
 from common.units import GIB
 from configs.memory import MEMORY
-from memory.plan import REAL_TRANSFORMER_CONFIG, activation_bytes, framepack_tokens, transformer_sizes
+from memory.estimate import transformer_config, transformer_device_sizes, transformer_hidden
+from memory.plan import activation_bytes, framepack_tokens
 from memory.vae import VaeDecodePolicy, VaeTiling, memory_estimate
 from memory.vae_grid import GridTiling
 
@@ -46,9 +49,11 @@ def _items(cfg) -> tuple:
 
 @dataclass(frozen=True)
 class ModelFigures:
-    """The sizes the cost needs, from a preset (counted on the meta device: no memory, no download)."""
-    block_bytes: tuple[int, ...]
+    """The sizes the cost needs, from a preset and the job's weight settings (counted on the meta device: no
+    memory, no download)."""
+    block_bytes: tuple[int, ...]        # on the device (fp8 compute: its Linears in fp8)
     other_bytes: int
+    stage_bytes: int                    # fp8 storage: the stored bytes staged beside each streaming slot
     hidden: int
     act_dtype_bytes: int
     vae_bytes: int
@@ -65,19 +70,16 @@ def _vae_params(items: tuple) -> int:
     return sum(p.numel() for p in vae.parameters())
 
 
-def model_figures(preset) -> ModelFigures:
-    """The transformer's blocks and the VAE of a preset (the real HunyuanVideo configs, or the tiny ones)."""
-    tr_bytes = DTYPE_BYTES[preset.transformer.dtype]
+def model_figures(preset, weight_storage: str = "native", fp8_compute: bool = False) -> ModelFigures:
+    """The transformer's blocks and the VAE of a preset (the real HunyuanVideo configs, or the tiny ones), the
+    blocks as a job with `weight_storage` and `fp8_compute` (--fp8-compute) lays them on the device."""
+    titems, tr_bytes = transformer_config(preset)
+    chunks, stage = transformer_device_sizes(preset, weight_storage, fp8_compute)
     vae_bytes = DTYPE_BYTES[preset.vae.dtype]
-    if preset.tiny:
-        tcfg, vcfg = preset.tiny_configs["transformer"], preset.tiny_configs["vae"]
-        titems, vitems = _items(tcfg), _items(vcfg)
-    else:
-        titems, tcfg, vitems = REAL_TRANSFORMER_CONFIG, {}, ()
-    sizes, other = transformer_sizes(titems, tr_bytes)
-    hidden = tcfg.get("num_attention_heads", 24) * tcfg.get("attention_head_dim", 128)
+    vitems = _items(preset.tiny_configs["vae"]) if preset.tiny else ()
     channels = dict(vitems).get("block_out_channels", (128, 256, 512, 512))[0]
-    return ModelFigures(sizes, other, hidden, tr_bytes, _vae_params(vitems) * vae_bytes, channels, vae_bytes)
+    return ModelFigures(chunks[1:], chunks[0], stage, transformer_hidden(titems), tr_bytes,
+                        _vae_params(vitems) * vae_bytes, channels, vae_bytes)
 
 
 @dataclass(frozen=True)
@@ -120,18 +122,18 @@ class ResolutionCost:
 
 
 def resolution_cost(figures: ModelFigures, height: int, width: int, window: int, cap_gb: float,
-                    prefetch_depth: int = MEMORY.prefetch_depth, weight_storage: str = "native",
-                    workspace_reserve: int = 0, stream: dict | None = None) -> ResolutionCost:
-    """`workspace_reserve`: what the decode keeps free beside its tiles on the job's device
-    (memory.vae.cudnn_workspace_reserve), `stream`: its streamed-decoder settings (memory.vae.streamed_decode), so
-    the tiles shown are the ones the job starts with."""
+                    prefetch_depth: int = MEMORY.prefetch_depth, workspace_reserve: int = 0,
+                    stream: dict | None = None) -> ResolutionCost:
+    """The weight settings (fp8 storage, fp8 compute) are the figures' (`model_figures`). `workspace_reserve`:
+    what the decode keeps free beside its tiles on the job's device (memory.vae.cudnn_workspace_reserve), `stream`:
+    its streamed-decoder settings (memory.vae.streamed_decode), so the tiles shown are the ones the job starts
+    with."""
     cap = int(cap_gb * GIB)
     tokens = framepack_tokens(height, width, window)
     act = activation_bytes(tokens, figures.hidden, figures.act_dtype_bytes)
     biggest = max(figures.block_bytes)
-    stage = biggest // 2 if weight_storage == "fp8" else 0          # fp8: the stored bytes beside each slot
     streamed = len(figures.block_bytes) - 1
-    slots = min(prefetch_depth + 1, streamed) * (biggest + stage)
+    slots = min(prefetch_depth + 1, streamed) * (biggest + figures.stage_bytes)
     floor = figures.other_bytes + figures.block_bytes[0] + slots + act
     shape = (2 * window + 1, height // 8, width // 8)
 

@@ -50,25 +50,25 @@ def job_size(image_height: int, image_width: int, resolution: int, width=0, heig
     return JobSize(h, w, False, resolution)
 
 
-def _cost(preset, cap_gb: float, window: int, weight_storage: str):
+def _cost(preset, cap_gb: float, window: int, weight_storage: str, fp8_compute: bool):
     from memory.manager import default_device
     from memory.resolution import model_figures, resolution_cost
     from memory.vae import cudnn_workspace_reserve, streamed_decode
 
-    figures = model_figures(preset)
+    figures = model_figures(preset, weight_storage, fp8_compute)
     device = default_device()                                     # the tiles the job on this machine starts with
     reserve, stream = cudnn_workspace_reserve(device), streamed_decode(device)
-    return lambda hw: resolution_cost(figures, hw[0], hw[1], window, cap_gb, MEMORY.prefetch_depth, weight_storage,
-                                      reserve, stream)
+    return lambda hw: resolution_cost(figures, hw[0], hw[1], window, cap_gb, MEMORY.prefetch_depth, reserve, stream)
 
 
 def refusal(size: JobSize, image_hw: tuple[int, int], preset, cap_gb: float, window: int,
-            weight_storage: str = "native") -> InputError | None:
+            weight_storage: str = "native", fp8_compute: bool = False) -> InputError | None:
     """Why `size` cannot fit under the cap (an InputError naming the field, with the nearest size that fits), or
-    None when it fits."""
+    None when it fits. `weight_storage`, `fp8_compute`: the process's (Config), which set what the transformer's
+    blocks take on the GPU (--fp8-compute keeps its Linears there in fp8: a lower floor)."""
     from memory.resolution import largest_fitting
 
-    cost = _cost(preset, cap_gb, window, weight_storage)
+    cost = _cost(preset, cap_gb, window, weight_storage, fp8_compute)
     here = cost((size.height, size.width))
     if here.fits:
         return None
@@ -88,27 +88,28 @@ def refusal(size: JobSize, image_hw: tuple[int, int], preset, cap_gb: float, win
                                   f"{near}.")
 
 
-def check_fits(prepared, preset, cap_gb: float, weight_storage: str = "native") -> None:
+def check_fits(prepared, preset, cap_gb: float, weight_storage: str = "native", fp8_compute: bool = False) -> None:
     """Raise the refusal of a prepared request whose size cannot fit under the cap (before any model loads)."""
     r = prepared.request
     size = JobSize(prepared.height, prepared.width, bool(custom_size(r.width, r.height)), r.resolution)
     error = refusal(size, (prepared.image.height, prepared.image.width), preset, cap_gb, r.latent_window,
-                    weight_storage)
+                    weight_storage, fp8_compute)
     if error is not None:
         raise error
 
 
 def plan_text(preset, cap_gb: float, resolution, width, height, window, image_hw: tuple[int, int] | None = None,
-              weight_storage: str = "native") -> str:
+              weight_storage: str = "native", fp8_compute: bool = False) -> str:
     """The memory plan's resolution line for the page: the size, what it costs, or why it cannot fit and the
-    nearest size that does. `image_hw`: the start image's size (None: a square image)."""
+    nearest size that does. `image_hw`: the start image's size (None: a square image); `weight_storage`,
+    `fp8_compute`: as `refusal`, so the page and the pre-flight give the same answer."""
     hw = image_hw or (1, 1)
     try:
         size = job_size(hw[0], hw[1], int(resolution), width, height)
     except InputError as e:
         return f"⚠ {e}"
-    cost = _cost(preset, cap_gb, int(window), weight_storage)((size.height, size.width))
+    cost = _cost(preset, cap_gb, int(window), weight_storage, fp8_compute)((size.height, size.width))
     if cost.fits:
         return f"Size {size.describe()}: {cost.describe()}."
-    problem = refusal(size, hw, preset, cap_gb, int(window), weight_storage)
+    problem = refusal(size, hw, preset, cap_gb, int(window), weight_storage, fp8_compute)
     return f"⚠ **Size {size.describe()} cannot fit:** {problem.message if problem is not None else cost.describe()}"

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from common.errors import InputError
+from common.units import GIB
 from configs.generation import BUCKETS_640
 from configs.presets import HUNYUAN, TINY
 from memory.plan import framepack_tokens
@@ -185,6 +186,71 @@ def test_check_fits_names_the_field_before_anything_loads():
     assert e.value.field == "custom width"
     check_fits(prepared, TINY, 20.0)                             # the same size fits a larger cap
     check_fits(prepare(Request(image=make_image(96, 80)), 64), TINY, 2.0)
+
+
+# ---- fp8 compute: the blocks' Linears lie on the GPU in fp8 ------------------------------------------------------
+def test_fp8_compute_lowers_the_transformer_floor_by_the_kept_bytes():
+    """With --fp8-compute the blocks' Linears lie on the GPU in fp8 values and row scales (memory/chunk.py), so
+    the floor (the rest, one resident block, the streaming slots, the activations) is lower by what they save in
+    the resident block and each slot: 0.63 GiB at 608×640, window 9 (4.79 → 4.15 GiB). Its sizes are the residency
+    estimate's (memory/estimate.py): the floor is its plan with every block but the first streamed. With fp8
+    storage too, each slot keeps its staging buffer of the stored block (the modulation Linears are stored in fp8
+    and turned back to bf16 on the device)."""
+    from configs.memory import MEMORY
+    from memory.estimate import _chunk_sizes, nominal_transformer_plan
+    from memory.plan import REAL_TRANSFORMER_CONFIG, Workload
+
+    plain, stored = _chunk_sizes("transformer", REAL_TRANSFORMER_CONFIG, 2)
+    kept, _ = _chunk_sizes("transformer", REAL_TRANSFORMER_CONFIG, 2, kept=True)
+    assert kept[0] == plain[0] and kept[1] < plain[1]             # the rest as it was; a dual block smaller
+    saved = (1 + MEMORY.prefetch_depth + 1) * (plain[1] - kept[1])   # block 0 and the slots: dual blocks
+    floors = {}
+    for storage in ("native", "fp8"):
+        for compute in (False, True):
+            cost = resolution_cost(model_figures(HUNYUAN, storage, compute), 608, 640, 9, 20)
+            plan = nominal_transformer_plan(HUNYUAN, 20, 20, Workload(608, 640, 9), storage, compute)
+            assert plan.resident == (0,) and cost.transformer_floor == plan.peak_estimate     # one answer
+            floors[storage, compute] = cost.transformer_floor
+        assert floors[storage, False] - floors[storage, True] == saved
+    assert 0.6 * GIB < saved < 0.7 * GIB
+    assert floors["native", False] / GIB == pytest.approx(4.79, abs=0.01)
+    assert floors["native", True] / GIB == pytest.approx(4.15, abs=0.01)
+    assert floors["fp8", True] - floors["native", True] == (MEMORY.prefetch_depth + 1) * max(stored[1:])
+
+
+def test_a_size_refused_in_bf16_fits_with_fp8_compute_at_every_door():
+    """Under the 20 GB cap the bucket of 1904 for a 640×608 image (1808×1904, window 9) needs a transformer floor
+    of 20.5 GiB in bf16 but 19.9 GiB with --fp8-compute: refused without it, accepted with it, by the pre-flight
+    (jobs/preflight.py: every job), `check_fits` and the page's memory plan alike."""
+    from configs.runtime import Config
+    from jobs.preflight import Preflight
+    from ui.memory_plan import size_line
+
+    image_hw = (608, 640)
+    size = job_size(*image_hw, 1904)
+    assert (size.height, size.width) == (1808, 1904)
+    bf16 = resolution_cost(model_figures(HUNYUAN), 1808, 1904, 9, 20)
+    fp8 = resolution_cost(model_figures(HUNYUAN, fp8_compute=True), 1808, 1904, 9, 20)
+    assert fp8.transformer_floor <= 20 * GIB < bf16.transformer_floor and fp8.vae_floor <= 20 * GIB
+
+    error = refusal(size, image_hw, HUNYUAN, 20.0, 9)
+    assert error is not None and error.field == "resolution" and "transformer" in error.message
+    assert refusal(size, image_hw, HUNYUAN, 20.0, 9, fp8_compute=True) is None
+    prepared = prepare(Request(image=make_image(640, 608), resolution=1904), 640)
+    with pytest.raises(InputError):
+        check_fits(prepared, HUNYUAN, 20.0)
+    check_fits(prepared, HUNYUAN, 20.0, fp8_compute=True)
+    assert "cannot fit" in size_line(HUNYUAN, 20.0, 1904, 0, 0, 9)[1]
+    assert "fits under the 20 GB cap" in size_line(HUNYUAN, 20.0, 1904, 0, 0, 9, fp8_compute=True)[1]
+
+    def preflight(fp8_compute: bool) -> Preflight:
+        return Preflight(Config(vram_cap_gb=20, host_ram_gb=512, fp8_compute=fp8_compute))
+
+    request = Request(image=make_image(640, 608), resolution=1904)
+    with pytest.raises(InputError) as e:
+        preflight(False).prepare(request)
+    assert e.value.field == "resolution"
+    preflight(True).prepare(request)
 
 
 def test_nothing_fits_a_cap_below_the_smallest_size():

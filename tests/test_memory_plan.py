@@ -5,13 +5,16 @@ import pytest
 
 from common.units import GIB
 from configs.presets import HUNYUAN, TINY
-from memory.estimate import describe_preserved
-from memory.plan import REAL_TRANSFORMER_CONFIG, activation_bytes, framepack_tokens, plan_residency, transformer_sizes
+from memory.estimate import describe_preserved, transformer_device_sizes
+from memory.plan import activation_bytes, framepack_tokens, plan_residency
 
 
 @pytest.fixture(scope="module")
 def real_sizes():
-    return transformer_sizes(REAL_TRANSFORMER_CONFIG, 2)
+    """(bytes per block, bytes of the rest) of the real transformer in bf16, as the estimate and the size check
+    count them (memory/estimate.py)."""
+    chunks, _ = transformer_device_sizes(HUNYUAN)
+    return chunks[1:], chunks[0]
 
 
 def _plan(sizes, cap_gb, preserved_gb, **kw):

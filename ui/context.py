@@ -68,7 +68,7 @@ def preserved_text(preset, config: Config, device, preserved_gb, max_gb: float, 
     (ui/memory_plan.py)."""
 
     size, line = size_line(preset, config.vram_cap_gb, preset.default_resolution if resolution is None else
-                           resolution, width, height, window, image, config.weight_storage)
+                           resolution, width, height, window, image, config.weight_storage, config.fp8_compute)
     text = hints.preserved_hint(preset, config.vram_cap_gb, preserved_gb, device.type, config.host_ram_gb,
                                 config.weight_storage, max_gb=max_gb, size=size, window=int(hints.number(window) or 9),
                                 fp8_compute=config.fp8_compute)

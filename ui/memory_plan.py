@@ -37,8 +37,9 @@ def image_size(value) -> tuple[int, int] | None:
 
 
 def size_line(preset, cap_gb: float, resolution, width, height, window, image=None,
-              weight_storage: str = "native") -> tuple[tuple[int, int] | None, str]:
-    """((height, width) of the job or None, the line for the page)."""
+              weight_storage: str = "native", fp8_compute: bool = False) -> tuple[tuple[int, int] | None, str]:
+    """((height, width) of the job or None, the line for the page); `weight_storage`, `fp8_compute`: the
+    process's (Config), as the pre-flight checks the job."""
 
     r, w, h, n = (hints.number(v) for v in (resolution, width or 0, height or 0, window))
     if r is None or w is None or h is None or n is None or r < 16 or not 1 <= n <= 64:
@@ -52,7 +53,7 @@ def size_line(preset, cap_gb: float, resolution, width, height, window, image=No
         return None, f"⚠ {messages.input_error(e)}"
     try:
         return (size.height, size.width), plan_text(preset, cap_gb, int(r), int(w), int(h), int(n), hw,
-                                                    weight_storage)
+                                                    weight_storage, fp8_compute)
     except Exception:
         log.warning("could not compute the size's memory plan", exc_info=True)
         return None, ""
