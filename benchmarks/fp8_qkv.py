@@ -36,22 +36,21 @@ log = logging.getLogger("benchmarks.fp8_qkv")
 VIDEO, PROMPT, HEADS, D = 17_500, 985, 24, 128
 SETTINGS = (   # rocm/fp8_qkv.py's default first, then a few fields changed each
     fp8_qkv.SETTING,
-    fp8_qkv.Setting(heads_first=False, chunks_at_once=1, stages=1),  # the launches before 2026-12-03's third session
+    fp8_qkv.Setting(stats_bt=16, stats_warps=8, stages=1, stats_heads=1, bt=16, warps=2, heads=1, heads_first=False,
+                    chunks_at_once=1),                  # the launches before 2026-12-03's third session
+    fp8_qkv.Setting(stages=1),
     fp8_qkv.Setting(stages=2),
-    fp8_qkv.Setting(stats_warps=4),
-    fp8_qkv.Setting(stats_bt=8, stats_heads=2),
+    fp8_qkv.Setting(stats_warps=8),
+    fp8_qkv.Setting(stats_bt=16, stats_heads=1),
+    fp8_qkv.Setting(stats_bt=16, stats_heads=1, stats_warps=8),
     fp8_qkv.Setting(stats_bt=4, stats_heads=4),
-    fp8_qkv.Setting(stats_bt=2, stats_heads=8),
-    fp8_qkv.Setting(stats_bt=16, stats_heads=2),
-    fp8_qkv.Setting(stats_bt=8, stats_heads=4),
-    fp8_qkv.Setting(stats_bt=8, stats_heads=2, stats_warps=4),
-    fp8_qkv.Setting(stats_bt=4, stats_heads=4, stats_warps=4),
-    fp8_qkv.Setting(rows=128, stats_bt=8, stats_heads=2),
-    fp8_qkv.Setting(heads=2),
-    fp8_qkv.Setting(heads=4, warps=4),
-    fp8_qkv.Setting(heads=8, bt=8, warps=4),
-    fp8_qkv.Setting(heads=8, bt=16, warps=8),
-    fp8_qkv.Setting(heads=4, bt=32, warps=8),
+    fp8_qkv.Setting(stats_bt=2, stats_heads=8, stats_warps=8),
+    fp8_qkv.Setting(rows=128),
+    fp8_qkv.Setting(bt=16, warps=2, heads=1),
+    fp8_qkv.Setting(bt=16, heads=4),
+    fp8_qkv.Setting(bt=16, warps=8),
+    fp8_qkv.Setting(heads_first=False),
+    fp8_qkv.Setting(chunks_at_once=1),
 )
 QUANTIZE_FIELDS = ("bt", "warps", "heads")      # the quantization pass's; the others are the statistics pass's
 

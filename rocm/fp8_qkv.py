@@ -22,10 +22,16 @@ video's and the prompt's tokens are read from their two tensors (the double-stre
 concatenation is not written either. Passes 1 and 3 run once per piece (the video's tokens with the rotary
 embedding, the prompt's without), so a program reads one tensor and branches on nothing per value; a head's
 channels are held as their 64 (even, odd) pairs, the rotary embedding's unit; the statistics are kept per value
-across a chunk and reduced once at its end. On an H200 the three passes took 38 ms of the step (statistics 21.6,
-quantization 13.8, scales 2.7) against Inductor's ~49, and the fp8 step went from 0.518× to 0.505× eager under the
-20 GB cap (BENCHMARKS.md). A first version (a per-value choice of piece, each pair's partner loaded again, the
-statistics reduced across warps at every step) took 174 ms and was not kept.
+across a chunk and reduced once at its end. A program takes several heads of its tokens (the rotary tables' rows,
+float32, 1 KB a token, are more bytes than one head's q, k and v: read once per head they made both passes wait on
+the L2 cache), neighbouring programs take the other heads of the same tokens, the statistics pass's loads are
+software-pipelined, only a piece's last chunk masks its rows, and the scales pass reads 16 chunks at a time.
+
+On an H200 (BENCHMARKS.md) the three passes take 27.3 ms of the fp8 step (statistics 14.4, quantization 12.2,
+scales 0.6) where Inductor's kernels took ~49; the first form of this code, one head per program, took 38.1
+(21.6, 13.8, 2.7). With them the fp8 step is 0.495× eager under the 20 GB cap (0.518× before them). A first version
+(a per-value choice of piece, each pair's partner loaded again, the statistics reduced across warps at every step)
+took 174 ms and was not kept.
 
 Compared with `fp8_attention.quantize` on the same q/k/v: its divisions are products with the inverse here, and the
 sums run in another order, so a value may land one e4m3 step apart (tests/test_fp8_qkv.py, in Triton's interpreter
@@ -45,15 +51,16 @@ from rocm.fp8_attention import FP8
 
 @dataclass(frozen=True)
 class Setting:
-    """How the passes are launched (benchmarks/fp8_qkv.py times several)."""
+    """How the passes are launched. The defaults are the fastest of 17 settings at the full-size step's shapes on an
+    H200 (benchmarks/fp8_qkv.py, BENCHMARKS.md): the statistics pass 0.27 ms a block, the quantization 0.19."""
     rows: int = 256             # tokens per program in the statistics pass (partials: 1 + 6·128 floats each)
-    stats_bt: int = 16          # the statistics pass: tokens held at once
-    stats_warps: int = 8        # … its warps per program
+    stats_bt: int = 8           # the statistics pass: tokens held at once
+    stats_warps: int = 4        # … its warps per program
     stages: int = 3             # … its loop's software-pipelining stages (1: none)
-    stats_heads: int = 1        # … heads per program (a power of two; fewer where the heads are not a multiple)
-    bt: int = 16                # the quantization pass: tokens per program
-    warps: int = 2              # … its warps per program
-    heads: int = 1              # … heads per program (as stats_heads)
+    stats_heads: int = 2        # … heads per program (a power of two; fewer where the heads are not a multiple)
+    bt: int = 8                 # the quantization pass: tokens per program
+    warps: int = 4              # … its warps per program
+    heads: int = 8              # … heads per program (as stats_heads)
     heads_first: bool = True    # neighbouring programs take the heads of one block of tokens (`_ids` in the kernels)
     chunks_at_once: int = 16    # the scales pass: chunks' statistics read at once
 
