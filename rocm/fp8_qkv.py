@@ -29,7 +29,7 @@ software-pipelined, only a piece's last chunk masks its rows, and the scales pas
 
 On an H200 (BENCHMARKS.md) the three passes take 27.3 ms of the fp8 step (statistics 14.4, quantization 12.2,
 scales 0.6) where Inductor's kernels took ~49; the first form of this code, one head per program, took 38.1
-(21.6, 13.8, 2.7). With them the fp8 step is 0.495× eager under the 20 GB cap (0.518× before them). A first version
+(21.6, 13.8, 2.7). With them the fp8 step is 0.495–0.501× eager under the 20 GB cap on two machines (0.518× before them). A first version
 (a per-value choice of piece, each pair's partner loaded again, the statistics reduced across warps at every step)
 took 174 ms and was not kept.
 
