@@ -66,12 +66,15 @@ def refusal(size: JobSize, image_hw: tuple[int, int], preset, cap_gb: float, win
     """Why `size` cannot fit under the cap (an InputError naming the field, with the nearest size that fits), or
     None when it fits. `weight_storage`, `fp8_compute`: the process's (Config), which set what the transformer's
     blocks take on the GPU (--fp8-compute keeps its Linears there in fp8: a lower floor)."""
-    from memory.resolution import largest_fitting
-
     cost = _cost(preset, cap_gb, window, weight_storage, fp8_compute)
     here = cost((size.height, size.width))
-    if here.fits:
-        return None
+    return None if here.fits else _refused(size, image_hw, cap_gb, cost, here)
+
+
+def _refused(size: JobSize, image_hw: tuple[int, int], cap_gb: float, cost, here) -> InputError:
+    """The refusal of `size`, whose cost `here` does not fit, with the nearest size that does under `cost`."""
+    from memory.resolution import largest_fitting
+
     advice = f"or raise the VRAM cap (now {cap_gb:g} GB) if your card has more memory"
     if size.custom:
         found = largest_fitting(scaled_sizes(size.height, size.width), cost)
@@ -108,8 +111,8 @@ def plan_text(preset, cap_gb: float, resolution, width, height, window, image_hw
         size = job_size(hw[0], hw[1], int(resolution), width, height)
     except InputError as e:
         return f"⚠ {e}"
-    cost = _cost(preset, cap_gb, int(window), weight_storage, fp8_compute)((size.height, size.width))
-    if cost.fits:
-        return f"Size {size.describe()}: {cost.describe()}."
-    problem = refusal(size, hw, preset, cap_gb, int(window), weight_storage, fp8_compute)
-    return f"⚠ **Size {size.describe()} cannot fit:** {problem.message if problem is not None else cost.describe()}"
+    cost = _cost(preset, cap_gb, int(window), weight_storage, fp8_compute)
+    here = cost((size.height, size.width))
+    if here.fits:
+        return f"Size {size.describe()}: {here.describe()}."
+    return f"⚠ **Size {size.describe()} cannot fit:** {_refused(size, hw, cap_gb, cost, here).message}"
